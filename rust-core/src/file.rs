@@ -1,0 +1,1 @@
+//! File reading and writing.

@@ -1,0 +1,19 @@
+//! Rust engine of the safetensors Spark data source.
+//!
+//! * [`dtype`] — the one dtype table.
+//! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
+//! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
+//! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
+
+pub mod convert;
+pub mod dtype;
+pub mod error;
+pub mod file;
+pub mod header;
+
+pub use dtype::Dtype;
+pub use convert::ConvertError;
+pub use error::FormatError;
+
+/// Version of this library; the JVM side refuses a native library whose version differs.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
