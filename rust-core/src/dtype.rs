@@ -104,7 +104,7 @@ impl Dtype {
     /// Element size in whole bytes, or `None` for the sub-byte types (F4, F6_*).
     pub fn byte_size(self) -> Option<usize> {
         let bits = self.bits();
-        (bits % 8 == 0).then_some((bits / 8) as usize)
+        bits.is_multiple_of(8).then_some((bits / 8) as usize)
     }
 
     /// Whether the Spark writer produces this dtype.
@@ -130,7 +130,7 @@ impl Dtype {
     /// not end on a byte boundary (F4 needs an even count, F6 a multiple of 4).
     pub fn checked_byte_len(self, elements: u64) -> Option<u64> {
         let bits = elements.checked_mul(u64::from(self.bits()))?;
-        (bits % 8 == 0).then_some(bits / 8)
+        bits.is_multiple_of(8).then_some(bits / 8)
     }
 }
 
@@ -156,13 +156,26 @@ mod tests {
     fn thirteen_writable_dtypes() {
         assert_eq!(
             Dtype::writable_names(),
-            ["BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"]
+            [
+                "BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64",
+                "U64"
+            ]
         );
     }
 
     #[test]
     fn parsing_is_exact() {
-        for bad in ["bf16", "f32", "F8_E4M3FN", "C128", "F128", "I4", " F32", "F32 ", ""] {
+        for bad in [
+            "bf16",
+            "f32",
+            "F8_E4M3FN",
+            "C128",
+            "F128",
+            "I4",
+            " F32",
+            "F32 ",
+            "",
+        ] {
             assert_eq!(Dtype::from_name(bad), None, "{bad:?}");
         }
     }

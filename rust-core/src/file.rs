@@ -1,1 +1,434 @@
-//! File reading and writing.
+//! Writing safetensors files (temporary sibling + rename) and reading them through a memory map.
+
+use crate::error::FormatError;
+use crate::header::{self, Header, Layout, TensorEntry, TensorInfo, PREFIX_LEN};
+use memmap2::Mmap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a finished write produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenFile {
+    pub path: PathBuf,
+    /// File length in bytes.
+    pub bytes: u64,
+    /// Tensors in data order with their offsets.
+    pub tensors: Vec<TensorInfo>,
+    /// Absolute offset of the data section (8 + N).
+    pub data_start: u64,
+}
+
+/// Streams one safetensors file: the header is fixed up front from the tensors' names, dtypes
+/// and shapes; the data is then written in [`FileWriter::tensors`] order. The file appears at its
+/// destination only on [`FileWriter::finish`]; until then it is a hidden temporary sibling, which
+/// [`FileWriter::abort`] (or dropping the writer) deletes.
+pub struct FileWriter {
+    dest: PathBuf,
+    tmp: PathBuf,
+    out: Option<BufWriter<File>>,
+    layout: Layout,
+    written: u64,
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A hidden sibling of `dest` that is unique within this process and across processes.
+pub fn temp_sibling(dest: &Path) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    dest.with_file_name(format!(".{name}.{}-{n}.tmp", std::process::id()))
+}
+
+impl FileWriter {
+    /// Plans the layout, creates the temporary file and writes the header.
+    pub fn create(
+        dest: impl AsRef<Path>,
+        metadata: Option<&BTreeMap<String, String>>,
+        entries: Vec<TensorEntry>,
+    ) -> Result<Self, FormatError> {
+        let layout = header::plan_layout(metadata, entries)?;
+        let dest = dest.as_ref().to_path_buf();
+        let tmp = temp_sibling(&dest);
+        let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        let mut writer = FileWriter {
+            dest,
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            tmp,
+            layout,
+            written: 0,
+        };
+        let header = std::mem::take(&mut writer.layout.header_bytes);
+        writer.write_raw(&header)?;
+        writer.layout.header_bytes = header;
+        Ok(writer)
+    }
+
+    /// The tensors in the order their data must be written, with their offsets.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.layout.tensors
+    }
+
+    /// Appends data bytes (the tensors' bytes back to back, in [`FileWriter::tensors`] order).
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
+        let remaining = self.layout.data_len - self.written;
+        if bytes.len() as u64 > remaining {
+            let name = self
+                .layout
+                .tensors
+                .last()
+                .map(|t| t.name.clone())
+                .unwrap_or_default();
+            return Err(FormatError::DataLengthMismatch {
+                name,
+                expected: remaining,
+                actual: bytes.len() as u64,
+            });
+        }
+        self.write_raw(bytes)?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
+        match self.out.as_mut() {
+            Some(out) => out
+                .write_all(bytes)
+                .map_err(|e| FormatError::io(&self.tmp, e)),
+            None => Err(FormatError::io(
+                &self.tmp,
+                std::io::Error::other("writer already finished"),
+            )),
+        }
+    }
+
+    /// Checks that every data byte was written, syncs and renames the file into place.
+    pub fn finish(mut self) -> Result<WrittenFile, FormatError> {
+        if self.written != self.layout.data_len {
+            let incomplete = self
+                .layout
+                .tensors
+                .iter()
+                .find(|t| t.data_offsets[1] > self.written)
+                .map(|t| t.name.clone())
+                .unwrap_or_default();
+            let missing = self.layout.data_len - self.written;
+            return Err(FormatError::DataLengthMismatch {
+                name: incomplete,
+                expected: missing,
+                actual: 0,
+            });
+        }
+        let out = self.out.take().ok_or_else(|| {
+            FormatError::io(&self.tmp, std::io::Error::other("writer already finished"))
+        })?;
+        let file = out
+            .into_inner()
+            .map_err(|e| FormatError::io(&self.tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| FormatError::io(&self.tmp, e))?;
+        drop(file);
+        if let Err(e) = fs::rename(&self.tmp, &self.dest) {
+            let _ = fs::remove_file(&self.tmp);
+            return Err(FormatError::io(&self.dest, e));
+        }
+        Ok(WrittenFile {
+            path: self.dest.clone(),
+            bytes: self.layout.file_len(),
+            tensors: std::mem::take(&mut self.layout.tensors),
+            data_start: self.layout.header_bytes.len() as u64,
+        })
+    }
+
+    /// Deletes the temporary file. Nothing appears at the destination.
+    pub fn abort(mut self) {
+        self.discard();
+    }
+
+    fn discard(&mut self) {
+        if self.out.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+impl Drop for FileWriter {
+    fn drop(&mut self) {
+        self.discard();
+    }
+}
+
+/// Orders in-memory tensors as the layout requires, checking each one's byte length.
+fn ordered_data<'a>(
+    layout_tensors: &[TensorInfo],
+    tensors: &[(TensorEntry, &'a [u8])],
+) -> Result<Vec<&'a [u8]>, FormatError> {
+    let by_name: HashMap<&str, &[u8]> = tensors
+        .iter()
+        .map(|(e, data)| (e.name.as_str(), *data))
+        .collect();
+    layout_tensors
+        .iter()
+        .map(|t| {
+            let data = by_name.get(t.name.as_str()).copied().ok_or_else(|| {
+                FormatError::TensorNotFound {
+                    name: t.name.clone(),
+                }
+            })?;
+            if data.len() as u64 != t.byte_len() {
+                return Err(FormatError::DataLengthMismatch {
+                    name: t.name.clone(),
+                    expected: t.byte_len(),
+                    actual: data.len() as u64,
+                });
+            }
+            Ok(data)
+        })
+        .collect()
+}
+
+/// Writes a whole file from in-memory tensors (temporary sibling + rename).
+pub fn write_file(
+    dest: impl AsRef<Path>,
+    metadata: Option<&BTreeMap<String, String>>,
+    tensors: &[(TensorEntry, &[u8])],
+) -> Result<WrittenFile, FormatError> {
+    let entries = tensors.iter().map(|(e, _)| e.clone()).collect();
+    let mut writer = FileWriter::create(dest, metadata, entries)?;
+    for data in ordered_data(writer.tensors(), tensors)? {
+        writer.write(data)?;
+    }
+    writer.finish()
+}
+
+/// Serialises tensors to bytes in memory, identical to what [`write_file`] writes.
+pub fn serialize(
+    metadata: Option<&BTreeMap<String, String>>,
+    tensors: &[(TensorEntry, &[u8])],
+) -> Result<Vec<u8>, FormatError> {
+    let entries = tensors.iter().map(|(e, _)| e.clone()).collect();
+    let layout = header::plan_layout(metadata, entries)?;
+    let mut out = Vec::with_capacity(layout.file_len() as usize);
+    out.extend_from_slice(&layout.header_bytes);
+    for data in ordered_data(&layout.tensors, tensors)? {
+        out.extend_from_slice(data);
+    }
+    Ok(out)
+}
+
+/// Reads and validates the header of a file without mapping its data.
+pub fn read_header(path: impl AsRef<Path>) -> Result<Header, FormatError> {
+    let path = path.as_ref();
+    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    read_header_from(path, &mut file)
+}
+
+fn read_header_from(path: &Path, file: &mut File) -> Result<Header, FormatError> {
+    let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
+    let mut prefix = [0u8; 8];
+    let available = file_len.min(PREFIX_LEN) as usize;
+    file.read_exact(&mut prefix[..available])
+        .map_err(|e| FormatError::io(path, e))?;
+    let header_len = header::check_prefix(&prefix[..available], file_len)?;
+    // header_len ≤ 100 MB and ≤ file_len - 8: the allocation is bounded by both.
+    let mut json = vec![0u8; header_len as usize];
+    file.read_exact(&mut json)
+        .map_err(|e| FormatError::io(path, e))?;
+    header::parse_header(&json, file_len)
+}
+
+/// A validated file whose data is memory-mapped; tensor data is handed out as zero-copy slices.
+///
+/// The header is read and validated against the file length *before* the file is mapped. The
+/// mapping is read-only; a file truncated by another process while mapped is outside what any
+/// mmap reader can defend against (SIGBUS), so files must not be modified while being read.
+pub struct SafetensorsFile {
+    path: PathBuf,
+    header: Header,
+    map: Option<Mmap>,
+}
+
+impl SafetensorsFile {
+    /// Opens, validates and maps a file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
+        let path = path.as_ref().to_path_buf();
+        let mut file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
+        let header = read_header_from(&path, &mut file)?;
+        let map = if header.data_len == 0 {
+            None
+        } else {
+            // SAFETY: the map is read-only and private to this object; the length was checked
+            // against the header just above. Concurrent truncation by another process is
+            // documented as unsupported.
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(&path, e))?;
+            if map.len() as u64 != header.file_len() {
+                return Err(FormatError::FileLengthMismatch {
+                    header_len: header.header_len,
+                    data_len: header.data_len,
+                    expected: header.file_len(),
+                    file_len: map.len() as u64,
+                });
+            }
+            Some(map)
+        };
+        Ok(SafetensorsFile { path, header, map })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The bytes of one tensor (little-endian, C order, possibly unaligned).
+    pub fn data(&self, tensor: &TensorInfo) -> &[u8] {
+        let start = (self.header.data_start() + tensor.data_offsets[0]) as usize;
+        let end = (self.header.data_start() + tensor.data_offsets[1]) as usize;
+        self.map
+            .as_ref()
+            .and_then(|m| m.get(start..end))
+            .unwrap_or(&[])
+    }
+
+    /// Looks a tensor up by name and returns its entry and bytes.
+    pub fn tensor(&self, name: &str) -> Result<(&TensorInfo, &[u8]), FormatError> {
+        let info = self
+            .header
+            .tensor(name)
+            .ok_or_else(|| FormatError::TensorNotFound { name: name.into() })?;
+        Ok((info, self.data(info)))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::Dtype;
+
+    fn entry(name: &str, dtype: Dtype, shape: &[u64]) -> TensorEntry {
+        TensorEntry {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "st-file-test-{tag}-{}-{}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn write_then_read_back_zero_copy() {
+        let dir = tempdir("rw");
+        let path = dir.join("a.safetensors");
+        let a: Vec<u8> = (0..24).collect();
+        let meta = BTreeMap::from([("k".into(), "v".into())]);
+        let written = write_file(
+            &path,
+            Some(&meta),
+            &[
+                (entry("small", Dtype::U8, &[3]), &[1, 2, 3][..]),
+                (entry("attn.0", Dtype::F32, &[1, 2, 3]), &a[..]),
+                (entry("empty", Dtype::F64, &[0, 4]), &[][..]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(written.bytes, fs::metadata(&path).unwrap().len());
+        let file = SafetensorsFile::open(&path).unwrap();
+        assert_eq!(file.header().metadata, Some(meta));
+        assert_eq!(file.tensor("attn.0").unwrap().1, &a[..]);
+        assert_eq!(file.tensor("small").unwrap().1, &[1, 2, 3]);
+        assert_eq!(file.tensor("empty").unwrap().1, &[] as &[u8]);
+        assert!(matches!(
+            file.tensor("nope"),
+            Err(FormatError::TensorNotFound { .. })
+        ));
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            serialize(
+                file.header().metadata.as_ref(),
+                &[
+                    (entry("small", Dtype::U8, &[3]), &[1, 2, 3][..]),
+                    (entry("attn.0", Dtype::F32, &[1, 2, 3]), &a[..]),
+                    (entry("empty", Dtype::F64, &[0, 4]), &[][..]),
+                ]
+            )
+            .unwrap()
+        );
+        // Only the final file is left: no temporary siblings.
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn abort_and_drop_leave_nothing_and_short_data_is_an_error() {
+        let dir = tempdir("abort");
+        let path = dir.join("x.safetensors");
+        let mut w = FileWriter::create(&path, None, vec![entry("t", Dtype::I32, &[2])]).unwrap();
+        w.write(&[0; 4]).unwrap();
+        w.abort();
+        {
+            let mut w =
+                FileWriter::create(&path, None, vec![entry("t", Dtype::I32, &[2])]).unwrap();
+            w.write(&[0; 4]).unwrap();
+        }
+        let mut w = FileWriter::create(&path, None, vec![entry("t", Dtype::I32, &[2])]).unwrap();
+        assert!(matches!(
+            w.write(&[0; 9]),
+            Err(FormatError::DataLengthMismatch { .. })
+        ));
+        w.write(&[0; 4]).unwrap();
+        let e = w.finish().unwrap_err();
+        assert!(
+            matches!(e, FormatError::DataLengthMismatch { ref name, expected: 4, .. } if name == "t"),
+            "{e}"
+        );
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        assert!(matches!(
+            write_file(&path, None, &[(entry("t", Dtype::I32, &[2]), &[0; 7][..])]),
+            Err(FormatError::DataLengthMismatch {
+                expected: 8,
+                actual: 7,
+                ..
+            })
+        ));
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn reader_rejects_before_mapping() {
+        let dir = tempdir("bad");
+        let path = dir.join("bad.safetensors");
+        let mut bytes = 1000u64.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        fs::write(&path, &bytes).unwrap();
+        assert!(matches!(
+            SafetensorsFile::open(&path),
+            Err(FormatError::HeaderBeyondFile { .. })
+        ));
+        fs::write(&path, b"abc").unwrap();
+        assert!(matches!(
+            read_header(&path),
+            Err(FormatError::HeaderTooSmall { file_len: 3 })
+        ));
+        assert!(matches!(
+            read_header(dir.join("missing")),
+            Err(FormatError::Io { .. })
+        ));
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,1 +1,1055 @@
-//! Header parsing.
+//! Header parsing, validation and serialisation.
+//!
+//! Parsing is strict: every rule of the reference implementation, plus the ones it is lax on
+//! (duplicate keys at any level, unknown fields, non-object entries, non-string dtypes, offsets
+//! that are not exactly two integers). Serialisation produces the same bytes as the reference
+//! writer for the same tensors, with `__metadata__` keys sorted.
+
+use crate::dtype::Dtype;
+use crate::error::FormatError;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+/// Largest header (JSON plus padding) the format allows, in bytes. Decimal, as in the reference.
+pub const MAX_HEADER_SIZE: u64 = 100_000_000;
+
+/// Length of the little-endian header-size prefix.
+pub const PREFIX_LEN: u64 = 8;
+
+/// The reserved key holding the string→string metadata map.
+pub const METADATA_KEY: &str = "__metadata__";
+
+/// One tensor's entry in a header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// `[begin, end)` relative to the start of the data section.
+    pub data_offsets: [u64; 2],
+}
+
+impl TensorInfo {
+    /// Number of data bytes of this tensor.
+    pub fn byte_len(&self) -> u64 {
+        self.data_offsets[1] - self.data_offsets[0]
+    }
+
+    /// Number of elements (the empty shape is a scalar: one element).
+    pub fn element_count(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A validated header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// `None` when the file has no `__metadata__` (or has `null` there).
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Tensors in data order (sorted by offsets), whatever their order in the JSON.
+    pub tensors: Vec<TensorInfo>,
+    /// N: the header length in bytes, padding included.
+    pub header_len: u64,
+    /// Length of the data section.
+    pub data_len: u64,
+}
+
+impl Header {
+    /// Absolute file offset of the first data byte.
+    pub fn data_start(&self) -> u64 {
+        PREFIX_LEN + self.header_len
+    }
+
+    /// The total file length this header describes.
+    pub fn file_len(&self) -> u64 {
+        self.data_start() + self.data_len
+    }
+
+    /// Looks a tensor up by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+/// Checks the 8-byte prefix against the file length and returns N, the header length.
+///
+/// Runs before anything of size N is allocated or read: `file_len ≥ 8`, `N ≤ 100,000,000`,
+/// `8 + N ≤ file_len`.
+pub fn check_prefix(prefix: &[u8], file_len: u64) -> Result<u64, FormatError> {
+    let bytes: [u8; 8] = match prefix.get(..8).and_then(|p| p.try_into().ok()) {
+        Some(b) if file_len >= PREFIX_LEN => b,
+        _ => return Err(FormatError::HeaderTooSmall { file_len }),
+    };
+    let header_len = u64::from_le_bytes(bytes);
+    if header_len > MAX_HEADER_SIZE {
+        return Err(FormatError::HeaderTooLarge {
+            header_len,
+            limit: MAX_HEADER_SIZE,
+        });
+    }
+    // header_len ≤ 1e8, so the addition cannot overflow.
+    if PREFIX_LEN + header_len > file_len {
+        return Err(FormatError::HeaderBeyondFile {
+            header_len,
+            file_len,
+        });
+    }
+    Ok(header_len)
+}
+
+/// Parses and validates a whole file held in memory.
+pub fn parse_file_bytes(bytes: &[u8]) -> Result<Header, FormatError> {
+    let file_len = bytes.len() as u64;
+    let header_len = check_prefix(bytes, file_len)?;
+    // check_prefix guarantees 8 + header_len ≤ bytes.len().
+    let json = bytes
+        .get(8..8 + header_len as usize)
+        .ok_or(FormatError::HeaderBeyondFile {
+            header_len,
+            file_len,
+        })?;
+    parse_header(json, file_len)
+}
+
+/// Parses and validates the header bytes (the N bytes after the prefix) of a file of
+/// `file_len` bytes.
+pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
+    let header_len = json.len() as u64;
+    let text = std::str::from_utf8(json).map_err(|e| FormatError::HeaderNotUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    let value: Json = serde_json::from_str(text).map_err(|e| FormatError::InvalidJson {
+        message: e.to_string(),
+    })?;
+    let entries = match value {
+        Json::Object(entries) => entries,
+        other => {
+            return Err(FormatError::HeaderNotObject {
+                found: other.kind(),
+            })
+        }
+    };
+
+    let mut metadata = None;
+    let mut seen_metadata = false;
+    let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
+    let mut tensors = Vec::with_capacity(entries.len());
+    for (key, value) in &entries {
+        if key == METADATA_KEY {
+            if seen_metadata {
+                return Err(FormatError::DuplicateKey {
+                    key: key.clone(),
+                    context: "the header".into(),
+                });
+            }
+            seen_metadata = true;
+            metadata = parse_metadata(value)?;
+        } else {
+            if !names.insert(key) {
+                return Err(FormatError::DuplicateKey {
+                    key: key.clone(),
+                    context: "the header".into(),
+                });
+            }
+            tensors.push(parse_tensor(key, value)?);
+        }
+    }
+
+    let data_len = validate_layout(&mut tensors)?;
+    let expected = PREFIX_LEN
+        .checked_add(header_len)
+        .and_then(|n| n.checked_add(data_len))
+        .ok_or(FormatError::FileLengthOverflow {
+            header_len,
+            data_len,
+        })?;
+    if expected != file_len {
+        return Err(FormatError::FileLengthMismatch {
+            header_len,
+            data_len,
+            expected,
+            file_len,
+        });
+    }
+    Ok(Header {
+        metadata,
+        tensors,
+        header_len,
+        data_len,
+    })
+}
+
+fn parse_metadata(value: &Json) -> Result<Option<BTreeMap<String, String>>, FormatError> {
+    let entries = match value {
+        Json::Null => return Ok(None),
+        Json::Object(entries) => entries,
+        other => {
+            return Err(FormatError::MetadataNotObject {
+                found: other.kind(),
+            })
+        }
+    };
+    let mut map = BTreeMap::new();
+    for (key, value) in entries {
+        let Json::String(s) = value else {
+            return Err(FormatError::MetadataValueNotString {
+                key: key.clone(),
+                found: value.kind(),
+            });
+        };
+        if map.insert(key.clone(), s.clone()).is_some() {
+            return Err(FormatError::DuplicateKey {
+                key: key.clone(),
+                context: "`__metadata__`".into(),
+            });
+        }
+    }
+    Ok(Some(map))
+}
+
+fn parse_tensor(name: &str, value: &Json) -> Result<TensorInfo, FormatError> {
+    let Json::Object(fields) = value else {
+        return Err(FormatError::TensorNotObject {
+            name: name.into(),
+            found: value.kind(),
+        });
+    };
+    let (mut dtype, mut shape, mut offsets) = (None, None, None);
+    for (field, v) in fields {
+        let slot = match field.as_str() {
+            "dtype" => &mut dtype,
+            "shape" => &mut shape,
+            "data_offsets" => &mut offsets,
+            _ => {
+                return Err(FormatError::UnknownField {
+                    name: name.into(),
+                    field: field.clone(),
+                })
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err(FormatError::DuplicateKey {
+                key: field.clone(),
+                context: format!("tensor `{name}`"),
+            });
+        }
+    }
+    let missing = |field| FormatError::MissingField {
+        name: name.into(),
+        field,
+    };
+    let dtype = match dtype.ok_or_else(|| missing("dtype"))? {
+        Json::String(s) => Dtype::from_name(s).ok_or_else(|| FormatError::UnknownDtype {
+            name: name.into(),
+            dtype: s.clone(),
+        })?,
+        other => {
+            return Err(FormatError::DtypeNotString {
+                name: name.into(),
+                found: other.kind(),
+            })
+        }
+    };
+    let shape = unsigned_array(shape.ok_or_else(|| missing("shape"))?).map_err(|problem| {
+        FormatError::InvalidShape {
+            name: name.into(),
+            problem,
+        }
+    })?;
+    let offsets = unsigned_array(offsets.ok_or_else(|| missing("data_offsets"))?);
+    let data_offsets = match offsets {
+        Ok(v) if v.len() == 2 => [v[0], v[1]],
+        Ok(v) => {
+            return Err(FormatError::InvalidOffsets {
+                name: name.into(),
+                problem: format!("found {} integers", v.len()),
+            })
+        }
+        Err(problem) => {
+            return Err(FormatError::InvalidOffsets {
+                name: name.into(),
+                problem,
+            })
+        }
+    };
+    Ok(TensorInfo {
+        name: name.into(),
+        dtype,
+        shape,
+        data_offsets,
+    })
+}
+
+fn unsigned_array(value: &Json) -> Result<Vec<u64>, String> {
+    let Json::Array(items) = value else {
+        return Err(format!("found {}", value.kind()));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Json::Unsigned(n) => Ok(*n),
+            Json::Negative(n) => Err(format!("item {i} is negative ({n})")),
+            Json::Float(f) => Err(format!("item {i} is not an integer ({f})")),
+            other => Err(format!("item {i} is {}", other.kind())),
+        })
+        .collect()
+}
+
+/// Sorts `tensors` into data order and checks offsets, sizes and contiguity. Returns the data
+/// section length.
+fn validate_layout(tensors: &mut [TensorInfo]) -> Result<u64, FormatError> {
+    tensors.sort_by_key(|t| t.data_offsets);
+    let mut cursor = 0u64;
+    for t in tensors.iter() {
+        let [begin, end] = t.data_offsets;
+        if begin > cursor {
+            return Err(FormatError::OffsetHole {
+                name: t.name.clone(),
+                begin,
+                end,
+                expected: cursor,
+            });
+        }
+        if begin < cursor {
+            return Err(FormatError::OffsetOverlap {
+                name: t.name.clone(),
+                begin,
+                end,
+                expected: cursor,
+            });
+        }
+        if end < begin {
+            return Err(FormatError::ReversedOffsets {
+                name: t.name.clone(),
+                begin,
+                end,
+            });
+        }
+        let expected = tensor_byte_len(&t.name, t.dtype, &t.shape)?;
+        if end - begin != expected {
+            return Err(FormatError::SizeMismatch {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                expected,
+                actual: end - begin,
+            });
+        }
+        cursor = end;
+    }
+    Ok(cursor)
+}
+
+/// Byte size of a tensor of `shape` and `dtype`, with checked arithmetic and the sub-byte rule.
+pub fn tensor_byte_len(name: &str, dtype: Dtype, shape: &[u64]) -> Result<u64, FormatError> {
+    let overflow = || FormatError::SizeOverflow {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+    };
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(overflow)?;
+    let bits = elements
+        .checked_mul(u64::from(dtype.bits()))
+        .ok_or_else(overflow)?;
+    if !bits.is_multiple_of(8) {
+        return Err(FormatError::MisalignedSubByte {
+            name: name.into(),
+            dtype,
+            elements,
+            bits: dtype.bits(),
+        });
+    }
+    Ok(bits / 8)
+}
+
+/// A tensor to be written: name, dtype and shape. Its byte size follows from them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+}
+
+/// The layout of a file to be written: tensors in reference order with their offsets, and the
+/// serialised prefix + padded header.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Tensors in the order their data must be written.
+    pub tensors: Vec<TensorInfo>,
+    /// The 8-byte prefix followed by the space-padded header JSON.
+    pub header_bytes: Vec<u8>,
+    pub data_len: u64,
+}
+
+impl Layout {
+    /// Total file length.
+    pub fn file_len(&self) -> u64 {
+        self.header_bytes.len() as u64 + self.data_len
+    }
+}
+
+/// Plans a file exactly as the reference writer would: tensors sorted by dtype (descending in
+/// declaration order) then name, consecutive offsets, compact JSON with `__metadata__` first
+/// (keys sorted), spaces up to a multiple of 8.
+pub fn plan_layout(
+    metadata: Option<&BTreeMap<String, String>>,
+    mut entries: Vec<TensorEntry>,
+) -> Result<Layout, FormatError> {
+    let mut names = HashSet::with_capacity(entries.len());
+    for e in &entries {
+        if e.name == METADATA_KEY {
+            return Err(FormatError::ReservedName);
+        }
+        if !names.insert(e.name.as_str()) {
+            return Err(FormatError::DuplicateTensorName {
+                name: e.name.clone(),
+            });
+        }
+    }
+    entries.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
+    let mut cursor = 0u64;
+    let mut tensors = Vec::with_capacity(entries.len());
+    for e in entries {
+        let len = tensor_byte_len(&e.name, e.dtype, &e.shape)?;
+        let end = cursor
+            .checked_add(len)
+            .ok_or_else(|| FormatError::SizeOverflow {
+                name: e.name.clone(),
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+            })?;
+        tensors.push(TensorInfo {
+            name: e.name,
+            dtype: e.dtype,
+            shape: e.shape,
+            data_offsets: [cursor, end],
+        });
+        cursor = end;
+    }
+    let header_bytes = serialize_header(metadata, &tensors)?;
+    Ok(Layout {
+        tensors,
+        header_bytes,
+        data_len: cursor,
+    })
+}
+
+/// Serialises the prefix and padded header for tensors given in data order.
+pub fn serialize_header(
+    metadata: Option<&BTreeMap<String, String>>,
+    tensors: &[TensorInfo],
+) -> Result<Vec<u8>, FormatError> {
+    let mut json = Vec::with_capacity(64 + tensors.len() * 80);
+    json.extend_from_slice(&[0u8; 8]);
+    json.push(b'{');
+    let mut first = true;
+    let mut comma = |json: &mut Vec<u8>| {
+        if !std::mem::take(&mut first) {
+            json.push(b',');
+        }
+    };
+    if let Some(meta) = metadata {
+        comma(&mut json);
+        push_json_string(&mut json, METADATA_KEY);
+        json.extend_from_slice(b":{");
+        for (i, (k, v)) in meta.iter().enumerate() {
+            if i > 0 {
+                json.push(b',');
+            }
+            push_json_string(&mut json, k);
+            json.push(b':');
+            push_json_string(&mut json, v);
+        }
+        json.push(b'}');
+    }
+    for t in tensors {
+        comma(&mut json);
+        push_json_string(&mut json, &t.name);
+        json.extend_from_slice(b":{\"dtype\":\"");
+        json.extend_from_slice(t.dtype.name().as_bytes());
+        json.extend_from_slice(b"\",\"shape\":[");
+        push_joined(&mut json, &t.shape);
+        json.extend_from_slice(b"],\"data_offsets\":[");
+        push_joined(&mut json, &t.data_offsets);
+        json.extend_from_slice(b"]}");
+    }
+    json.push(b'}');
+    let unpadded = json.len() - 8;
+    let padded = unpadded.next_multiple_of(8);
+    json.resize(8 + padded, b' ');
+    let header_len = padded as u64;
+    if header_len > MAX_HEADER_SIZE {
+        return Err(FormatError::HeaderTooLarge {
+            header_len,
+            limit: MAX_HEADER_SIZE,
+        });
+    }
+    json[..8].copy_from_slice(&header_len.to_le_bytes());
+    Ok(json)
+}
+
+fn push_json_string(out: &mut Vec<u8>, s: &str) {
+    // serde_json's escaping is the reference's; writing a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn push_joined(out: &mut Vec<u8>, values: &[u64]) {
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(v.to_string().as_bytes());
+    }
+}
+
+/// A JSON value whose objects keep every entry, duplicates included, so that duplicate keys can
+/// be rejected (serde_json's own `Value` keeps only the last one).
+#[derive(Debug)]
+enum Json {
+    Null,
+    Bool,
+    Unsigned(u64),
+    Negative(i64),
+    Float(f64),
+    String(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn kind(&self) -> &'static str {
+        match self {
+            Json::Null => "null",
+            Json::Bool => "a boolean",
+            Json::Unsigned(_) | Json::Negative(_) | Json::Float(_) => "a number",
+            Json::String(_) => "a string",
+            Json::Array(_) => "an array",
+            Json::Object(_) => "an object",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Json, E> {
+        Ok(Json::Bool)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Json, E> {
+        Ok(Json::Unsigned(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Json, E> {
+        Ok(if v >= 0 {
+            Json::Unsigned(v as u64)
+        } else {
+            Json::Negative(v)
+        })
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Json, E> {
+        Ok(Json::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::String(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Json, E> {
+        Ok(Json::String(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut entries = Vec::new();
+        while let Some((k, v)) = map.next_entry::<String, Json>()? {
+            entries.push((k, v));
+        }
+        Ok(Json::Object(entries))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Builds a file from a header JSON text (unpadded) and a data section.
+    fn file(json: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = (json.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(json.as_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    fn err(json: &str, data: &[u8]) -> FormatError {
+        parse_file_bytes(&file(json, data)).unwrap_err()
+    }
+
+    fn entry(name: &str, dtype: Dtype, shape: &[u64]) -> TensorEntry {
+        TensorEntry {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn accepts_unpadded_and_whitespace_padded_headers() {
+        let h = parse_file_bytes(&file(
+            r#"{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}"#,
+            &[0; 16],
+        ))
+        .unwrap();
+        assert_eq!(h.tensors[0].shape, vec![2, 2]);
+        assert_eq!(h.header_len, 60);
+        assert!(parse_file_bytes(&file("{}\r \t\n", &[])).is_ok());
+        assert!(parse_file_bytes(&file("\t\n{}\r ", &[])).is_ok());
+        assert!(parse_file_bytes(&file(
+            r#"{"a":{"dtype":"F32","shape":[2,0],"data_offsets":[0, 0]}}"#,
+            &[]
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn prefix_rules() {
+        assert!(matches!(
+            parse_file_bytes(&[]),
+            Err(FormatError::HeaderTooSmall { file_len: 0 })
+        ));
+        assert!(matches!(
+            parse_file_bytes(&[0; 7]),
+            Err(FormatError::HeaderTooSmall { .. })
+        ));
+        let mut big = (MAX_HEADER_SIZE + 1).to_le_bytes().to_vec();
+        big.extend_from_slice(b"{}");
+        assert!(matches!(
+            parse_file_bytes(&big),
+            Err(FormatError::HeaderTooLarge { .. })
+        ));
+        assert!(matches!(
+            parse_file_bytes(&u64::MAX.to_le_bytes()),
+            Err(FormatError::HeaderTooLarge { .. })
+        ));
+        let mut short = 1000u64.to_le_bytes().to_vec();
+        short.extend_from_slice(b"{}");
+        assert!(matches!(
+            parse_file_bytes(&short),
+            Err(FormatError::HeaderBeyondFile {
+                header_len: 1000,
+                file_len: 10
+            })
+        ));
+        let mut zero = 0u64.to_le_bytes().to_vec();
+        zero.extend_from_slice(b"");
+        assert!(matches!(
+            parse_file_bytes(&zero),
+            Err(FormatError::InvalidJson { .. })
+        ));
+    }
+
+    #[test]
+    fn header_of_exactly_the_cap_is_accepted() {
+        let mut bytes = MAX_HEADER_SIZE.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        bytes.resize(8 + MAX_HEADER_SIZE as usize, b' ');
+        assert!(parse_file_bytes(&bytes).is_ok());
+    }
+
+    #[test]
+    fn json_rules() {
+        let mut bad_utf8 = 1u64.to_le_bytes().to_vec();
+        bad_utf8.push(0xff);
+        assert!(matches!(
+            parse_file_bytes(&bad_utf8),
+            Err(FormatError::HeaderNotUtf8 { .. })
+        ));
+        for bad in [
+            "{",
+            "{}\0\0",
+            "{}x",
+            "\u{feff}{}",
+            "{\"a\":1,}",
+            "{} // c",
+            "[]",
+        ] {
+            let e = err(bad, &[]);
+            assert!(
+                matches!(
+                    e,
+                    FormatError::InvalidJson { .. } | FormatError::HeaderNotObject { .. }
+                ),
+                "{bad:?}: {e}"
+            );
+        }
+        let deep = format!(
+            "{{\"__metadata__\":{}{}}}",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(matches!(err(&deep, &[]), FormatError::InvalidJson { .. }));
+    }
+
+    #[test]
+    fn rejects_duplicates_at_every_level() {
+        let t = r#"{"dtype":"U8","shape":[1],"data_offsets":[0,1]}"#;
+        let e = err(&format!(r#"{{"a":{t},"a":{t}}}"#), &[0]);
+        assert!(
+            matches!(e, FormatError::DuplicateKey { ref key, .. } if key == "a"),
+            "{e}"
+        );
+        let e = err(
+            r#"{"a":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+            &[0],
+        );
+        assert!(
+            matches!(e, FormatError::DuplicateKey { ref key, .. } if key == "dtype"),
+            "{e}"
+        );
+        let e = err(r#"{"__metadata__":{"k":"1","k":"2"}}"#, &[]);
+        assert!(matches!(e, FormatError::DuplicateKey { .. }), "{e}");
+        let e = err(r#"{"__metadata__":{},"__metadata__":{}}"#, &[]);
+        assert!(matches!(e, FormatError::DuplicateKey { .. }), "{e}");
+        // The first entry is bogus and the last valid: the reference keeps the last; we reject.
+        let e = err(
+            &format!(
+                r#"{{"a":{{"dtype":"U8","shape":[999999999],"data_offsets":[5,7]}},"a":{t}}}"#
+            ),
+            &[0],
+        );
+        assert!(matches!(e, FormatError::DuplicateKey { .. }), "{e}");
+    }
+
+    #[test]
+    fn rejects_lax_entry_forms() {
+        let e = err(
+            r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":[]}}"#,
+            &[0],
+        );
+        assert!(matches!(e, FormatError::UnknownField { ref field, .. } if field == "extra"));
+        let e = err(r#"{"a":["U8",[1],[0,1]]}"#, &[0]);
+        assert!(matches!(e, FormatError::TensorNotObject { .. }));
+        let e = err(
+            r#"{"a":{"dtype":{"U8":null},"shape":[1],"data_offsets":[0,1]}}"#,
+            &[0],
+        );
+        assert!(matches!(e, FormatError::DtypeNotString { .. }));
+        let e = err(
+            r#"{"a":{"dtype":"u8","shape":[1],"data_offsets":[0,1]}}"#,
+            &[0],
+        );
+        assert!(matches!(e, FormatError::UnknownDtype { .. }));
+        let e = err(r#"{"a":{"shape":[1],"data_offsets":[0,1]}}"#, &[0]);
+        assert!(matches!(
+            e,
+            FormatError::MissingField { field: "dtype", .. }
+        ));
+        for offsets in ["[0]", "[0,1,1]", "{\"0\":1}", "[0,-1]", "[0,1.0]"] {
+            let e = err(
+                &format!(r#"{{"a":{{"dtype":"U8","shape":[1],"data_offsets":{offsets}}}}}"#),
+                &[0],
+            );
+            assert!(
+                matches!(e, FormatError::InvalidOffsets { .. }),
+                "{offsets}: {e}"
+            );
+        }
+        for shape in [
+            "[2.0]",
+            "[2e0]",
+            "[-2]",
+            "[-0]",
+            "[\"2\"]",
+            "[null]",
+            "[18446744073709551616]",
+            "2",
+        ] {
+            let e = err(
+                &format!(r#"{{"a":{{"dtype":"U8","shape":{shape},"data_offsets":[0,2]}}}}"#),
+                &[0, 0],
+            );
+            assert!(
+                matches!(e, FormatError::InvalidShape { .. }),
+                "{shape}: {e}"
+            );
+        }
+        assert!(matches!(
+            err("{\"a\":[]0", &[]),
+            FormatError::InvalidJson { .. }
+        ));
+    }
+
+    #[test]
+    fn metadata_rules() {
+        let h = parse_file_bytes(&file(r#"{"__metadata__":null}"#, &[])).unwrap();
+        assert_eq!(h.metadata, None);
+        let h = parse_file_bytes(&file(r#"{"__metadata__":{}}"#, &[])).unwrap();
+        assert_eq!(h.metadata, Some(BTreeMap::new()));
+        assert!(matches!(
+            err(r#"{"__metadata__":{"k":1}}"#, &[]),
+            FormatError::MetadataValueNotString { .. }
+        ));
+        assert!(matches!(
+            err(r#"{"__metadata__":{"k":{}}}"#, &[]),
+            FormatError::MetadataValueNotString { .. }
+        ));
+        assert!(matches!(
+            err(r#"{"__metadata__":"x"}"#, &[]),
+            FormatError::MetadataNotObject { .. }
+        ));
+        // A "tensor" named __metadata__ is the metadata key and fails as metadata.
+        let e = err(
+            r#"{"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+            &[0],
+        );
+        assert!(
+            matches!(e, FormatError::MetadataValueNotString { .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn offset_rules() {
+        let two = |a: &str, b: &str, data: usize| {
+            err(
+                &format!(
+                    r#"{{"a":{{"dtype":"F32","shape":[4],"data_offsets":{a}}},"b":{{"dtype":"F32","shape":[4],"data_offsets":{b}}}}}"#
+                ),
+                &vec![0; data],
+            )
+        };
+        let e = two("[0,16]", "[32,48]", 48);
+        assert!(
+            matches!(e, FormatError::OffsetHole { ref name, begin: 32, expected: 16, .. } if name == "b"),
+            "{e}"
+        );
+        let e = two("[0,16]", "[8,24]", 24);
+        assert!(
+            matches!(e, FormatError::OffsetOverlap { ref name, .. } if name == "b"),
+            "{e}"
+        );
+        let e = two("[0,16]", "[0,16]", 16);
+        assert!(matches!(e, FormatError::OffsetOverlap { .. }), "{e}");
+        let e = err(
+            r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}}"#,
+            &[],
+        );
+        assert!(
+            matches!(
+                e,
+                FormatError::OffsetHole { .. } | FormatError::ReversedOffsets { .. }
+            ),
+            "{e}"
+        );
+        let e = err(
+            r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}}"#,
+            &[],
+        );
+        assert!(matches!(e, FormatError::OffsetHole { .. }), "{e}");
+        let e = err(
+            r#"{"a":{"dtype":"I32","shape":[2,2],"data_offsets":[0,4]}}"#,
+            &[0; 4],
+        );
+        assert!(
+            matches!(
+                e,
+                FormatError::SizeMismatch {
+                    expected: 16,
+                    actual: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // JSON order differs from offset order: fine.
+        let h = parse_file_bytes(&file(
+            r#"{"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+            &[7, 9],
+        ))
+        .unwrap();
+        assert_eq!(h.tensors[0].name, "a");
+        // Zero-size tensors may share an offset with a real one.
+        assert!(parse_file_bytes(&file(
+            r#"{"z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+            &[7],
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn size_and_coverage_rules() {
+        let e = err(
+            r#"{"a":{"dtype":"I32","shape":[2,18446744073709551614],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        assert!(matches!(e, FormatError::SizeOverflow { .. }), "{e}");
+        let e = err(
+            r#"{"a":{"dtype":"U8","shape":[18446744073709551615],"data_offsets":[0,18446744073709551615]}}"#,
+            &[],
+        );
+        assert!(matches!(e, FormatError::SizeOverflow { .. }), "{e}");
+        // Eight contiguous huge tensors whose end sums near 2^64: the reference panics in debug.
+        let n = (1u64 << 61) - 1;
+        let mut json = String::from("{");
+        for i in 0..8u64 {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str(&format!(
+                r#""t{i}":{{"dtype":"U8","shape":[{n}],"data_offsets":[{},{}]}}"#,
+                i * n,
+                (i + 1) * n
+            ));
+        }
+        json.push('}');
+        assert!(matches!(
+            err(&json, &[]),
+            FormatError::FileLengthOverflow { .. }
+        ));
+        let e = err(
+            r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}}"#,
+            &[0],
+        );
+        assert!(
+            matches!(e, FormatError::MisalignedSubByte { elements: 3, .. }),
+            "{e}"
+        );
+        assert!(parse_file_bytes(&file(
+            r#"{"a":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}}"#,
+            &[0; 3]
+        ))
+        .is_ok());
+        assert!(parse_file_bytes(&file(
+            r#"{"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}}"#,
+            &[0; 3]
+        ))
+        .is_ok());
+        let ok = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#;
+        let e = err(ok, &[0; 3]);
+        assert!(
+            matches!(
+                e,
+                FormatError::FileLengthMismatch {
+                    data_len: 2,
+                    file_len: 64,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            err(ok, &[0; 1]),
+            FormatError::FileLengthMismatch { .. }
+        ));
+        assert!(matches!(
+            err("{}", &[0]),
+            FormatError::FileLengthMismatch { .. }
+        ));
+    }
+
+    #[test]
+    fn serialisation_matches_reference_vectors() {
+        // V3: I32 [2,2] zeros.
+        let layout = plan_layout(None, vec![entry("test", Dtype::I32, &[2, 2])]).unwrap();
+        let mut expected = 64u64.to_le_bytes().to_vec();
+        expected.extend_from_slice(
+            br#"{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}    "#,
+        );
+        assert_eq!(layout.header_bytes, expected);
+        // V1 and V2.
+        assert_eq!(
+            plan_layout(None, vec![]).unwrap().header_bytes,
+            [&8u64.to_le_bytes()[..], b"{}      "].concat()
+        );
+        let meta = BTreeMap::from([("framework".to_string(), "pt".to_string())]);
+        let v2 = plan_layout(Some(&meta), vec![]).unwrap().header_bytes;
+        assert_eq!(&v2[8..], br#"{"__metadata__":{"framework":"pt"}}     "#);
+        // Ordering vector: dtype descending in declaration order, then name.
+        let layout = plan_layout(
+            None,
+            vec![
+                entry("z", Dtype::U8, &[1]),
+                entry("a", Dtype::U8, &[1]),
+                entry("B", Dtype::F64, &[1]),
+                entry("m", Dtype::F16, &[3]),
+                entry("c", Dtype::C64, &[1]),
+                entry("b", Dtype::Bool, &[2]),
+                entry("i", Dtype::I32, &[1]),
+                entry("u", Dtype::U32, &[1]),
+                entry("f", Dtype::F32, &[1]),
+                entry("I64", Dtype::I64, &[1]),
+                entry("U64", Dtype::U64, &[1]),
+            ],
+        )
+        .unwrap();
+        let order: Vec<&str> = layout.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            order,
+            ["U64", "I64", "B", "c", "f", "u", "i", "m", "a", "z", "b"]
+        );
+        let starts: Vec<u64> = layout.tensors.iter().map(|t| t.data_offsets[0]).collect();
+        assert_eq!(starts, [0, 8, 16, 24, 32, 36, 40, 44, 50, 51, 52]);
+        assert_eq!(layout.data_len, 54);
+        assert_eq!(layout.header_bytes.len() - 8, 608);
+    }
+
+    #[test]
+    fn serialisation_escapes_like_serde_json_and_round_trips() {
+        let meta = BTreeMap::from([("k\t".to_string(), "\u{2028}".to_string())]);
+        let layout =
+            plan_layout(Some(&meta), vec![entry("é/\"\\\n\u{1}", Dtype::U8, &[1])]).unwrap();
+        let text = std::str::from_utf8(&layout.header_bytes[8..]).unwrap();
+        assert!(text.contains(r#""é/\"\\\n\u0001""#), "{text}");
+        assert_eq!(layout.header_bytes.len() - 8, 96);
+        let mut bytes = layout.header_bytes.clone();
+        bytes.push(0);
+        let h = parse_file_bytes(&bytes).unwrap();
+        assert_eq!(h.metadata, Some(meta));
+        assert_eq!(h.tensors, layout.tensors);
+    }
+
+    #[test]
+    fn writer_rejects_reserved_and_duplicate_names_and_oversize_headers() {
+        assert!(matches!(
+            plan_layout(None, vec![entry("__metadata__", Dtype::U8, &[1])]),
+            Err(FormatError::ReservedName)
+        ));
+        assert!(matches!(
+            plan_layout(
+                None,
+                vec![entry("a", Dtype::U8, &[1]), entry("a", Dtype::F32, &[1])]
+            ),
+            Err(FormatError::DuplicateTensorName { .. })
+        ));
+        let meta = BTreeMap::from([("k".to_string(), "x".repeat(MAX_HEADER_SIZE as usize))]);
+        assert!(matches!(
+            plan_layout(Some(&meta), vec![]),
+            Err(FormatError::HeaderTooLarge { .. })
+        ));
+        assert!(matches!(
+            plan_layout(None, vec![entry("a", Dtype::F4, &[3])]),
+            Err(FormatError::MisalignedSubByte { .. })
+        ));
+    }
+}

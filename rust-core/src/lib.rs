@@ -11,8 +11,8 @@ pub mod error;
 pub mod file;
 pub mod header;
 
-pub use dtype::Dtype;
 pub use convert::ConvertError;
+pub use dtype::Dtype;
 pub use error::FormatError;
 
 /// Version of this library; the JVM side refuses a native library whose version differs.

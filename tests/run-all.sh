@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test of the project (what CI runs). Sets up the Python venv itself.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
+cd "$ROOT"
+
+echo "== Rust: format, lints, tests"
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
+cargo test --locked
+
+if [ -f jvm-connector/pom.xml ]; then
+  echo "== JVM connector: build, jar, ScalaTest"
+  mvn -B -q -f jvm-connector/pom.xml verify
+fi
+
+echo "== Cross-language tests (pytest)"
+"$PYTHON" -m pytest tests/python -q -p no:cacheprovider
