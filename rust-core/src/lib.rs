@@ -4,12 +4,14 @@
 //! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
+//! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
 
 pub mod convert;
 pub mod dtype;
 pub mod error;
 pub mod file;
 pub mod header;
+pub mod write;
 
 pub use convert::ConvertError;
 pub use dtype::Dtype;

@@ -1,0 +1,215 @@
+//! The Spark write path's engine: the validated write plan, per-task shard writers, and the
+//! job-level manifest and index.
+//!
+//! Flow (spec/jni.md has the JNI side):
+//! 1. Driver, plan time: [`plan::plan_write`] turns the DataFrame's schema (Spark's own schema
+//!    JSON) and the user's options into a [`WritePlan`], or an error naming the option/column.
+//!    Nothing on disk has changed yet.
+//! 2. Each task: a [`task::TaskWriter`] opened from the plan receives Arrow record batches (the
+//!    "wire" layout below), validates every row, converts values and writes sealed shards into a
+//!    local work directory, reporting each sealed shard as a [`ShardReport`].
+//! 3. Driver, job commit: [`manifest`] checks the tasks' reports against each other (dtypes and
+//!    sample shapes agree, KV keys unique across the write) and builds `dataset_manifest.json`;
+//!    [`index`] writes `_tensor_index.parquet`.
+//!
+//! ## Wire layout of a record batch (JVM → Rust, Arrow C Data Interface)
+//! A struct array whose children are, in order: the KV key column (Utf8, KV mode only), then one
+//! child per [`ColumnPlan`] in plan order. Child types by [`InputKind`]:
+//! * `NumericArray { element, depth }`: `List` nested `depth` times around the primitive of
+//!   `element` (Boolean travels as Int8 0/1, matching Spark's one byte per boolean);
+//! * `Scalar { element }`: the primitive itself;
+//! * `Binary`: Binary;
+//! * `TensorStruct`: Struct{data: Binary, shape: List<Int64>, dtype: Utf8};
+//! * `MlVector`: Struct{type: Int8, size: Int32, indices: List<Int32>, values: List<Float64>}
+//!   (Spark ML's VectorUDT storage: type 0 = sparse, 1 = dense).
+//!
+//! Nulls travel as Arrow validity; a null value or element is an error naming column and row.
+
+pub mod index;
+pub mod manifest;
+pub mod plan;
+pub mod task;
+
+use crate::Dtype;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A Spark numeric element type (of an array column, a scalar column or a vector).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SparkNumeric {
+    Boolean,
+    Byte,
+    Short,
+    Int,
+    Long,
+    Float,
+    Double,
+}
+
+impl SparkNumeric {
+    /// The dtype a column of this type gets when no `dtype` option applies.
+    pub fn natural_dtype(self) -> Dtype {
+        match self {
+            SparkNumeric::Boolean => Dtype::Bool,
+            SparkNumeric::Byte => Dtype::I8,
+            SparkNumeric::Short => Dtype::I16,
+            SparkNumeric::Int => Dtype::I32,
+            SparkNumeric::Long => Dtype::I64,
+            SparkNumeric::Float => Dtype::F32,
+            SparkNumeric::Double => Dtype::F64,
+        }
+    }
+
+    /// Spark's name of the type, as in its schema JSON (`"float"`, `"long"`, …).
+    pub fn spark_name(self) -> &'static str {
+        match self {
+            SparkNumeric::Boolean => "boolean",
+            SparkNumeric::Byte => "byte",
+            SparkNumeric::Short => "short",
+            SparkNumeric::Int => "integer",
+            SparkNumeric::Long => "long",
+            SparkNumeric::Float => "float",
+            SparkNumeric::Double => "double",
+        }
+    }
+}
+
+/// What a written column holds in Spark, and so how it travels and is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum InputKind {
+    /// `array<…array<T>…>` nested `depth` ≥ 1 times; a row's tensor has rank `depth`
+    /// (ragged nesting is an error).
+    NumericArray { element: SparkNumeric, depth: u32 },
+    /// A numeric scalar column: one element per row.
+    Scalar { element: SparkNumeric },
+    /// A binary column holding raw little-endian element bytes; needs `dtype` and `shapes`.
+    Binary,
+    /// The Tensor Struct: `data` binary, `shape` array of int or long, `dtype` string
+    /// (matched by field name, nullability ignored). Keeps its own dtype unless one is set.
+    TensorStruct,
+    /// A Spark ML vector (dense, or sparse densified); values are doubles.
+    MlVector,
+}
+
+/// One column to write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnPlan {
+    /// The Spark column name: the tensor name in batch mode, the suffix in KV mode.
+    pub name: String,
+    /// Position of the column in the DataFrame's schema (where the JVM reads it from).
+    pub field_index: usize,
+    pub input: InputKind,
+    /// The dtype written. `None` only for a Tensor Struct without a `dtype` option: each value
+    /// keeps its own dtype.
+    pub dtype: Option<Dtype>,
+    /// The `shapes` option for this column: the per-sample shape each value is reshaped to
+    /// (element counts must match). `None`: the value's own shape.
+    pub sample_shape: Option<Vec<u64>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TailStrategy {
+    Write,
+    Drop,
+    Pad,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DuplicatesStrategy {
+    Fail,
+    LastWin,
+}
+
+/// Batch or KV mode with its mode-specific options.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "layout", rename_all = "snake_case")]
+pub enum WriteLayout {
+    Batch {
+        batch_size: u64,
+        tail_strategy: TailStrategy,
+    },
+    Kv {
+        name_col: String,
+        /// Position of the key column in the DataFrame's schema.
+        name_field_index: usize,
+        kv_separator: String,
+        /// `target_shard_size_mb` × 2^20.
+        target_shard_bytes: u64,
+        duplicates: DuplicatesStrategy,
+    },
+}
+
+/// Everything a write needs, validated; produced on the driver and shipped to every task as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WritePlan {
+    /// One random UUID per write; part of every shard name.
+    pub write_id: String,
+    pub layout: WriteLayout,
+    /// Columns in output order.
+    pub columns: Vec<ColumnPlan>,
+    /// User metadata added to every shard's `__metadata__`.
+    pub metadata: BTreeMap<String, String>,
+    pub generate_index: bool,
+}
+
+/// One tensor of a sealed shard, as the index and the commit checks need it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorReport {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Absolute byte offsets of the tensor's data in the file.
+    pub data_start: u64,
+    pub data_end: u64,
+    /// KV mode: the key (name_col value) and the column this tensor came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
+}
+
+/// A shard a task has sealed: a complete safetensors file in the task's work directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardReport {
+    /// Final file name, `part-{partition:05d}-{shard:04d}-{write_id}.safetensors`.
+    pub file: String,
+    /// Where the task wrote it (local path in the work directory).
+    pub local_path: String,
+    pub partition: u32,
+    pub shard: u32,
+    /// Real rows (batch) or stored keys (KV) in this shard.
+    pub samples: u64,
+    /// Zero rows appended by `tail_strategy=pad`.
+    pub padded_samples: u64,
+    /// File size in bytes.
+    pub bytes: u64,
+    pub tensors: Vec<TensorReport>,
+}
+
+/// What a task reports when it finishes: every shard it sealed, and what the job-level checks
+/// need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskReport {
+    pub partition: u32,
+    pub shards: Vec<ShardReport>,
+    /// Batch mode: tail rows dropped by `tail_strategy=drop`.
+    pub dropped_samples: u64,
+    /// Per column: the dtype and per-sample shape this task wrote (batch mode: one shape per
+    /// column; KV mode: `None` when rows differed).
+    pub columns: BTreeMap<String, ColumnReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnReport {
+    pub dtype: Dtype,
+    pub sample_shape: Option<Vec<u64>>,
+}
+
+/// Shard file name for a partition, a per-task shard counter and the write id.
+pub fn shard_file_name(partition: u32, shard: u32, write_id: &str) -> String {
+    format!("part-{partition:05}-{shard:04}-{write_id}.safetensors")
+}
