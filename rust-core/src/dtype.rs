@@ -140,6 +140,21 @@ impl fmt::Display for Dtype {
     }
 }
 
+// Dtypes travel in plans, reports and manifests by their exact header name.
+impl serde::Serialize for Dtype {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Dtype {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Dtype::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown dtype `{name}`")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,20 +205,5 @@ mod tests {
         assert_eq!(Dtype::U8.checked_byte_len(u64::MAX), None);
         assert_eq!(Dtype::F4.byte_size(), None);
         assert_eq!(Dtype::Bf16.byte_size(), Some(2));
-    }
-}
-
-// Dtypes travel in plans, reports and manifests by their exact header name.
-impl serde::Serialize for Dtype {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Dtype {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        Dtype::from_name(&name)
-            .ok_or_else(|| serde::de::Error::custom(format!("unknown dtype `{name}`")))
     }
 }
