@@ -4,6 +4,7 @@
 //! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
+//! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
 
 pub mod convert;
@@ -11,6 +12,7 @@ pub mod dtype;
 pub mod error;
 pub mod file;
 pub mod header;
+pub mod jni;
 pub mod write;
 
 pub use convert::ConvertError;

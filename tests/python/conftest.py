@@ -29,3 +29,32 @@ def cli(rust_tools):
         return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def connector_jar():
+    """The self-contained connector jar that `mvn verify` (tests/run-all.sh) leaves in jvm-connector/target."""
+    jars = sorted((ROOT / "jvm-connector" / "target").glob("safetensors-spark-*.jar"))
+    if len(jars) != 1:
+        pytest.fail(f"expected exactly one connector jar in jvm-connector/target, found {jars}; run `mvn -f jvm-connector/pom.xml package` first")
+    return jars[0]
+
+
+@pytest.fixture(scope="session")
+def spark(connector_jar):
+    """One local[2] SparkSession for the whole pytest run, with the connector jar."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("safetensors-spark-tests")
+        .config("spark.jars", str(connector_jar))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

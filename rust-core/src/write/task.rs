@@ -1,1 +1,551 @@
-//! See the module docs of `write`.
+//! The per-task shard writer: receives wire-layout record batches (see the `write` module docs),
+//! validates every row, converts values and writes sealed shards into the task's work directory.
+//!
+//! ## Memory bounds
+//! * **Batch mode**: the converted bytes of the shard being filled are held in memory, one
+//!   buffer per column (`batch_size` × the row's converted size, summed over the columns), plus
+//!   the Arrow batch the JVM handed over. A full shard is streamed to disk with
+//!   [`FileWriter`] and its buffers are reused.
+//! * **KV mode**: independent of the shard size. Rows are converted in chunks of at most
+//!   [`KV_CHUNK_ROWS`] rows per column; each row's tensor bytes are appended to a hidden spill
+//!   file in the work directory, and only names, dtypes, shapes and spill offsets of the open
+//!   shard are kept in memory. At seal the layout is planned and the bytes are copied from the
+//!   spill file into the shard through a bounded buffer ([`COPY_BUFFER`] bytes). The task also
+//!   keeps one small entry per key it has written (duplicate detection).
+//!
+//! Row numbers in errors count from 0 within the partition, across batches.
+
+mod kv;
+mod rows;
+
+use crate::convert::ConvertError;
+use crate::error::FormatError;
+use crate::file::FileWriter;
+use crate::header::TensorEntry;
+use crate::write::{
+    shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport,
+    WriteLayout, WritePlan,
+};
+use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
+use arrow_array::{Array, StructArray};
+use arrow_schema::DataType;
+use rows::{expected_type, type_matches, ColumnState};
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// KV mode converts at most this many rows of a column at once.
+pub const KV_CHUNK_ROWS: usize = 256;
+/// Size of the buffer used to copy tensor bytes from a spill file into a shard.
+pub const COPY_BUFFER: usize = 1 << 20;
+
+/// Why a task cannot write its rows.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// A row's value is invalid (null, ragged, wrong shape or dtype, bad length, …).
+    #[error("column '{column}', row {row}: {message}")]
+    Row {
+        column: String,
+        row: u64,
+        message: String,
+    },
+    /// A row's value cannot be converted to the column's dtype.
+    #[error("column '{column}', row {row}: {source}")]
+    Convert {
+        column: String,
+        row: u64,
+        source: ConvertError,
+    },
+    /// The batch does not have the wire layout the plan expects.
+    #[error("column '{column}': malformed batch: {message}")]
+    Malformed { column: String, message: String },
+    /// The batch as a whole does not match the plan (child count, not a struct, …).
+    #[error("malformed batch: {0}")]
+    Batch(String),
+    /// KV mode: a key occurs twice in the task with `duplicatesStrategy=fail`.
+    #[error("column '{column}', row {row}: duplicate key '{key}' (first seen at row {first_row}); duplicatesStrategy=fail")]
+    DuplicateKey {
+        column: String,
+        key: String,
+        row: u64,
+        first_row: u64,
+    },
+    /// KV mode: a tensor name is invalid or collides with another row's.
+    #[error("column '{column}', row {row}: {message}")]
+    TensorName {
+        column: String,
+        row: u64,
+        message: String,
+    },
+    /// The writer failed earlier and can only be aborted.
+    #[error("the task writer failed earlier and can only be aborted")]
+    Failed,
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl WriteError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        WriteError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Writes one partition's rows as shards (see the module docs).
+pub struct TaskWriter {
+    plan: WritePlan,
+    partition: u32,
+    work_dir: PathBuf,
+    columns: Vec<ColumnState>,
+    /// Rows received so far (the next row's number).
+    rows_seen: u64,
+    next_shard: u32,
+    /// Sealed shards, in sealing order (KV rewrites replace their entry).
+    shards: Vec<ShardReport>,
+    /// Every shard file this writer created (for abort).
+    created: Vec<PathBuf>,
+    failed: bool,
+    mode: Mode,
+}
+
+enum Mode {
+    Batch(BatchState),
+    Kv(Box<kv::KvState>),
+}
+
+struct BatchState {
+    batch_size: u64,
+    tail: TailStrategy,
+    /// Converted bytes of the open shard, one buffer per column.
+    buffers: Vec<Vec<u8>>,
+    rows: u64,
+}
+
+impl TaskWriter {
+    /// Opens a writer for `partition`; shards are written into `work_dir` (created if missing).
+    pub fn open(plan: WritePlan, partition: u32, work_dir: PathBuf) -> Result<Self, WriteError> {
+        fs::create_dir_all(&work_dir).map_err(|e| WriteError::io(&work_dir, e))?;
+        let batch = matches!(plan.layout, WriteLayout::Batch { .. });
+        let columns = plan
+            .columns
+            .iter()
+            .map(|c| ColumnState::new(c.clone(), batch))
+            .collect();
+        let mode = match &plan.layout {
+            WriteLayout::Batch {
+                batch_size,
+                tail_strategy,
+            } => {
+                if *batch_size == 0 {
+                    return Err(WriteError::Batch("batch_size must be at least 1".into()));
+                }
+                Mode::Batch(BatchState {
+                    batch_size: *batch_size,
+                    tail: *tail_strategy,
+                    buffers: vec![Vec::new(); plan.columns.len()],
+                    rows: 0,
+                })
+            }
+            WriteLayout::Kv {
+                name_col,
+                kv_separator,
+                target_shard_bytes,
+                duplicates,
+                ..
+            } => Mode::Kv(Box::new(kv::KvState::new(
+                name_col.clone(),
+                kv_separator.clone(),
+                *target_shard_bytes,
+                *duplicates,
+                &plan,
+            ))),
+        };
+        Ok(TaskWriter {
+            plan,
+            partition,
+            work_dir,
+            columns,
+            rows_seen: 0,
+            next_shard: 0,
+            shards: Vec::new(),
+            created: Vec::new(),
+            failed: false,
+            mode,
+        })
+    }
+
+    /// Writes one wire-layout batch. Returns the shards sealed by this call.
+    pub fn write_batch(&mut self, batch: &StructArray) -> Result<Vec<ShardReport>, WriteError> {
+        if self.failed {
+            return Err(WriteError::Failed);
+        }
+        let result = self.write_batch_inner(batch);
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    /// Ends the partition: writes (or drops, or pads) the batch-mode tail, seals the last KV
+    /// shard and applies `lastWin` to sealed KV shards. Returns the shards sealed or rewritten
+    /// now, and the task report listing every shard.
+    ///
+    /// On error every file this writer created is deleted, as by [`TaskWriter::abort`] (the
+    /// writer is consumed, so it could not be aborted afterwards).
+    pub fn finish(mut self) -> Result<(Vec<ShardReport>, TaskReport), WriteError> {
+        let result = self.finish_inner();
+        if result.is_err() {
+            self.abort_files();
+        }
+        result
+    }
+
+    fn finish_inner(&mut self) -> Result<(Vec<ShardReport>, TaskReport), WriteError> {
+        if self.failed {
+            return Err(WriteError::Failed);
+        }
+        let mut sealed = Vec::new();
+        let mut dropped = 0;
+        let mode = std::mem::replace(
+            &mut self.mode,
+            Mode::Batch(BatchState {
+                batch_size: 1,
+                tail: TailStrategy::Write,
+                buffers: Vec::new(),
+                rows: 0,
+            }),
+        );
+        match mode {
+            Mode::Batch(mut b) => {
+                if b.rows > 0 {
+                    match b.tail {
+                        TailStrategy::Write => {
+                            let rows = b.rows;
+                            sealed.push(self.seal_batch(&mut b, rows, 0)?);
+                        }
+                        TailStrategy::Drop => dropped = b.rows,
+                        TailStrategy::Pad => {
+                            let rows = b.rows;
+                            let pad = b.batch_size - rows;
+                            for buf in &mut b.buffers {
+                                // Every row of a column has the same size in batch mode.
+                                let row_bytes = buf.len() as u64 / rows;
+                                let extra = row_bytes
+                                    .checked_mul(pad)
+                                    .and_then(|b| usize::try_from(b).ok())
+                                    .ok_or_else(|| {
+                                        WriteError::Batch("padding does not fit in memory".into())
+                                    })?;
+                                buf.resize(buf.len() + extra, 0);
+                            }
+                            sealed.push(self.seal_batch(&mut b, rows, pad)?);
+                        }
+                    }
+                }
+            }
+            Mode::Kv(mut k) => {
+                let result = k.finish(self);
+                self.mode = Mode::Kv(k);
+                sealed.extend(result?);
+            }
+        }
+        let columns = self.column_reports();
+        let report = TaskReport {
+            partition: self.partition,
+            shards: std::mem::take(&mut self.shards),
+            dropped_samples: dropped,
+            columns,
+        };
+        Ok((sealed, report))
+    }
+
+    /// Deletes every file this writer created in the work directory (sealed shards and
+    /// temporaries).
+    pub fn abort(mut self) {
+        self.abort_files();
+    }
+
+    fn abort_files(&mut self) {
+        for path in std::mem::take(&mut self.created) {
+            let _ = fs::remove_file(path);
+        }
+        if let Mode::Kv(k) = &mut self.mode {
+            k.discard();
+        }
+    }
+
+    fn write_batch_inner(&mut self, batch: &StructArray) -> Result<Vec<ShardReport>, WriteError> {
+        let key_child = usize::from(matches!(self.mode, Mode::Kv(_)));
+        let expected = self.columns.len() + key_child;
+        if batch.num_columns() != expected {
+            return Err(WriteError::Batch(format!(
+                "expected {expected} children ({}{} columns), found {}",
+                if key_child == 1 { "the key and " } else { "" },
+                self.columns.len(),
+                batch.num_columns()
+            )));
+        }
+        if batch.null_count() > 0 {
+            if let Some(i) = (0..batch.len()).find(|&i| batch.is_null(i)) {
+                return Err(WriteError::Batch(format!(
+                    "row {} is null as a whole",
+                    self.rows_seen + i as u64
+                )));
+            }
+        }
+        for (c, col) in self.columns.iter().enumerate() {
+            let child = batch.column(c + key_child);
+            if !type_matches(&col.plan.input, child.data_type()) {
+                return Err(WriteError::Malformed {
+                    column: col.plan.name.clone(),
+                    message: format!(
+                        "expected Arrow type {}, found {:?}",
+                        expected_type(&col.plan.input),
+                        child.data_type()
+                    ),
+                });
+            }
+        }
+        let mut mode = std::mem::replace(
+            &mut self.mode,
+            Mode::Batch(BatchState {
+                batch_size: 1,
+                tail: TailStrategy::Write,
+                buffers: Vec::new(),
+                rows: 0,
+            }),
+        );
+        let result = match &mut mode {
+            Mode::Batch(b) => self.batch_rows(b, batch),
+            Mode::Kv(k) => {
+                let keys = batch.column(0);
+                if *keys.data_type() != DataType::Utf8 {
+                    Err(WriteError::Malformed {
+                        column: k.name_col().to_string(),
+                        message: format!(
+                            "expected Arrow type Utf8 for the key column, found {:?}",
+                            keys.data_type()
+                        ),
+                    })
+                } else {
+                    k.write_rows(self, batch)
+                }
+            }
+        };
+        self.mode = mode;
+        self.rows_seen += batch.len() as u64;
+        result
+    }
+
+    fn batch_rows(
+        &mut self,
+        b: &mut BatchState,
+        batch: &StructArray,
+    ) -> Result<Vec<ShardReport>, WriteError> {
+        let mut sealed = Vec::new();
+        let n = batch.len();
+        let mut i = 0usize;
+        while i < n {
+            let room = usize::try_from(b.batch_size - b.rows).unwrap_or(usize::MAX);
+            let take = room.min(n - i);
+            for (c, col) in self.columns.iter_mut().enumerate() {
+                let buf = b
+                    .buffers
+                    .get_mut(c)
+                    .ok_or_else(|| WriteError::Batch("column buffers out of sync".into()))?;
+                rows::extract(col, batch.column(c), i..i + take, self.rows_seen, buf)?;
+            }
+            b.rows += take as u64;
+            i += take;
+            if b.rows == b.batch_size {
+                let rows = b.rows;
+                sealed.push(self.seal_batch(b, rows, 0)?);
+            }
+        }
+        Ok(sealed)
+    }
+
+    /// Takes the next shard number and returns (number, file name, local path).
+    fn next_shard_path(&mut self) -> (u32, String, PathBuf) {
+        let shard = self.next_shard;
+        self.next_shard += 1;
+        let file = shard_file_name(self.partition, shard, &self.plan.write_id);
+        let path = self.work_dir.join(&file);
+        (shard, file, path)
+    }
+
+    fn seal_batch(
+        &mut self,
+        b: &mut BatchState,
+        rows: u64,
+        padded: u64,
+    ) -> Result<ShardReport, WriteError> {
+        let mut entries = Vec::with_capacity(self.columns.len());
+        let mut by_name = HashMap::with_capacity(self.columns.len());
+        for (c, col) in self.columns.iter().enumerate() {
+            let (Some(dtype), Some(sample)) = (col.dtype, col.shape.as_ref()) else {
+                return Err(WriteError::Batch(format!(
+                    "column '{}' has no dtype or shape yet",
+                    col.plan.name
+                )));
+            };
+            let mut shape = Vec::with_capacity(sample.len() + 1);
+            shape.push(rows + padded);
+            shape.extend_from_slice(sample);
+            entries.push(TensorEntry {
+                name: col.plan.name.clone(),
+                dtype,
+                shape,
+            });
+            by_name.insert(col.plan.name.clone(), c);
+        }
+        let meta = shard_metadata(&self.plan, rows, padded);
+        let (shard, file, path) = self.next_shard_path();
+        let mut writer = FileWriter::create(&path, Some(&meta), entries)?;
+        let order: Vec<usize> = writer
+            .tensors()
+            .iter()
+            .filter_map(|t| by_name.get(&t.name).copied())
+            .collect();
+        for c in order {
+            if let Some(buf) = b.buffers.get(c) {
+                writer.write(buf)?;
+            }
+        }
+        let written = writer.finish()?;
+        self.created.push(path.clone());
+        for buf in &mut b.buffers {
+            buf.clear();
+        }
+        b.rows = 0;
+        let report = ShardReport {
+            file,
+            local_path: path.to_string_lossy().into_owned(),
+            partition: self.partition,
+            shard,
+            samples: rows,
+            padded_samples: padded,
+            bytes: written.bytes,
+            tensors: written
+                .tensors
+                .iter()
+                .map(|t| TensorReport {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    data_start: written.data_start + t.data_offsets[0],
+                    data_end: written.data_start + t.data_offsets[1],
+                    sample_key: None,
+                    column: None,
+                })
+                .collect(),
+        };
+        self.shards.push(report.clone());
+        Ok(report)
+    }
+
+    fn column_reports(&self) -> BTreeMap<String, ColumnReport> {
+        let mut out = BTreeMap::new();
+        let kv = matches!(self.mode, Mode::Kv(_));
+        for col in &self.columns {
+            let Some(dtype) = col.dtype else { continue };
+            let sample_shape = if kv {
+                let mut shapes = self
+                    .shards
+                    .iter()
+                    .flat_map(|s| &s.tensors)
+                    .filter(|t| t.column.as_deref() == Some(col.plan.name.as_str()))
+                    .map(|t| &t.shape);
+                let Some(first) = shapes.next() else { continue };
+                shapes.all(|s| s == first).then(|| first.clone())
+            } else {
+                match &col.shape {
+                    Some(s) => Some(s.clone()),
+                    None => continue,
+                }
+            };
+            out.insert(
+                col.plan.name.clone(),
+                ColumnReport {
+                    dtype,
+                    sample_shape,
+                },
+            );
+        }
+        out
+    }
+}
+
+/// The shard `__metadata__`: user metadata plus the reserved keys of spec/dataset.md §4.
+pub(crate) fn shard_metadata(
+    plan: &WritePlan,
+    samples: u64,
+    padded: u64,
+) -> BTreeMap<String, String> {
+    let mut meta = plan.metadata.clone();
+    let (layout, separator) = match &plan.layout {
+        WriteLayout::Batch { .. } => ("batch", None),
+        WriteLayout::Kv { kv_separator, .. } => ("kv", Some(kv_separator.clone())),
+    };
+    meta.insert("safetensors_spark.format_version".into(), "1".into());
+    meta.insert("safetensors_spark.layout".into(), layout.into());
+    meta.insert("safetensors_spark.write_id".into(), plan.write_id.clone());
+    meta.insert("safetensors_spark.samples".into(), samples.to_string());
+    meta.insert(
+        "safetensors_spark.padded_samples".into(),
+        padded.to_string(),
+    );
+    if let Some(sep) = separator {
+        meta.insert("safetensors_spark.kv_separator".into(), sep);
+    }
+    meta
+}
+
+/// Imports a batch the JVM exported through the Arrow C Data Interface. Takes ownership of the
+/// structs' contents (they are left released/empty); the producer's release callback fires when
+/// the imported data is dropped. The data is fully validated (offsets, lengths, UTF-8) before it
+/// is returned.
+///
+/// # Safety
+/// `array` and `schema` must be null or point to valid, initialised C Data Interface structs that
+/// describe the same array.
+pub unsafe fn import_batch(
+    array: *mut FFI_ArrowArray,
+    schema: *mut FFI_ArrowSchema,
+) -> Result<StructArray, WriteError> {
+    if array.is_null() || schema.is_null() {
+        return Err(WriteError::Batch(
+            "null ArrowArray or ArrowSchema pointer".into(),
+        ));
+    }
+    // SAFETY: both pointers are non-null and valid per the caller's contract; `from_raw` moves
+    // the contents out and leaves released (empty) structs behind.
+    let (array, schema) = unsafe {
+        (
+            FFI_ArrowArray::from_raw(array),
+            FFI_ArrowSchema::from_raw(schema),
+        )
+    };
+    // SAFETY: the caller guarantees the structs follow the C Data Interface.
+    let data = unsafe { arrow_array::ffi::from_ffi(array, &schema) }
+        .map_err(|e| WriteError::Batch(format!("cannot import the Arrow batch: {e}")))?;
+    if !matches!(data.data_type(), DataType::Struct(_)) {
+        return Err(WriteError::Batch(format!(
+            "expected a Struct array, found {:?}",
+            data.data_type()
+        )));
+    }
+    data.validate_full()
+        .map_err(|e| WriteError::Batch(format!("invalid Arrow batch: {e}")))?;
+    Ok(StructArray::from(data))
+}
+
+#[cfg(test)]
+mod tests;
