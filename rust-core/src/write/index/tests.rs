@@ -1,0 +1,156 @@
+use super::*;
+use crate::write::TensorReport;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static N: AtomicU64 = AtomicU64::new(0);
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "st-index-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn shard(file: &str, tensors: Vec<TensorReport>) -> ShardReport {
+    ShardReport {
+        file: file.into(),
+        local_path: String::new(),
+        partition: 0,
+        shard: 0,
+        samples: 1,
+        padded_samples: 0,
+        bytes: 0,
+        tensors,
+    }
+}
+
+fn t(name: &str, start: u64, key: Option<&str>, column: Option<&str>) -> TensorReport {
+    TensorReport {
+        name: name.into(),
+        dtype: Dtype::Bf16,
+        shape: vec![2, 0, 3],
+        data_start: start,
+        data_end: start + 12,
+        sample_key: key.map(String::from),
+        column: column.map(String::from),
+    }
+}
+
+#[test]
+fn write_then_read_back_sorted() {
+    let dir = tempdir();
+    let path = dir.join(INDEX_FILE_NAME);
+    let kv = shard(
+        "b.safetensors",
+        vec![
+            t("k2__x", 200, Some("k2"), Some("x")),
+            t("k1__x", 100, Some("k1"), Some("x")),
+        ],
+    );
+    let batch = shard(
+        "a.safetensors",
+        vec![t("x", 80, None, None), t("y", 8, None, None)],
+    );
+    let rows: Vec<IndexRow> = IndexRow::from_shard(&kv)
+        .into_iter()
+        .chain(IndexRow::from_shard(&batch))
+        .collect();
+    assert_eq!(rows[2].column, "x"); // batch: the tensor name
+    assert_eq!(write_index(&path, rows.clone()).unwrap(), 4);
+    let back = read_index(&path).unwrap();
+    let mut expected = rows;
+    expected.sort_by(|a, b| (&a.file_name, a.data_start).cmp(&(&b.file_name, b.data_start)));
+    assert_eq!(back, expected);
+    assert_eq!(
+        back.iter()
+            .map(|r| r.tensor_key.as_str())
+            .collect::<Vec<_>>(),
+        ["y", "x", "k1__x", "k2__x"]
+    );
+    // One file, no temporaries.
+    assert!(path.is_file());
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+    // Overwrite, and an empty index.
+    write_index(&path, Vec::new()).unwrap();
+    assert!(read_index(&path).unwrap().is_empty());
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn many_rows_span_batches() {
+    let dir = tempdir();
+    let path = dir.join(INDEX_FILE_NAME);
+    let rows: Vec<IndexRow> = (0..(BATCH_ROWS as u64 * 2 + 5))
+        .map(|i| IndexRow {
+            tensor_key: format!("k{i}__v"),
+            file_name: "f.safetensors".into(),
+            dtype: Dtype::F32,
+            shape: vec![i % 7],
+            data_start: i * 4,
+            data_end: i * 4 + 4,
+            sample_key: Some(format!("k{i}")),
+            column: "v".into(),
+        })
+        .collect();
+    write_index(&path, rows.clone()).unwrap();
+    assert_eq!(read_index(&path).unwrap(), rows);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn schema_is_the_spec_one() {
+    let s = index_schema();
+    let cols: Vec<(&str, bool)> = s
+        .fields()
+        .iter()
+        .map(|f| (f.name().as_str(), f.is_nullable()))
+        .collect();
+    assert_eq!(
+        cols,
+        [
+            ("tensor_key", false),
+            ("file_name", false),
+            ("dtype", false),
+            ("shape", false),
+            ("data_start", false),
+            ("data_end", false),
+            ("sample_key", true),
+            ("column", false),
+        ]
+    );
+}
+
+#[test]
+fn errors() {
+    let dir = tempdir();
+    let path = dir.join(INDEX_FILE_NAME);
+    let mut row = IndexRow::from_shard(&shard("a", vec![t("x", 0, None, None)])).remove(0);
+    row.data_end = u64::MAX;
+    assert!(matches!(
+        write_index(&path, vec![row]),
+        Err(IndexError::BadRow { .. })
+    ));
+    assert!(!path.exists());
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+    fs::write(&path, b"not parquet").unwrap();
+    assert!(matches!(read_index(&path), Err(IndexError::Parquet { .. })));
+    assert!(matches!(
+        read_index(&dir.join("missing")),
+        Err(IndexError::Io { .. })
+    ));
+    // A Parquet file with other columns.
+    let other = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+    let batch = RecordBatch::try_new(
+        other.clone(),
+        vec![Arc::new(arrow_array::Int64Array::from(vec![1])) as ArrayRef],
+    )
+    .unwrap();
+    let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), other, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    assert!(matches!(read_index(&path), Err(IndexError::Invalid { .. })));
+    fs::remove_dir_all(dir).unwrap();
+}
