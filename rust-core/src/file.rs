@@ -205,6 +205,35 @@ pub fn write_file(
     writer.finish()
 }
 
+/// Copies the tensors of `input` that `keep` accepts into a new file at `output`, with
+/// `metadata` as its `__metadata__`. `output` may be `input` itself: the source stays mapped
+/// until the new file is renamed over it.
+pub fn copy_tensors(
+    input: &Path,
+    output: &Path,
+    metadata: Option<&BTreeMap<String, String>>,
+    keep: impl Fn(&TensorInfo) -> bool,
+) -> Result<WrittenFile, FormatError> {
+    let src = SafetensorsFile::open(input)?;
+    let entries = src
+        .header()
+        .tensors
+        .iter()
+        .filter(|t| keep(t))
+        .map(|t| TensorEntry {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let mut writer = FileWriter::create(output, metadata, entries)?;
+    let order: Vec<String> = writer.tensors().iter().map(|t| t.name.clone()).collect();
+    for name in &order {
+        writer.write(src.tensor(name)?.1)?;
+    }
+    writer.finish()
+}
+
 /// Serialises tensors to bytes in memory, identical to what [`write_file`] writes.
 pub fn serialize(
     metadata: Option<&BTreeMap<String, String>>,

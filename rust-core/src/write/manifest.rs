@@ -13,8 +13,7 @@ use super::{
     TensorReport, WriteLayout, WritePlan,
 };
 use crate::error::FormatError;
-use crate::file::{FileWriter, SafetensorsFile};
-use crate::header::TensorEntry;
+use crate::file::{copy_tensors, SafetensorsFile};
 use crate::Dtype;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
@@ -502,34 +501,8 @@ pub fn rewrite_shard_without(
     }
     let mut metadata = header.metadata.clone().unwrap_or_default();
     metadata.insert(SAMPLES_METADATA_KEY.to_string(), samples.to_string());
-    let entries = kept
-        .iter()
-        .map(|t| TensorEntry {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-        })
-        .collect();
-    let mut writer = FileWriter::create(output, Some(&metadata), entries)?;
-    let order: Vec<String> = writer.tensors().iter().map(|t| t.name.clone()).collect();
-    for name in &order {
-        let (_, data) = src.tensor(name)?;
-        writer.write(data)?;
-    }
-    let written = writer.finish()?;
-    let tensors = written
-        .tensors
-        .iter()
-        .map(|t| TensorReport {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            data_start: written.data_start + t.data_offsets[0],
-            data_end: written.data_start + t.data_offsets[1],
-            sample_key: None,
-            column: None,
-        })
-        .collect();
+    let written = copy_tensors(input, output, Some(&metadata), |t| !drop.contains(&t.name))?;
+    let tensors = TensorReport::for_file(&written, |_| (None, None));
     Ok(RewrittenShard {
         file: output
             .file_name()

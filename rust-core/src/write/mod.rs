@@ -30,6 +30,7 @@ pub mod manifest;
 pub mod plan;
 pub mod task;
 
+use crate::file::WrittenFile;
 use crate::Dtype;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -170,6 +171,32 @@ pub struct TensorReport {
     pub sample_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<String>,
+}
+
+impl TensorReport {
+    /// Reports for every tensor of a written file, in data order; `origin` gives a tensor's KV
+    /// key and column from its name (`(None, None)` in batch mode).
+    pub fn for_file(
+        written: &WrittenFile,
+        origin: impl Fn(&str) -> (Option<String>, Option<String>),
+    ) -> Vec<TensorReport> {
+        written
+            .tensors
+            .iter()
+            .map(|t| {
+                let (sample_key, column) = origin(&t.name);
+                TensorReport {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    data_start: written.data_start + t.data_offsets[0],
+                    data_end: written.data_start + t.data_offsets[1],
+                    sample_key,
+                    column,
+                }
+            })
+            .collect()
+    }
 }
 
 /// A shard a task has sealed: a complete safetensors file in the task's work directory.

@@ -433,19 +433,7 @@ impl TaskWriter {
             samples: rows,
             padded_samples: padded,
             bytes: written.bytes,
-            tensors: written
-                .tensors
-                .iter()
-                .map(|t| TensorReport {
-                    name: t.name.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    data_start: written.data_start + t.data_offsets[0],
-                    data_end: written.data_start + t.data_offsets[1],
-                    sample_key: None,
-                    column: None,
-                })
-                .collect(),
+            tensors: TensorReport::for_file(&written, |_| (None, None)),
         };
         self.shards.push(report.clone());
         Ok(report)

@@ -1,5 +1,6 @@
 use super::*;
 use crate::file::write_file;
+use crate::header::TensorEntry;
 use crate::write::plan::plan_write;
 use crate::write::InputKind;
 use std::sync::atomic::{AtomicU64, Ordering};

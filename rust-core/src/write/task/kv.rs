@@ -3,7 +3,7 @@
 
 use super::rows::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, COPY_BUFFER, KV_CHUNK_ROWS};
-use crate::file::{FileWriter, SafetensorsFile};
+use crate::file::{copy_tensors, FileWriter};
 use crate::header::{TensorEntry, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::write::{DuplicatesStrategy, ShardReport, TensorReport, WritePlan};
 use crate::Dtype;
@@ -456,24 +456,14 @@ impl KvState {
         }
         let written = writer.finish()?;
         w.created.push(path.clone());
-        let tensors = written
-            .tensors
-            .iter()
-            .map(|t| {
-                let src = by_name.get(t.name.as_str());
-                TensorReport {
-                    name: t.name.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    data_start: written.data_start + t.data_offsets[0],
-                    data_end: written.data_start + t.data_offsets[1],
-                    sample_key: src.map(|s| s.key.clone()),
-                    column: src
-                        .and_then(|s| w.columns.get(s.column))
-                        .map(|c| c.plan.name.clone()),
-                }
-            })
-            .collect();
+        let tensors = TensorReport::for_file(&written, |name| {
+            let src = by_name.get(name);
+            (
+                src.map(|s| s.key.clone()),
+                src.and_then(|s| w.columns.get(s.column))
+                    .map(|c| c.plan.name.clone()),
+            )
+        });
         for t in &live {
             if let Some(loc) = self.keys.get_mut(&t.key) {
                 loc.shard = Some(shard);
@@ -537,45 +527,22 @@ fn rewrite_without(
         return Ok(None);
     }
     let samples = old.samples.saturating_sub(removed_keys.len() as u64);
-    let src = SafetensorsFile::open(&path)?;
-    let entries = keep
-        .iter()
-        .map(|t| TensorEntry {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-        })
-        .collect();
     let meta = shard_metadata(&w.plan, samples, 0);
-    let mut writer = FileWriter::create(&path, Some(&meta), entries)?;
-    let order: Vec<String> = writer.tensors().iter().map(|t| t.name.clone()).collect();
-    for name in &order {
-        let (_, data) = src.tensor(name)?;
-        writer.write(data)?;
-    }
-    let written = writer.finish()?;
-    drop(src);
+    let written = copy_tensors(&path, &path, Some(&meta), |t| {
+        keep.iter().any(|k| k.name == t.name)
+    })?;
     let by_name: HashMap<&str, &TensorReport> =
         keep.iter().map(|t| (t.name.as_str(), *t)).collect();
     let report = ShardReport {
         samples,
         bytes: written.bytes,
-        tensors: written
-            .tensors
-            .iter()
-            .map(|t| {
-                let src = by_name.get(t.name.as_str());
-                TensorReport {
-                    name: t.name.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    data_start: written.data_start + t.data_offsets[0],
-                    data_end: written.data_start + t.data_offsets[1],
-                    sample_key: src.and_then(|s| s.sample_key.clone()),
-                    column: src.and_then(|s| s.column.clone()),
-                }
-            })
-            .collect(),
+        tensors: TensorReport::for_file(&written, |name| {
+            let src = by_name.get(name);
+            (
+                src.and_then(|s| s.sample_key.clone()),
+                src.and_then(|s| s.column.clone()),
+            )
+        }),
         ..old
     };
     w.shards[idx] = report.clone();
