@@ -1,36 +1,65 @@
-"""Demo: write tensors with the Rust writer, inspect and validate them with the CLI, load them in numpy."""
+"""Demo: Spark writes a DataFrame as safetensors shards; Python `safetensors` reads them back.
+
+Usage: python tests/demo.py path/to/safetensors-spark-<version>.jar
+"""
 import json
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import safetensors
+import safetensors.numpy
+from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = ROOT / "target/release/safetensors-spark"
-WRITE = ROOT / "target/release/examples/write_tensors"
+CLI = ROOT / "target" / "release" / "safetensors-spark"
+jar = sys.argv[1]
+
+spark = (
+    SparkSession.builder.master("local[2]")
+    .config("spark.jars", jar)
+    .config("spark.ui.enabled", "false")
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("ERROR")
+
+rows, dim = 1000, 64
+rng = np.random.default_rng(0)
+emb = rng.standard_normal((rows, dim)).astype(np.float32)
+labels = rng.integers(0, 10, rows)
+df = spark.createDataFrame(
+    [(f"item{i}", emb[i].astype(float).tolist(), int(labels[i])) for i in range(rows)],
+    "id string, embedding array<double>, label long",
+).repartition(2)
 
 with tempfile.TemporaryDirectory() as tmp:
-    tmp = Path(tmp)
-    arrays = {
-        "embedding": (np.random.default_rng(0).standard_normal((4, 8)).astype(ml_dtypes.bfloat16), "BF16"),
-        "label": (np.arange(4, dtype=np.int64), "I64"),
-    }
-    spec = {"metadata": {"description": "demo shard"}, "tensors": []}
-    for name, (arr, dtype) in arrays.items():
-        (tmp / f"{name}.bin").write_bytes(arr.tobytes())
-        spec["tensors"].append({"name": name, "dtype": dtype, "shape": list(arr.shape), "data_file": str(tmp / f"{name}.bin")})
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    out = tmp / "demo.safetensors"
-    subprocess.run([WRITE, tmp / "spec.json", out], check=True)
-    print("$ safetensors-spark inspect demo.safetensors")
-    print(subprocess.run([CLI, "inspect", out], check=True, capture_output=True, text=True).stdout)
-    print(subprocess.run([CLI, "validate", out], check=True, capture_output=True, text=True).stdout.strip())
-    with safetensors.safe_open(str(out), framework="np") as f:
-        for name, (arr, _) in arrays.items():
-            got = f.get_tensor(name)
-            assert got.dtype == arr.dtype and np.array_equal(got.view(np.uint8), arr.view(np.uint8)), name
-            print(f"safetensors (Python) reads {name}: {got.dtype} {list(got.shape)} identical")
+    batch_dir, kv_dir = Path(tmp) / "batch", Path(tmp) / "kv"
+
+    # Batch mode: every 256 rows of a partition -> one shard with stacked [256, 64] BF16 embeddings.
+    (df.write.format("safetensors").option("batch_size", 256).option("columns", "embedding,label")
+       .option("dtypes", json.dumps({"embedding": "BF16"})).save(str(batch_dir)))
+    manifest = json.loads((batch_dir / "dataset_manifest.json").read_text())
+    print(f"batch mode: {len(manifest['shards'])} shards, {manifest['total_samples']} samples, tensors {manifest['tensors']}")
+    print(subprocess.run([CLI, "inspect", batch_dir / manifest["shards"][0]["file"]], check=True, capture_output=True, text=True).stdout)
+
+    # Read every shard with the reference package and compare with numpy's own BF16 rounding.
+    got_emb = np.concatenate([safetensors.numpy.load_file(str(batch_dir / s["file"]))["embedding"] for s in manifest["shards"]])
+    got_lab = np.concatenate([safetensors.numpy.load_file(str(batch_dir / s["file"]))["label"] for s in manifest["shards"]])
+    assert got_emb.dtype == ml_dtypes.bfloat16 and got_emb.shape == (rows, dim)
+    # Partitions reorder rows: match each written row to its source by label and exact BF16 bits.
+    want = {(int(l), emb[i].astype(ml_dtypes.bfloat16).tobytes()) for i, l in enumerate(labels)}
+    assert {(int(l), e.tobytes()) for l, e in zip(got_lab, got_emb)} == want
+    print(f"safetensors (Python) read {rows} rows back: BF16 values identical to numpy/ml_dtypes rounding")
+
+    # KV mode: one tensor per row and column, named <id>__<column>.
+    df.write.format("safetensors").option("name_col", "id").option("dtype", "F32").save(str(kv_dir))
+    kv = {}
+    for s in json.loads((kv_dir / "dataset_manifest.json").read_text())["shards"]:
+        kv.update(safetensors.numpy.load_file(str(kv_dir / s["file"])))
+    assert np.array_equal(kv["item42__embedding"], emb[42]) and kv["item42__label"] == labels[42]
+    print(f"KV mode: {len(kv)} tensors, e.g. item42__embedding {kv['item42__embedding'].dtype} {list(kv['item42__embedding'].shape)}")
+
+spark.stop()
 print("demo ok")

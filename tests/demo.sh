@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The demo: writes a real file with the Rust core, looks inside it with the CLI and reads it back
-# with the Python `safetensors` package. Sets up the Python venv itself.
+# The demo: a local Spark writes a real DataFrame as safetensors shards (batch and KV modes), then
+# the Python `safetensors` package reads every shard back and checks the values.
+# Sets up everything itself: Python venv (.venv), the Rust build and the connector jar.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
 cd "$ROOT"
-cargo build --release --locked -q -p safetensors-spark-core --bins --examples
-"$PYTHON" tests/demo.py
+echo "== building the connector jar (cargo + maven)"
+mvn -B -q -f jvm-connector/pom.xml package -DskipTests
+JAR=$(ls jvm-connector/target/safetensors-spark-*.jar)
+cargo build --release --locked -q -p safetensors-spark-core --bin safetensors-spark
+"$PYTHON" tests/demo.py "$JAR"

@@ -27,6 +27,8 @@ use ::jni::{jni_str, Env, EnvUnowned};
 
 use crate::{ConvertError, FormatError};
 
+mod writer_api;
+
 /// Internal (slash) name of the Java exception thrown for format/IO/internal errors.
 pub const SAFETENSORS_EXCEPTION_CLASS: &str = "io/safetensors/spark/jni/SafetensorsException";
 /// Internal (slash) name of the Java exception thrown for invalid arguments.

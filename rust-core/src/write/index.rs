@@ -2,8 +2,10 @@
 //! sorted by `file_name` then `data_start`. Written uncompressed (the parquet crate is built
 //! without codecs) through a temporary sibling and a rename.
 
-use super::ShardReport;
+use super::manifest::{parse_shard_file_name, SAMPLES_METADATA_KEY};
+use super::{ShardReport, TensorReport, WriteLayout, WritePlan};
 use crate::file::temp_sibling;
+use crate::header::Header;
 use crate::Dtype;
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::cast::AsArray;
@@ -57,6 +59,41 @@ impl IndexRow {
                 column: t.column.clone().unwrap_or_else(|| t.name.clone()),
             })
             .collect()
+    }
+}
+
+/// Rebuilds the report of a shard written by an earlier write from its validated header, so an
+/// index created by a later append covers it too. KV tensor names are split into key and column
+/// by the longest column of `plan` that ends the name after the separator.
+pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -> ShardReport {
+    let meta = header.metadata.clone().unwrap_or_default();
+    let count = |key: &str| meta.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let (partition, shard) = parse_shard_file_name(file)
+        .map(|(p, s, _)| (p, s))
+        .unwrap_or((0, 0));
+    let mut columns: Vec<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
+    columns.sort_by_key(|c| std::cmp::Reverse(c.len()));
+    let origin = |name: &str| -> (Option<String>, Option<String>) {
+        let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
+            return (None, None);
+        };
+        columns
+            .iter()
+            .find_map(|c| {
+                let key = name.strip_suffix(*c)?.strip_suffix(kv_separator.as_str())?;
+                Some((Some(key.to_string()), Some(c.to_string())))
+            })
+            .unwrap_or((None, None))
+    };
+    ShardReport {
+        file: file.to_string(),
+        local_path: String::new(),
+        partition,
+        shard,
+        samples: count(SAMPLES_METADATA_KEY),
+        padded_samples: count("safetensors_spark.padded_samples"),
+        bytes: header.file_len(),
+        tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
     }
 }
 

@@ -502,7 +502,7 @@ pub fn rewrite_shard_without(
     let mut metadata = header.metadata.clone().unwrap_or_default();
     metadata.insert(SAMPLES_METADATA_KEY.to_string(), samples.to_string());
     let written = copy_tensors(input, output, Some(&metadata), |t| !drop.contains(&t.name))?;
-    let tensors = TensorReport::for_file(&written, |_| (None, None));
+    let tensors = TensorReport::for_tensors(&written.tensors, written.data_start, |_| (None, None));
     Ok(RewrittenShard {
         file: output
             .file_name()

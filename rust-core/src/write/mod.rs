@@ -30,7 +30,7 @@ pub mod manifest;
 pub mod plan;
 pub mod task;
 
-use crate::file::WrittenFile;
+use crate::header::TensorInfo;
 use crate::Dtype;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -174,14 +174,14 @@ pub struct TensorReport {
 }
 
 impl TensorReport {
-    /// Reports for every tensor of a written file, in data order; `origin` gives a tensor's KV
-    /// key and column from its name (`(None, None)` in batch mode).
-    pub fn for_file(
-        written: &WrittenFile,
+    /// Reports for the tensors of a file whose data section starts at `data_start`; `origin`
+    /// gives a tensor's KV key and column from its name (`(None, None)` in batch mode).
+    pub fn for_tensors(
+        tensors: &[TensorInfo],
+        data_start: u64,
         origin: impl Fn(&str) -> (Option<String>, Option<String>),
     ) -> Vec<TensorReport> {
-        written
-            .tensors
+        tensors
             .iter()
             .map(|t| {
                 let (sample_key, column) = origin(&t.name);
@@ -189,8 +189,8 @@ impl TensorReport {
                     name: t.name.clone(),
                     dtype: t.dtype,
                     shape: t.shape.clone(),
-                    data_start: written.data_start + t.data_offsets[0],
-                    data_end: written.data_start + t.data_offsets[1],
+                    data_start: data_start + t.data_offsets[0],
+                    data_end: data_start + t.data_offsets[1],
                     sample_key,
                     column,
                 }

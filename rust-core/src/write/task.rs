@@ -433,7 +433,9 @@ impl TaskWriter {
             samples: rows,
             padded_samples: padded,
             bytes: written.bytes,
-            tensors: TensorReport::for_file(&written, |_| (None, None)),
+            tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |_| {
+                (None, None)
+            }),
         };
         self.shards.push(report.clone());
         Ok(report)

@@ -1,5 +1,7 @@
 use super::*;
+use crate::write::plan::plan_write;
 use crate::write::TensorReport;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static N: AtomicU64 = AtomicU64::new(0);
@@ -153,4 +155,40 @@ fn errors() {
     w.close().unwrap();
     assert!(matches!(read_index(&path), Err(IndexError::Invalid { .. })));
     fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn earlier_kv_shard_is_rebuilt_from_its_header_with_keys_and_columns() {
+    let schema = r#"{"type":"struct","fields":[
+        {"name":"k","type":"string","nullable":true,"metadata":{}},
+        {"name":"v","type":{"type":"array","elementType":"float","containsNull":true},"nullable":true,"metadata":{}},
+        {"name":"x_v","type":"long","nullable":true,"metadata":{}}]}"#;
+    let options = BTreeMap::from([("name_col".to_string(), "k".to_string())]);
+    let plan = plan_write(schema, &options, false).unwrap();
+    let file = "part-00003-0001-0f0e0d0c-0b0a-0908-0706-050403020100.safetensors";
+    let json = r#"{"__metadata__":{"safetensors_spark.samples":"2"},"a__v":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a__x_v":{"dtype":"I64","shape":[],"data_offsets":[4,12]},"b_x__v":{"dtype":"F32","shape":[0],"data_offsets":[12,12]}}"#;
+    let header = crate::header::parse_header(json.as_bytes(), 8 + json.len() as u64 + 12).unwrap();
+    let report = shard_report_from_header(file, &header, &plan);
+    assert_eq!((report.partition, report.shard, report.samples), (3, 1, 2));
+    let got: Vec<_> = report
+        .tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                t.sample_key.as_deref(),
+                t.column.as_deref(),
+                t.data_start,
+            )
+        })
+        .collect();
+    let start = 8 + json.len() as u64;
+    assert_eq!(
+        got,
+        [
+            ("a__v", Some("a"), Some("v"), start),
+            ("a__x_v", Some("a"), Some("x_v"), start + 4),
+            ("b_x__v", Some("b_x"), Some("v"), start + 12),
+        ]
+    );
 }

@@ -456,7 +456,7 @@ impl KvState {
         }
         let written = writer.finish()?;
         w.created.push(path.clone());
-        let tensors = TensorReport::for_file(&written, |name| {
+        let tensors = TensorReport::for_tensors(&written.tensors, written.data_start, |name| {
             let src = by_name.get(name);
             (
                 src.map(|s| s.key.clone()),
@@ -536,7 +536,7 @@ fn rewrite_without(
     let report = ShardReport {
         samples,
         bytes: written.bytes,
-        tensors: TensorReport::for_file(&written, |name| {
+        tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |name| {
             let src = by_name.get(name);
             (
                 src.and_then(|s| s.sample_key.clone()),

@@ -1,0 +1,60 @@
+package io.safetensors.spark.jni;
+
+/**
+ * JNI surface of the Rust write engine (spec/jni.md documents every method: arguments, ownership,
+ * threading, errors). Call {@link NativeLib#ensureLoaded()} before the first call.
+ *
+ * <p>Plan errors (options, schema, append compatibility, bad arguments) are thrown as
+ * {@link IllegalArgumentException}; data, format and I/O errors as {@link SafetensorsException}.
+ *
+ * <p>A handle returned by {@link #open} is owned by exactly one Java object, which serialises the
+ * calls on it and calls {@link #close} exactly once.
+ */
+public final class NativeWriter {
+  private NativeWriter() {}
+
+  /** Driver, plan time: the validated plan as JSON. Nothing on disk is touched. */
+  public static native String planWrite(String sparkSchemaJson, String optionsJson,
+      boolean caseSensitive);
+
+  /** Driver: throws IllegalArgumentException if the plan cannot append to the dataset. */
+  public static native void checkAppend(String planJson, String existingManifestJson);
+
+  /** Task: opens a writer whose sealed shards go to {@code workDir} (a local directory). */
+  public static native long open(String planJson, int partition, String workDir);
+
+  /**
+   * Task: writes one batch exported through the Arrow C Data Interface. Rust moves the structs'
+   * contents out (leaving them released) and drops the imported data before returning, so the
+   * caller may close its vectors right after. Returns a JSON array of newly sealed shard reports.
+   */
+  public static native String writeBatch(long handle, long arrowArrayAddr, long arrowSchemaAddr);
+
+  /** Task: seals the last shard(s); JSON {"sealed":[ShardReport...],"report":TaskReport}. */
+  public static native String finish(long handle);
+
+  /** Task: deletes every file this writer produced. Idempotent for a live handle. */
+  public static native void abort(long handle);
+
+  /** Frees the handle (aborting first if neither finished nor aborted). Exactly once. */
+  public static native void close(long handle);
+
+  /** Driver, job commit: JSON {"manifest":{...},"rewrites":[{"file":..,"drop":[..]}]}. */
+  public static native String commitJob(String planJson, String taskReportsJsonArray,
+      String existingManifestJsonOrNull);
+
+  /** Driver: writes {@code outputPath} = input without the tensors a commitJob rewrite entry
+   *  ({@code rewriteJson}) drops; returns the new file's ShardReport JSON. */
+  public static native String rewriteShard(String inputPath, String outputPath,
+      String rewriteJson);
+
+  /** Driver: the ShardReport JSON of an earlier write's shard, rebuilt from its header text
+   *  ({@code headerJson}: the N header bytes after the 8-byte prefix) and the file length, so an
+   *  index written by an append covers it too. */
+  public static native String shardReportFromHeader(String fileName, String headerJson,
+      long fileLength, String planJson);
+
+  /** Driver: writes the Parquet index of the given shards (+ the rows of an existing index). */
+  public static native void writeIndex(String outputPath, String shardReportsJsonArray,
+      String existingIndexPathOrNull);
+}

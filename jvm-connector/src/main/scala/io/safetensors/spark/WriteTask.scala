@@ -1,0 +1,145 @@
+package io.safetensors.spark
+
+import java.io.{File, ObjectInputStream, ObjectOutputStream}
+import java.nio.file.Files
+
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import io.safetensors.spark.jni.{NativeLib, NativeWriter}
+import org.apache.arrow.memory.{BufferAllocator, RootAllocator}
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.types.StructType
+
+/** Hadoop Configuration shipped to tasks (it is Writable, not Serializable). */
+private[spark] final class SerializableConf(@transient var value: Configuration) extends Serializable {
+  private def writeObject(out: ObjectOutputStream): Unit = {
+    out.defaultWriteObject()
+    value.write(out)
+  }
+  private def readObject(in: ObjectInputStream): Unit = {
+    in.defaultReadObject()
+    value = new Configuration(false)
+    value.readFields(in)
+  }
+}
+
+/** What the driver ships to every task. */
+private[spark] final case class TaskJob(planJson: String, schema: StructType, stagingDir: String,
+    conf: SerializableConf)
+
+/** A task's result: its TaskReport JSON and where each sealed shard now lives (staging URI). */
+private[spark] final case class TaskResult(partition: Int, reportJson: String,
+    staged: Map[String, String])
+
+/** Owner of one native writer handle: calls are serialised, close is idempotent. */
+private[spark] final class NativeTaskWriter(planJson: String, partition: Int, workDir: String)
+    extends AutoCloseable {
+  private var handle: Long = NativeWriter.open(planJson, partition, workDir)
+
+  private def live(): Long = {
+    if (handle == 0L) throw new IllegalStateException("safetensors: native writer already closed")
+    handle
+  }
+
+  def writeBatch(arrayAddr: Long, schemaAddr: Long): String = synchronized {
+    NativeWriter.writeBatch(live(), arrayAddr, schemaAddr)
+  }
+
+  def finish(): String = synchronized(NativeWriter.finish(live()))
+
+  def abort(): Unit = synchronized {
+    if (handle != 0L) NativeWriter.abort(handle)
+  }
+
+  override def close(): Unit = synchronized {
+    if (handle != 0L) {
+      val h = handle
+      handle = 0L
+      NativeWriter.close(h)
+    }
+  }
+}
+
+private[spark] object WriteTask {
+  /** One allocator per executor JVM; each task gets a child. */
+  lazy val rootAllocator: BufferAllocator = new RootAllocator(Long.MaxValue)
+
+  /** Test hook: when set, called with each task's allocator just before it is closed. */
+  @volatile var onAllocatorClose: BufferAllocator => Unit = null
+
+  private val mapper = new ObjectMapper()
+
+  def localFile(fs: FileSystem, p: Path): Option[File] = fs match {
+    case l: LocalFileSystem => Some(l.pathToFile(p))
+    case r: RawLocalFileSystem => Some(r.pathToFile(p))
+    case _ => None
+  }
+
+  def run(ctx: TaskContext, rows: Iterator[InternalRow], job: TaskJob): TaskResult = {
+    NativeLib.ensureLoaded()
+    val partition = ctx.partitionId()
+    val conf = job.conf.value
+    val staging = new Path(job.stagingDir)
+    val fs = staging.getFileSystem(conf)
+    val attemptDir = new Path(staging, s"attempt-$partition-${ctx.taskAttemptId()}")
+    val direct = localFile(fs, attemptDir)
+    val workDir: File = direct.getOrElse(Files.createTempDirectory("safetensors-task-").toFile)
+    val wire = WirePlan.parse(job.planJson)
+    val allocator = rootAllocator.newChildAllocator(s"safetensors-task-$partition-${ctx.taskAttemptId()}",
+      0, Long.MaxValue)
+    val builder = new ArrowBatchBuilder(wire, job.schema, allocator)
+    var writer: NativeTaskWriter = null
+    var closed = false
+    def closeAll(): Unit = synchronized {
+      if (!closed) {
+        closed = true
+        try builder.close() finally try { if (writer != null) writer.close() } finally {
+          val hook = onAllocatorClose
+          if (hook != null) hook(allocator)
+          allocator.close()
+        }
+      }
+    }
+    ctx.addTaskCompletionListener[Unit](_ => closeAll())
+    val staged = scala.collection.mutable.LinkedHashMap[String, String]()
+    def place(sealedJson: String): Unit = {
+      mapper.readTree(sealedJson).elements().asScala.foreach { s =>
+        val file = s.get("file").asText()
+        val dest = new Path(attemptDir, file)
+        if (direct.isEmpty) {
+          fs.copyFromLocalFile(true, true, new Path(s.get("local_path").asText()), dest)
+        }
+        staged(file) = dest.toString
+      }
+    }
+    try {
+      if (direct.isEmpty) fs.mkdirs(attemptDir)
+      writer = new NativeTaskWriter(job.planJson, partition, workDir.getAbsolutePath)
+      while (rows.hasNext) {
+        builder.add(rows.next())
+        if (builder.isFull) place(builder.flush(writer.writeBatch))
+      }
+      if (builder.rowCount > 0) place(builder.flush(writer.writeBatch))
+      val done = mapper.readTree(writer.finish())
+      place(mapper.writeValueAsString(done.get("sealed")))
+      TaskResult(partition, mapper.writeValueAsString(done.get("report")), staged.toMap)
+    } catch {
+      case t: Throwable =>
+        try { if (writer != null) writer.abort() } catch { case e: Throwable => t.addSuppressed(e) }
+        try fs.delete(attemptDir, true) catch { case e: Throwable => t.addSuppressed(e) }
+        throw t
+    } finally {
+      try closeAll()
+      finally if (direct.isEmpty) deleteLocal(workDir)
+    }
+  }
+
+  def deleteLocal(f: File): Unit = {
+    if (f.isDirectory) Option(f.listFiles()).foreach(_.foreach(deleteLocal))
+    f.delete()
+  }
+}

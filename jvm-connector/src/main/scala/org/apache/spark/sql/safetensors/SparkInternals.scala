@@ -1,0 +1,25 @@
+package org.apache.spark.sql.safetensors
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.{DataFrame, SQLContext}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
+
+/**
+ * The few Spark internals the connector needs on the DRIVER (package `org.apache.spark.sql` so
+ * that `private[sql]` members are reachable). Never call from a task.
+ */
+object SparkInternals {
+  private def session(sqlContext: SQLContext): ClassicSession =
+    sqlContext.sparkSession.asInstanceOf[ClassicSession]
+
+  def hadoopConf(sqlContext: SQLContext, options: Map[String, String]): Configuration =
+    session(sqlContext).sessionState.newHadoopConfWithOptions(options)
+
+  def caseSensitive(sqlContext: SQLContext): Boolean =
+    session(sqlContext).sessionState.conf.caseSensitiveAnalysis
+
+  def internalRows(data: DataFrame): RDD[InternalRow] =
+    data.asInstanceOf[ClassicDataset[_]].queryExecution.toRdd
+}

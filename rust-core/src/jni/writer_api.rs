@@ -1,0 +1,527 @@
+//! Exports of `io.safetensors.spark.jni.NativeWriter` (the Spark write path). spec/jni.md
+//! documents every native: arguments, ownership of each address, threading and errors.
+//!
+//! This module is glue only: it decodes strings/JSON, calls the write engine and encodes the
+//! results as JSON. Plan errors become `IllegalArgumentException` ([`JniError::InvalidArgument`]),
+//! data/format/IO errors `SafetensorsException` ([`JniError::Failed`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use ::jni::objects::{JClass, JString};
+use ::jni::refs::Reference;
+use ::jni::sys::{jboolean, jint, jlong};
+use ::jni::{Env, EnvUnowned};
+use serde_json::json;
+
+use super::{guard, handle_mut, into_handle, take_handle, JniError};
+use crate::write::{ShardReport, TaskReport, TensorReport, WritePlan};
+
+use crate::write::index::{read_index, shard_report_from_header, write_index, IndexRow};
+use crate::write::manifest::{commit_manifest, parse_manifest, rewrite_shard_without};
+use crate::write::plan::{check_append, plan_write};
+use crate::write::task::{import_batch, TaskWriter};
+
+/// The native state behind a `NativeWriter` handle. `None` once finished or aborted.
+pub struct WriterHandle {
+    writer: Option<TaskWriter>,
+}
+
+fn plan_err(e: impl std::fmt::Display) -> JniError {
+    JniError::invalid_argument(e.to_string())
+}
+
+fn failed(e: impl std::fmt::Display) -> JniError {
+    JniError::failed(e.to_string())
+}
+
+/// A required (non-null) Java string argument.
+fn arg(env: &Env<'_>, s: &JString<'_>, what: &str) -> Result<String, JniError> {
+    if s.is_null() {
+        return Err(JniError::invalid_argument(format!(
+            "{what} must not be null"
+        )));
+    }
+    Ok(s.try_to_string(env)?)
+}
+
+/// An optional Java string argument (null → `None`).
+fn opt_arg(env: &Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
+    if s.is_null() {
+        Ok(None)
+    } else {
+        Ok(Some(s.try_to_string(env)?))
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, JniError> {
+    serde_json::from_str(text)
+        .map_err(|e| JniError::invalid_argument(format!("{what}: invalid JSON: {e}")))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, JniError> {
+    serde_json::to_string(value).map_err(|e| JniError::failed(format!("JSON encoding: {e}")))
+}
+
+fn new_string<'local>(env: &mut Env<'local>, s: &str) -> Result<JString<'local>, JniError> {
+    Ok(env.new_string(s)?)
+}
+
+// ---- pure bodies (unit-tested without a JVM) -------------------------------------------------
+
+/// `planWrite`: options JSON is an object of string → string (Spark's parameters, `path`
+/// included).
+pub fn plan_write_json(
+    schema_json: &str,
+    options_json: &str,
+    case_sensitive: bool,
+) -> Result<String, JniError> {
+    let options: BTreeMap<String, String> = parse_json(options_json, "options")?;
+    let plan = plan_write(schema_json, &options, case_sensitive).map_err(plan_err)?;
+    to_json(&plan)
+}
+
+fn parse_plan(plan_json: &str) -> Result<WritePlan, JniError> {
+    parse_json(plan_json, "write plan")
+}
+
+pub fn check_append_json(plan_json: &str, manifest_json: &str) -> Result<(), JniError> {
+    let plan = parse_plan(plan_json)?;
+    let existing = parse_manifest(manifest_json).map_err(|e| {
+        JniError::invalid_argument(format!(
+            "append: the existing dataset_manifest.json is not valid: {e}"
+        ))
+    })?;
+    check_append(&plan, &existing).map_err(plan_err)
+}
+
+pub fn open_writer(plan_json: &str, partition: jint, work_dir: &str) -> Result<jlong, JniError> {
+    let plan = parse_plan(plan_json)?;
+    let partition = u32::try_from(partition)
+        .map_err(|_| JniError::invalid_argument(format!("partition {partition} < 0")))?;
+    let writer = TaskWriter::open(plan, partition, PathBuf::from(work_dir)).map_err(failed)?;
+    Ok(into_handle(WriterHandle {
+        writer: Some(writer),
+    }))
+}
+
+fn live(state: &mut WriterHandle) -> Result<&mut TaskWriter, JniError> {
+    state
+        .writer
+        .as_mut()
+        .ok_or_else(|| JniError::invalid_argument("writer already finished or aborted"))
+}
+
+/// # Safety
+/// `handle` as for [`handle_mut`]; the addresses must be 0 or exported C Data structs.
+pub unsafe fn write_batch_json(
+    handle: jlong,
+    array_addr: jlong,
+    schema_addr: jlong,
+) -> Result<String, JniError> {
+    // SAFETY: per the contract of this function.
+    let state = unsafe { handle_mut::<WriterHandle>(handle)? };
+    let writer = live(state)?;
+    if array_addr == 0 || schema_addr == 0 {
+        return Err(JniError::invalid_argument("Arrow C Data address is 0"));
+    }
+    // SAFETY: the JVM passes the addresses of an ArrowArray/ArrowSchema it just exported; the
+    // contents are moved into Rust (the structs are left released) and dropped below.
+    let batch =
+        unsafe { import_batch(array_addr as *mut _, schema_addr as *mut _) }.map_err(failed)?;
+    let sealed = writer.write_batch(&batch).map_err(failed);
+    drop(batch); // the JVM may free its vectors as soon as we return
+    to_json(&sealed?)
+}
+
+/// # Safety
+/// `handle` as for [`handle_mut`].
+pub unsafe fn finish_json(handle: jlong) -> Result<String, JniError> {
+    // SAFETY: per the contract of this function.
+    let state = unsafe { handle_mut::<WriterHandle>(handle)? };
+    let writer = state
+        .writer
+        .take()
+        .ok_or_else(|| JniError::invalid_argument("writer already finished or aborted"))?;
+    let (sealed, report) = writer.finish().map_err(failed)?;
+    to_json(&json!({ "sealed": sealed, "report": report }))
+}
+
+/// # Safety
+/// `handle` as for [`handle_mut`].
+pub unsafe fn abort_writer(handle: jlong) -> Result<(), JniError> {
+    // SAFETY: per the contract of this function.
+    let state = unsafe { handle_mut::<WriterHandle>(handle)? };
+    if let Some(w) = state.writer.take() {
+        w.abort();
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `handle` as for [`take_handle`]; it is dangling afterwards.
+pub unsafe fn close_writer(handle: jlong) -> Result<(), JniError> {
+    // SAFETY: per the contract of this function.
+    let state = unsafe { take_handle::<WriterHandle>(handle)? };
+    if let Some(w) = state.writer {
+        w.abort(); // closed without finish: delete what it wrote
+    }
+    Ok(())
+}
+
+pub fn commit_job_json(
+    plan_json: &str,
+    reports_json: &str,
+    existing_manifest: Option<&str>,
+) -> Result<String, JniError> {
+    let plan = parse_plan(plan_json)?;
+    let reports: Vec<TaskReport> = parse_json(reports_json, "task reports")?;
+    let existing = existing_manifest
+        .map(parse_manifest)
+        .transpose()
+        .map_err(|e| failed(format!("existing dataset_manifest.json: {e}")))?;
+    let commit = commit_manifest(&plan, &reports, existing.as_ref()).map_err(failed)?;
+    // Each rewrite carries the shard's current report, so `rewriteShard` can report the new file
+    // exactly (KV keys and columns included).
+    let mut rewrites = Vec::with_capacity(commit.rewrites.len());
+    for r in &commit.rewrites {
+        let shard = reports
+            .iter()
+            .flat_map(|t| t.shards.iter())
+            .find(|s| s.file == r.file)
+            .ok_or_else(|| failed(format!("rewrite of unknown shard {}", r.file)))?;
+        rewrites.push(json!({
+            "file": r.file,
+            "drop": r.drop_tensors,
+            "samples_after": r.samples_after,
+            "delete": r.delete,
+            "shard": shard,
+        }));
+    }
+    to_json(&json!({ "manifest": commit.manifest, "rewrites": rewrites }))
+}
+
+/// One entry of `commitJob`'s `rewrites`.
+#[derive(serde::Deserialize)]
+struct RewriteRequest {
+    drop: HashSet<String>,
+    samples_after: u64,
+    shard: ShardReport,
+}
+
+pub fn rewrite_shard_json(
+    input: &str,
+    output: &str,
+    rewrite_json: &str,
+) -> Result<String, JniError> {
+    let req: RewriteRequest = parse_json(rewrite_json, "shard rewrite")?;
+    let done = rewrite_shard_without(
+        Path::new(input),
+        Path::new(output),
+        &req.drop,
+        req.samples_after,
+    )
+    .map_err(failed)?;
+    let placed: HashMap<&str, &TensorReport> =
+        done.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let tensors = req
+        .shard
+        .tensors
+        .iter()
+        .filter(|t| !req.drop.contains(&t.name))
+        .map(|t| {
+            let new = placed
+                .get(t.name.as_str())
+                .ok_or_else(|| failed(format!("rewritten shard lost tensor '{}'", t.name)))?;
+            Ok(TensorReport {
+                data_start: new.data_start,
+                data_end: new.data_end,
+                ..t.clone()
+            })
+        })
+        .collect::<Result<Vec<_>, JniError>>()?;
+    to_json(&ShardReport {
+        samples: req.samples_after,
+        bytes: done.bytes,
+        tensors,
+        ..req.shard
+    })
+}
+
+pub fn write_index_json(
+    output: &str,
+    shards_json: &str,
+    existing_index: Option<&str>,
+) -> Result<(), JniError> {
+    let shards: Vec<ShardReport> = parse_json(shards_json, "shard reports")?;
+    let mut rows: Vec<IndexRow> = match existing_index {
+        Some(p) => read_index(Path::new(p))
+            .map_err(|e| failed(format!("existing _tensor_index.parquet: {e}")))?,
+        None => Vec::new(),
+    };
+    for s in &shards {
+        rows.extend(IndexRow::from_shard(s));
+    }
+    write_index(Path::new(output), rows).map_err(failed)?;
+    Ok(())
+}
+
+// ---- exports ---------------------------------------------------------------------------------
+
+/// `static native String planWrite(String sparkSchemaJson, String optionsJson, boolean caseSensitive)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_planWrite<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    schema: JString<'local>,
+    options: JString<'local>,
+    case_sensitive: jboolean,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let schema = arg(env, &schema, "sparkSchemaJson")?;
+        let options = arg(env, &options, "optionsJson")?;
+        let plan = plan_write_json(&schema, &options, case_sensitive)?;
+        new_string(env, &plan)
+    })
+}
+
+/// `static native void checkAppend(String planJson, String existingManifestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkAppend<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    manifest: JString<'local>,
+) {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let manifest = arg(env, &manifest, "existingManifestJson")?;
+        check_append_json(&plan, &manifest)
+    })
+}
+
+/// `static native long open(String planJson, int partition, String workDir)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_open<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    partition: jint,
+    work_dir: JString<'local>,
+) -> jlong {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let work_dir = arg(env, &work_dir, "workDir")?;
+        open_writer(&plan, partition, &work_dir)
+    })
+}
+
+/// `static native String writeBatch(long handle, long arrowArrayAddr, long arrowSchemaAddr)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_writeBatch<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    array_addr: jlong,
+    schema_addr: jlong,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        // SAFETY: the Java owner serialises calls on a handle and passes live C Data structs.
+        let json = unsafe { write_batch_json(handle, array_addr, schema_addr)? };
+        new_string(env, &json)
+    })
+}
+
+/// `static native String finish(long handle)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_finish<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        // SAFETY: the Java owner serialises calls on a handle.
+        let json = unsafe { finish_json(handle)? };
+        new_string(env, &json)
+    })
+}
+
+/// `static native void abort(long handle)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_abort<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) {
+    // SAFETY: the Java owner serialises calls on a handle.
+    guard(&mut env, |_env| unsafe { abort_writer(handle) })
+}
+
+/// `static native void close(long handle)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_close<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) {
+    // SAFETY: the Java owner calls close at most once per handle (then forgets it).
+    guard(&mut env, |_env| unsafe { close_writer(handle) })
+}
+
+/// `static native String commitJob(String planJson, String taskReportsJsonArray, String existingManifestJsonOrNull)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_commitJob<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    reports: JString<'local>,
+    existing: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let reports = arg(env, &reports, "taskReportsJsonArray")?;
+        let existing = opt_arg(env, &existing)?;
+        let json = commit_job_json(&plan, &reports, existing.as_deref())?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native String rewriteShard(String inputPath, String outputPath, String rewriteJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_rewriteShard<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    input: JString<'local>,
+    output: JString<'local>,
+    drop: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let input = arg(env, &input, "inputPath")?;
+        let output = arg(env, &output, "outputPath")?;
+        let drop = arg(env, &drop, "dropNamesJsonArray")?;
+        let json = rewrite_shard_json(&input, &output, &drop)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native void writeIndex(String outputPath, String shardReportsJsonArray, String existingIndexPathOrNull)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_writeIndex<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    output: JString<'local>,
+    shards: JString<'local>,
+    existing: JString<'local>,
+) {
+    guard(&mut env, |env| {
+        let output = arg(env, &output, "outputPath")?;
+        let shards = arg(env, &shards, "shardReportsJsonArray")?;
+        let existing = opt_arg(env, &existing)?;
+        write_index_json(&output, &shards, existing.as_deref())
+    })
+}
+
+pub fn shard_report_from_header_json(
+    file: &str,
+    header_json: &str,
+    file_len: u64,
+    plan_json: &str,
+) -> Result<String, JniError> {
+    let plan = parse_plan(plan_json)?;
+    let header = crate::header::parse_header(header_json.as_bytes(), file_len)
+        .map_err(|e| failed(format!("{file}: {e}")))?;
+    to_json(&shard_report_from_header(file, &header, &plan))
+}
+
+/// `static native String shardReportFromHeader(String fileName, String headerJson, long fileLength, String planJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_shardReportFromHeader<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    file: JString<'local>,
+    header_json: JString<'local>,
+    file_len: jlong,
+    plan_json: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let file = arg(env, &file, "fileName")?;
+        let header_json = arg(env, &header_json, "headerJson")?;
+        let plan_json = arg(env, &plan_json, "planJson")?;
+        let file_len = u64::try_from(file_len)
+            .map_err(|_| JniError::invalid_argument(format!("{file}: negative file length")))?;
+        let out = shard_report_from_header_json(&file, &header_json, file_len, &plan_json)?;
+        new_string(env, &out)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    const SCHEMA: &str = r#"{"type":"struct","fields":[{"name":"x","type":{"type":"array","elementType":"float","containsNull":true},"nullable":true,"metadata":{}}]}"#;
+
+    #[test]
+    fn plan_errors_are_invalid_argument_and_plans_round_trip() {
+        let e = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","bogus":"1"}"#, false);
+        assert!(matches!(e, Err(JniError::InvalidArgument(_))));
+        let e = plan_write_json(SCHEMA, "not json", false);
+        assert!(matches!(e, Err(JniError::InvalidArgument(_))));
+        let plan = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","batch_size":"2"}"#, false);
+        let plan = plan
+            .ok()
+            .and_then(|p| serde_json::from_str::<WritePlan>(&p).ok());
+        assert_eq!(plan.map(|p| p.columns.len()), Some(1));
+    }
+
+    #[test]
+    fn zero_handles_and_addresses_are_rejected() {
+        // SAFETY: 0 is always rejected before any dereference.
+        unsafe {
+            assert!(matches!(finish_json(0), Err(JniError::InvalidArgument(_))));
+            assert!(matches!(abort_writer(0), Err(JniError::InvalidArgument(_))));
+            assert!(matches!(close_writer(0), Err(JniError::InvalidArgument(_))));
+            assert!(matches!(
+                write_batch_json(0, 1, 1),
+                Err(JniError::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn open_finish_close_an_empty_task() {
+        let dir = std::env::temp_dir().join(format!("jvmw-glue-{}", std::process::id()));
+        let plan = plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false);
+        let Ok(plan) = plan else {
+            unreachable!("plan failed: {plan:?}")
+        };
+        let h = open_writer(&plan, 3, &dir.to_string_lossy());
+        let Ok(h) = h else {
+            unreachable!("open failed")
+        };
+        // SAFETY: h is a fresh handle, used sequentially and closed once.
+        unsafe {
+            let done = finish_json(h);
+            let v: Value = done
+                .ok()
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or(Value::Null);
+            assert_eq!(v["sealed"], json!([]));
+            assert_eq!(v["report"]["partition"], json!(3));
+            assert!(matches!(finish_json(h), Err(JniError::InvalidArgument(_))));
+            assert!(abort_writer(h).is_ok());
+            assert!(close_writer(h).is_ok());
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn commit_of_no_reports_is_an_empty_manifest() {
+        let plan = plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false).unwrap_or_default();
+        let out = commit_job_json(&plan, "[]", None).unwrap_or_default();
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        assert_eq!(v["manifest"]["shards"], json!([]));
+        assert_eq!(v["manifest"]["total_samples"], json!(0));
+        assert_eq!(v["rewrites"], json!([]));
+    }
+}
