@@ -5,6 +5,8 @@
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
 //! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
+//! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
+//!   row layouts as Arrow record batches.
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
 
 pub mod convert;
@@ -13,6 +15,7 @@ pub mod error;
 pub mod file;
 pub mod header;
 pub mod jni;
+pub mod read;
 pub mod write;
 
 pub use convert::ConvertError;
