@@ -207,7 +207,8 @@ private[spark] object SafetensorsWriter {
         throw t
     } finally {
       quietly(null)(fs.delete(staging, true))
-      localTemps.foreach(f => f.delete())
+      // recursive: a rewrite's temp dir is registered before the files inside it
+      localTemps.foreach(WriteTask.deleteLocal)
     }
   }
 

@@ -87,8 +87,8 @@ private[spark] object WriteTask {
     val fs = staging.getFileSystem(conf)
     val attemptDir = new Path(staging, s"attempt-$partition-${ctx.taskAttemptId()}")
     val direct = localFile(fs, attemptDir)
+    val wire = WirePlan.parse(job.planJson) // before the local work dir exists: nothing to leak
     val workDir: File = direct.getOrElse(Files.createTempDirectory("safetensors-task-").toFile)
-    val wire = WirePlan.parse(job.planJson)
     val allocator = rootAllocator.newChildAllocator(s"safetensors-task-$partition-${ctx.taskAttemptId()}",
       0, Long.MaxValue)
     val builder = new ArrowBatchBuilder(wire, job.schema, allocator)

@@ -1,0 +1,214 @@
+package io.safetensors.spark
+
+import java.io.File
+import java.nio.{ByteBuffer, ByteOrder}
+import java.nio.file.Files
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.hadoop.fs.{LocalFileSystem, Path, RawLocalFileSystem}
+import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.functions.{col, udf}
+import org.apache.spark.sql.safetensors.SparkInternals
+import org.apache.spark.sql.types._
+import org.scalatest.BeforeAndAfterAll
+import org.scalatest.funsuite.AnyFunSuite
+
+/**
+ * Writes to a destination FileSystem that is not a LocalFileSystem (scheme `testfs`, see
+ * [[TestRemoteFileSystem]]): tasks write shards into a local temp dir and upload them into
+ * staging; the driver commits through the Hadoop API. Files are then checked on the local disk.
+ */
+class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
+  import SafetensorsWriteSuite._
+
+  private var spark: SparkSession = _
+  private var base: File = _
+  private var counter = 0
+
+  /** Name prefixes of the local temp files/dirs the writer creates in java.io.tmpdir. */
+  private val writerTempPrefixes =
+    Seq("safetensors-task-", "safetensors-rewrite-", "safetensors-index-", "safetensors-old-index-")
+  private val tmpDir = new File(System.getProperty("java.io.tmpdir"))
+
+  override def beforeAll(): Unit = {
+    super.beforeAll()
+    val b = SparkSession.builder()
+      .master("local[2]")
+      .appName("safetensors-nonlocal-fs")
+      .config("spark.ui.enabled", "false")
+      .config("spark.sql.shuffle.partitions", "2")
+      .config("spark.driver.host", "127.0.0.1")
+      .config("spark.driver.bindAddress", "127.0.0.1")
+      .config("spark.task.maxFailures", "1")
+    TestRemoteFileSystem.sparkConf.foreach { case (k, v) => b.config(k, v) }
+    spark = b.getOrCreate()
+    base = Files.createTempDirectory("safetensors-nonlocal-suite").toFile
+  }
+
+  override def afterAll(): Unit = {
+    try {
+      if (spark != null) spark.stop()
+      if (base != null) WriteTask.deleteLocal(base)
+    } finally super.afterAll()
+  }
+
+  /** (remote URI for the writer, the same directory on the local disk for checks) */
+  private def freshPath(): (String, String) = {
+    counter += 1
+    val local = new File(base, s"ds$counter").getAbsolutePath
+    (s"${TestRemoteFileSystem.Scheme}://$local", local)
+  }
+
+  private def writerTemps(): Set[String] =
+    Option(tmpDir.list()).toSeq.flatten.filter(n => writerTempPrefixes.exists(n.startsWith)).toSet
+
+  /** Runs `body`, then checks that no writer temp was left in java.io.tmpdir; returns the
+   *  uploads (copyFromLocalFile destinations) `body` made. */
+  private def tracked(body: => Unit): Seq[String] = {
+    val before = writerTemps()
+    TestRemoteFileSystem.uploads.clear()
+    body
+    val uploads = TestRemoteFileSystem.uploads.asScala.toSeq
+    val leaked = writerTemps() -- before
+    if (leaked.nonEmpty) {
+      Thread.sleep(1000) // tolerate another process's in-flight temp; ours would still be there
+      val still = leaked.filter(n => new File(tmpDir, n).exists())
+      assert(still.isEmpty, s"local temps left in $tmpDir: $still")
+    }
+    uploads
+  }
+
+  private def taskUploads(u: Seq[String]): Seq[String] = u.filter(p => p.contains("/_staging-") && p.contains("/attempt-"))
+
+  private val floatSchema = StructType(Seq(StructField("x", ArrayType(FloatType))))
+
+  private def floats(n: Int, parts: Int = 2): DataFrame = {
+    val rows = (0 until n).map(i => Row((0 until 4).map(j => i + j * 0.25f).toArray.toSeq))
+    spark.createDataFrame(spark.sparkContext.parallelize(rows, parts), floatSchema)
+  }
+
+  private def f32(b: Array[Byte]): Seq[Float] = {
+    val bb = ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN)
+    (0 until b.length / 4).map(i => bb.getFloat(i * 4))
+  }
+
+  private def messages(t: Throwable): String =
+    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
+
+  test("the testfs destination is not local: the writer's direct branch does not apply") {
+    val (remote, _) = freshPath()
+    val conf = SparkInternals.hadoopConf(spark.sqlContext, Map.empty)
+    val fs = new Path(remote).getFileSystem(conf)
+    assert(fs.isInstanceOf[TestRemoteFileSystem])
+    assert(!fs.isInstanceOf[LocalFileSystem] && !fs.isInstanceOf[RawLocalFileSystem])
+    assert(WriteTask.localFile(fs, new Path(remote, "x")).isEmpty)
+  }
+
+  test("batch mode through uploads: F32 values exact, staging gone, no temps") {
+    val (remote, local) = freshPath()
+    val uploads = tracked {
+      floats(10).write.format("safetensors").option("batch_size", "3").save(remote)
+    }
+    val shards = shardFiles(local)
+    assert(shards.size == 4)
+    // every shard was uploaded by a task into its attempt dir in staging
+    assert(taskUploads(uploads).map(p => p.substring(p.lastIndexOf('/') + 1)).sorted == shards.map(_.getName), uploads)
+    val all = shards.flatMap { f =>
+      val t = readShard(f).tensor("x")
+      assert(t.dtype == "F32" && t.shape.last == 4)
+      f32(t.data).grouped(4).toSeq
+    }
+    assert(all == (0 until 10).map(i => (0 until 4).map(j => i + j * 0.25f)))
+    assert(manifest(local).get("total_samples").asInt == 10)
+    assert(debris(local).isEmpty, debris(local))
+  }
+
+  test("KV lastWin with a duplicate key in two partitions: the driver rewrite goes through uploads") {
+    val (remote, local) = freshPath()
+    val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
+    val rows = Seq("a", "dup", "b", "dup").zipWithIndex.map { case (k, i) => Row(k, Seq.fill(4)(i.toFloat)) }
+    val df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), schema)
+    val uploads = tracked {
+      df.write.format("safetensors").option("name_col", "k").option("duplicatesStrategy", "lastWin").save(remote)
+    }
+    assert(uploads.exists(_.contains("/rewritten/")), s"no driver rewrite upload: $uploads")
+    val tensors = shardFiles(local).flatMap(f => readShard(f).tensors.toSeq)
+    assert(tensors.map(_._1).sorted == Seq("a__v", "b__v", "dup__v"))
+    assert(f32(tensors.find(_._1 == "dup__v").get._2.data) == Seq.fill(4)(3.0f))
+    assert(f32(tensors.find(_._1 == "a__v").get._2.data) == Seq.fill(4)(0.0f))
+    assert(manifest(local).get("total_samples").asInt == 3)
+    assert(debris(local).isEmpty, debris(local))
+  }
+
+  test("generate_index: index uploaded; append indexes earlier shards, then merges the old index") {
+    val (remote, local) = freshPath()
+    val idx = new File(local, "_tensor_index.parquet")
+    def indexRows(): Long = {
+      val copy = new File(base, s"index-copy-${System.nanoTime()}.parquet")
+      Files.copy(idx.toPath, copy.toPath)
+      spark.read.parquet(copy.getAbsolutePath).count()
+    }
+    // first write without an index, then an append that creates it (earlier shards from headers)
+    tracked(floats(4).write.format("safetensors").option("batch_size", "2").save(remote))
+    assert(!idx.exists())
+    val u1 = tracked {
+      floats(2, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "true")
+        .mode("append").save(remote)
+    }
+    assert(u1.exists(_.contains("._tensor_index.parquet.")), u1)
+    assert(idx.isFile && indexRows() == shardFiles(local).size && shardFiles(local).size == 3)
+    // append again with an index: the old index is copied down and merged
+    tracked {
+      floats(2, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "true")
+        .mode("append").save(remote)
+    }
+    assert(indexRows() == 4 && shardFiles(local).size == 4)
+    assert(manifest(local).get("total_samples").asInt == 8)
+    assert(debris(local).isEmpty, debris(local))
+  }
+
+  test("overwrite and append through uploads") {
+    val (remote, local) = freshPath()
+    tracked(floats(4).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(remote))
+    val oldShards = shardFiles(local).map(_.getName).toSet
+    val u = tracked(floats(6, 1).write.format("safetensors").option("batch_size", "3").mode("overwrite").save(remote))
+    assert(taskUploads(u).size == 2, u)
+    val newShards = shardFiles(local).map(_.getName).toSet
+    assert(newShards.size == 2 && newShards.intersect(oldShards).isEmpty)
+    assert(manifest(local).get("total_samples").asInt == 6)
+    assert(!new File(local, "_tensor_index.parquet").exists(), "overwrite without generate_index drops the index")
+    assert(debris(local).isEmpty, debris(local))
+
+    tracked(floats(3, 1).write.format("safetensors").option("batch_size", "3").mode("append").save(remote))
+    val m = manifest(local)
+    assert(m.get("shards").size == 3 && m.get("total_samples").asInt == 9)
+    assert(shardFiles(local).size == 3)
+    assert(debris(local).isEmpty, debris(local))
+  }
+
+  test("a task that throws mid-write leaves nothing behind, remote or local") {
+    val (remote, local) = freshPath()
+    val boom = udf { (i: Int) => if (i == 7) throw new RuntimeException("boom at 7") else Array(i.toFloat) }
+    val df = spark.range(0, 10, 1, 1).selectExpr("cast(id as int) as i").select(boom(col("i")).as("x"))
+    val uploads = tracked {
+      val e = intercept[Exception](df.write.format("safetensors").option("batch_size", "2").save(remote))
+      assert(messages(e).contains("boom at 7"), messages(e))
+    }
+    // the native writer hands sealed shards over at finish, so nothing is uploaded before the throw
+    info(s"uploads before the failure: ${taskUploads(uploads).size}")
+    assert(!new File(local).exists() || allFiles(local).isEmpty, allFiles(local))
+  }
+
+  test("a failed append leaves the existing dataset byte-identical") {
+    val (remote, local) = freshPath()
+    tracked(floats(4).write.format("safetensors").option("batch_size", "2").save(remote))
+    val before = snapshot(local)
+    val boom = udf { (i: Int) => if (i == 3) throw new RuntimeException("boom at 3") else Array(i.toFloat, 0f, 0f, 0f) }
+    val df = spark.range(0, 6, 1, 1).selectExpr("cast(id as int) as i").select(boom(col("i")).as("x"))
+    tracked {
+      intercept[Exception](df.write.format("safetensors").option("batch_size", "2").mode("append").save(remote))
+    }
+    assert(snapshot(local) == before)
+  }
+}

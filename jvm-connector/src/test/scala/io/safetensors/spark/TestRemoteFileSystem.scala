@@ -1,0 +1,46 @@
+package io.safetensors.spark
+
+import java.net.URI
+import java.util.concurrent.ConcurrentLinkedQueue
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{DelegateToFileSystem, FilterFileSystem, Path, RawLocalFileSystem}
+
+/**
+ * A "remote" FileSystem for tests: scheme `testfs`, paths `testfs:///abs/path` are the local
+ * files `/abs/path`. It is deliberately neither a `LocalFileSystem` nor a `RawLocalFileSystem`
+ * (a FilterFileSystem over a raw local FS reporting the `testfs` URI), so the writer cannot write
+ * into it directly and must take the upload branch. Uploads are recorded.
+ */
+class TestRemoteFileSystem extends FilterFileSystem(new TestRemoteFileSystem.Raw) {
+  override def getScheme: String = TestRemoteFileSystem.Scheme
+
+  override def copyFromLocalFile(delSrc: Boolean, overwrite: Boolean, src: Path, dst: Path): Unit = {
+    TestRemoteFileSystem.uploads.add(dst.toString)
+    super.copyFromLocalFile(delSrc, overwrite, src, dst)
+  }
+}
+
+object TestRemoteFileSystem {
+  val Scheme = "testfs"
+  val RootUri: URI = URI.create("testfs:///")
+
+  /** Destination of every copyFromLocalFile call, in any JVM thread (local mode: driver + tasks). */
+  val uploads = new ConcurrentLinkedQueue[String]()
+
+  /** The raw local FS, under the `testfs` URI (paths map onto the local disk). */
+  final class Raw extends RawLocalFileSystem {
+    override def getUri: URI = RootUri
+    override def getScheme: String = Scheme
+  }
+
+  /** `fs.AbstractFileSystem.testfs.impl`, needed by FileContext (the manifest switch). */
+  final class Afs(uri: URI, conf: Configuration)
+    extends DelegateToFileSystem(uri, new TestRemoteFileSystem, conf, Scheme, false)
+
+  /** Spark conf entries registering the scheme. */
+  val sparkConf: Seq[(String, String)] = Seq(
+    s"spark.hadoop.fs.$Scheme.impl" -> classOf[TestRemoteFileSystem].getName,
+    s"spark.hadoop.fs.$Scheme.impl.disable.cache" -> "true",
+    s"spark.hadoop.fs.AbstractFileSystem.$Scheme.impl" -> classOf[Afs].getName)
+}
