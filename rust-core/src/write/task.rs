@@ -120,6 +120,18 @@ enum Mode {
     Kv(Box<kv::KvState>),
 }
 
+impl Mode {
+    /// An empty stand-in left in `self.mode` while the real state is taken out to be worked on.
+    fn placeholder() -> Mode {
+        Mode::Batch(BatchState {
+            batch_size: 1,
+            tail: TailStrategy::Write,
+            buffers: Vec::new(),
+            rows: 0,
+        })
+    }
+}
+
 struct BatchState {
     batch_size: u64,
     tail: TailStrategy,
@@ -213,15 +225,7 @@ impl TaskWriter {
         }
         let mut sealed = Vec::new();
         let mut dropped = 0;
-        let mode = std::mem::replace(
-            &mut self.mode,
-            Mode::Batch(BatchState {
-                batch_size: 1,
-                tail: TailStrategy::Write,
-                buffers: Vec::new(),
-                rows: 0,
-            }),
-        );
+        let mode = std::mem::replace(&mut self.mode, Mode::placeholder());
         match mode {
             Mode::Batch(mut b) => {
                 if b.rows > 0 {
@@ -313,15 +317,7 @@ impl TaskWriter {
                 });
             }
         }
-        let mut mode = std::mem::replace(
-            &mut self.mode,
-            Mode::Batch(BatchState {
-                batch_size: 1,
-                tail: TailStrategy::Write,
-                buffers: Vec::new(),
-                rows: 0,
-            }),
-        );
+        let mut mode = std::mem::replace(&mut self.mode, Mode::placeholder());
         let result = match &mut mode {
             Mode::Batch(b) => self.batch_rows(b, batch),
             Mode::Kv(k) => {
