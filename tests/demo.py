@@ -1,4 +1,4 @@
-"""Demo: Spark writes a DataFrame as safetensors shards; Python `safetensors` reads them back.
+"""Demo: Spark writes a DataFrame as safetensors shards; Python `safetensors` and Spark read them back.
 
 Usage: python tests/demo.py path/to/safetensors-spark-<version>.jar
 """
@@ -60,6 +60,16 @@ with tempfile.TemporaryDirectory() as tmp:
         kv.update(safetensors.numpy.load_file(str(kv_dir / s["file"])))
     assert np.array_equal(kv["item42__embedding"], emb[42]) and kv["item42__label"] == labels[42]
     print(f"KV mode: {len(kv)} tensors, e.g. item42__embedding {kv['item42__embedding'].dtype} {list(kv['item42__embedding'].shape)}")
+
+    # Spark reads the batch dataset back one row per sample (BF16 -> float) ...
+    back = spark.read.format("safetensors").load(str(batch_dir))
+    print("spark.read per sample:", back.schema.simpleString())
+    got = {(r.label, np.array(r.embedding, dtype=np.float32).astype(ml_dtypes.bfloat16).tobytes()) for r in back.collect()}
+    assert back.count() == rows and got == want
+    # ... and looks a key up in the KV dataset, one row per tensor (only the shard holding it is opened).
+    hit = spark.read.format("safetensors").load(str(kv_dir)).where("key = 'item42__embedding'").select("dtype", "shape", "decoded").collect()
+    assert len(hit) == 1 and np.array_equal(np.array(hit[0].decoded, dtype=np.float32), emb[42])
+    print(f"spark.read per tensor: item42__embedding -> {hit[0].dtype} {hit[0].shape}, values equal")
 
 spark.stop()
 print("demo ok")

@@ -27,6 +27,7 @@ use ::jni::{jni_str, Env, EnvUnowned};
 
 use crate::{ConvertError, FormatError};
 
+mod reader_api;
 mod writer_api;
 
 /// Internal (slash) name of the Java exception thrown for format/IO/internal errors.

@@ -17,11 +17,17 @@ pub struct ReadError {
 
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "file `{}`", self.file)?;
-        if let Some(t) = &self.tensor {
-            write!(f, ", tensor `{t}`")?;
+        // An error about the scan as a whole (no file) names no file.
+        if !self.file.is_empty() {
+            write!(f, "file `{}`", self.file)?;
+            if let Some(t) = &self.tensor {
+                write!(f, ", tensor `{t}`")?;
+            }
+            f.write_str(": ")?;
+        } else if let Some(t) = &self.tensor {
+            write!(f, "column `{t}`: ")?;
         }
-        write!(f, ": {}", self.kind)
+        write!(f, "{}", self.kind)
     }
 }
 
@@ -93,6 +99,40 @@ pub enum ReadErrorKind {
     #[error("{from} values cannot be widened losslessly to {to}")]
     NotWidenable { from: String, to: String },
 
+    /// A `dataset_manifest.json` that cannot be read (the error's `file` is the manifest).
+    #[error("invalid dataset manifest: {0}")]
+    Manifest(String),
+
+    /// The JVM could not read or validate the file's prefix/header (`FileInput::header_error`).
+    #[error("corrupt file: {0}")]
+    Corrupt(String),
+
+    /// A column's tensors in two files cannot share one Spark type (the error's `file` is the
+    /// later file, its `tensor` the column; the message quotes the earlier file and both
+    /// dtypes and shapes).
+    #[error("{0}")]
+    ColumnConflict(String),
+
+    /// A required column or predicate column the scan does not have.
+    #[error("no column `{column}` in this scan ({layout} layout); columns: {available}")]
+    UnknownColumn {
+        column: String,
+        layout: &'static str,
+        available: String,
+    },
+
+    /// A request the read core cannot serve (bad predicate, bad field, bad call order).
+    #[error("{0}")]
+    Invalid(String),
+
+    /// The file's header differs from what the plan was computed from.
+    #[error("changed since the scan was planned: {0}")]
+    Changed(String),
+
+    /// A remote batch needed file bytes that were not supplied.
+    #[error("file bytes [{start}, {end}) are needed but were not supplied")]
+    NotSupplied { start: u64, end: u64 },
+
     #[error("Arrow: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
 }
@@ -101,6 +141,11 @@ impl ReadErrorKind {
     /// Names the file and tensor.
     pub fn at(self, file: &str, tensor: &str) -> ReadError {
         ReadError::tensor(file, tensor, self)
+    }
+
+    /// Names no file: an error about the scan as a whole.
+    pub fn in_scan(self) -> ReadError {
+        ReadError::file("", self)
     }
 
     /// Names the file.

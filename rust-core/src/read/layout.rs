@@ -13,12 +13,15 @@ use crate::header::{Header, TensorInfo};
 use arrow_array::builder::{
     BinaryBuilder, Int64Builder, ListBuilder, MapBuilder, MapFieldNames, StringBuilder,
 };
+use arrow_array::cast::AsArray;
 use arrow_array::{
-    make_array, Array, ArrayRef, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
+    make_array, new_null_array, Array, ArrayRef, BinaryArray, Int64Array, ListArray, RecordBatch,
+    StringArray, StructArray,
 };
 use arrow_buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_data::transform::MutableArrayData;
 use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -41,11 +44,14 @@ fn list_of(data_type: DataType) -> DataType {
     DataType::List(element_field(data_type))
 }
 
-fn shape_type() -> DataType {
+/// The `shape` column's type: `List<Int64>` (non-null elements).
+pub fn shape_type() -> DataType {
     list_of(DataType::Int64)
 }
 
-fn metadata_type() -> DataType {
+/// The `metadata` column's type: `Map<Utf8, Utf8>` (entries `entries`, `key`, `value`; values
+/// non-null).
+pub fn metadata_type() -> DataType {
     let entries = Field::new(
         "entries",
         DataType::Struct(Fields::from(vec![
@@ -267,6 +273,107 @@ pub fn sample_column(
     })
 }
 
+/// What a per-sample column holds, whatever the dtype of the tensor in one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SampleTarget {
+    /// Decoded values widened (see [`widen`]) to this element type, nested in `List` once per
+    /// sample dimension.
+    Values(DataType),
+    /// Each sample's raw bytes (Binary), for dtypes without a Spark element type.
+    Bytes,
+}
+
+/// The Arrow type of a per-sample column of samples of rank `sample_rank`.
+pub fn sample_target_type(target: &SampleTarget, sample_rank: usize) -> DataType {
+    match target {
+        SampleTarget::Bytes => DataType::Binary,
+        SampleTarget::Values(element) => {
+            let mut t = element.clone();
+            for _ in 0..sample_rank {
+                t = list_of(t);
+            }
+            t
+        }
+    }
+}
+
+/// Widens the innermost values of a (possibly `List`-nested) array to `element` (see
+/// [`widen`]); list offsets and validity are kept.
+pub fn widen_nested(array: ArrayRef, element: &DataType) -> Result<ArrayRef, ReadErrorKind> {
+    if let DataType::List(_) = array.data_type() {
+        let list = array.as_list::<i32>();
+        let values = widen_nested(list.values().clone(), element)?;
+        let field = element_field(values.data_type().clone());
+        return Ok(Arc::new(ListArray::try_new(
+            field,
+            list.offsets().clone(),
+            values,
+            list.nulls().cloned(),
+        )?));
+    }
+    widen(array, element)
+}
+
+/// Rows `rows` of tensor `tensor` of `src` as a per-sample column of type
+/// [`sample_target_type`]`(target, sample_rank)`: all null rows when the file has no such
+/// tensor; otherwise the tensor must have rank `sample_rank + 1`, and its samples are decoded
+/// and widened ([`SampleTarget::Values`]) or copied as bytes ([`SampleTarget::Bytes`]). Only
+/// those rows' bytes are read.
+pub fn sample_column_as(
+    src: &dyn TensorSource,
+    tensor: &str,
+    rows: Range<u64>,
+    sample_rank: usize,
+    target: &SampleTarget,
+) -> Result<ArrayRef, ReadError> {
+    let file = src.name();
+    let n = rows.end.saturating_sub(rows.start);
+    let Some(info) = src.header().tensor(tensor) else {
+        return Ok(new_null_array(
+            &sample_target_type(target, sample_rank),
+            n as usize,
+        ));
+    };
+    if info.shape.len() != sample_rank + 1 {
+        return Err(ReadErrorKind::Invalid(format!(
+            "expected samples of rank {sample_rank}, the tensor has shape {:?}",
+            info.shape
+        ))
+        .at(&file, tensor));
+    }
+    match target {
+        SampleTarget::Values(element) => {
+            let array = sample_column(src, tensor, rows)?;
+            widen_nested(array, element).map_err(|e| e.at(&file, tensor))
+        }
+        SampleTarget::Bytes => {
+            let range = row_byte_range(info, rows).map_err(|e| e.at(&file, tensor))?;
+            let bytes = src.read(info, range)?;
+            let total = bytes.len() as u64;
+            if total > MAX_OFFSET {
+                return Err(too_large("data bytes", total).at(&file, tensor));
+            }
+            let per_row = total.checked_div(n).unwrap_or(0);
+            if per_row * n != total {
+                return Err(ReadErrorKind::DataLength {
+                    expected: per_row * n,
+                    actual: total,
+                }
+                .at(&file, tensor));
+            }
+            // total ≤ i32::MAX, so every offset fits.
+            let offsets: Vec<i32> = (0..=n).map(|i| (i * per_row) as i32).collect();
+            let array = BinaryArray::try_new(
+                OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                arrow_buffer::Buffer::from_slice_ref(&bytes),
+                None,
+            )
+            .map_err(|e| ReadErrorKind::from(e).at(&file, tensor))?;
+            Ok(Arc::new(array))
+        }
+    }
+}
+
 /// Extra columns of the per-sample layout.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SampleOptions {
@@ -331,7 +438,8 @@ fn batch(
     )?)
 }
 
-fn metadata_column<'a>(
+/// A `metadata` column: one entry per item of `metas` (null for `None`).
+pub fn metadata_column<'a>(
     metas: impl Iterator<Item = Option<&'a BTreeMap<String, String>>>,
 ) -> Result<ArrayRef, ReadErrorKind> {
     let names = MapFieldNames {
@@ -379,24 +487,153 @@ pub struct TensorRowOptions {
     pub decoded: Option<DataType>,
 }
 
+/// One column of the per-tensor layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorColumn {
+    /// `file` (Utf8): the source's name.
+    File,
+    /// `key` (Utf8): the tensor name.
+    Key,
+    /// `dtype` (Utf8): the exact header dtype name.
+    Dtype,
+    /// `shape` (`List<Int64>`).
+    Shape,
+    /// `byte_size` (Int64).
+    ByteSize,
+    /// `data` (Binary): the tensor's raw bytes.
+    Data,
+    /// `decoded` (`List<element>`, nullable): see [`TensorRowOptions::decoded`].
+    Decoded(DataType),
+    /// `metadata`: the file's `__metadata__`.
+    Metadata,
+}
+
+impl TensorColumn {
+    /// The column's default name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TensorColumn::File => "file",
+            TensorColumn::Key => "key",
+            TensorColumn::Dtype => "dtype",
+            TensorColumn::Shape => "shape",
+            TensorColumn::ByteSize => "byte_size",
+            TensorColumn::Data => "data",
+            TensorColumn::Decoded(_) => "decoded",
+            TensorColumn::Metadata => "metadata",
+        }
+    }
+
+    /// The column's Arrow field, named [`Self::name`].
+    pub fn field(&self) -> Field {
+        match self {
+            TensorColumn::File | TensorColumn::Key | TensorColumn::Dtype => {
+                Field::new(self.name(), DataType::Utf8, false)
+            }
+            TensorColumn::Shape => Field::new(self.name(), shape_type(), false),
+            TensorColumn::ByteSize => Field::new(self.name(), DataType::Int64, false),
+            TensorColumn::Data => Field::new(self.name(), DataType::Binary, false),
+            TensorColumn::Decoded(element) => {
+                Field::new(self.name(), list_of(element.clone()), true)
+            }
+            TensorColumn::Metadata => metadata_field(),
+        }
+    }
+
+    /// Whether building this column reads the data bytes of a tensor of `dtype`.
+    pub fn reads_data(&self, dtype: Dtype) -> bool {
+        match self {
+            TensorColumn::Data => true,
+            TensorColumn::Decoded(_) => spark_element(dtype).is_some(),
+            _ => false,
+        }
+    }
+}
+
+fn tensor_row_columns(opts: &TensorRowOptions) -> Vec<TensorColumn> {
+    let mut columns = vec![
+        TensorColumn::File,
+        TensorColumn::Key,
+        TensorColumn::Dtype,
+        TensorColumn::Shape,
+        TensorColumn::ByteSize,
+    ];
+    if opts.data {
+        columns.push(TensorColumn::Data);
+    }
+    if let Some(element) = &opts.decoded {
+        columns.push(TensorColumn::Decoded(element.clone()));
+    }
+    columns.push(TensorColumn::Metadata);
+    columns
+}
+
 /// Schema of [`tensor_rows`]: `file`, `key`, `dtype`, `shape`, `byte_size` (Int64), then `data`
 /// (Binary) and `decoded` when requested, then `metadata`.
 pub fn tensor_rows_schema(opts: &TensorRowOptions) -> SchemaRef {
-    let mut fields = vec![
-        Field::new("file", DataType::Utf8, false),
-        Field::new("key", DataType::Utf8, false),
-        Field::new("dtype", DataType::Utf8, false),
-        Field::new("shape", shape_type(), false),
-        Field::new("byte_size", DataType::Int64, false),
-    ];
-    if opts.data {
-        fields.push(Field::new("data", DataType::Binary, false));
-    }
-    if let Some(element) = &opts.decoded {
-        fields.push(Field::new("decoded", list_of(element.clone()), true));
-    }
-    fields.push(metadata_field());
+    let fields: Vec<Field> = tensor_row_columns(opts).iter().map(|c| c.field()).collect();
     Arc::new(Schema::new(fields))
+}
+
+/// One row per `(file, tensor)` pair, in the order given (see [`tensor_rows_schema`]).
+///
+/// Only the requested columns touch data bytes. The sum of `data` bytes and of `decoded`
+/// elements in one batch must each stay within `i32::MAX`; the caller picks the tensors of a
+/// batch (e.g. by `byte_len`) accordingly.
+pub fn tensor_rows(
+    rows: &[(&dyn TensorSource, &TensorInfo)],
+    opts: &TensorRowOptions,
+) -> Result<RecordBatch, ReadError> {
+    let schema = tensor_rows_schema(opts);
+    let arrays = tensor_columns(rows, &tensor_row_columns(opts))?;
+    let first = rows.first().map(|(s, _)| s.name()).unwrap_or_default();
+    RecordBatch::try_new(schema, arrays).map_err(|e| ReadErrorKind::from(e).in_file(&first))
+}
+
+/// The arrays of the per-tensor `columns` (in that order, typed as [`TensorColumn::field`]) for
+/// one row per `(file, tensor)` pair. Only [`TensorColumn::Data`] and
+/// [`TensorColumn::Decoded`] read data bytes; the same `i32::MAX` limits as [`tensor_rows`].
+pub fn tensor_columns(
+    rows: &[(&dyn TensorSource, &TensorInfo)],
+    columns: &[TensorColumn],
+) -> Result<Vec<ArrayRef>, ReadError> {
+    let names: Vec<_> = rows.iter().map(|(s, _)| s.name()).collect();
+    let batch_err = |e: ReadErrorKind| e.in_file(names.first().map_or("", |n| n.as_ref()));
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len());
+    for column in columns {
+        let array: ArrayRef = match column {
+            TensorColumn::File => Arc::new(StringArray::from_iter_values(
+                names.iter().map(|n| n.as_ref()),
+            )),
+            TensorColumn::Key => Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|(_, t)| t.name.as_str()),
+            )),
+            TensorColumn::Dtype => Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|(_, t)| t.dtype.name()),
+            )),
+            TensorColumn::Shape => shape_column(rows.iter().map(|(_, t)| Some(t.shape.as_slice()))),
+            TensorColumn::ByteSize => Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|(_, t)| t.byte_len() as i64),
+            )),
+            TensorColumn::Data => {
+                let total: u64 = rows.iter().map(|(_, t)| t.byte_len()).sum();
+                if total > MAX_OFFSET {
+                    return Err(batch_err(too_large("data bytes", total)));
+                }
+                let mut b = BinaryBuilder::with_capacity(rows.len(), total as usize);
+                for (src, t) in rows {
+                    b.append_value(tensor_bytes(*src, t)?);
+                }
+                Arc::new(b.finish())
+            }
+            TensorColumn::Decoded(element) => decoded_column(rows, &names, element)?,
+            TensorColumn::Metadata => {
+                metadata_column(rows.iter().map(|(s, _)| s.header().metadata.as_ref()))
+                    .map_err(batch_err)?
+            }
+        };
+        arrays.push(array);
+    }
+    Ok(arrays)
 }
 
 fn shape_column<'a>(shapes: impl Iterator<Item = Option<&'a [u64]>>) -> ArrayRef {
@@ -413,54 +650,6 @@ fn shape_column<'a>(shapes: impl Iterator<Item = Option<&'a [u64]>>) -> ArrayRef
         b.append(true);
     }
     Arc::new(b.finish())
-}
-
-/// One row per `(file, tensor)` pair, in the order given (see [`tensor_rows_schema`]).
-///
-/// Only the requested columns touch data bytes. The sum of `data` bytes and of `decoded`
-/// elements in one batch must each stay within `i32::MAX`; the caller picks the tensors of a
-/// batch (e.g. by `byte_len`) accordingly.
-pub fn tensor_rows(
-    rows: &[(&dyn TensorSource, &TensorInfo)],
-    opts: &TensorRowOptions,
-) -> Result<RecordBatch, ReadError> {
-    let schema = tensor_rows_schema(opts);
-    let names: Vec<_> = rows.iter().map(|(s, _)| s.name()).collect();
-    let batch_err = |e: ReadErrorKind| e.in_file(names.first().map_or("", |n| n.as_ref()));
-    let mut arrays: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(
-            names.iter().map(|n| n.as_ref()),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|(_, t)| t.name.as_str()),
-        )),
-        Arc::new(StringArray::from_iter_values(
-            rows.iter().map(|(_, t)| t.dtype.name()),
-        )),
-        shape_column(rows.iter().map(|(_, t)| Some(t.shape.as_slice()))),
-        Arc::new(Int64Array::from_iter_values(
-            rows.iter().map(|(_, t)| t.byte_len() as i64),
-        )),
-    ];
-    if opts.data {
-        let total: u64 = rows.iter().map(|(_, t)| t.byte_len()).sum();
-        if total > MAX_OFFSET {
-            return Err(batch_err(too_large("data bytes", total)));
-        }
-        let mut b = BinaryBuilder::with_capacity(rows.len(), total as usize);
-        for (src, t) in rows {
-            b.append_value(tensor_bytes(*src, t)?);
-        }
-        arrays.push(Arc::new(b.finish()));
-    }
-    if let Some(element) = &opts.decoded {
-        arrays.push(decoded_column(rows, &names, element)?);
-    }
-    arrays.push(
-        metadata_column(rows.iter().map(|(s, _)| s.header().metadata.as_ref()))
-            .map_err(batch_err)?,
-    );
-    RecordBatch::try_new(schema, arrays).map_err(|e| batch_err(e.into()))
 }
 
 fn decoded_column(
@@ -515,6 +704,44 @@ fn decoded_column(
 // Per file
 // ---------------------------------------------------------------------------------------------
 
+/// A field of the Tensor Struct.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TensorField {
+    /// `data` (Binary): the raw bytes; the only field that reads data bytes.
+    Data,
+    /// `shape` (`List<Int64>`).
+    Shape,
+    /// `dtype` (Utf8).
+    Dtype,
+}
+
+impl TensorField {
+    /// Every field, in the Tensor Struct's order.
+    pub const ALL: [TensorField; 3] = [TensorField::Data, TensorField::Shape, TensorField::Dtype];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorField::Data => "data",
+            TensorField::Shape => "shape",
+            TensorField::Dtype => "dtype",
+        }
+    }
+
+    /// Parses a field name (`data`, `shape`, `dtype`).
+    pub fn from_name(name: &str) -> Option<TensorField> {
+        TensorField::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    pub fn field(self) -> Field {
+        match self {
+            TensorField::Data => Field::new("data", DataType::Binary, false),
+            TensorField::Shape => Field::new("shape", shape_type(), false),
+            TensorField::Dtype => Field::new("dtype", DataType::Utf8, false),
+        }
+    }
+}
+
 /// The Tensor Struct type: `{data: Binary, shape: List<Int64>, dtype: Utf8}` (the type the
 /// writer accepts back).
 pub fn tensor_struct_type() -> DataType {
@@ -522,11 +749,12 @@ pub fn tensor_struct_type() -> DataType {
 }
 
 fn tensor_struct_fields() -> Fields {
-    Fields::from(vec![
-        Field::new("data", DataType::Binary, false),
-        Field::new("shape", shape_type(), false),
-        Field::new("dtype", DataType::Utf8, false),
-    ])
+    tensor_struct_fields_of(&TensorField::ALL)
+}
+
+/// The Tensor Struct's fields pruned to `fields` (in that order).
+pub fn tensor_struct_fields_of(fields: &[TensorField]) -> Fields {
+    Fields::from(fields.iter().map(|f| f.field()).collect::<Vec<_>>())
 }
 
 /// Schema of [`file_rows`]: `file`, one nullable Tensor Struct column per key (named after
@@ -541,44 +769,109 @@ pub fn file_rows_schema(keys: &[&str]) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// One column of the per-file layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileColumn<'a> {
+    /// `file` (Utf8): the source's name.
+    File,
+    /// `metadata`: the file's `__metadata__`.
+    Metadata,
+    /// A Tensor Struct (nullable: null when the file has no tensor `key`) with `fields`.
+    Tensor {
+        key: &'a str,
+        fields: &'a [TensorField],
+    },
+}
+
+impl FileColumn<'_> {
+    /// The column's Arrow field (a tensor column is named after its key).
+    pub fn field(&self) -> Field {
+        match self {
+            FileColumn::File => Field::new("file", DataType::Utf8, false),
+            FileColumn::Metadata => metadata_field(),
+            FileColumn::Tensor { key, fields } => Field::new(
+                *key,
+                DataType::Struct(tensor_struct_fields_of(fields)),
+                true,
+            ),
+        }
+    }
+}
+
 /// One row per file: for each key a Tensor Struct (null when the file has no such tensor).
 /// The `data` bytes of one key column over the batch must stay within `i32::MAX`.
 pub fn file_rows(files: &[&dyn TensorSource], keys: &[&str]) -> Result<RecordBatch, ReadError> {
     let schema = file_rows_schema(keys);
+    let mut columns = vec![FileColumn::File];
+    columns.extend(keys.iter().map(|key| FileColumn::Tensor {
+        key,
+        fields: &TensorField::ALL,
+    }));
+    columns.push(FileColumn::Metadata);
+    let arrays = file_columns(files, &columns)?;
+    let first = files.first().map(|s| s.name()).unwrap_or_default();
+    RecordBatch::try_new(schema, arrays).map_err(|e| ReadErrorKind::from(e).in_file(&first))
+}
+
+/// The arrays of the per-file `columns` (typed as [`FileColumn::field`]), one row per file.
+/// Only the `data` field reads data bytes; its bytes over the batch must stay within
+/// `i32::MAX` per column.
+pub fn file_columns(
+    files: &[&dyn TensorSource],
+    columns: &[FileColumn<'_>],
+) -> Result<Vec<ArrayRef>, ReadError> {
     let names: Vec<_> = files.iter().map(|s| s.name()).collect();
     let first = names.first().map_or("", |n| n.as_ref()).to_owned();
-    let mut arrays: Vec<ArrayRef> = vec![Arc::new(StringArray::from_iter_values(
-        names.iter().map(|n| n.as_ref()),
-    ))];
-    for key in keys {
-        let infos: Vec<Option<&TensorInfo>> =
-            files.iter().map(|s| s.header().tensor(key)).collect();
-        let total: u64 = infos.iter().flatten().map(|t| t.byte_len()).sum();
-        if total > MAX_OFFSET {
-            return Err(too_large("data bytes", total).at(&first, key));
-        }
-        let mut data = BinaryBuilder::with_capacity(files.len(), total as usize);
-        for (src, info) in files.iter().zip(&infos) {
-            match info {
-                Some(t) => data.append_value(tensor_bytes(*src, t)?),
-                None => data.append_value([]),
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns.len());
+    for column in columns {
+        let array: ArrayRef = match column {
+            FileColumn::File => Arc::new(StringArray::from_iter_values(
+                names.iter().map(|n| n.as_ref()),
+            )),
+            FileColumn::Metadata => {
+                metadata_column(files.iter().map(|s| s.header().metadata.as_ref()))
+                    .map_err(|e| e.in_file(&first))?
             }
-        }
-        let shape = shape_column(infos.iter().map(|i| i.map(|t| t.shape.as_slice())));
-        let dtype =
-            StringArray::from_iter_values(infos.iter().map(|i| i.map_or("", |t| t.dtype.name())));
-        let nulls = NullBuffer::from(infos.iter().map(Option::is_some).collect::<Vec<_>>());
-        let s = StructArray::try_new(
-            tensor_struct_fields(),
-            vec![Arc::new(data.finish()), shape, Arc::new(dtype)],
-            Some(nulls),
-        )
-        .map_err(|e| ReadErrorKind::from(e).at(&first, key))?;
-        arrays.push(Arc::new(s));
+            FileColumn::Tensor { key, fields } => {
+                let infos: Vec<Option<&TensorInfo>> =
+                    files.iter().map(|s| s.header().tensor(key)).collect();
+                let mut children: Vec<ArrayRef> = Vec::with_capacity(fields.len());
+                for field in *fields {
+                    children.push(match field {
+                        TensorField::Data => {
+                            let total: u64 = infos.iter().flatten().map(|t| t.byte_len()).sum();
+                            if total > MAX_OFFSET {
+                                return Err(too_large("data bytes", total).at(&first, key));
+                            }
+                            let mut data =
+                                BinaryBuilder::with_capacity(files.len(), total as usize);
+                            for (src, info) in files.iter().zip(&infos) {
+                                match info {
+                                    Some(t) => data.append_value(tensor_bytes(*src, t)?),
+                                    None => data.append_value([]),
+                                }
+                            }
+                            Arc::new(data.finish())
+                        }
+                        TensorField::Shape => {
+                            shape_column(infos.iter().map(|i| i.map(|t| t.shape.as_slice())))
+                        }
+                        TensorField::Dtype => Arc::new(StringArray::from_iter_values(
+                            infos.iter().map(|i| i.map_or("", |t| t.dtype.name())),
+                        )),
+                    });
+                }
+                let nulls = NullBuffer::from(infos.iter().map(Option::is_some).collect::<Vec<_>>());
+                let s = if fields.is_empty() {
+                    StructArray::new_empty_fields(files.len(), Some(nulls))
+                } else {
+                    StructArray::try_new(tensor_struct_fields_of(fields), children, Some(nulls))
+                        .map_err(|e| ReadErrorKind::from(e).at(&first, key))?
+                };
+                Arc::new(s)
+            }
+        };
+        arrays.push(array);
     }
-    arrays.push(
-        metadata_column(files.iter().map(|s| s.header().metadata.as_ref()))
-            .map_err(|e| e.in_file(&first))?,
-    );
-    RecordBatch::try_new(schema, arrays).map_err(|e| ReadErrorKind::from(e).in_file(&first))
+    Ok(arrays)
 }

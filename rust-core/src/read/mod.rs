@@ -22,6 +22,12 @@
 //!   from a Hadoop file system, which only need to implement [`TensorSource::read`] for a byte
 //!   range of one tensor.
 //!
+//! * [`scan`] — driver side of a Spark scan: which files belong to it (manifests, corrupt
+//!   files), the resolved layout and Spark schema ([`scan::describe`]), and the input
+//!   partitions ([`scan::plan`]); serde JSON in and out for the JNI layer.
+//! * [`task`] — executor side: [`task::ReadTask`] runs one [`scan::PartitionSpec`] on local
+//!   (mmap) or remote (ranged reads) files, batch by batch, counting the bytes it reads.
+//!
 //! Sizes: Spark's `ArrowColumnVector` reads `List` and `Binary` offsets as 32-bit integers, so a
 //! batch may hold at most `i32::MAX` elements per list level and `i32::MAX` bytes per binary
 //! column; exceeding that is a [`ReadErrorKind::TooLarge`] error, never a wrapped offset — the
@@ -30,13 +36,16 @@
 pub mod decode;
 pub mod error;
 pub mod layout;
+pub mod scan;
+pub mod task;
 
 pub use decode::{common_element, decode_values, spark_element, widen};
 pub use error::{ReadError, ReadErrorKind};
 pub use layout::{
-    batch_samples, file_rows, file_rows_schema, row_byte_range, sample_array, sample_column,
-    sample_data_type, sample_rows, tensor_rows, tensor_rows_schema, SampleOptions,
-    TensorRowOptions,
+    batch_samples, file_columns, file_rows, file_rows_schema, row_byte_range, sample_array,
+    sample_column, sample_column_as, sample_data_type, sample_rows, sample_target_type,
+    tensor_columns, tensor_rows, tensor_rows_schema, FileColumn, SampleOptions, SampleTarget,
+    TensorColumn, TensorField, TensorRowOptions,
 };
 
 use crate::file::SafetensorsFile;

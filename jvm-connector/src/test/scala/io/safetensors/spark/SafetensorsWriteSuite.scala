@@ -290,9 +290,11 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(messages(e).contains("'x'") && messages(e).contains("row 1"), messages(e))
   }
 
-  test("reads are not implemented yet (clear error)") {
-    val e = intercept[Exception](spark.read.format("safetensors").load(base.getAbsolutePath))
-    assert(messages(e).contains("not implemented yet"), messages(e))
+  test("reading a missing path is an error naming it") {
+    val missing = new File(base, "no-such-dataset").getAbsolutePath
+    val e = intercept[Exception](spark.read.format("safetensors").load(missing))
+    assert(messages(e).contains("path does not exist") && messages(e).contains("no-such-dataset"),
+      messages(e))
   }
 
   test("every task allocator was empty when closed") {

@@ -2,15 +2,17 @@ package io.safetensors.spark
 
 import java.net.URI
 import java.util.concurrent.ConcurrentLinkedQueue
+import java.util.concurrent.atomic.AtomicLong
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{DelegateToFileSystem, FilterFileSystem, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.{DelegateToFileSystem, FSDataInputStream, FSInputStream, FilterFileSystem, Path, RawLocalFileSystem}
 
 /**
  * A "remote" FileSystem for tests: scheme `testfs`, paths `testfs:///abs/path` are the local
  * files `/abs/path`. It is deliberately neither a `LocalFileSystem` nor a `RawLocalFileSystem`
  * (a FilterFileSystem over a raw local FS reporting the `testfs` URI), so the writer cannot write
- * into it directly and must take the upload branch. Uploads are recorded.
+ * into it directly and must take the upload branch, and the reader cannot memory-map it and must
+ * use positioned reads. Uploads and the bytes read through `open` streams are recorded.
  */
 class TestRemoteFileSystem extends FilterFileSystem(new TestRemoteFileSystem.Raw) {
   override def getScheme: String = TestRemoteFileSystem.Scheme
@@ -19,6 +21,9 @@ class TestRemoteFileSystem extends FilterFileSystem(new TestRemoteFileSystem.Raw
     TestRemoteFileSystem.uploads.add(dst.toString)
     super.copyFromLocalFile(delSrc, overwrite, src, dst)
   }
+
+  override def open(f: Path, bufferSize: Int): FSDataInputStream =
+    new FSDataInputStream(new TestRemoteFileSystem.CountingStream(super.open(f, bufferSize)))
 }
 
 object TestRemoteFileSystem {
@@ -27,6 +32,27 @@ object TestRemoteFileSystem {
 
   /** Destination of every copyFromLocalFile call, in any JVM thread (local mode: driver + tasks). */
   val uploads = new ConcurrentLinkedQueue[String]()
+
+  /** Bytes read through streams this FS opened (any JVM thread). */
+  val bytesRead = new AtomicLong()
+
+  /** Counts every byte read; positioned reads go through seek + read (FSInputStream). */
+  final class CountingStream(in: FSDataInputStream) extends FSInputStream {
+    override def seek(pos: Long): Unit = in.seek(pos)
+    override def getPos: Long = in.getPos
+    override def seekToNewSource(targetPos: Long): Boolean = false
+    override def read(): Int = {
+      val r = in.read()
+      if (r >= 0) bytesRead.incrementAndGet()
+      r
+    }
+    override def read(b: Array[Byte], off: Int, len: Int): Int = {
+      val n = in.read(b, off, len)
+      if (n > 0) bytesRead.addAndGet(n)
+      n
+    }
+    override def close(): Unit = in.close()
+  }
 
   /** The raw local FS, under the `testfs` URI (paths map onto the local disk). */
   final class Raw extends RawLocalFileSystem {

@@ -17,6 +17,16 @@ object SparkInternals {
   def hadoopConf(sqlContext: SQLContext, options: Map[String, String]): Configuration =
     session(sqlContext).sessionState.newHadoopConfWithOptions(options)
 
+  def hadoopConf(spark: org.apache.spark.sql.SparkSession,
+      options: Map[String, String]): Configuration =
+    spark.asInstanceOf[ClassicSession].sessionState.newHadoopConfWithOptions(options)
+
+  /** `spark.sql.files.maxPartitionBytes`, `openCostInBytes`, `ignoreCorruptFiles`. */
+  def filesConf(spark: org.apache.spark.sql.SparkSession): (Long, Long, Boolean) = {
+    val c = spark.asInstanceOf[ClassicSession].sessionState.conf
+    (c.filesMaxPartitionBytes, c.filesOpenCostInBytes, c.ignoreCorruptFiles)
+  }
+
   def caseSensitive(sqlContext: SQLContext): Boolean =
     session(sqlContext).sessionState.conf.caseSensitiveAnalysis
 

@@ -1,0 +1,70 @@
+package io.safetensors.spark.jni;
+
+/**
+ * JNI surface of the Rust read engine (spec/jni.md documents every method: arguments, ownership,
+ * threading, errors). Call {@link NativeLib#ensureLoaded()} before the first call.
+ *
+ * <p>Malformed requests are thrown as {@link IllegalArgumentException}; format, I/O and data
+ * errors as {@link SafetensorsException}, with a message naming the file (and tensor).
+ *
+ * <p>Driver side ({@link #headerLength}, {@link #validatedHeader}, {@link #describe},
+ * {@link #plan}) is stateless and thread-safe. A handle returned by {@link #open} is owned by
+ * one Java object, which serialises the calls on it and calls {@link #close} exactly once.
+ */
+public final class NativeReader {
+  private NativeReader() {}
+
+  /** N (the header's byte length) from a file's first 8 bytes ({@code prefix} may be shorter
+   *  when the file is), checked against the file length and the 100,000,000-byte cap. */
+  public static native long headerLength(String file, byte[] prefix, long fileLength);
+
+  /** Validates a file's first 8 + N bytes against its length; returns the header JSON text. */
+  public static native String validatedHeader(String file, byte[] prefixAndHeader,
+      long fileLength);
+
+  /** Driver: layout and schema of a scan; JSON {"ready":{...}} or {"need_headers":[uri...]}. */
+  public static native String describe(String requestJson);
+
+  /** Driver: the input partitions; JSON {"ready":[PartitionSpec...]} or {"need_headers":[...]}. */
+  public static native String plan(String requestJson);
+
+  /** Task: a reader for one PartitionSpec (JSON). */
+  public static native long open(String partitionJson);
+
+  public static native int unitCount(long handle);
+
+  /** The URI of unit {@code unit}'s file. */
+  public static native String unitFile(long handle, int unit);
+
+  /** The planned length of unit {@code unit}'s file. */
+  public static native long unitLength(long handle, int unit);
+
+  /** Opens a unit on a local file: Rust validates the header and memory-maps the file. */
+  public static native void openLocal(long handle, int unit, String path);
+
+  /** Opens a unit from its file's first 8 + N bytes; the data comes through {@link #supply}. */
+  public static native void openRemote(long handle, int unit, byte[] prefixAndHeader);
+
+  /** Absolute byte ranges the next batch still needs, as [start0, end0, start1, end1, ...]
+   *  (empty for a local file). */
+  public static native long[] neededRanges(long handle);
+
+  /** Bytes of the current unit's file starting at absolute offset {@code start}. */
+  public static native void supply(long handle, long start, byte[] bytes);
+
+  /**
+   * Rows of the next batch of the current unit, or -1 when the unit is done. A batch with
+   * columns is moved into the given freshly allocated C Data structs (the caller imports and
+   * later releases it); a batch without columns (count only) exports nothing.
+   */
+  public static native long nextBatch(long handle, long arrowArrayAddr, long arrowSchemaAddr);
+
+  /** Header and data bytes this reader has read so far. */
+  public static native long bytesRead(long handle);
+
+  /** Units skipped because their file was corrupt when opened (ignoreCorruptFiles). */
+  public static native long skipped(long handle);
+
+  /** Frees the handle. Exactly once. */
+  public static native void close(long handle);
+}

@@ -1,0 +1,267 @@
+package io.safetensors.spark
+
+import java.io.{EOFException, IOException}
+import java.nio.charset.StandardCharsets
+import java.util.concurrent.{Callable, Executors, TimeUnit}
+
+import scala.collection.mutable
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.node.ObjectNode
+import io.safetensors.spark.jni.{NativeLib, NativeReader}
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.spark.sql.types.{DataType, StructType}
+
+/** The read options (spec/options.md, "Read options"). */
+private[spark] final case class ReadOptions(
+    paths: Seq[String],
+    layout: String,
+    recursive: Boolean,
+    ignoreCorruptFiles: Boolean,
+    batchRows: Long)
+
+private[spark] object ReadOptions {
+  val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
+  val Keys: Seq[String] = Seq("layout", "recursiveFileLookup", "ignoreCorruptFiles", "read_batch_rows")
+  val BatchBytes: Long = 64L << 20
+
+  private val mapper = new ObjectMapper()
+
+  private def bool(options: Map[String, String], name: String, default: Boolean): Boolean =
+    options.get(name).map(_.trim.toLowerCase) match {
+      case None => default
+      case Some("true") => true
+      case Some("false") => false
+      case Some(other) => throw new IllegalArgumentException(
+        s"safetensors: option '$name' must be true or false, got '$other'")
+    }
+
+  /** `options` with case-insensitive keys (Spark's CaseInsensitiveStringMap, lower-cased). */
+  def parse(options: Map[String, String], ignoreCorruptDefault: Boolean): ReadOptions = {
+    val o = options.map { case (k, v) => k.toLowerCase -> v }
+    val unknown = o.keySet -- Keys.map(_.toLowerCase) -- Set("path", "paths")
+    if (unknown.nonEmpty) {
+      throw new IllegalArgumentException(
+        s"safetensors: unknown read option(s) ${unknown.toSeq.sorted.map(k => s"'$k'").mkString(", ")}; " +
+          s"valid read options: ${Keys.mkString(", ")}")
+    }
+    val paths = o.get("paths").toSeq.flatMap { json =>
+      mapper.readTree(json).elements().asScala.map(_.asText()).toSeq
+    } ++ o.get("path").toSeq
+    if (paths.isEmpty) {
+      throw new IllegalArgumentException(
+        "safetensors: no path given; use spark.read.format(\"safetensors\").load(path, ...)")
+    }
+    val layout = o.getOrElse("layout", "auto").trim.toLowerCase
+    if (!Layouts.contains(layout)) {
+      throw new IllegalArgumentException(
+        s"safetensors: option 'layout' must be one of ${Layouts.mkString(", ")}, got '${o("layout")}'")
+    }
+    val batchRows = o.get("read_batch_rows").map { v =>
+      val n = scala.util.Try(v.trim.toLong).getOrElse(-1L)
+      if (n < 1 || n > Int.MaxValue) {
+        throw new IllegalArgumentException(
+          s"safetensors: option 'read_batch_rows' must be an integer in [1, ${Int.MaxValue}], got '$v'")
+      }
+      n
+    }.getOrElse(4096L)
+    ReadOptions(paths, layout, bool(o, "recursivefilelookup", default = true),
+      bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows)
+  }
+}
+
+/** A listed file. `header` is filled in when read. */
+private[spark] final case class ListedFile(uri: String, length: Long)
+
+/**
+ * The files and manifests a read covers, and the driver's conversations with the Rust planner
+ * (which answers `need_headers` until it has every header it wants).
+ */
+private[spark] final class ReadSource(val options: ReadOptions, conf: Configuration) {
+  import ReadSource._
+
+  val (files: Seq[ListedFile], manifests: Seq[(String, String)]) = list()
+
+  /** Header JSON text (or the error that stopped reading it) per file URI. */
+  private val headers = mutable.Map[String, Either[String, String]]()
+
+  private def list(): (Seq[ListedFile], Seq[(String, String)]) = {
+    val found = mutable.LinkedHashMap[String, ListedFile]()
+    val manifests = mutable.LinkedHashMap[String, String]()
+    def isHidden(p: Path): Boolean = p.getName.startsWith("_") || p.getName.startsWith(".")
+    def addFile(s: FileStatus): Unit =
+      found.getOrElseUpdate(s.getPath.toString, ListedFile(s.getPath.toString, s.getLen))
+    def walk(fs: FileSystem, dir: FileStatus): Unit = {
+      val children = fs.listStatus(dir.getPath)
+      children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
+        manifests.getOrElseUpdate(dir.getPath.toString.stripSuffix("/"), readText(fs, m.getPath))
+      }
+      children.filterNot(c => isHidden(c.getPath)).sortBy(_.getPath.toString).foreach { c =>
+        if (c.isDirectory) { if (options.recursive) walk(fs, c) }
+        else if (c.getPath.getName.endsWith(Extension)) addFile(c)
+      }
+    }
+    options.paths.foreach { raw =>
+      val path = new Path(raw)
+      val fs = path.getFileSystem(conf)
+      val qualified = fs.makeQualified(path)
+      val isGlob = raw.exists(c => "*?[{".contains(c))
+      val matches = Option(fs.globStatus(qualified)).map(_.toSeq).getOrElse(Seq.empty)
+      if (matches.isEmpty) {
+        throw new IllegalArgumentException(s"safetensors: path does not exist: $qualified")
+      }
+      matches.sortBy(_.getPath.toString).foreach { s =>
+        if (s.isDirectory) walk(fs, s)
+        else if (!isGlob || (s.getPath.getName.endsWith(Extension) && !isHidden(s.getPath))) {
+          addFile(s)
+        }
+      }
+    }
+    (found.values.toSeq.sortBy(_.uri), manifests.toSeq)
+  }
+
+  private def readText(fs: FileSystem, p: Path): String = {
+    val in = fs.open(p)
+    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+  }
+
+  /** Reads the headers of `uris` in parallel (at most 16 threads). */
+  private def readHeaders(uris: Seq[String]): Unit = {
+    val todo = uris.filterNot(headers.contains).distinct
+    if (todo.isEmpty) return
+    val byUri = files.map(f => f.uri -> f).toMap
+    val pool = Executors.newFixedThreadPool(math.min(16, todo.size))
+    try {
+      val futures = todo.map { uri =>
+        uri -> pool.submit(new Callable[Either[String, String]] {
+          override def call(): Either[String, String] = {
+            val length = byUri.get(uri).map(_.length).getOrElse(
+              throw new IllegalStateException(s"safetensors: planner asked for unlisted file $uri"))
+            try Right(readHeader(new Path(uri), length, conf))
+            catch { case e: Exception => Left(message(e)) }
+          }
+        })
+      }
+      futures.foreach { case (uri, f) => headers(uri) = f.get() }
+    } finally {
+      pool.shutdownNow()
+      pool.awaitTermination(1, TimeUnit.MINUTES)
+    }
+  }
+
+  /** The request body shared by describe and plan: files, manifests, ignore_corrupt. */
+  private def input(node: ObjectNode): ObjectNode = {
+    val fs = node.putArray("files")
+    files.foreach { f =>
+      val o = fs.addObject().put("file", f.uri).put("length", f.length)
+      headers.get(f.uri).foreach {
+        case Right(text) => o.put("header", text)
+        case Left(err) => o.put("header_error", err)
+      }
+    }
+    val ms = node.putArray("manifests")
+    manifests.foreach { case (dir, text) => ms.addObject().put("dir", dir).put("text", text) }
+    node.put("ignore_corrupt", options.ignoreCorruptFiles)
+    node
+  }
+
+  /** Asks `call` until it answers `ready` (reading the headers it needs in between). */
+  private def converse(build: ObjectNode => Unit, call: String => String): JsonNode = synchronized {
+    NativeLib.ensureLoaded()
+    var rounds = 0
+    while (true) {
+      val req = mapper.createObjectNode()
+      build(req)
+      input(req)
+      val answer = mapper.readTree(call(mapper.writeValueAsString(req)))
+      if (answer.has("ready")) return answer.get("ready")
+      val need = answer.get("need_headers").elements().asScala.map(_.asText()).toSeq
+      rounds += 1
+      if (rounds > 2 || need.forall(headers.contains)) {
+        throw new IllegalStateException(
+          s"safetensors: the planner keeps asking for headers it was given: ${need.take(3)}")
+      }
+      readHeaders(need)
+    }
+    throw new IllegalStateException("unreachable")
+  }
+
+  /** Layout, schema, metadata columns and excluded files. */
+  lazy val description: Description = {
+    val d = converse(_.put("layout", options.layout), NativeReader.describe)
+    Description(
+      d.get("layout").asText(),
+      DataType.fromJson(mapper.writeValueAsString(d.get("schema"))).asInstanceOf[StructType],
+      DataType.fromJson(mapper.writeValueAsString(d.get("metadata_columns"))).asInstanceOf[StructType],
+      d.get("excluded").elements().asScala.map(e =>
+        e.get("file").asText() -> e.get("reason").asText()).toSeq)
+  }
+
+  /** Partition specs (JSON each) and their data bytes. */
+  def plan(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
+      openCostBytes: Long): Seq[(String, Long)] = {
+    val parts = converse({ req =>
+      req.put("layout", description.layout)
+      val r = req.putArray("required")
+      required.fields.foreach { f =>
+        val c = r.addObject().put("name", f.name)
+        f.dataType match {
+          case s: StructType =>
+            val fs = c.putArray("fields")
+            s.fieldNames.foreach(fs.add)
+          case _ =>
+        }
+      }
+      val ps = req.putArray("predicates")
+      predicates.foreach { p =>
+        val v = ps.addObject().put("column", p.column).put("op", p.op).putArray("values")
+        p.values.foreach(v.add)
+      }
+      req.put("max_partition_bytes", maxPartitionBytes)
+      req.put("open_cost_bytes", openCostBytes)
+      req.put("batch_rows", options.batchRows)
+      req.put("batch_bytes", ReadOptions.BatchBytes)
+    }, NativeReader.plan)
+    parts.elements().asScala.map(p => mapper.writeValueAsString(p) -> p.get("bytes").asLong()).toSeq
+  }
+}
+
+private[spark] final case class Description(layout: String, schema: StructType,
+    metadataColumns: StructType, excluded: Seq[(String, String)])
+
+/** A pushed filter: `column` equal to one of `values` (`op` = in) or starting with one (prefix). */
+private[spark] final case class ReadPredicate(column: String, op: String, values: Seq[String])
+
+private[spark] object ReadSource {
+  val ManifestName = "dataset_manifest.json"
+  private val mapper = new ObjectMapper()
+  val Extension = ".safetensors"
+
+  def message(e: Throwable): String = Option(e.getMessage).getOrElse(e.getClass.getName)
+
+  /** The first 8 + N bytes of a file, read with two positioned reads. */
+  def readPrefixAndHeader(in: org.apache.hadoop.fs.FSDataInputStream, file: String,
+      length: Long): Array[Byte] = {
+    val prefix = new Array[Byte](math.min(8L, length).toInt)
+    in.readFully(0L, prefix)
+    val n = NativeReader.headerLength(file, prefix, length)
+    val all = new Array[Byte]((8L + n).toInt)
+    System.arraycopy(prefix, 0, all, 0, prefix.length)
+    try in.readFully(8L, all, 8, n.toInt)
+    catch {
+      case e: EOFException => throw new IOException(s"$file: file ended while reading its header", e)
+    }
+    all
+  }
+
+  /** The validated header JSON text of a file. */
+  def readHeader(path: Path, length: Long, conf: Configuration): String = {
+    val fs = path.getFileSystem(conf)
+    val in = fs.open(path)
+    try NativeReader.validatedHeader(path.toString, readPrefixAndHeader(in, path.toString, length),
+      length)
+    finally in.close()
+  }
+}

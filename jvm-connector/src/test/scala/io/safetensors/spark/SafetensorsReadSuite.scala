@@ -1,0 +1,224 @@
+package io.safetensors.spark
+
+import java.io.File
+import java.nio.{ByteBuffer, ByteOrder}
+import java.nio.charset.StandardCharsets
+import java.nio.file.Files
+
+import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.execution.datasources.v2.BatchScanExec
+import org.apache.spark.sql.functions.col
+import org.apache.spark.sql.types._
+import org.scalatest.BeforeAndAfterAll
+import org.scalatest.funsuite.AnyFunSuite
+
+/**
+ * The read path measured by what it reads: the connector's `safetensorsBytesRead` scan metric
+ * (headers + data bytes the Rust task took) and, for the non-local `testfs` scheme, the bytes
+ * that actually went through the Hadoop streams. Values are checked too.
+ */
+class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
+  import SafetensorsWriteSuite._
+
+  private var spark: SparkSession = _
+  private var base: File = _
+  private var counter = 0
+
+  override def beforeAll(): Unit = {
+    super.beforeAll()
+    val b = SparkSession.builder()
+      .master("local[2]")
+      .appName("safetensors-read")
+      .config("spark.ui.enabled", "false")
+      .config("spark.sql.shuffle.partitions", "2")
+      .config("spark.sql.adaptive.enabled", "false")
+      .config("spark.driver.host", "127.0.0.1")
+      .config("spark.driver.bindAddress", "127.0.0.1")
+      .config("spark.task.maxFailures", "1")
+    TestRemoteFileSystem.sparkConf.foreach { case (k, v) => b.config(k, v) }
+    spark = b.getOrCreate()
+    base = Files.createTempDirectory("safetensors-read-suite").toFile
+  }
+
+  override def afterAll(): Unit = {
+    try {
+      if (spark != null) spark.stop()
+      if (base != null) WriteTask.deleteLocal(base)
+    } finally super.afterAll()
+  }
+
+  private def freshPath(): String = { counter += 1; new File(base, s"ds$counter").getAbsolutePath }
+
+  private def remote(local: String): String = s"${TestRemoteFileSystem.Scheme}://$local"
+
+  private def messages(t: Throwable): String =
+    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
+
+  /** 8 + N of a file. */
+  private def headerBytes(f: File): Long = {
+    val in = Files.newInputStream(f.toPath)
+    try {
+      val b = in.readNBytes(8)
+      8L + ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN).getLong
+    } finally in.close()
+  }
+
+  /** Collects `df` and returns its rows with the scan's bytes-read metric. */
+  private def collectMeasured(df: DataFrame): (Array[Row], Long) = {
+    val rows = df.collect()
+    val scans = df.queryExecution.executedPlan.collect { case s: BatchScanExec => s }
+    assert(scans.size == 1, df.queryExecution.executedPlan.toString)
+    (rows, scans.head.metrics(BytesReadMetric.Name).value)
+  }
+
+  /** `n` rows: id (long), x = 16 floats derived from id. */
+  private def batchFrame(n: Int): DataFrame = {
+    val schema = StructType(Seq(StructField("id", LongType), StructField("x", ArrayType(FloatType))))
+    val rows = (0 until n).map(i => Row(i.toLong, (0 until 16).map(j => i * 0.5f + j)))
+    spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), schema)
+  }
+
+  test("batch dataset per sample: local and remote reads give the written rows and read only the selected columns") {
+    val path = freshPath()
+    val n = 1000
+    batchFrame(n).write.format("safetensors").option("batch_size", "128").save(path)
+    val shards = shardFiles(path)
+    val headers = shards.map(headerBytes).sum
+    val expected = batchFrame(n).collect().map(r => (r.getLong(0), r.getSeq[Float](1))).toMap
+
+    for (uri <- Seq(path, remote(path))) {
+      val df = spark.read.format("safetensors").load(uri)
+      assert(df.schema.fieldNames.toSeq == Seq("id", "x"), df.schema)
+      assert(df.schema("x").dataType == ArrayType(FloatType, containsNull = false))
+
+      val (all, allBytes) = collectMeasured(df)
+      assert(all.length == n)
+      assert(all.map(r => (r.getLong(0), r.getSeq[Float](1))).toMap == expected)
+      assert(allBytes == headers + n * 8L + n * 64L, uri)
+
+      val (ids, idBytes) = collectMeasured(df.select("id"))
+      assert(ids.map(_.getLong(0)).sorted.toSeq == (0 until n).map(_.toLong))
+      assert(idBytes == headers + n * 8L, uri)
+
+      val before = TestRemoteFileSystem.bytesRead.get()
+      val (sums, xBytes) = collectMeasured(df.selectExpr("sum(x[3])"))
+      val streamed = TestRemoteFileSystem.bytesRead.get() - before
+      assert(sums.head.getDouble(0) == (0 until n).map(i => i * 0.5 + 3).sum)
+      assert(xBytes == headers + n * 64L, uri)
+      if (uri.startsWith(TestRemoteFileSystem.Scheme)) {
+        assert(streamed == xBytes, "bytes through the Hadoop streams = what the task reports")
+      } else assert(streamed == 0L)
+
+      val (count, countBytes) = collectMeasured(df.groupBy().count())
+      assert(count.head.getLong(0) == n)
+      assert(countBytes == headers, "count() reads headers only")
+
+      val files = df.select("_file").distinct().collect().map(_.getString(0)).toSet
+      assert(files.size == shards.size && files.forall(_.startsWith(
+        if (uri == path) "file:" else TestRemoteFileSystem.Scheme)), files)
+      val meta = df.select("_metadata").head().getMap[String, String](0)
+      assert(meta("safetensors_spark.layout") == "batch")
+    }
+  }
+
+  test("KV dataset per tensor: key filters are pushed and only the matching shard is opened") {
+    val path = freshPath()
+    val keys = (0 until 3000).map(i => f"k$i%04d")
+    val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
+    val rows = keys.zipWithIndex.map { case (k, i) => Row(k, Seq.fill(256)(i.toFloat)) }
+    spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), schema)
+      .write.format("safetensors").option("name_col", "k").option("target_shard_size_mb", "1")
+      .save(path)
+    val shards = shardFiles(path)
+    assert(shards.size >= 4, shards)
+    val holder = shards.find(f => readShard(f).tensors.contains("k0042__v")).get
+
+    val df = spark.read.format("safetensors").load(path)
+    assert(df.schema.fieldNames.toSeq ==
+      Seq("file", "key", "dtype", "shape", "byte_size", "data", "decoded", "metadata"))
+
+    val one = df.where(col("key") === "k0042__v").select("key", "dtype", "shape", "decoded")
+    assert(one.queryExecution.executedPlan.toString.contains("pushed="), one.queryExecution.executedPlan)
+    val (got, bytes) = collectMeasured(one)
+    assert(got.length == 1)
+    assert(got.head.getString(1) == "F32" && got.head.getSeq[Long](2) == Seq(256L))
+    assert(got.head.getSeq[Float](3) == Seq.fill(256)(42f))
+    assert(bytes == headerBytes(holder) + 1024L, "one header and one tensor")
+
+    val (prefixed, _) = collectMeasured(df.where(col("key").startsWith("k01")).select("key"))
+    assert(prefixed.map(_.getString(0)).sorted.toSeq == (100 until 200).map(i => f"k$i%04d__v"))
+
+    val (listed, listBytes) = collectMeasured(df.where(col("key").isin("k0001__v", "k2999__v"))
+      .select("key", "byte_size"))
+    assert(listed.map(r => r.getString(0) -> r.getLong(1)).toMap ==
+      Map("k0001__v" -> 1024L, "k2999__v" -> 1024L))
+    assert(listBytes <= shards.map(headerBytes).sum, "no data bytes without data columns")
+
+    assert(df.count() == 3000)
+    assert(df.where(col("dtype") === "F32").count() == 3000)
+    assert(df.where(col("dtype") === "BF16").count() == 0)
+  }
+
+  /** A safetensors file of the given (name, dtype, shape, bytes) tensors and metadata. */
+  private def writeFile(f: File, tensors: Seq[(String, String, Seq[Long], Array[Byte])],
+      metadata: Map[String, String]): Unit = {
+    var offset = 0L
+    val entries = tensors.map { case (name, dtype, shape, data) =>
+      val e = s""""$name":{"dtype":"$dtype","shape":[${shape.mkString(",")}],""" +
+        s""""data_offsets":[$offset,${offset + data.length}]}"""
+      offset += data.length
+      e
+    }
+    val meta = metadata.map { case (k, v) => s""""$k":"$v"""" }.mkString(",")
+    val header = (s""""__metadata__":{$meta}""" +: entries).mkString("{", ",", "}")
+      .getBytes(StandardCharsets.UTF_8)
+    val out = Files.newOutputStream(f.toPath)
+    try {
+      out.write(ByteBuffer.allocate(8).order(ByteOrder.LITTLE_ENDIAN).putLong(header.length).array())
+      out.write(header)
+      tensors.foreach(t => out.write(t._4))
+    } finally out.close()
+  }
+
+  test("per file: model files as one row each; shape and dtype need no data bytes") {
+    val dir = new File(freshPath())
+    dir.mkdirs()
+    val w = Array.tabulate[Byte](24)(_.toByte)
+    writeFile(new File(dir, "a.safetensors"),
+      Seq(("w", "F32", Seq(2L, 3L), w), ("b", "BF16", Seq(3L), Array[Byte](0, 0x3f, 0, 0x40, 0, 0))),
+      Map("trigger" -> "cat"))
+    writeFile(new File(dir, "b.safetensors"), Seq(("w", "F32", Seq(6L), w)), Map.empty)
+    new File(dir, "config.json").createNewFile()
+    val headers = Seq("a", "b").map(n => headerBytes(new File(dir, s"$n.safetensors"))).sum
+
+    for (uri <- Seq(dir.getAbsolutePath, remote(dir.getAbsolutePath))) {
+      val df = spark.read.format("safetensors").option("layout", "file").load(uri)
+      assert(df.schema.fieldNames.toSeq == Seq("file", "w", "b", "metadata"), df.schema)
+      val (shapes, shapeBytes) = collectMeasured(df.select("file", "w.shape", "w.dtype", "b.dtype"))
+      assert(shapes.map(r => (r.getString(0).split('/').last, r.getSeq[Long](1), r.getString(2),
+        Option(r.getString(3)))).sortBy(_._1).toSeq ==
+        Seq(("a.safetensors", Seq(2L, 3L), "F32", Some("BF16")),
+          ("b.safetensors", Seq(6L), "F32", None)))
+      assert(shapeBytes == headers, "struct pruned to shape/dtype reads no data")
+
+      val (data, dataBytes) = collectMeasured(df.select("w.data", "metadata"))
+      assert(data.forall(_.getAs[Array[Byte]](0).toSeq == w.toSeq))
+      assert(data.flatMap(r => Option(r.getMap[String, String](1))).flatMap(_.get("trigger")).toSeq
+        == Seq("cat"))
+      assert(dataBytes == headers + 48L)
+    }
+  }
+
+  test("an explicit schema is checked against the files") {
+    val path = freshPath()
+    batchFrame(10).write.format("safetensors").option("batch_size", "4").save(path)
+    val ok = StructType(Seq(StructField("x", ArrayType(FloatType))))
+    assert(spark.read.format("safetensors").schema(ok).load(path).count() == 10)
+    val wrongType = StructType(Seq(StructField("x", ArrayType(DoubleType))))
+    val e1 = intercept[Exception](spark.read.format("safetensors").schema(wrongType).load(path).collect())
+    assert(messages(e1).contains("'x'") && messages(e1).contains("array<float>"), messages(e1))
+    val missing = StructType(Seq(StructField("nope", LongType)))
+    val e2 = intercept[Exception](spark.read.format("safetensors").schema(missing).load(path).collect())
+    assert(messages(e2).contains("'nope'"), messages(e2))
+  }
+}

@@ -1,0 +1,453 @@
+//! Exports of `io.safetensors.spark.jni.NativeReader` (the Spark read path). spec/jni.md
+//! documents every native: arguments, ownership of each address, threading and errors.
+//!
+//! Glue only: strings/JSON/byte arrays in, the read engine (`crate::read::scan` on the
+//! driver, `crate::read::task` on executors) in the middle, JSON or Arrow C Data out.
+//! Invalid requests become `IllegalArgumentException`, format/IO/data errors
+//! `SafetensorsException`; every message names the file (and tensor) concerned.
+
+use std::path::Path;
+
+use ::jni::objects::{JByteArray, JClass, JLongArray, JString};
+use ::jni::sys::{jint, jlong};
+use ::jni::{Env, EnvUnowned};
+use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
+use arrow_array::{Array, RecordBatch, StructArray};
+
+use super::{guard, handle_mut, into_handle, take_handle, JniError};
+use crate::header;
+use crate::read::scan::{self, DescribeRequest, PartitionSpec, PlanRequest};
+use crate::read::task::ReadTask;
+use crate::read::ReadError;
+
+fn failed(e: impl std::fmt::Display) -> JniError {
+    JniError::failed(e.to_string())
+}
+
+fn read_failed(e: ReadError) -> JniError {
+    JniError::failed(e.to_string())
+}
+
+fn arg(env: &Env<'_>, s: &JString<'_>, what: &str) -> Result<String, JniError> {
+    if s.is_null() {
+        return Err(JniError::invalid_argument(format!(
+            "{what} must not be null"
+        )));
+    }
+    Ok(s.try_to_string(env)?)
+}
+
+fn bytes_arg(env: &Env<'_>, b: &JByteArray<'_>, what: &str) -> Result<Vec<u8>, JniError> {
+    if b.is_null() {
+        return Err(JniError::invalid_argument(format!(
+            "{what} must not be null"
+        )));
+    }
+    Ok(env.convert_byte_array(b)?)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, JniError> {
+    serde_json::from_str(text)
+        .map_err(|e| JniError::invalid_argument(format!("{what}: invalid JSON: {e}")))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, JniError> {
+    serde_json::to_string(value).map_err(|e| JniError::failed(format!("JSON encoding: {e}")))
+}
+
+fn length_arg(length: jlong, what: &str) -> Result<u64, JniError> {
+    u64::try_from(length)
+        .map_err(|_| JniError::invalid_argument(format!("{what} {length} is negative")))
+}
+
+// ---- pure bodies (unit-tested without a JVM) -------------------------------------------------
+
+/// `headerLength`: N of the 8-byte prefix, checked against the file length and the 100 MB cap.
+pub fn header_length(file: &str, prefix: &[u8], file_len: u64) -> Result<jlong, JniError> {
+    let n = header::check_prefix(prefix, file_len).map_err(|e| failed(format!("{file}: {e}")))?;
+    // check_prefix caps N at 100,000,000, so it fits a jlong.
+    Ok(n as jlong)
+}
+
+pub fn describe_json(request: &str) -> Result<String, JniError> {
+    let req: DescribeRequest = parse_json(request, "describe request")?;
+    to_json(&scan::describe(&req).map_err(read_failed)?)
+}
+
+pub fn plan_json(request: &str) -> Result<String, JniError> {
+    let req: PlanRequest = parse_json(request, "plan request")?;
+    to_json(&scan::plan(&req).map_err(read_failed)?)
+}
+
+/// The native state behind a `NativeReader` handle.
+pub struct ReaderHandle {
+    task: ReadTask,
+}
+
+pub fn open_reader(partition_json: &str) -> Result<jlong, JniError> {
+    let spec: PartitionSpec = parse_json(partition_json, "partition")?;
+    Ok(into_handle(ReaderHandle {
+        task: ReadTask::new(spec),
+    }))
+}
+
+fn unit_index(task: &ReadTask, unit: jint) -> Result<usize, JniError> {
+    usize::try_from(unit)
+        .ok()
+        .filter(|&u| u < task.unit_count())
+        .ok_or_else(|| {
+            JniError::invalid_argument(format!(
+                "unit {unit} out of range (the partition has {} units)",
+                task.unit_count()
+            ))
+        })
+}
+
+/// Moves `batch` (as one Struct array) into the C Data structs at the given addresses.
+///
+/// # Safety
+/// The addresses must point to writable, released (or freshly allocated) `ArrowArray` /
+/// `ArrowSchema` structs; their old contents are overwritten without being released.
+pub unsafe fn export_batch(
+    batch: RecordBatch,
+    array_addr: jlong,
+    schema_addr: jlong,
+) -> Result<(), JniError> {
+    if array_addr == 0 || schema_addr == 0 {
+        return Err(JniError::invalid_argument("Arrow C Data address is 0"));
+    }
+    let array = StructArray::from(batch);
+    let (ffi_array, ffi_schema) = arrow_array::ffi::to_ffi(&array.to_data())
+        .map_err(|e| failed(format!("cannot export the Arrow batch: {e}")))?;
+    // SAFETY: per the contract, both addresses are valid for writes of these structs; the JVM
+    // takes ownership (it calls their release callbacks when it closes the vectors).
+    unsafe {
+        std::ptr::write_unaligned(array_addr as *mut FFI_ArrowArray, ffi_array);
+        std::ptr::write_unaligned(schema_addr as *mut FFI_ArrowSchema, ffi_schema);
+    }
+    Ok(())
+}
+
+/// `nextBatch`: the number of rows of the next batch, or -1 when the current unit is done.
+/// A batch with columns is exported to the addresses; one without columns (`count()`) is not.
+///
+/// # Safety
+/// `handle` as for [`handle_mut`]; addresses as for [`export_batch`].
+pub unsafe fn next_batch(
+    handle: jlong,
+    array_addr: jlong,
+    schema_addr: jlong,
+) -> Result<jlong, JniError> {
+    // SAFETY: per the contract of this function.
+    let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+    let Some(batch) = state.task.next_batch().map_err(read_failed)? else {
+        return Ok(-1);
+    };
+    let rows = batch.num_rows() as jlong;
+    if batch.num_columns() > 0 {
+        // SAFETY: per the contract of this function.
+        unsafe { export_batch(batch, array_addr, schema_addr)? };
+    }
+    Ok(rows)
+}
+
+// ---- exports ---------------------------------------------------------------------------------
+
+/// `static native long headerLength(String file, byte[] prefix, long fileLength)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_headerLength<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    file: JString<'local>,
+    prefix: JByteArray<'local>,
+    file_length: jlong,
+) -> jlong {
+    guard(&mut env, |env| {
+        let file = arg(env, &file, "file")?;
+        let prefix = bytes_arg(env, &prefix, "prefix")?;
+        header_length(&file, &prefix, length_arg(file_length, "fileLength")?)
+    })
+}
+
+/// `static native String validatedHeader(String file, byte[] prefixAndHeader, long fileLength)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_validatedHeader<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    file: JString<'local>,
+    bytes: JByteArray<'local>,
+    file_length: jlong,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let file = arg(env, &file, "file")?;
+        let bytes = bytes_arg(env, &bytes, "prefixAndHeader")?;
+        let len = length_arg(file_length, "fileLength")?;
+        let text = scan::validated_header_text(&file, &bytes, len).map_err(read_failed)?;
+        Ok(env.new_string(text)?)
+    })
+}
+
+/// `static native String describe(String requestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_describe<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    request: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let request = arg(env, &request, "requestJson")?;
+        let answer = describe_json(&request)?;
+        Ok(env.new_string(answer)?)
+    })
+}
+
+/// `static native String plan(String requestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_plan<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    request: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let request = arg(env, &request, "requestJson")?;
+        let answer = plan_json(&request)?;
+        Ok(env.new_string(answer)?)
+    })
+}
+
+/// `static native long open(String partitionJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_open<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    partition: JString<'local>,
+) -> jlong {
+    guard(&mut env, |env| {
+        let partition = arg(env, &partition, "partitionJson")?;
+        open_reader(&partition)
+    })
+}
+
+/// `static native int unitCount(long handle)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_unitCount<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) -> jint {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        jint::try_from(state.task.unit_count())
+            .map_err(|_| JniError::invalid_argument("too many units in one partition"))
+    })
+}
+
+/// `static native String unitFile(long handle, int unit)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_unitFile<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        let file = state.task.spec().units[i].file.clone();
+        Ok(env.new_string(file)?)
+    })
+}
+
+/// `static native long unitLength(long handle, int unit)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_unitLength<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+) -> jlong {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        jlong::try_from(state.task.spec().units[i].length)
+            .map_err(|_| JniError::invalid_argument("file length beyond 2^63"))
+    })
+}
+
+/// `static native void openLocal(long handle, int unit, String path)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_openLocal<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+    path: JString<'local>,
+) {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "path")?;
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        state
+            .task
+            .open_local(i, Path::new(&path))
+            .map_err(read_failed)
+    })
+}
+
+/// `static native void openRemote(long handle, int unit, byte[] prefixAndHeader)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_openRemote<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+    bytes: JByteArray<'local>,
+) {
+    guard(&mut env, |env| {
+        let bytes = bytes_arg(env, &bytes, "prefixAndHeader")?;
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        state.task.open_remote(i, &bytes).map_err(read_failed)
+    })
+}
+
+/// `static native long[] neededRanges(long handle)`: `[start0, end0, start1, end1, …]`.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_neededRanges<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) -> JLongArray<'local> {
+    guard(&mut env, |env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let ranges = state.task.needed_ranges().map_err(read_failed)?;
+        let flat: Vec<jlong> = ranges
+            .iter()
+            .flat_map(|r| [r.start as jlong, r.end as jlong])
+            .collect();
+        let array = env.new_long_array(flat.len())?;
+        array.set_region(env, 0, &flat)?;
+        Ok(array)
+    })
+}
+
+/// `static native void supply(long handle, long start, byte[] bytes)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_supply<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    start: jlong,
+    bytes: JByteArray<'local>,
+) {
+    guard(&mut env, |env| {
+        let bytes = bytes_arg(env, &bytes, "bytes")?;
+        let start = length_arg(start, "start")?;
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        state.task.supply(start, bytes).map_err(read_failed)
+    })
+}
+
+/// `static native long nextBatch(long handle, long arrowArrayAddr, long arrowSchemaAddr)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_nextBatch<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    array_addr: jlong,
+    schema_addr: jlong,
+) -> jlong {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle and passes freshly
+        // allocated C Data structs.
+        unsafe { next_batch(handle, array_addr, schema_addr) }
+    })
+}
+
+/// `static native long bytesRead(long handle)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_bytesRead<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) -> jlong {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        Ok(jlong::try_from(state.task.bytes_read()).unwrap_or(jlong::MAX))
+    })
+}
+
+/// `static native long skipped(long handle)`: units skipped as corrupt (`ignoreCorruptFiles`).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_skipped<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) -> jlong {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        Ok(state.task.skipped().len() as jlong)
+    })
+}
+
+/// `static native void close(long handle)`: frees the handle; exactly once.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_close<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+) {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner calls close exactly once on a live handle.
+        drop(unsafe { take_handle::<ReaderHandle>(handle)? });
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_requests_are_invalid_arguments() {
+        assert!(matches!(
+            describe_json("{"),
+            Err(JniError::InvalidArgument(_))
+        ));
+        assert!(matches!(plan_json("[]"), Err(JniError::InvalidArgument(_))));
+        assert!(matches!(
+            open_reader("{\"layout\":\"sample\"}"),
+            Err(JniError::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn header_length_names_the_file() {
+        let prefix = 10u64.to_le_bytes();
+        assert!(matches!(header_length("f", &prefix, 18), Ok(10)));
+        match header_length("some/file.safetensors", &prefix, 12) {
+            Err(JniError::Failed(m)) => assert!(m.contains("some/file.safetensors"), "{m}"),
+            other => unreachable!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn zero_handles_and_addresses_are_rejected() {
+        // SAFETY: 0 is always rejected before any dereference.
+        unsafe {
+            assert!(matches!(
+                next_batch(0, 1, 1),
+                Err(JniError::InvalidArgument(_))
+            ));
+        }
+    }
+}

@@ -1,0 +1,1329 @@
+//! Driver side of a Spark read: which files belong to the scan, its schema, and its partitions.
+//!
+//! The JVM lists paths, reads files' header bytes (prefix + JSON) and manifests, and asks this
+//! module; everything it answers is serde JSON so the JNI layer is a pass-through:
+//!
+//! 1. [`describe`]: the resolved layout and the Spark schema (`StructType` JSON, parsed by
+//!    `DataType.fromJson` on the JVM) of the scan; plus, for the per-sample layout, the hidden
+//!    metadata columns `_file` and `_metadata`.
+//! 2. [`plan`]: the input partitions for a set of required columns and pushed key/dtype/file
+//!    predicates. Each [`PartitionSpec`] is shipped to an executor as JSON and run by
+//!    [`super::task::ReadTask`].
+//!
+//! Both may answer [`Answer::NeedHeaders`]: the JVM then reads those files' headers and asks
+//! again with them added (a dataset with a consistent manifest needs no header for its schema
+//! or its per-sample plan; tensor/file layouts and manifest-less files need headers).
+//!
+//! Files and manifests:
+//! * A file in a directory that has a manifest ([`ManifestInput::dir`] equals the file's parent
+//!   URI) is part of the scan only if the manifest lists it (`shards[].file`); others are
+//!   left out (reported in [`ScanDescription::excluded`]).
+//! * A manifest is *consistent* when every listed shard was listed by the JVM with the listed
+//!   `bytes` as its length. An inconsistent manifest is not trusted: its files need headers,
+//!   and only the files it lists that exist are read.
+//! * A manifest with an unknown `format_version` is an error naming the manifest.
+//!
+//! Schemas: each Spark field's `nullable` is the nullability of the Arrow field the tasks
+//! produce (per-sample tensor columns are always nullable: a file may lack the tensor). Column
+//! types are the whole scan's (predicates never change them), so [`plan`] needs the same
+//! headers as [`describe`].
+//!
+//! Errors name the file (and tensor/column) and the rule; with `ignore_corrupt` a file whose
+//! header is invalid is left out (reported in `excluded` with the reason) instead.
+
+use super::decode::{common_element, spark_element};
+use super::error::{ReadError, ReadErrorKind};
+use super::layout::{
+    batch_samples, metadata_type, sample_target_type, FileColumn, SampleTarget, TensorColumn,
+    TensorField, LAYOUT_KEY,
+};
+use crate::dtype::Dtype;
+use crate::header::{self, Header, PREFIX_LEN};
+use crate::write::manifest::{parse_manifest, LayoutKind, Manifest, MANIFEST_FILE_NAME};
+use arrow_schema::{DataType, Field, Fields};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::collections::HashMap;
+
+/// Row layout requested by the `layout` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayoutOption {
+    /// `sample` when every file is a batch-mode shard (manifest `layout: batch`, or
+    /// `__metadata__` `safetensors_spark.layout` = `batch`) and there is at least one file or
+    /// manifest; `tensor` otherwise.
+    Auto,
+    Sample,
+    Tensor,
+    File,
+}
+
+/// A resolved layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    Sample,
+    Tensor,
+    File,
+}
+
+/// One listed file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInput {
+    /// URI as the JVM lists it (`file:/…`, `hdfs://…`); rows' `file` column carries it.
+    pub file: String,
+    /// Length from the file system listing.
+    pub length: u64,
+    /// The header JSON text (all N bytes after the 8-byte prefix, trailing padding included,
+    /// as [`validated_header_text`] returns it), when the JVM has read it.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// Set instead of `header` when the prefix or header could not be read or is invalid
+    /// before JSON parsing (the JVM calls [`crate::header::check_prefix`] through JNI): the
+    /// message. With `ignore_corrupt` the file is excluded, otherwise this is the scan's error.
+    #[serde(default)]
+    pub header_error: Option<String>,
+}
+
+/// A `dataset_manifest.json` found in a listed directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestInput {
+    /// The directory's URI, without trailing slash (files in it have URI `dir + "/" + name`).
+    pub dir: String,
+    /// The manifest's text.
+    pub text: String,
+}
+
+/// What the JVM found and read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanInput {
+    pub files: Vec<FileInput>,
+    #[serde(default)]
+    pub manifests: Vec<ManifestInput>,
+    #[serde(default)]
+    pub ignore_corrupt: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DescribeRequest {
+    pub layout: LayoutOption,
+    #[serde(flatten)]
+    pub input: ScanInput,
+}
+
+/// Result of [`describe`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScanDescription {
+    pub layout: Layout,
+    /// Spark `StructType` JSON of the scan's columns (see `spec/reading.md` for each layout).
+    pub schema: serde_json::Value,
+    /// Spark `StructType` JSON of the hidden metadata columns (`_file`, `_metadata`) of the
+    /// per-sample layout; an empty struct for the other layouts (they carry `file` and
+    /// `metadata` as ordinary columns).
+    pub metadata_columns: serde_json::Value,
+    /// Files left out, with why (not in their directory's manifest, or corrupt under
+    /// `ignore_corrupt`).
+    pub excluded: Vec<Excluded>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Excluded {
+    pub file: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer<T> {
+    Ready(T),
+    /// Read these files' headers (URIs as listed) and ask again.
+    NeedHeaders(Vec<String>),
+}
+
+/// A required output column as Spark's pruning gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequiredColumn {
+    pub name: String,
+    /// For a Tensor Struct column of the per-file layout pruned to some of its fields: those
+    /// fields (`data`, `shape`, `dtype`), in the order Spark wants them. `None`: all fields
+    /// (or not a struct column).
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+}
+
+/// A pushed predicate on a header column, all of which must hold (AND).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Predicate {
+    /// `key` and `dtype` (per-tensor layout) or `file` (every layout, including `_file`).
+    pub column: String,
+    #[serde(flatten)]
+    pub test: PredicateTest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", content = "values", rename_all = "lowercase")]
+pub enum PredicateTest {
+    /// Equal to one of the values (`=` and `IN`).
+    In(Vec<String>),
+    /// Starts with one of the prefixes.
+    Prefix(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// As resolved by [`describe`].
+    pub layout: Layout,
+    #[serde(flatten)]
+    pub input: ScanInput,
+    /// The columns to produce, in order (may be empty: `count()`). Names may include the
+    /// per-sample layout's `_file` / `_metadata`.
+    pub required: Vec<RequiredColumn>,
+    #[serde(default)]
+    pub predicates: Vec<Predicate>,
+    /// Target bytes of data per partition (`spark.sql.files.maxPartitionBytes`).
+    pub max_partition_bytes: u64,
+    /// Cost of opening a file, in bytes (`spark.sql.files.openCostInBytes`).
+    pub open_cost_bytes: u64,
+    /// Upper bounds of one Arrow batch: rows and data bytes.
+    pub batch_rows: u64,
+    pub batch_bytes: u64,
+}
+
+/// The work of one Spark input partition, run by [`super::task::ReadTask`]. Opaque to the
+/// JVM except `units[].file` / `units[].length` (to open the file) and `bytes` (an estimate).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionSpec {
+    pub layout: Layout,
+    /// The output columns with everything needed to build them (target types, struct fields).
+    pub columns: Vec<OutputColumn>,
+    pub units: Vec<Unit>,
+    /// Data bytes this partition will read (for balancing and tests).
+    pub bytes: u64,
+    pub batch_rows: u64,
+    pub batch_bytes: u64,
+    /// The scan's `ignore_corrupt`: a unit whose file turns out corrupt when opened yields no
+    /// rows instead of failing the task (see [`super::task::ReadTask::skipped`]).
+    #[serde(default)]
+    pub ignore_corrupt: bool,
+}
+
+/// One output column of a partition: its Spark name and how to fill it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputColumn {
+    pub name: String,
+    /// Layout-specific recipe (tensor name and target element type for per-sample columns;
+    /// `file`/`key`/…/`decoded` for the per-tensor layout; key + fields for per-file).
+    pub source: ColumnSource,
+}
+
+/// How to fill one output column (JSON: an object with a `kind` tag).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ColumnSource {
+    /// The file's URI (`_file` of the per-sample layout, `file` of the others): Utf8,
+    /// non-null.
+    File,
+    /// The file's `__metadata__` (`_metadata` / `metadata`): `Map<Utf8, Utf8>`, nullable.
+    Metadata,
+    /// Per tensor: `key`.
+    Key,
+    /// Per tensor: `dtype`.
+    Dtype,
+    /// Per tensor: `shape`.
+    Shape,
+    /// Per tensor: `byte_size`.
+    ByteSize,
+    /// Per tensor: `data`.
+    Data,
+    /// Per tensor: `decoded`, widened to `element`.
+    Decoded { element: ElementType },
+    /// Per sample: tensor `tensor`'s samples (rank `rank`), decoded and widened to `element`
+    /// nested `rank` times in arrays, or each sample's raw bytes when `element` is `binary`.
+    /// Nullable: null rows where the file lacks the tensor.
+    Sample {
+        tensor: String,
+        element: ElementType,
+        rank: usize,
+    },
+    /// Per file: the Tensor Struct of `key` with `fields` (in that order); null where the file
+    /// lacks the tensor.
+    Tensor {
+        key: String,
+        fields: Vec<TensorField>,
+    },
+}
+
+/// A column's element type, by its Spark name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElementType {
+    Boolean,
+    Byte,
+    Short,
+    Integer,
+    Long,
+    Float,
+    Double,
+    /// Raw bytes per sample (dtypes without a Spark element type).
+    Binary,
+}
+
+impl ElementType {
+    /// The Arrow type.
+    pub fn arrow(self) -> DataType {
+        match self {
+            ElementType::Boolean => DataType::Boolean,
+            ElementType::Byte => DataType::Int8,
+            ElementType::Short => DataType::Int16,
+            ElementType::Integer => DataType::Int32,
+            ElementType::Long => DataType::Int64,
+            ElementType::Float => DataType::Float32,
+            ElementType::Double => DataType::Float64,
+            ElementType::Binary => DataType::Binary,
+        }
+    }
+
+    /// The element type of an Arrow type, if it is one.
+    pub fn from_arrow(t: &DataType) -> Option<ElementType> {
+        Some(match t {
+            DataType::Boolean => ElementType::Boolean,
+            DataType::Int8 => ElementType::Byte,
+            DataType::Int16 => ElementType::Short,
+            DataType::Int32 => ElementType::Integer,
+            DataType::Int64 => ElementType::Long,
+            DataType::Float32 => ElementType::Float,
+            DataType::Float64 => ElementType::Double,
+            DataType::Binary => ElementType::Binary,
+            _ => return None,
+        })
+    }
+
+    fn target(self) -> SampleTarget {
+        match self {
+            ElementType::Binary => SampleTarget::Bytes,
+            e => SampleTarget::Values(e.arrow()),
+        }
+    }
+}
+
+impl OutputColumn {
+    /// The Arrow field of this column in every batch (named [`OutputColumn::name`]).
+    pub fn arrow_field(&self) -> Field {
+        let named = |f: Field| f.with_name(self.name.clone());
+        match &self.source {
+            ColumnSource::File => Field::new(self.name.clone(), DataType::Utf8, false),
+            ColumnSource::Metadata => Field::new(self.name.clone(), metadata_type(), true),
+            ColumnSource::Sample { element, rank, .. } => Field::new(
+                self.name.clone(),
+                sample_target_type(&element.target(), *rank),
+                true,
+            ),
+            ColumnSource::Tensor { key, fields } => named(
+                FileColumn::Tensor {
+                    key,
+                    fields: fields.as_slice(),
+                }
+                .field(),
+            ),
+            other => match other.tensor_column() {
+                Some(c) => named(c.field()),
+                None => Field::new(self.name.clone(), DataType::Null, true),
+            },
+        }
+    }
+}
+
+impl ColumnSource {
+    /// The per-tensor layout column this source builds (`None` for per-sample/per-file ones).
+    pub fn tensor_column(&self) -> Option<TensorColumn> {
+        Some(match self {
+            ColumnSource::File => TensorColumn::File,
+            ColumnSource::Metadata => TensorColumn::Metadata,
+            ColumnSource::Key => TensorColumn::Key,
+            ColumnSource::Dtype => TensorColumn::Dtype,
+            ColumnSource::Shape => TensorColumn::Shape,
+            ColumnSource::ByteSize => TensorColumn::ByteSize,
+            ColumnSource::Data => TensorColumn::Data,
+            ColumnSource::Decoded { element } => TensorColumn::Decoded(element.arrow()),
+            ColumnSource::Sample { .. } | ColumnSource::Tensor { .. } => return None,
+        })
+    }
+
+    /// The per-sample target of a [`ColumnSource::Sample`].
+    pub fn sample_target(&self) -> Option<(&str, SampleTarget, usize)> {
+        match self {
+            ColumnSource::Sample {
+                tensor,
+                element,
+                rank,
+            } => Some((tensor, element.target(), *rank)),
+            _ => None,
+        }
+    }
+}
+
+/// Part of one file a partition reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    pub file: String,
+    pub length: u64,
+    /// Per sample: the sample rows `[start, end)` of the shard. Per tensor: the tensors (by
+    /// name, in header order) whose rows to produce. Per file: the whole file.
+    pub part: UnitPart,
+    /// Data bytes this unit reads.
+    pub bytes: u64,
+}
+
+/// What the plan assumed about one tensor of a unit's file; the task checks it at open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorAssumption {
+    pub name: String,
+    pub dtype: Dtype,
+    /// The whole tensor's shape (per sample: leading dimension = samples + padded samples).
+    pub shape: Vec<u64>,
+}
+
+/// The part of a file a unit reads (JSON: an object with a `kind` tag).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum UnitPart {
+    /// Sample rows `[start, end)` of a shard of `samples` real and `padded_samples` padding
+    /// rows. `tensors`: the required per-sample tensors the file has; a required tensor not
+    /// listed must be absent (null rows).
+    Sample {
+        start: u64,
+        end: u64,
+        samples: u64,
+        padded_samples: u64,
+        tensors: Vec<TensorAssumption>,
+    },
+    /// One row per listed tensor, in this order (header order).
+    Tensors { tensors: Vec<TensorAssumption> },
+    /// The file's one row. `tensors`: the required Tensor Struct columns the file has; a
+    /// required key not listed must be absent (null).
+    File { tensors: Vec<TensorAssumption> },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Catalog: which files belong to the scan and what is known about them
+// ---------------------------------------------------------------------------------------------
+
+struct ParsedManifest {
+    dir: String,
+    manifest: Manifest,
+    /// Every listed shard was listed by the JVM with the listed length.
+    consistent: bool,
+}
+
+struct Entry<'a> {
+    input: &'a FileInput,
+    /// The consistent manifest listing this file and the file's index in its `shards`.
+    shard: Option<(usize, usize)>,
+    header: Option<Header>,
+}
+
+struct Catalog<'a> {
+    manifests: Vec<ParsedManifest>,
+    /// Included files, sorted by URI.
+    files: Vec<Entry<'a>>,
+    excluded: Vec<Excluded>,
+}
+
+fn split_uri(uri: &str) -> (&str, &str) {
+    uri.rsplit_once('/').unwrap_or(("", uri))
+}
+
+fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
+    let mut manifests = Vec::with_capacity(input.manifests.len());
+    for m in &input.manifests {
+        let name = format!("{}/{MANIFEST_FILE_NAME}", m.dir);
+        let manifest = parse_manifest(&m.text)
+            .map_err(|e| ReadErrorKind::Manifest(e.to_string()).in_file(&name))?;
+        manifests.push(ParsedManifest {
+            dir: m.dir.clone(),
+            manifest,
+            consistent: false,
+        });
+    }
+    let lengths: HashMap<&str, u64> = input
+        .files
+        .iter()
+        .map(|f| (f.file.as_str(), f.length))
+        .collect();
+    for m in &mut manifests {
+        m.consistent = m
+            .manifest
+            .shards
+            .iter()
+            .all(|s| lengths.get(format!("{}/{}", m.dir, s.file).as_str()) == Some(&s.bytes));
+    }
+    let mut sorted: Vec<&FileInput> = input.files.iter().collect();
+    sorted.sort_by(|a, b| a.file.cmp(&b.file));
+    sorted.dedup_by(|a, b| a.file == b.file);
+    let mut files = Vec::with_capacity(sorted.len());
+    let mut excluded = Vec::new();
+    for f in sorted {
+        let (dir, name) = split_uri(&f.file);
+        let mut shard = None;
+        if let Some((mi, m)) = manifests.iter().enumerate().find(|(_, m)| m.dir == dir) {
+            match m.manifest.shards.iter().position(|s| s.file == name) {
+                Some(si) => shard = m.consistent.then_some((mi, si)),
+                None => {
+                    excluded.push(Excluded {
+                        file: f.file.clone(),
+                        reason: format!("not listed in {dir}/{MANIFEST_FILE_NAME}"),
+                    });
+                    continue;
+                }
+            }
+        }
+        let header = match (&f.header_error, &f.header) {
+            (Some(msg), _) => Err(ReadErrorKind::Corrupt(msg.clone()).in_file(&f.file)),
+            (None, Some(text)) => header::parse_header(text.as_bytes(), f.length)
+                .map(Some)
+                .map_err(|e| ReadErrorKind::Format(e).in_file(&f.file)),
+            (None, None) => Ok(None),
+        };
+        match header {
+            Ok(header) => files.push(Entry {
+                input: f,
+                shard,
+                header,
+            }),
+            Err(e) if input.ignore_corrupt => excluded.push(Excluded {
+                file: f.file.clone(),
+                reason: e.to_string(),
+            }),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Catalog {
+        manifests,
+        files,
+        excluded,
+    })
+}
+
+impl Catalog<'_> {
+    fn manifest_of(&self, e: &Entry) -> Option<(&Manifest, usize)> {
+        e.shard
+            .and_then(|(mi, si)| self.manifests.get(mi).map(|m| (&m.manifest, si)))
+    }
+
+    fn resolve(&self, option: LayoutOption) -> Answer<Layout> {
+        match option {
+            LayoutOption::Sample => return Answer::Ready(Layout::Sample),
+            LayoutOption::Tensor => return Answer::Ready(Layout::Tensor),
+            LayoutOption::File => return Answer::Ready(Layout::File),
+            LayoutOption::Auto => {}
+        }
+        if self.files.is_empty() && self.manifests.is_empty()
+            || self
+                .manifests
+                .iter()
+                .any(|m| m.manifest.layout != LayoutKind::Batch)
+        {
+            return Answer::Ready(Layout::Tensor);
+        }
+        let mut need = Vec::new();
+        for e in &self.files {
+            if self.manifest_of(e).is_some() {
+                continue; // a consistent batch manifest lists it
+            }
+            match &e.header {
+                None => need.push(e.input.file.clone()),
+                Some(h) => {
+                    let layout = h.metadata.as_ref().and_then(|m| m.get(LAYOUT_KEY));
+                    if layout.map(String::as_str) != Some("batch") {
+                        return Answer::Ready(Layout::Tensor);
+                    }
+                }
+            }
+        }
+        if need.is_empty() {
+            Answer::Ready(Layout::Sample)
+        } else {
+            Answer::NeedHeaders(need)
+        }
+    }
+
+    /// Files whose header is missing.
+    fn missing_headers<'e>(&self, files: impl Iterator<Item = &'e Entry<'e>>) -> Vec<String>
+    where
+        Self: 'e,
+    {
+        files
+            .filter(|e| e.header.is_none())
+            .map(|e| e.input.file.clone())
+            .collect()
+    }
+
+    fn headers(&self) -> Result<Vec<(&Entry<'_>, &Header)>, Vec<String>> {
+        let need = self.missing_headers(self.files.iter());
+        if !need.is_empty() {
+            return Err(need);
+        }
+        Ok(self
+            .files
+            .iter()
+            .filter_map(|e| e.header.as_ref().map(|h| (e, h)))
+            .collect())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schemas
+// ---------------------------------------------------------------------------------------------
+
+/// What the per-sample layout needs of one shard.
+struct SampleFile<'a> {
+    entry: &'a Entry<'a>,
+    samples: u64,
+    padded: u64,
+    /// In the file's column order (manifest `tensors` order, else header order).
+    tensors: Vec<TensorAssumption>,
+}
+
+impl SampleFile<'_> {
+    fn tensor(&self, name: &str) -> Option<&TensorAssumption> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+struct SampleColumn {
+    name: String,
+    element: ElementType,
+    rank: usize,
+}
+
+enum ScanSchema<'a> {
+    Sample {
+        columns: Vec<SampleColumn>,
+        files: Vec<SampleFile<'a>>,
+    },
+    Tensor {
+        decoded: Option<DataType>,
+        files: Vec<(&'a Entry<'a>, &'a Header)>,
+    },
+    File {
+        keys: Vec<String>,
+        files: Vec<(&'a Entry<'a>, &'a Header)>,
+    },
+}
+
+fn describe_tensor(t: &TensorAssumption) -> String {
+    format!("{} {:?}", t.dtype, t.shape)
+}
+
+/// The error names the later file (in URI order) and quotes the earlier one.
+fn conflict(
+    column: &str,
+    x: (&str, &TensorAssumption),
+    y: (&str, &TensorAssumption),
+    problem: &'static str,
+) -> ReadError {
+    let ((file_a, a), (file_b, b)) = if x.0 <= y.0 { (x, y) } else { (y, x) };
+    ReadErrorKind::ColumnConflict(format!(
+        "column `{column}`: file `{file_a}` has {} but this file has {}; {problem}",
+        describe_tensor(a),
+        describe_tensor(b)
+    ))
+    .at(file_b, column)
+}
+
+fn sample_file<'a>(
+    cat: &'a Catalog<'a>,
+    e: &'a Entry<'a>,
+) -> Result<Option<SampleFile<'a>>, ReadError> {
+    let uri = e.input.file.as_str();
+    if let Some((m, si)) = cat.manifest_of(e) {
+        if m.layout == LayoutKind::Kv {
+            return Err(ReadErrorKind::ReservedMetadata {
+                key: LAYOUT_KEY,
+                value: "kv".into(),
+                problem: "a KV shard has no sample rows; read it per tensor",
+            }
+            .in_file(uri));
+        }
+        let Some(shard) = m.shards.get(si) else {
+            return Ok(None);
+        };
+        let rows = shard.samples.saturating_add(shard.padded_samples);
+        let mut tensors = Vec::with_capacity(m.tensors.len());
+        for (name, t) in &m.tensors.0 {
+            let mut shape = vec![rows];
+            shape.extend(t.sample_shape.iter().flatten().copied());
+            tensors.push(TensorAssumption {
+                name: name.clone(),
+                dtype: t.dtype,
+                shape,
+            });
+        }
+        return Ok(Some(SampleFile {
+            entry: e,
+            samples: shard.samples,
+            padded: shard.padded_samples,
+            tensors,
+        }));
+    }
+    let Some(h) = &e.header else {
+        return Ok(None);
+    };
+    let (samples, padded) = batch_samples(uri, h)?;
+    let tensors = h
+        .tensors
+        .iter()
+        .map(|t| TensorAssumption {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    Ok(Some(SampleFile {
+        entry: e,
+        samples,
+        padded,
+        tensors,
+    }))
+}
+
+fn sample_columns(files: &[SampleFile]) -> Result<Vec<SampleColumn>, ReadError> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut seen: HashMap<&str, Vec<(&str, &TensorAssumption)>> = HashMap::new();
+    for f in files {
+        for t in &f.tensors {
+            let list = seen.entry(t.name.as_str()).or_default();
+            if list.is_empty() {
+                order.push(&t.name);
+            }
+            list.push((f.entry.input.file.as_str(), t));
+        }
+    }
+    let mut columns = Vec::with_capacity(order.len());
+    for name in order {
+        let all = seen.get(name).map(Vec::as_slice).unwrap_or_default();
+        let Some(&first) = all.first() else { continue };
+        if name == "_file" || name == "_metadata" {
+            return Err(ReadErrorKind::Invalid(format!(
+                "tensor `{name}` has the name of a hidden metadata column"
+            ))
+            .at(first.0, name));
+        }
+        let rank = first.1.shape.len().saturating_sub(1);
+        if let Some(&other) = all
+            .iter()
+            .find(|(_, t)| t.shape.len() != first.1.shape.len())
+        {
+            return Err(conflict(name, first, other, "the samples' ranks differ"));
+        }
+        let bytes_only: Vec<_> = all
+            .iter()
+            .filter(|(_, t)| spark_element(t.dtype).is_none())
+            .collect();
+        let element = if let Some(&&b) = bytes_only.first() {
+            if let Some(&d) = all.iter().find(|(_, t)| spark_element(t.dtype).is_some()) {
+                return Err(conflict(
+                    name,
+                    d,
+                    b,
+                    "a dtype without a Spark type (read as bytes) cannot share a column with decodable dtypes",
+                ));
+            }
+            if let Some(&&o) = bytes_only.iter().find(|(_, t)| t.dtype != b.1.dtype) {
+                return Err(conflict(
+                    name,
+                    b,
+                    o,
+                    "different dtypes without a Spark type cannot share a column",
+                ));
+            }
+            for (file, t) in all {
+                let elements = t
+                    .shape
+                    .iter()
+                    .skip(1)
+                    .try_fold(1u64, |a, &d| a.checked_mul(d));
+                if elements.and_then(|e| t.dtype.checked_byte_len(e)).is_none() {
+                    return Err(ReadErrorKind::Invalid(format!(
+                        "a sample of {} is not a whole number of bytes, so it cannot be read as binary",
+                        describe_tensor(t)
+                    ))
+                    .at(file, name));
+                }
+            }
+            ElementType::Binary
+        } else {
+            match common_element(all.iter().map(|(_, t)| t.dtype))
+                .as_ref()
+                .and_then(ElementType::from_arrow)
+            {
+                Some(e) => e,
+                None => {
+                    let mut pair = (first, all.last().copied().unwrap_or(first));
+                    'outer: for (i, a) in all.iter().enumerate() {
+                        for b in &all[i + 1..] {
+                            if common_element([a.1.dtype, b.1.dtype]).is_none() {
+                                pair = (*a, *b);
+                                break 'outer;
+                            }
+                        }
+                    }
+                    return Err(conflict(
+                        name,
+                        pair.0,
+                        pair.1,
+                        "the dtypes have no common Spark type they all widen to exactly",
+                    ));
+                }
+            }
+        };
+        columns.push(SampleColumn {
+            name: name.to_owned(),
+            element,
+            rank,
+        });
+    }
+    Ok(columns)
+}
+
+fn scan_schema<'a>(
+    cat: &'a Catalog<'a>,
+    layout: Layout,
+) -> Result<Answer<ScanSchema<'a>>, ReadError> {
+    Ok(Answer::Ready(match layout {
+        Layout::Sample => {
+            let mut files = Vec::with_capacity(cat.files.len());
+            let mut need = Vec::new();
+            for e in &cat.files {
+                match sample_file(cat, e)? {
+                    Some(f) => files.push(f),
+                    None => need.push(e.input.file.clone()),
+                }
+            }
+            if !need.is_empty() {
+                return Ok(Answer::NeedHeaders(need));
+            }
+            let columns = sample_columns(&files)?;
+            ScanSchema::Sample { columns, files }
+        }
+        Layout::Tensor => {
+            let files = match cat.headers() {
+                Ok(f) => f,
+                Err(need) => return Ok(Answer::NeedHeaders(need)),
+            };
+            let decoded = common_element(
+                files
+                    .iter()
+                    .flat_map(|(_, h)| h.tensors.iter().map(|t| t.dtype)),
+            );
+            ScanSchema::Tensor { decoded, files }
+        }
+        Layout::File => {
+            let files = match cat.headers() {
+                Ok(f) => f,
+                Err(need) => return Ok(Answer::NeedHeaders(need)),
+            };
+            let mut keys: Vec<String> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for (e, h) in &files {
+                for t in &h.tensors {
+                    if seen.insert(t.name.as_str()) {
+                        if t.name == "file" || t.name == "metadata" {
+                            return Err(ReadErrorKind::Invalid(format!(
+                                "tensor `{}` has the name of the per-file layout's `{}` column",
+                                t.name, t.name
+                            ))
+                            .at(&e.input.file, &t.name));
+                        }
+                        keys.push(t.name.clone());
+                    }
+                }
+            }
+            ScanSchema::File { keys, files }
+        }
+    }))
+}
+
+impl ScanSchema<'_> {
+    /// Every column (name, source) of the scan, metadata columns last.
+    fn columns(&self) -> Vec<OutputColumn> {
+        let col = |name: &str, source| OutputColumn {
+            name: name.to_owned(),
+            source,
+        };
+        match self {
+            ScanSchema::Sample { columns, .. } => {
+                let mut out: Vec<OutputColumn> = columns
+                    .iter()
+                    .map(|c| {
+                        col(
+                            &c.name,
+                            ColumnSource::Sample {
+                                tensor: c.name.clone(),
+                                element: c.element,
+                                rank: c.rank,
+                            },
+                        )
+                    })
+                    .collect();
+                out.push(col("_file", ColumnSource::File));
+                out.push(col("_metadata", ColumnSource::Metadata));
+                out
+            }
+            ScanSchema::Tensor { decoded, .. } => {
+                let mut out = vec![
+                    col("file", ColumnSource::File),
+                    col("key", ColumnSource::Key),
+                    col("dtype", ColumnSource::Dtype),
+                    col("shape", ColumnSource::Shape),
+                    col("byte_size", ColumnSource::ByteSize),
+                    col("data", ColumnSource::Data),
+                ];
+                if let Some(e) = decoded.as_ref().and_then(ElementType::from_arrow) {
+                    out.push(col("decoded", ColumnSource::Decoded { element: e }));
+                }
+                out.push(col("metadata", ColumnSource::Metadata));
+                out
+            }
+            ScanSchema::File { keys, .. } => {
+                let mut out = vec![col("file", ColumnSource::File)];
+                out.extend(keys.iter().map(|k| {
+                    col(
+                        k,
+                        ColumnSource::Tensor {
+                            key: k.clone(),
+                            fields: TensorField::ALL.to_vec(),
+                        },
+                    )
+                }));
+                out.push(col("metadata", ColumnSource::Metadata));
+                out
+            }
+        }
+    }
+
+    fn layout(&self) -> Layout {
+        match self {
+            ScanSchema::Sample { .. } => Layout::Sample,
+            ScanSchema::Tensor { .. } => Layout::Tensor,
+            ScanSchema::File { .. } => Layout::File,
+        }
+    }
+
+    /// Visible columns and hidden metadata columns as Spark struct JSON.
+    fn spark_json(&self) -> (serde_json::Value, serde_json::Value) {
+        let all = self.columns();
+        let hidden = |c: &OutputColumn| {
+            self.layout() == Layout::Sample && (c.name == "_file" || c.name == "_metadata")
+        };
+        let visible: Vec<Field> = all
+            .iter()
+            .filter(|c| !hidden(c))
+            .map(OutputColumn::arrow_field)
+            .collect();
+        let meta: Vec<Field> = all
+            .iter()
+            .filter(|c| hidden(c))
+            .map(OutputColumn::arrow_field)
+            .collect();
+        (
+            spark_type_json(&DataType::Struct(Fields::from(visible))),
+            spark_type_json(&DataType::Struct(Fields::from(meta))),
+        )
+    }
+}
+
+/// Resolves the layout and the schema.
+pub fn describe(req: &DescribeRequest) -> Result<Answer<ScanDescription>, ReadError> {
+    let cat = catalog(&req.input)?;
+    let layout = match cat.resolve(req.layout) {
+        Answer::Ready(l) => l,
+        Answer::NeedHeaders(need) => return Ok(Answer::NeedHeaders(need)),
+    };
+    let schema = match scan_schema(&cat, layout)? {
+        Answer::Ready(s) => s,
+        Answer::NeedHeaders(need) => return Ok(Answer::NeedHeaders(need)),
+    };
+    let (schema_json, metadata_columns) = schema.spark_json();
+    Ok(Answer::Ready(ScanDescription {
+        layout,
+        schema: schema_json,
+        metadata_columns,
+        excluded: cat.excluded.clone(),
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning
+// ---------------------------------------------------------------------------------------------
+
+fn layout_name(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Sample => "sample",
+        Layout::Tensor => "tensor",
+        Layout::File => "file",
+    }
+}
+
+fn output_column(
+    layout: Layout,
+    all: &[OutputColumn],
+    rc: &RequiredColumn,
+) -> Result<OutputColumn, ReadError> {
+    let Some(found) = all.iter().find(|c| c.name == rc.name) else {
+        let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
+        return Err(ReadErrorKind::UnknownColumn {
+            column: rc.name.clone(),
+            layout: layout_name(layout),
+            available: names.join(", "),
+        }
+        .in_scan());
+    };
+    let mut out = found.clone();
+    if let (ColumnSource::Tensor { fields, .. }, Some(wanted)) = (&mut out.source, &rc.fields) {
+        *fields = wanted
+            .iter()
+            .map(|f| {
+                TensorField::from_name(f).ok_or_else(|| {
+                    ReadError::new(
+                        "",
+                        Some(&rc.name),
+                        ReadErrorKind::Invalid(format!(
+                            "no field `{f}` in a Tensor Struct (data, shape, dtype)"
+                        )),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(out)
+}
+
+/// The pushed predicates, grouped by what they test.
+#[derive(Default)]
+struct Filters<'a> {
+    file: Vec<&'a PredicateTest>,
+    key: Vec<&'a PredicateTest>,
+    dtype: Vec<&'a PredicateTest>,
+}
+
+impl PredicateTest {
+    /// Whether `value` passes.
+    pub fn test(&self, value: &str) -> bool {
+        match self {
+            PredicateTest::In(values) => values.iter().any(|v| v == value),
+            PredicateTest::Prefix(prefixes) => {
+                prefixes.iter().any(|p| value.starts_with(p.as_str()))
+            }
+        }
+    }
+}
+
+fn filters(layout: Layout, predicates: &[Predicate]) -> Result<Filters<'_>, ReadError> {
+    let mut f = Filters::default();
+    for p in predicates {
+        match (p.column.as_str(), layout) {
+            ("file" | "_file", _) => f.file.push(&p.test),
+            ("key", Layout::Tensor) => f.key.push(&p.test),
+            ("dtype", Layout::Tensor) => f.dtype.push(&p.test),
+            (other, _) => {
+                return Err(ReadError::new(
+                    "",
+                    Some(other),
+                    ReadErrorKind::Invalid(format!(
+                    "a predicate on `{other}` cannot be pushed to the {} layout (only `file`{})",
+                    layout_name(layout),
+                    if layout == Layout::Tensor {
+                        ", `key`, `dtype`"
+                    } else {
+                        ""
+                    }
+                )),
+                ))
+            }
+        }
+    }
+    Ok(f)
+}
+
+fn passes(tests: &[&PredicateTest], value: &str) -> bool {
+    tests.iter().all(|t| t.test(value))
+}
+
+fn assumption(t: &crate::header::TensorInfo) -> TensorAssumption {
+    TensorAssumption {
+        name: t.name.clone(),
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+    }
+}
+
+/// Data bytes of one sample of `t` (whole tensor bytes / rows).
+fn sample_bytes(t: &TensorAssumption) -> u64 {
+    let elements = t
+        .shape
+        .iter()
+        .skip(1)
+        .try_fold(1u64, |a, &d| a.checked_mul(d));
+    elements
+        .and_then(|e| t.dtype.checked_byte_len(e))
+        .unwrap_or(u64::MAX)
+}
+
+fn units(
+    schema: &ScanSchema<'_>,
+    columns: &[OutputColumn],
+    filters: &Filters<'_>,
+    max_bytes: u64,
+) -> Vec<Unit> {
+    let max_bytes = max_bytes.max(1);
+    let mut out = Vec::new();
+    match schema {
+        ScanSchema::Sample { files, .. } => {
+            let wanted: Vec<&str> = columns
+                .iter()
+                .filter_map(|c| c.source.sample_target().map(|(t, _, _)| t))
+                .collect();
+            for f in files {
+                let uri = &f.entry.input.file;
+                if f.samples == 0 || !passes(&filters.file, uri) {
+                    continue;
+                }
+                let tensors: Vec<TensorAssumption> =
+                    wanted.iter().filter_map(|n| f.tensor(n)).cloned().collect();
+                let row_bytes = tensors
+                    .iter()
+                    .fold(0u64, |a, t| a.saturating_add(sample_bytes(t)));
+                let per_unit = max_bytes
+                    .checked_div(row_bytes)
+                    .map_or(f.samples, |n| n.max(1));
+                let mut start = 0;
+                while start < f.samples {
+                    let end = start.saturating_add(per_unit).min(f.samples);
+                    out.push(Unit {
+                        file: uri.clone(),
+                        length: f.entry.input.length,
+                        part: UnitPart::Sample {
+                            start,
+                            end,
+                            samples: f.samples,
+                            padded_samples: f.padded,
+                            tensors: tensors.clone(),
+                        },
+                        bytes: row_bytes.saturating_mul(end - start),
+                    });
+                    start = end;
+                }
+            }
+        }
+        ScanSchema::Tensor { files, .. } => {
+            let reads = |t: &crate::header::TensorInfo| {
+                columns
+                    .iter()
+                    .filter_map(|c| c.source.tensor_column())
+                    .any(|c| c.reads_data(t.dtype))
+            };
+            for (e, h) in files {
+                let uri = &e.input.file;
+                if !passes(&filters.file, uri) {
+                    continue;
+                }
+                let matching = h.tensors.iter().filter(|t| {
+                    passes(&filters.key, &t.name) && passes(&filters.dtype, t.dtype.name())
+                });
+                let mut group: Vec<TensorAssumption> = Vec::new();
+                let mut group_bytes = 0u64;
+                let mut flush = |group: &mut Vec<TensorAssumption>, bytes: &mut u64| {
+                    if !group.is_empty() {
+                        out.push(Unit {
+                            file: uri.clone(),
+                            length: e.input.length,
+                            part: UnitPart::Tensors {
+                                tensors: std::mem::take(group),
+                            },
+                            bytes: *bytes,
+                        });
+                    }
+                    *bytes = 0;
+                };
+                for t in matching {
+                    let b = if reads(t) { t.byte_len() } else { 0 };
+                    if !group.is_empty() && b > 0 && group_bytes.saturating_add(b) > max_bytes {
+                        flush(&mut group, &mut group_bytes);
+                    }
+                    group.push(assumption(t));
+                    group_bytes = group_bytes.saturating_add(b);
+                }
+                flush(&mut group, &mut group_bytes);
+            }
+        }
+        ScanSchema::File { files, .. } => {
+            for (e, h) in files {
+                let uri = &e.input.file;
+                if !passes(&filters.file, uri) {
+                    continue;
+                }
+                let mut tensors = Vec::new();
+                let mut bytes = 0u64;
+                for c in columns {
+                    if let ColumnSource::Tensor { key, fields } = &c.source {
+                        if let Some(t) = h.tensor(key) {
+                            if fields.contains(&TensorField::Data) {
+                                bytes = bytes.saturating_add(t.byte_len());
+                            }
+                            tensors.push(assumption(t));
+                        }
+                    }
+                }
+                out.push(Unit {
+                    file: uri.clone(),
+                    length: e.input.length,
+                    part: UnitPart::File { tensors },
+                    bytes,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Spark's `FilePartition.getFilePartitions`: largest first, a partition is closed when the
+/// next unit would take it beyond `max_bytes`; every unit also costs `open_cost`.
+fn pack(mut units: Vec<Unit>, max_bytes: u64, open_cost: u64) -> Vec<Vec<Unit>> {
+    units.sort_by_key(|u| std::cmp::Reverse(u.bytes.saturating_add(open_cost)));
+    let mut parts = Vec::new();
+    let mut current: Vec<Unit> = Vec::new();
+    let mut size = 0u64;
+    for u in units {
+        if !current.is_empty() && size.saturating_add(u.bytes) > max_bytes {
+            parts.push(std::mem::take(&mut current));
+            size = 0;
+        }
+        size = size.saturating_add(u.bytes).saturating_add(open_cost);
+        current.push(u);
+    }
+    if !current.is_empty() {
+        parts.push(current);
+    }
+    parts
+}
+
+/// Plans the partitions.
+///
+/// Needs the same headers as [`describe`] (the column types are the whole scan's, whatever
+/// the predicates), validates `required` and `predicates` against the layout, and drops files
+/// and tensors the predicates exclude: they appear in no unit and are never opened.
+pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> {
+    let cat = catalog(&req.input)?;
+    let schema = match scan_schema(&cat, req.layout)? {
+        Answer::Ready(s) => s,
+        Answer::NeedHeaders(need) => return Ok(Answer::NeedHeaders(need)),
+    };
+    let all = schema.columns();
+    let columns = req
+        .required
+        .iter()
+        .map(|rc| output_column(req.layout, &all, rc))
+        .collect::<Result<Vec<_>, _>>()?;
+    let filters = filters(req.layout, &req.predicates)?;
+    let units = units(&schema, &columns, &filters, req.max_partition_bytes);
+    let specs = pack(units, req.max_partition_bytes, req.open_cost_bytes)
+        .into_iter()
+        .map(|units| PartitionSpec {
+            layout: req.layout,
+            columns: columns.clone(),
+            bytes: units.iter().fold(0u64, |a, u| a.saturating_add(u.bytes)),
+            units,
+            batch_rows: req.batch_rows,
+            batch_bytes: req.batch_bytes,
+            ignore_corrupt: req.input.ignore_corrupt,
+        })
+        .collect();
+    Ok(Answer::Ready(specs))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn spark_field_json(f: &Field) -> serde_json::Value {
+    json!({
+        "name": f.name(),
+        "type": spark_type_json(f.data_type()),
+        "nullable": f.is_nullable(),
+        "metadata": {},
+    })
+}
+
+/// Spark's JSON form of the type Spark gives an Arrow array of type `t` (as `ArrowUtils`
+/// maps it): Boolean → `"boolean"`, Int8 → `"byte"`, Int16 → `"short"`, Int32 →
+/// `"integer"`, Int64 → `"long"`, Float32 → `"float"`, Float64 → `"double"`, Utf8 →
+/// `"string"`, Binary → `"binary"`, List → `{"type":"array","elementType":…,"containsNull":…}`,
+/// Struct → `{"type":"struct","fields":[{"name","type","nullable","metadata":{}}]}`, Map →
+/// `{"type":"map","keyType":…,"valueType":…,"valueContainsNull":…}`. Other Arrow types (never
+/// produced by the read path) give `"null"`.
+pub fn spark_type_json(t: &DataType) -> serde_json::Value {
+    match t {
+        DataType::Boolean => json!("boolean"),
+        DataType::Int8 => json!("byte"),
+        DataType::Int16 => json!("short"),
+        DataType::Int32 => json!("integer"),
+        DataType::Int64 => json!("long"),
+        DataType::Float32 => json!("float"),
+        DataType::Float64 => json!("double"),
+        DataType::Utf8 => json!("string"),
+        DataType::Binary => json!("binary"),
+        DataType::List(f) => json!({
+            "type": "array",
+            "elementType": spark_type_json(f.data_type()),
+            "containsNull": f.is_nullable(),
+        }),
+        DataType::Struct(fields) => json!({
+            "type": "struct",
+            "fields": fields.iter().map(|f| spark_field_json(f)).collect::<Vec<_>>(),
+        }),
+        DataType::Map(entries, _) => {
+            let (key, value) = match entries.data_type() {
+                DataType::Struct(kv) if kv.len() == 2 => {
+                    (spark_type_json(kv[0].data_type()), Some(&kv[1]))
+                }
+                _ => (json!("null"), None),
+            };
+            json!({
+                "type": "map",
+                "keyType": key,
+                "valueType": value.map_or(json!("null"), |v| spark_type_json(v.data_type())),
+                "valueContainsNull": value.is_none_or(|v| v.is_nullable()),
+            })
+        }
+        _ => json!("null"),
+    }
+}
+
+/// Validates a file's first `8 + N` bytes (prefix and header JSON) against its length and
+/// returns the header JSON text (what [`FileInput::header`] carries): all N bytes, trailing
+/// padding included, so that its length is the file's N. Errors name `file`.
+pub fn validated_header_text(
+    file: &str,
+    prefix_and_header: &[u8],
+    file_len: u64,
+) -> Result<String, ReadError> {
+    let fmt = |e| ReadErrorKind::Format(e).in_file(file);
+    let n = header::check_prefix(prefix_and_header, file_len).map_err(fmt)?;
+    let end = PREFIX_LEN + n; // n ≤ 100 MB: no overflow
+    let json = prefix_and_header
+        .get(PREFIX_LEN as usize..end as usize)
+        .ok_or_else(|| {
+            ReadErrorKind::Invalid(format!(
+                "{} bytes given, but the prefix and header are {end} bytes",
+                prefix_and_header.len()
+            ))
+            .in_file(file)
+        })?;
+    header::parse_header(json, file_len).map_err(fmt)?;
+    String::from_utf8(json.to_vec())
+        .map_err(|e| ReadErrorKind::Invalid(format!("header is not UTF-8: {e}")).in_file(file))
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
