@@ -1,0 +1,78 @@
+"""Read-path limits through Spark: offsets beyond 2 GiB, and headers at the 100,000,000-byte cap.
+
+The big file is sparse (its 2.2 GB tensor is a hole), so the test costs little disk or time;
+only the tensors a query selects are read.
+"""
+import json
+import struct
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+BIG = 2_200_000_000  # bytes of the U8 tensor `big`: `small` starts beyond 2^31
+
+
+def write_sparse(path, small):
+    header = json.dumps({
+        "__metadata__": {"kind": "sparse"},
+        "big": {"dtype": "U8", "shape": [BIG], "data_offsets": [0, BIG]},
+        "small": {"dtype": "F32", "shape": [4], "data_offsets": [BIG, BIG + 16]},
+    }).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.seek(8 + len(header) + BIG)
+        f.write(small.tobytes())
+    return 8 + len(header)
+
+
+def errors(e):
+    return str(e)
+
+
+def test_tensor_beyond_2_gib_is_read_by_offset_and_an_oversized_value_is_a_named_error(spark, tmp_path):
+    small = np.array([1.5, -2.0, 3.25, 1e-3], dtype=np.float32)
+    path = tmp_path / "sparse.safetensors"
+    write_sparse(path, small)
+    df = spark.read.format("safetensors").load(str(path))  # not our shard: auto = per tensor
+    assert [f.name for f in df.schema.fields][:6] == ["file", "key", "dtype", "shape", "byte_size", "data"]
+
+    rows = {r.key: r for r in df.select("key", "dtype", "shape", "byte_size").collect()}
+    assert rows["big"].byte_size == BIG and rows["big"].shape == [BIG] and rows["small"].shape == [4]
+
+    got = df.where(F.col("key") == "small").select("data", "decoded", "metadata").collect()
+    assert len(got) == 1
+    assert bytes(got[0].data) == small.tobytes()
+    assert np.array_equal(np.array(got[0].decoded, dtype=np.float32), small)
+    assert got[0].metadata == {"kind": "sparse"}
+
+    per_file = spark.read.format("safetensors").option("layout", "file").load(str(path))
+    assert per_file.select("small.data").collect()[0][0] == bytearray(small.tobytes())
+    assert per_file.select("big.shape").collect()[0][0] == [BIG]
+
+    with pytest.raises(Exception) as e:
+        df.where(F.col("key") == "big").select("data").collect()
+    assert "big" in errors(e.value) and "2147483647" in errors(e.value), errors(e.value)
+    # The JVM is still fine afterwards.
+    assert df.count() == 2
+
+
+def framed_with_padding(total_header_len):
+    body = json.dumps({"t": {"dtype": "I16", "shape": [3], "data_offsets": [0, 6]}}).encode()
+    header = body + b" " * (total_header_len - len(body))
+    return struct.pack("<Q", len(header)) + header + np.array([7, -8, 9], dtype="<i2").tobytes()
+
+
+def test_header_at_the_100_mb_cap_is_read_and_one_byte_more_is_refused(spark, tmp_path):
+    ok = tmp_path / "ok" / "cap.safetensors"
+    ok.parent.mkdir()
+    ok.write_bytes(framed_with_padding(100_000_000))
+    rows = spark.read.format("safetensors").load(str(ok)).select("key", "decoded").collect()
+    assert [(r.key, r.decoded) for r in rows] == [("t", [7, -8, 9])]
+
+    bad = tmp_path / "bad" / "over.safetensors"
+    bad.parent.mkdir()
+    bad.write_bytes(framed_with_padding(100_000_001))
+    with pytest.raises(Exception) as e:
+        spark.read.format("safetensors").load(str(bad)).collect()
+    assert "over.safetensors" in errors(e.value) and "header too large" in errors(e.value), errors(e.value)
