@@ -131,7 +131,25 @@ pub unsafe fn write_batch_json(
         unsafe { import_batch(array_addr as *mut _, schema_addr as *mut _) }.map_err(failed)?;
     let sealed = writer.write_batch(&batch).map_err(failed);
     drop(batch); // the JVM may free its vectors as soon as we return
-    to_json(&sealed?)
+    to_json(&sealed_files(&sealed?))
+}
+
+/// What the JVM needs of a sealed shard to place it: its name and where the task wrote it.
+/// (Full reports, with every tensor, reach the driver once, in the `TaskReport`.)
+#[derive(serde::Serialize)]
+struct SealedFile<'a> {
+    file: &'a str,
+    local_path: &'a str,
+}
+
+fn sealed_files(sealed: &[ShardReport]) -> Vec<SealedFile<'_>> {
+    sealed
+        .iter()
+        .map(|s| SealedFile {
+            file: &s.file,
+            local_path: &s.local_path,
+        })
+        .collect()
 }
 
 /// # Safety
@@ -144,7 +162,17 @@ pub unsafe fn finish_json(handle: jlong) -> Result<String, JniError> {
         .take()
         .ok_or_else(|| JniError::invalid_argument("writer already finished or aborted"))?;
     let (sealed, report) = writer.finish().map_err(failed)?;
-    to_json(&json!({ "sealed": sealed, "report": report }))
+    // Serialised straight from the reports: a `serde_json::Value` of them (`json!`) would hold
+    // several heap allocations per tensor, ~1.5 KiB per KV row.
+    #[derive(serde::Serialize)]
+    struct Finished<'a> {
+        sealed: Vec<SealedFile<'a>>,
+        report: &'a TaskReport,
+    }
+    to_json(&Finished {
+        sealed: sealed_files(&sealed),
+        report: &report,
+    })
 }
 
 /// # Safety

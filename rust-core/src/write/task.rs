@@ -10,8 +10,12 @@
 //!   [`KV_CHUNK_ROWS`] rows per column; each row's tensor bytes are appended to a hidden spill
 //!   file in the work directory, and only names, dtypes, shapes and spill offsets of the open
 //!   shard are kept in memory. At seal the layout is planned and the bytes are copied from the
-//!   spill file into the shard through a bounded buffer ([`COPY_BUFFER`] bytes). The task also
-//!   keeps one small entry per key it has written (duplicate detection).
+//!   spill file into the shard through a bounded buffer ([`COPY_BUFFER`] bytes). Per row the
+//!   task keeps only fixed-size records without heap allocations of their own (`kv` module
+//!   docs): the key once in a shared arena plus a 32-byte record and a hash entry (duplicate
+//!   detection), and 32 bytes per tensor (open and sealed shards); tensor reports are built
+//!   from these records when handed out (about 64 + 32 × columns bytes per row, before `Vec`
+//!   and hash-table growth slack).
 //!
 //! Row numbers in errors count from 0 within the partition, across batches.
 

@@ -1,39 +1,179 @@
 //! KV mode: one tensor per row and column, named `<key><separator><column>`, shards rolled over
 //! at the target size, tensor bytes spilled to a hidden file until the shard is sealed.
+//!
+//! ## Memory per row
+//! Everything the task keeps per row is compact and holds no heap allocation of its own:
+//! * every key the task has written lives once in one string arena ([`KeyTable`]), with a
+//!   32-byte record (row, shard, position in the open shard) and a hash-index entry, for
+//!   duplicate detection and `lastWin`;
+//! * each tensor of the open shard and of every sealed shard is a 40-byte [`TensorRec`]
+//!   (key id, column, interned shape id, dtype, byte range); names are `key + separator +
+//!   column`, rebuilt when needed.
+//!
+//! The tensors' [`TensorReport`]s (the driver's cross-task checks need one per tensor) are built
+//! from these records only when a report is handed out: for a shard sealed by `write_batch`
+//! (returned, not kept) and for the task report at `finish`.
 
 use super::rows::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, COPY_BUFFER, KV_CHUNK_ROWS};
 use crate::file::{copy_tensors, FileWriter};
-use crate::header::{TensorEntry, MAX_HEADER_SIZE, METADATA_KEY};
+use crate::header::{TensorEntry, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::write::{DuplicatesStrategy, ShardReport, TensorReport, WritePlan};
 use crate::Dtype;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, StructArray};
+use std::cmp::Ordering;
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
+use std::hash::BuildHasher;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 
-/// Where the stored occurrence of a key is.
-struct KeyLoc {
+/// `KeyRec::shard` of a key whose stored occurrence is in the open shard.
+const OPEN: u32 = u32::MAX;
+/// End of a [`KeyTable`] hash chain.
+const NO_KEY: u32 = u32::MAX;
+
+/// A key the task has written, and where its stored occurrence is.
+struct KeyRec {
+    /// The key's bytes are `arena[start..start + len]`.
+    start: usize,
+    len: u32,
+    /// The previous key with the same hash ([`NO_KEY`]: none).
+    next: u32,
     /// Partition row number of the stored occurrence.
     row: u64,
-    /// `None`: in the open shard, its tensors at `open_start..open_start + columns`.
-    shard: Option<u32>,
-    open_start: usize,
+    /// Sealed shard holding it, or [`OPEN`]: its tensors are the open shard's
+    /// `open_start..open_start + columns`.
+    shard: u32,
+    open_start: u32,
 }
 
-/// A tensor of the open shard whose bytes are in the spill file.
-struct SpillTensor {
-    name: String,
-    key: String,
-    column: usize,
+/// Every key written by the task, each stored once: the bytes in one arena, a fixed-size record
+/// per key, and a hash index (hash → latest key id with that hash, older ones chained).
+struct KeyTable {
+    arena: String,
+    recs: Vec<KeyRec>,
+    index: HashMap<u64, u32>,
+    hasher: RandomState,
+}
+
+impl KeyTable {
+    fn new() -> Self {
+        KeyTable {
+            arena: String::new(),
+            recs: Vec::new(),
+            index: HashMap::new(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn key(&self, id: u32) -> &str {
+        self.recs
+            .get(id as usize)
+            .and_then(|r| self.arena.get(r.start..r.start + r.len as usize))
+            .unwrap_or("")
+    }
+
+    fn rec(&self, id: u32) -> Option<&KeyRec> {
+        self.recs.get(id as usize)
+    }
+
+    fn rec_mut(&mut self, id: u32) -> Option<&mut KeyRec> {
+        self.recs.get_mut(id as usize)
+    }
+
+    /// The key's hash and, if the task has written it, its id.
+    fn find(&self, key: &str) -> (u64, Option<u32>) {
+        let hash = self.hasher.hash_one(key);
+        let mut id = self.index.get(&hash).copied().unwrap_or(NO_KEY);
+        while id != NO_KEY {
+            if self.key(id) == key {
+                return (hash, Some(id));
+            }
+            id = self.rec(id).map_or(NO_KEY, |r| r.next);
+        }
+        (hash, None)
+    }
+
+    /// Adds a key not in the table (`hash` from [`KeyTable::find`]); returns its id.
+    fn insert(
+        &mut self,
+        hash: u64,
+        key: &str,
+        row: u64,
+        open_start: u32,
+    ) -> Result<u32, WriteError> {
+        let id = u32::try_from(self.recs.len())
+            .ok()
+            .filter(|&id| id != NO_KEY)
+            .ok_or_else(|| WriteError::Batch("too many keys in one task".into()))?;
+        let len = u32::try_from(key.len())
+            .map_err(|_| WriteError::Batch("key longer than 4 GiB".into()))?;
+        let next = self.index.insert(hash, id).unwrap_or(NO_KEY);
+        let start = self.arena.len();
+        self.arena.push_str(key);
+        self.recs.push(KeyRec {
+            start,
+            len,
+            next,
+            row,
+            shard: OPEN,
+            open_start,
+        });
+        Ok(id)
+    }
+}
+
+/// Distinct per-sample shapes, each stored once and referred to by id.
+#[derive(Default)]
+struct Shapes {
+    list: Vec<Vec<u64>>,
+    index: HashMap<Vec<u64>, u32>,
+}
+
+impl Shapes {
+    fn intern(&mut self, shape: &[u64]) -> Result<u32, WriteError> {
+        if let Some(&id) = self.index.get(shape) {
+            return Ok(id);
+        }
+        let id = u32::try_from(self.list.len())
+            .map_err(|_| WriteError::Batch("too many distinct shapes in one task".into()))?;
+        self.list.push(shape.to_vec());
+        self.index.insert(shape.to_vec(), id);
+        Ok(id)
+    }
+
+    fn get(&self, id: u32) -> &[u64] {
+        self.list.get(id as usize).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// One tensor of the open shard (bytes `start..end` of the spill file) or of a sealed shard
+/// (absolute bytes `start..end` of the shard file).
+#[derive(Clone, Copy)]
+struct TensorRec {
+    key: u32,
+    column: u32,
+    shape: u32,
     dtype: Dtype,
-    shape: Vec<u64>,
-    offset: u64,
-    len: u64,
-    /// Bytes of its header entry, without the offsets' digits and the separating comma.
-    json: u64,
+    /// `false` once replaced by a later row with the same key (`lastWin`, open shard only).
+    live: bool,
+    start: u64,
+    end: u64,
+}
+
+impl TensorRec {
+    fn len(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
+/// A sealed shard's tensors, in data order.
+struct SealedShard {
+    shard: u32,
+    tensors: Vec<TensorRec>,
 }
 
 /// A hidden file in the work directory holding the open shard's tensor bytes; deleted on drop.
@@ -92,35 +232,63 @@ impl Drop for Spill {
 #[derive(Default)]
 struct OpenShard {
     spill: Option<Spill>,
-    /// Tensors in arrival order; `None` once replaced by a later row (`lastWin`).
-    tensors: Vec<Option<SpillTensor>>,
+    /// Tensors in arrival order, `columns` per row.
+    tensors: Vec<TensorRec>,
     samples: u64,
     live_tensors: u64,
-    /// Σ `json` of the live tensors.
+    /// Σ header-entry bytes (see [`entry_json_len`]) of the live tensors.
     json: u64,
-    /// Σ `len` of the live tensors.
+    /// Σ byte length of the live tensors.
     data_len: u64,
 }
 
 pub(super) struct KvState {
     name_col: String,
     separator: String,
+    /// The plan's column names (the tensor names' suffixes).
+    columns: Vec<String>,
     target: u64,
     duplicates: DuplicatesStrategy,
-    keys: HashMap<String, KeyLoc>,
+    keys: KeyTable,
+    shapes: Shapes,
     /// Tensor names written so far; tracked only when two column names could make two keys'
     /// names coincide (one column name is a proper suffix of another).
     names: Option<HashSet<String>>,
     open: OpenShard,
-    /// `lastWin`: keys to remove from already sealed shards at finish.
-    removed: BTreeMap<u32, HashSet<String>>,
+    /// Tensors of the shards sealed so far, in sealing order.
+    sealed: Vec<SealedShard>,
+    /// `lastWin`: ids of keys to remove from already sealed shards at finish.
+    removed: BTreeMap<u32, HashSet<u32>>,
     /// Header bytes of `__metadata__` with `samples` = 0 (one digit).
     meta_len: u64,
     spill_counter: u32,
 }
 
+/// Counts the bytes written to it.
+struct Counter(u64);
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Length of `s` as a JSON string (quotes included), as the header writer escapes it.
 fn json_len(s: &str) -> u64 {
-    serde_json::to_string(s).map_or(s.len() as u64 * 6 + 2, |j| j.len() as u64)
+    let mut n = Counter(0);
+    match serde_json::to_writer(&mut n, s) {
+        Ok(()) => n.0,
+        Err(_) => s.len() as u64 * 6 + 2,
+    }
+}
+
+/// Length of the concatenation of `parts` as a JSON string (escaping is per character).
+fn json_len_concat(parts: &[&str]) -> u64 {
+    parts.iter().map(|p| json_len(p) - 2).sum::<u64>() + 2
 }
 
 fn digits(mut x: u64) -> u64 {
@@ -133,11 +301,11 @@ fn digits(mut x: u64) -> u64 {
 }
 
 /// Header bytes of one tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[,]}`
-/// without the offsets' digits.
-fn entry_json_len(name: &str, dtype: Dtype, shape: &[u64]) -> u64 {
+/// without the offsets' digits; `name_json` is the name's [`json_len`].
+fn entry_json_len(name_json: u64, dtype: Dtype, shape: &[u64]) -> u64 {
     let shape_len: u64 =
         shape.iter().map(|&d| digits(d)).sum::<u64>() + shape.len().saturating_sub(1) as u64;
-    json_len(name)
+    name_json
         + r#":{"dtype":""#.len() as u64
         + dtype.name().len() as u64
         + r#"","shape":["#.len() as u64
@@ -161,18 +329,23 @@ impl KvState {
                 .map(|(k, v)| json_len(k) + 1 + json_len(v))
                 .sum::<u64>()
             + meta.len().saturating_sub(1) as u64;
-        let cols: Vec<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
-        let collisions_possible = cols
-            .iter()
-            .any(|a| cols.iter().any(|b| a.len() > b.len() && a.ends_with(b)));
+        let columns: Vec<String> = plan.columns.iter().map(|c| c.name.clone()).collect();
+        let collisions_possible = columns.iter().any(|a| {
+            columns
+                .iter()
+                .any(|b| a.len() > b.len() && a.ends_with(b.as_str()))
+        });
         KvState {
             name_col,
             separator,
+            columns,
             target,
             duplicates,
-            keys: HashMap::new(),
+            keys: KeyTable::new(),
+            shapes: Shapes::default(),
             names: collisions_possible.then(HashSet::new),
             open: OpenShard::default(),
+            sealed: Vec::new(),
             removed: BTreeMap::new(),
             meta_len,
             spill_counter: 0,
@@ -186,6 +359,103 @@ impl KvState {
     /// Deletes the spill file, if any.
     pub(super) fn discard(&mut self) {
         self.open = OpenShard::default();
+    }
+
+    fn column_name(&self, column: u32) -> &str {
+        self.columns.get(column as usize).map_or("", String::as_str)
+    }
+
+    /// The name of a tensor: `key + separator + column`.
+    fn tensor_name(&self, t: &TensorRec) -> String {
+        let key = self.keys.key(t.key);
+        let column = self.column_name(t.column);
+        let mut name = String::with_capacity(key.len() + self.separator.len() + column.len());
+        name.push_str(key);
+        name.push_str(&self.separator);
+        name.push_str(column);
+        name
+    }
+
+    /// The bytes of a tensor's name, without building it.
+    fn name_bytes<'a>(&'a self, t: &TensorRec) -> impl Iterator<Item = u8> + 'a {
+        let key = self.keys.key(t.key).bytes();
+        let column = self.column_name(t.column).bytes();
+        key.chain(self.separator.bytes()).chain(column)
+    }
+
+    fn name_is(&self, t: &TensorRec, name: &str) -> bool {
+        let key = self.keys.key(t.key);
+        let column = self.column_name(t.column);
+        name.len() == key.len() + self.separator.len() + column.len()
+            && self.name_bytes(t).eq(name.bytes())
+    }
+
+    /// Header bytes of a tensor's entry (see [`entry_json_len`]).
+    fn entry_json(&self, key: &str, column: u32, dtype: Dtype, shape: &[u64]) -> u64 {
+        let name = json_len_concat(&[key, &self.separator, self.column_name(column)]);
+        entry_json_len(name, dtype, shape)
+    }
+
+    /// The order of the format's layout: dtype descending, then name.
+    fn layout_order(&self, a: &TensorRec, b: &TensorRec) -> Ordering {
+        b.dtype
+            .cmp(&a.dtype)
+            .then_with(|| self.name_bytes(a).cmp(self.name_bytes(b)))
+    }
+
+    /// The report of a sealed tensor.
+    fn tensor_report(&self, t: &TensorRec) -> TensorReport {
+        TensorReport {
+            name: self.tensor_name(t),
+            dtype: t.dtype,
+            shape: self.shapes.get(t.shape).to_vec(),
+            data_start: t.start,
+            data_end: t.end,
+            sample_key: Some(self.keys.key(t.key).to_string()),
+            column: Some(self.column_name(t.column).to_string()),
+        }
+    }
+
+    fn tensor_reports(&self, tensors: &[TensorRec]) -> Vec<TensorReport> {
+        tensors.iter().map(|t| self.tensor_report(t)).collect()
+    }
+
+    /// Checks that a file's layout (`written`) has exactly `tensors`, in this order.
+    fn check_layout(
+        &self,
+        tensors: &[TensorRec],
+        written: &[TensorInfo],
+    ) -> Result<(), WriteError> {
+        if tensors.len() != written.len() {
+            return Err(WriteError::Batch(
+                "shard layout does not match its tensors".into(),
+            ));
+        }
+        for (t, info) in tensors.iter().zip(written) {
+            if !self.name_is(t, &info.name) || info.byte_len() != t.len() {
+                return Err(WriteError::Batch(format!(
+                    "shard layout does not match its tensors at '{}'",
+                    info.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `tensors` their absolute offsets in the file just written (after
+    /// [`KvState::check_layout`]); the file's data section starts at `data_start`.
+    fn place(
+        &self,
+        tensors: &mut [TensorRec],
+        written: &[TensorInfo],
+        data_start: u64,
+    ) -> Result<(), WriteError> {
+        self.check_layout(tensors, written)?;
+        for (t, info) in tensors.iter_mut().zip(written) {
+            t.start = data_start + info.data_offsets[0];
+            t.end = data_start + info.data_offsets[1];
+        }
+        Ok(())
     }
 
     /// Upper bounds of the header length (prefix and padding included) and of the file size of
@@ -226,6 +496,7 @@ impl KvState {
         let mut sealed = Vec::new();
         let n = batch.len();
         let mut start = 0;
+        let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); w.columns.len()];
         while start < n {
             let end = n.min(start + KV_CHUNK_ROWS);
             if let Some(i) = (start..end).find(|&i| keys.is_null(i)) {
@@ -235,17 +506,16 @@ impl KvState {
                     message: "null key".into(),
                 });
             }
-            let mut bufs = Vec::with_capacity(w.columns.len());
             let mut tensors = Vec::with_capacity(w.columns.len());
-            for (c, col) in w.columns.iter_mut().enumerate() {
-                let mut buf = Vec::new();
-                let t = rows::extract(col, batch.column(c + 1), start..end, w.rows_seen, &mut buf)?;
-                bufs.push(buf);
+            for ((c, col), buf) in w.columns.iter_mut().enumerate().zip(&mut bufs) {
+                buf.clear();
+                let t = rows::extract(col, batch.column(c + 1), start..end, w.rows_seen, buf)?;
                 tensors.push(t);
             }
+            let mut row_tensors = Vec::with_capacity(w.columns.len());
             for i in start..end {
                 let row = w.rows_seen + i as u64;
-                let mut row_tensors = Vec::with_capacity(tensors.len());
+                row_tensors.clear();
                 for (t, buf) in tensors.iter().zip(&bufs) {
                     let rt: &RowTensor = t
                         .get(i - start)
@@ -264,12 +534,27 @@ impl KvState {
         Ok(sealed)
     }
 
-    fn remove_open_row(&mut self, start: usize, count: usize) {
-        for slot in self.open.tensors.iter_mut().skip(start).take(count) {
-            if let Some(t) = slot.take() {
+    /// Marks the open shard's row whose tensors start at `start` as replaced.
+    fn remove_open_row(&mut self, start: usize) {
+        let count = self.columns.len();
+        let end = (start + count).min(self.open.tensors.len());
+        for i in start..end {
+            let Some(t) = self.open.tensors.get(i).copied() else {
+                continue;
+            };
+            if t.live {
+                let json = self.entry_json(
+                    self.keys.key(t.key),
+                    t.column,
+                    t.dtype,
+                    self.shapes.get(t.shape),
+                );
                 self.open.live_tensors -= 1;
-                self.open.json -= t.json;
-                self.open.data_len -= t.len;
+                self.open.json -= json;
+                self.open.data_len -= t.len();
+                if let Some(slot) = self.open.tensors.get_mut(i) {
+                    slot.live = false;
+                }
             }
         }
         self.open.samples -= 1;
@@ -283,53 +568,59 @@ impl KvState {
         key: &str,
         tensors: &[(&RowTensor, &[u8])],
     ) -> Result<Option<ShardReport>, WriteError> {
-        let names: Vec<String> = w
-            .columns
-            .iter()
-            .map(|c| format!("{key}{}{}", self.separator, c.plan.name))
-            .collect();
-        for (name, col) in names.iter().zip(&w.columns) {
-            if name == METADATA_KEY {
+        for name in &self.columns {
+            if key.len() + self.separator.len() + name.len() == METADATA_KEY.len()
+                && format!("{key}{}{name}", self.separator) == METADATA_KEY
+            {
                 return Err(WriteError::TensorName {
-                    column: col.plan.name.clone(),
+                    column: name.clone(),
                     row,
-                    message: format!("tensor name '{name}' (key '{key}') is reserved"),
+                    message: format!("tensor name '{METADATA_KEY}' (key '{key}') is reserved"),
                 });
             }
         }
-        if let Some(loc) = self.keys.get(key) {
+        // Names are built only when name collisions between keys are possible.
+        let names: Option<Vec<String>> = self.names.as_ref().map(|_| {
+            self.columns
+                .iter()
+                .map(|c| format!("{key}{}{c}", self.separator))
+                .collect()
+        });
+        let (hash, existing) = self.keys.find(key);
+        if let Some(id) = existing {
+            let (first_row, shard, open_start) = self
+                .keys
+                .rec(id)
+                .map(|r| (r.row, r.shard, r.open_start))
+                .ok_or_else(|| WriteError::Batch("key table out of sync".into()))?;
             match self.duplicates {
                 DuplicatesStrategy::Fail => {
                     return Err(WriteError::DuplicateKey {
                         column: self.name_col.clone(),
                         key: key.to_string(),
                         row,
-                        first_row: loc.row,
+                        first_row,
                     })
                 }
                 DuplicatesStrategy::LastWin => {
-                    match loc.shard {
-                        None => {
-                            let start = loc.open_start;
-                            self.remove_open_row(start, names.len());
-                        }
-                        Some(s) => {
-                            self.removed.entry(s).or_default().insert(key.to_string());
-                        }
+                    if shard == OPEN {
+                        self.remove_open_row(open_start as usize);
+                    } else {
+                        self.removed.entry(shard).or_default().insert(id);
                     }
-                    if let Some(set) = &mut self.names {
-                        for name in &names {
+                    if let (Some(set), Some(names)) = (&mut self.names, &names) {
+                        for name in names {
                             set.remove(name);
                         }
                     }
                 }
             }
         }
-        if let Some(set) = &self.names {
-            for (name, col) in names.iter().zip(&w.columns) {
+        if let (Some(set), Some(names)) = (&self.names, &names) {
+            for (name, col) in names.iter().zip(&self.columns) {
                 if set.contains(name) {
                     return Err(WriteError::TensorName {
-                        column: col.plan.name.clone(),
+                        column: col.clone(),
                         row,
                         message: format!(
                             "tensor name '{name}' (key '{key}') is also the name of a tensor of an earlier row with another key"
@@ -338,13 +629,12 @@ impl KvState {
                 }
             }
         }
-        let jsons: Vec<u64> = names
-            .iter()
-            .zip(tensors)
-            .map(|(name, (t, _))| entry_json_len(name, t.dtype, &t.shape))
-            .collect();
-        let row_json: u64 = jsons.iter().sum();
-        let row_data: u64 = tensors.iter().map(|(_, b)| b.len() as u64).sum();
+        let mut row_json = 0u64;
+        let mut row_data = 0u64;
+        for (c, (t, bytes)) in tensors.iter().enumerate() {
+            row_json += self.entry_json(key, c as u32, t.dtype, &t.shape);
+            row_data += bytes.len() as u64;
+        }
         let count = tensors.len() as u64;
         let mut sealed = None;
         let (header, file) = self.estimate(count, row_json, row_data, self.open.samples + 1);
@@ -360,88 +650,91 @@ impl KvState {
             self.spill_counter += 1;
             self.open.spill = Some(Spill::create(path)?);
         }
-        let open_start = self.open.tensors.len();
-        for (c, ((name, (t, bytes)), json)) in names.into_iter().zip(tensors).zip(jsons).enumerate()
-        {
+        let open_start = u32::try_from(self.open.tensors.len())
+            .map_err(|_| WriteError::Batch("too many tensors in one shard".into()))?;
+        let id = match existing {
+            Some(id) => {
+                let rec = self
+                    .keys
+                    .rec_mut(id)
+                    .ok_or_else(|| WriteError::Batch("key table out of sync".into()))?;
+                rec.row = row;
+                rec.shard = OPEN;
+                rec.open_start = open_start;
+                id
+            }
+            None => self.keys.insert(hash, key, row, open_start)?,
+        };
+        for (c, (t, bytes)) in tensors.iter().enumerate() {
             let spill = self
                 .open
                 .spill
                 .as_mut()
                 .ok_or_else(|| WriteError::Batch("spill file missing".into()))?;
             let offset = spill.append(bytes)?;
-            if let Some(set) = &mut self.names {
-                set.insert(name.clone());
-            }
-            self.open.tensors.push(Some(SpillTensor {
-                name,
-                key: key.to_string(),
-                column: c,
+            let shape = self.shapes.intern(&t.shape)?;
+            self.open.tensors.push(TensorRec {
+                key: id,
+                column: c as u32,
+                shape,
                 dtype: t.dtype,
-                shape: t.shape.clone(),
-                offset,
-                len: bytes.len() as u64,
-                json,
-            }));
+                live: true,
+                start: offset,
+                end: offset + bytes.len() as u64,
+            });
             self.open.live_tensors += 1;
-            self.open.json += json;
             self.open.data_len += bytes.len() as u64;
         }
+        self.open.json += row_json;
+        if let (Some(set), Some(names)) = (&mut self.names, names) {
+            set.extend(names);
+        }
         self.open.samples += 1;
-        self.keys.insert(
-            key.to_string(),
-            KeyLoc {
-                row,
-                shard: None,
-                open_start,
-            },
-        );
         Ok(sealed)
     }
 
     /// Seals the open shard (if it has rows): plans the layout, copies the live tensors from the
-    /// spill file in layout order and deletes the spill file.
+    /// spill file in layout order and deletes the spill file. Returns the shard's report; the
+    /// task keeps only the compact records of its tensors.
     fn seal(&mut self, w: &mut TaskWriter) -> Result<Option<ShardReport>, WriteError> {
         let mut open = std::mem::take(&mut self.open);
         if open.samples == 0 {
             return Ok(None);
         }
-        let live: Vec<&SpillTensor> = open.tensors.iter().flatten().collect();
+        let mut live: Vec<TensorRec> = open.tensors.iter().filter(|t| t.live).copied().collect();
+        open.tensors = Vec::new();
+        live.sort_by(|a, b| self.layout_order(a, b));
         let entries = live
             .iter()
             .map(|t| TensorEntry {
-                name: t.name.clone(),
+                name: self.tensor_name(t),
                 dtype: t.dtype,
-                shape: t.shape.clone(),
+                shape: self.shapes.get(t.shape).to_vec(),
             })
             .collect();
-        let by_name: HashMap<&str, &SpillTensor> =
-            live.iter().map(|t| (t.name.as_str(), *t)).collect();
         let meta = shard_metadata(&w.plan, open.samples, 0);
         let (shard, file, path) = w.next_shard_path();
         let mut writer = FileWriter::create(&path, Some(&meta), entries)?;
-        let order: Vec<(u64, u64)> = writer
-            .tensors()
-            .iter()
-            .filter_map(|t| by_name.get(t.name.as_str()).map(|s| (s.offset, s.len)))
-            .collect();
+        // The layout's order must be ours: check it before copying the bytes in our order.
+        self.check_layout(&live, writer.tensors())?;
         let spill = open
             .spill
             .as_mut()
             .ok_or_else(|| WriteError::Batch("spill file missing".into()))?;
         let spill_path = spill.path.clone();
         let mut reader = spill.take_reader()?;
-        let biggest = order.iter().map(|&(_, l)| l).max().unwrap_or(0);
+        let biggest = live.iter().map(TensorRec::len).max().unwrap_or(0);
         let mut buf = vec![
             0u8;
             usize::try_from(biggest)
                 .unwrap_or(COPY_BUFFER)
                 .min(COPY_BUFFER)
         ];
-        for (offset, len) in order {
+        for t in &live {
             reader
-                .seek(SeekFrom::Start(offset))
+                .seek(SeekFrom::Start(t.start))
                 .map_err(|e| WriteError::io(&spill_path, e))?;
-            let mut left = len;
+            let mut left = t.len();
             while left > 0 {
                 let n = usize::try_from(left).unwrap_or(buf.len()).min(buf.len());
                 let chunk = buf
@@ -456,95 +749,121 @@ impl KvState {
         }
         let written = writer.finish()?;
         w.created.push(path.clone());
-        let tensors = TensorReport::for_tensors(&written.tensors, written.data_start, |name| {
-            let src = by_name.get(name);
-            (
-                src.map(|s| s.key.clone()),
-                src.and_then(|s| w.columns.get(s.column))
-                    .map(|c| c.plan.name.clone()),
-            )
-        });
+        self.place(&mut live, &written.tensors, written.data_start)?;
+        drop(written.tensors);
         for t in &live {
-            if let Some(loc) = self.keys.get_mut(&t.key) {
-                loc.shard = Some(shard);
+            if let Some(rec) = self.keys.rec_mut(t.key) {
+                rec.shard = shard;
             }
         }
-        let report = ShardReport {
+        let samples = open.samples;
+        // Dropping the open shard deletes its spill file.
+        drop(open);
+        let stub = ShardReport {
             file,
             local_path: path.to_string_lossy().into_owned(),
             partition: w.partition,
             shard,
-            samples: open.samples,
+            samples: 0,
             padded_samples: 0,
             bytes: written.bytes,
-            tensors,
+            tensors: Vec::new(),
         };
-        drop(live);
-        // Dropping the open shard deletes its spill file.
-        drop(open);
-        w.shards.push(report.clone());
+        let report = ShardReport {
+            samples,
+            tensors: self.tensor_reports(&live),
+            ..stub.clone()
+        };
+        w.shards.push(ShardReport { samples, ..stub });
+        self.sealed.push(SealedShard {
+            shard,
+            tensors: live,
+        });
         Ok(Some(report))
     }
 
-    /// Seals the last shard and rewrites sealed shards that lost keys to `lastWin`.
+    /// Seals the last shard, rewrites sealed shards that lost keys to `lastWin`, and fills in
+    /// the tensors of every shard report of the task.
     pub(super) fn finish(&mut self, w: &mut TaskWriter) -> Result<Vec<ShardReport>, WriteError> {
         let mut sealed = Vec::new();
         if let Some(report) = self.seal(w)? {
             sealed.push(report);
         }
         for (shard, keys) in std::mem::take(&mut self.removed) {
-            if let Some(report) = rewrite_without(w, shard, &keys)? {
+            if let Some(report) = self.rewrite_without(w, shard, &keys)? {
                 sealed.push(report);
+            }
+        }
+        let mut by_shard: HashMap<u32, Vec<TensorRec>> = std::mem::take(&mut self.sealed)
+            .into_iter()
+            .map(|s| (s.shard, s.tensors))
+            .collect();
+        for report in &mut w.shards {
+            if let Some(tensors) = by_shard.remove(&report.shard) {
+                report.tensors = self.tensor_reports(&tensors);
             }
         }
         Ok(sealed)
     }
-}
 
-/// Rewrites sealed shard `shard` without the tensors of `keys`. A shard left without tensors is
-/// deleted and disappears from the task's shards.
-fn rewrite_without(
-    w: &mut TaskWriter,
-    shard: u32,
-    keys: &HashSet<String>,
-) -> Result<Option<ShardReport>, WriteError> {
-    let Some(idx) = w.shards.iter().position(|s| s.shard == shard) else {
-        return Ok(None);
-    };
-    let old = w.shards[idx].clone();
-    let gone = |t: &TensorReport| t.sample_key.as_ref().is_some_and(|k| keys.contains(k));
-    let removed_keys: HashSet<&String> = old
-        .tensors
-        .iter()
-        .filter(|t| gone(t))
-        .filter_map(|t| t.sample_key.as_ref())
-        .collect();
-    let keep: Vec<&TensorReport> = old.tensors.iter().filter(|t| !gone(t)).collect();
-    let path = PathBuf::from(&old.local_path);
-    if keep.is_empty() {
-        fs::remove_file(&path).map_err(|e| WriteError::io(&path, e))?;
-        w.shards.remove(idx);
-        return Ok(None);
+    /// Rewrites sealed shard `shard` without the tensors of the keys `keys`. A shard left
+    /// without tensors is deleted and disappears from the task's shards.
+    fn rewrite_without(
+        &mut self,
+        w: &mut TaskWriter,
+        shard: u32,
+        keys: &HashSet<u32>,
+    ) -> Result<Option<ShardReport>, WriteError> {
+        let (Some(idx), Some(si)) = (
+            w.shards.iter().position(|s| s.shard == shard),
+            self.sealed.iter().position(|s| s.shard == shard),
+        ) else {
+            return Ok(None);
+        };
+        let old = w.shards[idx].clone();
+        let tensors = std::mem::take(&mut self.sealed[si].tensors);
+        let removed_keys: HashSet<u32> = tensors
+            .iter()
+            .filter(|t| keys.contains(&t.key))
+            .map(|t| t.key)
+            .collect();
+        let removed_names: HashSet<String> = tensors
+            .iter()
+            .filter(|t| keys.contains(&t.key))
+            .map(|t| self.tensor_name(t))
+            .collect();
+        let mut keep: Vec<TensorRec> = tensors
+            .into_iter()
+            .filter(|t| !keys.contains(&t.key))
+            .collect();
+        let path = PathBuf::from(&old.local_path);
+        if keep.is_empty() {
+            fs::remove_file(&path).map_err(|e| WriteError::io(&path, e))?;
+            w.shards.remove(idx);
+            self.sealed.remove(si);
+            return Ok(None);
+        }
+        let samples = old.samples.saturating_sub(removed_keys.len() as u64);
+        let meta = shard_metadata(&w.plan, samples, 0);
+        let written = copy_tensors(&path, &path, Some(&meta), |t| {
+            !removed_names.contains(&t.name)
+        })?;
+        // The kept tensors keep their relative (layout) order.
+        self.place(&mut keep, &written.tensors, written.data_start)?;
+        let stub = ShardReport {
+            samples,
+            bytes: written.bytes,
+            tensors: Vec::new(),
+            ..old
+        };
+        let report = ShardReport {
+            tensors: self.tensor_reports(&keep),
+            ..stub.clone()
+        };
+        w.shards[idx] = stub;
+        if let Some(s) = self.sealed.get_mut(si) {
+            s.tensors = keep;
+        }
+        Ok(Some(report))
     }
-    let samples = old.samples.saturating_sub(removed_keys.len() as u64);
-    let meta = shard_metadata(&w.plan, samples, 0);
-    let written = copy_tensors(&path, &path, Some(&meta), |t| {
-        keep.iter().any(|k| k.name == t.name)
-    })?;
-    let by_name: HashMap<&str, &TensorReport> =
-        keep.iter().map(|t| (t.name.as_str(), *t)).collect();
-    let report = ShardReport {
-        samples,
-        bytes: written.bytes,
-        tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |name| {
-            let src = by_name.get(name);
-            (
-                src.and_then(|s| s.sample_key.clone()),
-                src.and_then(|s| s.column.clone()),
-            )
-        }),
-        ..old
-    };
-    w.shards[idx] = report.clone();
-    Ok(Some(report))
 }

@@ -26,11 +26,12 @@ public final class NativeWriter {
   /**
    * Task: writes one batch exported through the Arrow C Data Interface. Rust moves the structs'
    * contents out (leaving them released) and drops the imported data before returning, so the
-   * caller may close its vectors right after. Returns a JSON array of newly sealed shard reports.
+   * caller may close its vectors right after. Returns a JSON array of the newly sealed shards
+   * ({@code {"file", "local_path"}} each).
    */
   public static native String writeBatch(long handle, long arrowArrayAddr, long arrowSchemaAddr);
 
-  /** Task: seals the last shard(s); JSON {"sealed":[ShardReport...],"report":TaskReport}. */
+  /** Task: seals the last shard(s); JSON {"sealed":[{file, local_path}...],"report":TaskReport}. */
   public static native String finish(long handle);
 
   /** Task: deletes every file this writer produced. Idempotent for a live handle. */
