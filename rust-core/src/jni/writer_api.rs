@@ -226,7 +226,17 @@ pub fn commit_job_json(
             "shard": shard,
         }));
     }
-    to_json(&json!({ "manifest": commit.manifest, "rewrites": rewrites }))
+    // Serialised from the struct, not through `json!`: a `serde_json::Value` map would sort the
+    // manifest's `tensors` by name, losing the written column order (dataset.md §5).
+    #[derive(serde::Serialize)]
+    struct Committed<'a> {
+        manifest: &'a crate::write::manifest::Manifest,
+        rewrites: Vec<serde_json::Value>,
+    }
+    to_json(&Committed {
+        manifest: &commit.manifest,
+        rewrites,
+    })
 }
 
 /// One entry of `commitJob`'s `rewrites`.
