@@ -33,16 +33,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   override def beforeAll(): Unit = {
     super.beforeAll()
-    val b = SparkSession.builder()
-      .master("local[2]")
-      .appName("safetensors-nonlocal-fs")
-      .config("spark.ui.enabled", "false")
-      .config("spark.sql.shuffle.partitions", "2")
-      .config("spark.driver.host", "127.0.0.1")
-      .config("spark.driver.bindAddress", "127.0.0.1")
-      .config("spark.task.maxFailures", "1")
-    TestRemoteFileSystem.sparkConf.foreach { case (k, v) => b.config(k, v) }
-    spark = b.getOrCreate()
+    spark = TestSessions.local("safetensors-nonlocal-fs", TestRemoteFileSystem.sparkConf: _*)
     base = Files.createTempDirectory("safetensors-nonlocal-suite").toFile
   }
 

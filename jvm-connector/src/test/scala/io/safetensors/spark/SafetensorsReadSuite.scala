@@ -26,17 +26,8 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   override def beforeAll(): Unit = {
     super.beforeAll()
-    val b = SparkSession.builder()
-      .master("local[2]")
-      .appName("safetensors-read")
-      .config("spark.ui.enabled", "false")
-      .config("spark.sql.shuffle.partitions", "2")
-      .config("spark.sql.adaptive.enabled", "false")
-      .config("spark.driver.host", "127.0.0.1")
-      .config("spark.driver.bindAddress", "127.0.0.1")
-      .config("spark.task.maxFailures", "1")
-    TestRemoteFileSystem.sparkConf.foreach { case (k, v) => b.config(k, v) }
-    spark = b.getOrCreate()
+    spark = TestSessions.local("safetensors-read",
+      TestRemoteFileSystem.sparkConf :+ ("spark.sql.adaptive.enabled" -> "false"): _*)
     base = Files.createTempDirectory("safetensors-read-suite").toFile
   }
 

@@ -25,15 +25,7 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   override def beforeAll(): Unit = {
     super.beforeAll()
-    spark = SparkSession.builder()
-      .master("local[2]")
-      .appName("safetensors-write")
-      .config("spark.ui.enabled", "false")
-      .config("spark.sql.shuffle.partitions", "2")
-      .config("spark.driver.host", "127.0.0.1")
-      .config("spark.driver.bindAddress", "127.0.0.1")
-      .config("spark.task.maxFailures", "1")
-      .getOrCreate()
+    spark = TestSessions.local("safetensors-write")
     base = Files.createTempDirectory("safetensors-write-suite").toFile
     WriteTask.onAllocatorClose = a => allocatorLeaks.add(a.getAllocatedMemory)
   }

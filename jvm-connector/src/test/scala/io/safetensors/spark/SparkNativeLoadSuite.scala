@@ -13,14 +13,7 @@ class SparkNativeLoadSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   override def beforeAll(): Unit = {
     super.beforeAll()
-    spark = SparkSession.builder()
-      .master("local[2]")
-      .appName("safetensors-spark-native-load")
-      .config("spark.ui.enabled", "false")
-      .config("spark.sql.shuffle.partitions", "2")
-      .config("spark.driver.host", "127.0.0.1")
-      .config("spark.driver.bindAddress", "127.0.0.1")
-      .getOrCreate()
+    spark = TestSessions.local("safetensors-spark-native-load")
   }
 
   override def afterAll(): Unit = {
