@@ -818,3 +818,33 @@ def test_local_cluster_read_on_executors(connector_jar, tmp_path):
     assert (got["count"], got["n"], got["ids"], got["x1"]) == (1000, 1000, 499500, 999000.0)
     assert got["files"] == 12
     assert got["tensor_rows"] == 24
+
+
+# ---------------------------------------------------------------------------------------------
+# Partitioning: a large shard is split by rows, small files are packed together
+# ---------------------------------------------------------------------------------------------
+
+def test_large_shard_splits_into_row_ranges_and_small_files_are_packed(spark, tmp_path):
+    # One shard of 2,000 samples × 64 floats (512,000 data bytes).
+    rows = [(i, [float(i + j) for j in range(64)]) for i in range(2000)]
+    df = spark.createDataFrame(rows, "id long, x array<float>").coalesce(1)
+    big = write_batch(df, tmp_path / "big", 2000)
+    assert len(shards(big)) == 1
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(64 * 1024))
+    spark.conf.set("spark.sql.files.openCostInBytes", "0")
+    try:
+        split = read(spark, big)
+        assert split.rdd.getNumPartitions() >= 8  # ≥ 512,000 / 65,536
+        got = split.select("id", "x").collect()
+        assert sorted(r.id for r in got) == list(range(2000))
+        assert all(r.x == [float(r.id + j) for j in range(64)] for r in got)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+        spark.conf.unset("spark.sql.files.openCostInBytes")
+
+    # Twenty tiny model files: one partition with the default settings.
+    for i in range(20):
+        save_model(tmp_path / "small" / f"m{i:02d}.safetensors", {"w": np.full((2,), i, dtype=np.float32)})
+    packed = read(spark, tmp_path / "small")
+    assert packed.rdd.getNumPartitions() == 1
+    assert sorted(r.decoded[0] for r in packed.select("decoded").collect()) == [float(i) for i in range(20)]
