@@ -208,6 +208,37 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
+// Argument and result helpers shared by the exports
+
+/// A data/format/IO error as a [`JniError::Failed`].
+pub(crate) fn failed(e: impl std::fmt::Display) -> JniError {
+    JniError::failed(e.to_string())
+}
+
+/// A required (non-null) Java string argument.
+pub(crate) fn arg(env: &Env<'_>, s: &JString<'_>, what: &str) -> Result<String, JniError> {
+    if s.is_null() {
+        return Err(JniError::invalid_argument(format!(
+            "{what} must not be null"
+        )));
+    }
+    Ok(s.try_to_string(env)?)
+}
+
+/// A JSON argument; malformed JSON is an invalid argument naming `what`.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    text: &str,
+    what: &str,
+) -> Result<T, JniError> {
+    serde_json::from_str(text)
+        .map_err(|e| JniError::invalid_argument(format!("{what}: invalid JSON: {e}")))
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String, JniError> {
+    serde_json::to_string(value).map_err(|e| JniError::failed(format!("JSON encoding: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------------
 // Handles: Box<T> <-> jlong
 
 /// Moves `value` to the heap and returns its address as a Java `long` (never 0).

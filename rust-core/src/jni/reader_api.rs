@@ -14,27 +14,16 @@ use ::jni::{Env, EnvUnowned};
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, RecordBatch, StructArray};
 
-use super::{guard, handle_mut, into_handle, take_handle, JniError};
+use super::{
+    arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
+};
 use crate::header;
-use crate::read::scan::{self, DescribeRequest, PartitionSpec, PlanRequest};
+use crate::read::scan::{self, DescribeRequest, PartitionSpec, PlanRequest, Predicate};
 use crate::read::task::ReadTask;
 use crate::read::ReadError;
 
-fn failed(e: impl std::fmt::Display) -> JniError {
-    JniError::failed(e.to_string())
-}
-
 fn read_failed(e: ReadError) -> JniError {
     JniError::failed(e.to_string())
-}
-
-fn arg(env: &Env<'_>, s: &JString<'_>, what: &str) -> Result<String, JniError> {
-    if s.is_null() {
-        return Err(JniError::invalid_argument(format!(
-            "{what} must not be null"
-        )));
-    }
-    Ok(s.try_to_string(env)?)
 }
 
 fn bytes_arg(env: &Env<'_>, b: &JByteArray<'_>, what: &str) -> Result<Vec<u8>, JniError> {
@@ -44,15 +33,6 @@ fn bytes_arg(env: &Env<'_>, b: &JByteArray<'_>, what: &str) -> Result<Vec<u8>, J
         )));
     }
     Ok(env.convert_byte_array(b)?)
-}
-
-fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, JniError> {
-    serde_json::from_str(text)
-        .map_err(|e| JniError::invalid_argument(format!("{what}: invalid JSON: {e}")))
-}
-
-fn to_json<T: serde::Serialize>(value: &T) -> Result<String, JniError> {
-    serde_json::to_string(value).map_err(|e| JniError::failed(format!("JSON encoding: {e}")))
 }
 
 fn length_arg(length: jlong, what: &str) -> Result<u64, JniError> {
@@ -77,6 +57,20 @@ pub fn describe_json(request: &str) -> Result<String, JniError> {
 pub fn plan_json(request: &str) -> Result<String, JniError> {
     let req: PlanRequest = parse_json(request, "plan request")?;
     to_json(&scan::plan(&req).map_err(read_failed)?)
+}
+
+/// `indexEntries`: the [`scan::IndexSummary`] JSON of a dataset directory's
+/// `_tensor_index.parquet` (all of its bytes) for the pushed predicates (a JSON array of
+/// [`Predicate`]s). An invalid index is a `SafetensorsException` naming it.
+pub fn index_entries_json(
+    dir: &str,
+    parquet: Vec<u8>,
+    predicates: &str,
+) -> Result<String, JniError> {
+    let predicates: Vec<Predicate> = parse_json(predicates, "predicates")?;
+    let summary =
+        scan::index_summary(dir, bytes::Bytes::from(parquet), &predicates).map_err(read_failed)?;
+    to_json(&summary)
 }
 
 /// The native state behind a `NativeReader` handle.
@@ -211,6 +205,24 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_plan<'local>(
     guard(&mut env, |env| {
         let request = arg(env, &request, "requestJson")?;
         let answer = plan_json(&request)?;
+        Ok(env.new_string(answer)?)
+    })
+}
+
+/// `static native String indexEntries(String dir, byte[] parquet, String predicatesJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_indexEntries<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    dir: JString<'local>,
+    parquet: JByteArray<'local>,
+    predicates: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let dir = arg(env, &dir, "dir")?;
+        let parquet = bytes_arg(env, &parquet, "parquet")?;
+        let predicates = arg(env, &predicates, "predicatesJson")?;
+        let answer = index_entries_json(&dir, parquet, &predicates)?;
         Ok(env.new_string(answer)?)
     })
 }
@@ -428,6 +440,16 @@ mod tests {
             open_reader("{\"layout\":\"sample\"}"),
             Err(JniError::InvalidArgument(_))
         ));
+        // indexEntries: bad predicates are the caller's fault, a bad index is a data error.
+        assert!(matches!(
+            index_entries_json("file:/d", vec![], "{"),
+            Err(JniError::InvalidArgument(_))
+        ));
+        let bad = index_entries_json("file:/d", b"not parquet".to_vec(), "[]");
+        assert!(
+            matches!(&bad, Err(JniError::Failed(m)) if m.contains("file:/d/_tensor_index.parquet")),
+            "{bad:?}"
+        );
     }
 
     #[test]

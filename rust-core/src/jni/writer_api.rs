@@ -14,7 +14,9 @@ use ::jni::sys::{jboolean, jint, jlong};
 use ::jni::{Env, EnvUnowned};
 use serde_json::json;
 
-use super::{guard, handle_mut, into_handle, take_handle, JniError};
+use super::{
+    arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
+};
 use crate::write::{ShardReport, TaskReport, TensorReport, WritePlan};
 
 use crate::write::index::{read_index, shard_report_from_header, write_index, IndexRow};
@@ -31,20 +33,6 @@ fn plan_err(e: impl std::fmt::Display) -> JniError {
     JniError::invalid_argument(e.to_string())
 }
 
-fn failed(e: impl std::fmt::Display) -> JniError {
-    JniError::failed(e.to_string())
-}
-
-/// A required (non-null) Java string argument.
-fn arg(env: &Env<'_>, s: &JString<'_>, what: &str) -> Result<String, JniError> {
-    if s.is_null() {
-        return Err(JniError::invalid_argument(format!(
-            "{what} must not be null"
-        )));
-    }
-    Ok(s.try_to_string(env)?)
-}
-
 /// An optional Java string argument (null → `None`).
 fn opt_arg(env: &Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
     if s.is_null() {
@@ -52,15 +40,6 @@ fn opt_arg(env: &Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
     } else {
         Ok(Some(s.try_to_string(env)?))
     }
-}
-
-fn parse_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, JniError> {
-    serde_json::from_str(text)
-        .map_err(|e| JniError::invalid_argument(format!("{what}: invalid JSON: {e}")))
-}
-
-fn to_json<T: serde::Serialize>(value: &T) -> Result<String, JniError> {
-    serde_json::to_string(value).map_err(|e| JniError::failed(format!("JSON encoding: {e}")))
 }
 
 fn new_string<'local>(env: &mut Env<'local>, s: &str) -> Result<JString<'local>, JniError> {

@@ -103,6 +103,10 @@ pub enum ReadErrorKind {
     #[error("invalid dataset manifest: {0}")]
     Manifest(String),
 
+    /// A `_tensor_index.parquet` that cannot be read (the message names the index).
+    #[error("invalid tensor index: {0}")]
+    Index(String),
+
     /// The JVM could not read or validate the file's prefix/header (`FileInput::header_error`).
     #[error("corrupt file: {0}")]
     Corrupt(String),

@@ -12,7 +12,19 @@
 //!
 //! Both may answer [`Answer::NeedHeaders`]: the JVM then reads those files' headers and asks
 //! again with them added (a dataset with a consistent manifest needs no header for its schema
-//! or its per-sample plan; tensor/file layouts and manifest-less files need headers).
+//! or its per-sample plan; the file layout and manifest-less files need headers, and so does
+//! the per-tensor plan unless an index serves it).
+//!
+//! Index lookups: a per-tensor [`plan`] with a pushed `key` predicate may answer
+//! [`Answer::NeedIndex`] for dataset directories with a consistent manifest and an
+//! `_tensor_index.parquet` ([`ManifestInput::has_index`]). The JVM then reads each index and
+//! passes its bytes to [`index_summary`] (JNI `indexEntries`), which keeps the rows the
+//! predicates match and counts every file's rows; the summary comes back in
+//! [`ManifestInput::index`]. When the index covers exactly the manifest's shards (the same
+//! file names, each with the manifest's tensor count), that directory's units are planned from
+//! the matching rows without any header; otherwise (or when the index could not be read) its
+//! files' headers are asked for as usual. Tasks validate every header and the planned tensors,
+//! so a stale index fails the task ("changed since the scan was planned").
 //!
 //! Files and manifests:
 //! * A file in a directory that has a manifest ([`ManifestInput::dir`] equals the file's parent
@@ -25,8 +37,10 @@
 //!
 //! Schemas: each Spark field's `nullable` is the nullability of the Arrow field the tasks
 //! produce (per-sample tensor columns are always nullable: a file may lack the tensor). Column
-//! types are the whole scan's (predicates never change them), so [`plan`] needs the same
-//! headers as [`describe`].
+//! types are the whole scan's (predicates never change them): per tensor, the `decoded` type
+//! comes from a consistent manifest's column dtypes and from the headers of files outside one.
+//! [`plan`] needs those headers too, plus, per tensor and per file, the headers of the files it
+//! plans (those a `file` predicate keeps) unless an index serves them.
 //!
 //! Errors name the file (and tensor/column) and the rule; with `ignore_corrupt` a file whose
 //! header is invalid is left out (reported in `excluded` with the reason) instead.
@@ -39,11 +53,14 @@ use super::layout::{
 };
 use crate::dtype::Dtype;
 use crate::header::{self, Header, PREFIX_LEN};
+use crate::write::index::{read_index_from, INDEX_FILE_NAME};
 use crate::write::manifest::{parse_manifest, LayoutKind, Manifest, MANIFEST_FILE_NAME};
 use arrow_schema::{DataType, Field, Fields};
+use parquet::file::reader::ChunkReader;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 
 /// Row layout requested by the `layout` option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +109,40 @@ pub struct ManifestInput {
     pub dir: String,
     /// The manifest's text.
     pub text: String,
+    /// The directory also holds `_tensor_index.parquet` (seen while listing).
+    #[serde(default)]
+    pub has_index: bool,
+    /// The index's summary for this scan's predicates ([`index_summary`]), given once the
+    /// planner asked for it ([`Answer::NeedIndex`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexSummary>,
+}
+
+/// What a dataset's `_tensor_index.parquet` says for one scan ([`index_summary`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexSummary {
+    /// Rows per `file_name`, over the whole index (matching the predicates or not).
+    #[serde(default)]
+    pub files: BTreeMap<String, u64>,
+    /// The rows the pushed predicates keep, in index order.
+    #[serde(default)]
+    pub rows: Vec<IndexEntry>,
+    /// Set (by the JVM) instead of the rest when the index could not be read or is invalid:
+    /// the planner then uses the directory's headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One row of a `_tensor_index.parquet` (spec/dataset.md §6), as far as planning needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexEntry {
+    pub file_name: String,
+    pub tensor_key: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Absolute byte offsets `[data_start, data_end)` in the file.
+    pub data_start: u64,
+    pub data_end: u64,
 }
 
 /// What the JVM found and read.
@@ -134,10 +185,25 @@ pub struct Excluded {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[must_use]
 pub enum Answer<T> {
     Ready(T),
     /// Read these files' headers (URIs as listed) and ask again.
     NeedHeaders(Vec<String>),
+    /// Read the `_tensor_index.parquet` of these dataset directories ([`ManifestInput::dir`]),
+    /// summarise each with [`index_summary`] and ask again with [`ManifestInput::index`] set.
+    NeedIndex(Vec<String>),
+}
+
+impl<T> Answer<T> {
+    /// The value when ready, else the same question as an answer of another type.
+    fn ready<U>(self) -> Result<T, Answer<U>> {
+        match self {
+            Answer::Ready(t) => Ok(t),
+            Answer::NeedHeaders(files) => Err(Answer::NeedHeaders(files)),
+            Answer::NeedIndex(dirs) => Err(Answer::NeedIndex(dirs)),
+        }
+    }
 }
 
 /// A required output column as Spark's pruning gives it.
@@ -408,11 +474,12 @@ pub enum UnitPart {
 // Catalog: which files belong to the scan and what is known about them
 // ---------------------------------------------------------------------------------------------
 
-struct ParsedManifest {
+struct ParsedManifest<'a> {
     dir: String,
     manifest: Manifest,
     /// Every listed shard was listed by the JVM with the listed length.
     consistent: bool,
+    input: &'a ManifestInput,
 }
 
 struct Entry<'a> {
@@ -423,7 +490,7 @@ struct Entry<'a> {
 }
 
 struct Catalog<'a> {
-    manifests: Vec<ParsedManifest>,
+    manifests: Vec<ParsedManifest<'a>>,
     /// Included files, sorted by URI.
     files: Vec<Entry<'a>>,
     excluded: Vec<Excluded>,
@@ -443,6 +510,7 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
             dir: m.dir.clone(),
             manifest,
             consistent: false,
+            input: m,
         });
     }
     let lengths: HashMap<&str, u64> = input
@@ -601,10 +669,8 @@ enum ScanSchema<'a> {
         columns: Vec<SampleColumn>,
         files: Vec<SampleFile<'a>>,
     },
-    Tensor {
-        decoded: Option<DataType>,
-        files: Vec<(&'a Entry<'a>, &'a Header)>,
-    },
+    /// The files and tensors come from [`tensor_files`] (planning only).
+    Tensor { decoded: Option<DataType> },
     File {
         keys: Vec<String>,
         files: Vec<(&'a Entry<'a>, &'a Header)>,
@@ -807,16 +873,31 @@ fn scan_schema<'a>(
             ScanSchema::Sample { columns, files }
         }
         Layout::Tensor => {
-            let files = match cat.headers() {
-                Ok(f) => f,
-                Err(need) => return Ok(Answer::NeedHeaders(need)),
-            };
-            let decoded = common_element(
-                files
-                    .iter()
-                    .flat_map(|(_, h)| h.tensors.iter().map(|t| t.dtype)),
-            );
-            ScanSchema::Tensor { decoded, files }
+            // A consistent manifest's column dtypes are its shards' dtypes (every shard holds
+            // every column), so only files outside one need their header.
+            let mut dtypes = Vec::new();
+            let mut manifests = HashSet::new();
+            let mut need = Vec::new();
+            for e in &cat.files {
+                if let Some((mi, _)) = e.shard {
+                    if manifests.insert(mi) {
+                        if let Some(m) = cat.manifests.get(mi) {
+                            dtypes.extend(m.manifest.tensors.0.iter().map(|(_, t)| t.dtype));
+                        }
+                    }
+                    continue;
+                }
+                match &e.header {
+                    Some(h) => dtypes.extend(h.tensors.iter().map(|t| t.dtype)),
+                    None => need.push(e.input.file.clone()),
+                }
+            }
+            if !need.is_empty() {
+                return Ok(Answer::NeedHeaders(need));
+            }
+            ScanSchema::Tensor {
+                decoded: common_element(dtypes),
+            }
         }
         Layout::File => {
             let files = match cat.headers() {
@@ -936,13 +1017,13 @@ impl ScanSchema<'_> {
 /// Resolves the layout and the schema.
 pub fn describe(req: &DescribeRequest) -> Result<Answer<ScanDescription>, ReadError> {
     let cat = catalog(&req.input)?;
-    let layout = match cat.resolve(req.layout) {
-        Answer::Ready(l) => l,
-        Answer::NeedHeaders(need) => return Ok(Answer::NeedHeaders(need)),
+    let layout = match cat.resolve(req.layout).ready() {
+        Ok(l) => l,
+        Err(ask) => return Ok(ask),
     };
-    let schema = match scan_schema(&cat, layout)? {
-        Answer::Ready(s) => s,
-        Answer::NeedHeaders(need) => return Ok(Answer::NeedHeaders(need)),
+    let schema = match scan_schema(&cat, layout)?.ready() {
+        Ok(s) => s,
+        Err(ask) => return Ok(ask),
     };
     let (schema_json, metadata_columns) = schema.spark_json();
     Ok(Answer::Ready(ScanDescription {
@@ -1072,6 +1153,7 @@ fn sample_bytes(t: &TensorAssumption) -> u64 {
 
 fn units(
     schema: &ScanSchema<'_>,
+    tensor_files: &[TensorFile<'_>],
     columns: &[OutputColumn],
     filters: &Filters<'_>,
     max_bytes: u64,
@@ -1116,28 +1198,22 @@ fn units(
                 }
             }
         }
-        ScanSchema::Tensor { files, .. } => {
-            let reads = |t: &crate::header::TensorInfo| {
+        ScanSchema::Tensor { .. } => {
+            let reads = |dtype: Dtype| {
                 columns
                     .iter()
                     .filter_map(|c| c.source.tensor_column())
-                    .any(|c| c.reads_data(t.dtype))
+                    .any(|c| c.reads_data(dtype))
             };
-            for (e, h) in files {
-                let uri = &e.input.file;
-                if !passes(&filters.file, uri) {
-                    continue;
-                }
-                let matching = h.tensors.iter().filter(|t| {
-                    passes(&filters.key, &t.name) && passes(&filters.dtype, t.dtype.name())
-                });
+            for f in tensor_files {
+                let uri = &f.entry.input.file;
                 let mut group: Vec<TensorAssumption> = Vec::new();
                 let mut group_bytes = 0u64;
                 let mut flush = |group: &mut Vec<TensorAssumption>, bytes: &mut u64| {
                     if !group.is_empty() {
                         out.push(Unit {
                             file: uri.clone(),
-                            length: e.input.length,
+                            length: f.entry.input.length,
                             part: UnitPart::Tensors {
                                 tensors: std::mem::take(group),
                             },
@@ -1146,12 +1222,12 @@ fn units(
                     }
                     *bytes = 0;
                 };
-                for t in matching {
-                    let b = if reads(t) { t.byte_len() } else { 0 };
+                for (t, len) in &f.tensors {
+                    let b = if reads(t.dtype) { *len } else { 0 };
                     if !group.is_empty() && b > 0 && group_bytes.saturating_add(b) > max_bytes {
                         flush(&mut group, &mut group_bytes);
                     }
-                    group.push(assumption(t));
+                    group.push(t.clone());
                     group_bytes = group_bytes.saturating_add(b);
                 }
                 flush(&mut group, &mut group_bytes);
@@ -1187,6 +1263,170 @@ fn units(
     out
 }
 
+/// One file of a per-tensor plan: its matching tensors (in file order) with their byte sizes.
+struct TensorFile<'a> {
+    entry: &'a Entry<'a>,
+    tensors: Vec<(TensorAssumption, u64)>,
+}
+
+/// Whether an index's rows cover exactly the manifest's shards: the same file names, each with
+/// as many rows as the shard has tensors.
+fn index_covers(m: &Manifest, index: &IndexSummary) -> bool {
+    index.error.is_none()
+        && index.files.len() == m.shards.len()
+        && m.shards
+            .iter()
+            .all(|s| index.files.get(&s.file) == Some(&s.tensors))
+}
+
+/// Per manifest of the catalog: whether the per-tensor plan takes its directory's tensors
+/// from its index. Only with a `key` predicate (the index answers which files hold a key),
+/// only for a consistent manifest whose directory has an index and a shard the `file`
+/// predicates keep; asks for the summaries it lacks ([`Answer::NeedIndex`]).
+fn indexed_manifests(cat: &Catalog<'_>, filters: &Filters<'_>) -> Answer<Vec<bool>> {
+    let mut use_index = vec![false; cat.manifests.len()];
+    if filters.key.is_empty() {
+        return Answer::Ready(use_index);
+    }
+    let mut need = Vec::new();
+    for (m, used) in cat.manifests.iter().zip(&mut use_index) {
+        let wanted = m.consistent
+            && m.input.has_index
+            && m.manifest
+                .shards
+                .iter()
+                .any(|s| passes(&filters.file, &format!("{}/{}", m.dir, s.file)));
+        if !wanted {
+            continue;
+        }
+        match &m.input.index {
+            None => need.push(m.dir.clone()),
+            Some(index) => *used = index_covers(&m.manifest, index),
+        }
+    }
+    if need.is_empty() {
+        Answer::Ready(use_index)
+    } else {
+        Answer::NeedIndex(need)
+    }
+}
+
+/// The files a per-tensor plan reads, with their matching tensors: from the index for the
+/// directories `indexed` marks, else from headers (asked for when missing). Files the `file`
+/// predicates exclude need nothing.
+fn tensor_files<'a>(
+    cat: &'a Catalog<'a>,
+    filters: &Filters<'_>,
+    indexed: &[bool],
+) -> Answer<Vec<TensorFile<'a>>> {
+    let mut rows: HashMap<(usize, &str), Vec<&IndexEntry>> = HashMap::new();
+    for (mi, m) in cat.manifests.iter().enumerate() {
+        if !indexed.get(mi).copied().unwrap_or(false) {
+            continue;
+        }
+        for r in m.input.index.iter().flat_map(|i| &i.rows) {
+            rows.entry((mi, r.file_name.as_str())).or_default().push(r);
+        }
+    }
+    let keep = |name: &str, dtype: Dtype| {
+        passes(&filters.key, name) && passes(&filters.dtype, dtype.name())
+    };
+    let mut out = Vec::new();
+    let mut need = Vec::new();
+    for e in &cat.files {
+        let uri = e.input.file.as_str();
+        if !passes(&filters.file, uri) {
+            continue;
+        }
+        let from_index = e
+            .shard
+            .filter(|(mi, _)| indexed.get(*mi).copied().unwrap_or(false));
+        if let Some((mi, _)) = from_index {
+            let (_, name) = split_uri(uri);
+            let mut found: Vec<&IndexEntry> = rows.remove(&(mi, name)).unwrap_or_default();
+            found.sort_by_key(|r| r.data_start);
+            let tensors: Vec<_> = found
+                .into_iter()
+                .filter(|r| keep(&r.tensor_key, r.dtype))
+                .map(|r| {
+                    (
+                        TensorAssumption {
+                            name: r.tensor_key.clone(),
+                            dtype: r.dtype,
+                            shape: r.shape.clone(),
+                        },
+                        r.data_end.saturating_sub(r.data_start),
+                    )
+                })
+                .collect();
+            if !tensors.is_empty() {
+                out.push(TensorFile { entry: e, tensors });
+            }
+            continue;
+        }
+        match &e.header {
+            None => need.push(uri.to_owned()),
+            Some(h) => {
+                let tensors: Vec<_> = h
+                    .tensors
+                    .iter()
+                    .filter(|t| keep(&t.name, t.dtype))
+                    .map(|t| (assumption(t), t.byte_len()))
+                    .collect();
+                if !tensors.is_empty() {
+                    out.push(TensorFile { entry: e, tensors });
+                }
+            }
+        }
+    }
+    if need.is_empty() {
+        Answer::Ready(out)
+    } else {
+        Answer::NeedHeaders(need)
+    }
+}
+
+/// Summarises a dataset directory's `_tensor_index.parquet` (the whole file's bytes, or any
+/// Parquet source) for a per-tensor plan with `predicates`: every file's row count and the rows
+/// the `key`/`dtype`/`file` predicates keep (a row's file is `dir + "/" + file_name`). Errors:
+/// an invalid predicate, or an index that is not valid Parquet with the index's columns.
+pub fn index_summary<R: ChunkReader + 'static>(
+    dir: &str,
+    parquet: R,
+    predicates: &[Predicate],
+) -> Result<IndexSummary, ReadError> {
+    let f = filters(Layout::Tensor, predicates)?;
+    let name = format!("{dir}/{INDEX_FILE_NAME}");
+    let mut files: BTreeMap<String, u64> = BTreeMap::new();
+    let rows = read_index_from(parquet, Path::new(&name), |r| {
+        match files.get_mut(r.file_name) {
+            Some(n) => *n += 1,
+            None => {
+                files.insert(r.file_name.to_owned(), 1);
+            }
+        }
+        passes(&f.key, r.tensor_key)
+            && passes(&f.dtype, r.dtype)
+            && (f.file.is_empty() || passes(&f.file, &format!("{dir}/{}", r.file_name)))
+    })
+    .map_err(|e| ReadErrorKind::Index(e.to_string()).in_scan())?;
+    Ok(IndexSummary {
+        files,
+        rows: rows
+            .into_iter()
+            .map(|r| IndexEntry {
+                file_name: r.file_name,
+                tensor_key: r.tensor_key,
+                dtype: r.dtype,
+                shape: r.shape,
+                data_start: r.data_start,
+                data_end: r.data_end,
+            })
+            .collect(),
+        error: None,
+    })
+}
+
 /// Spark's `FilePartition.getFilePartitions`: largest first, a partition is closed when the
 /// next unit would take it beyond `max_bytes`; every unit also costs `open_cost`.
 fn pack(mut units: Vec<Unit>, max_bytes: u64, open_cost: u64) -> Vec<Vec<Unit>> {
@@ -1210,14 +1450,37 @@ fn pack(mut units: Vec<Unit>, max_bytes: u64, open_cost: u64) -> Vec<Vec<Unit>> 
 
 /// Plans the partitions.
 ///
-/// Needs the same headers as [`describe`] (the column types are the whole scan's, whatever
-/// the predicates), validates `required` and `predicates` against the layout, and drops files
-/// and tensors the predicates exclude: they appear in no unit and are never opened.
+/// Needs the headers [`describe`] needs (the column types are the whole scan's, whatever the
+/// predicates) and those of the files it plans, or, for a key lookup, the index summaries
+/// ([`Answer::NeedIndex`], module docs); validates `required` and `predicates` against the
+/// layout, and drops files and tensors the predicates exclude: they appear in no unit and are
+/// never opened.
 pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> {
     let cat = catalog(&req.input)?;
-    let schema = match scan_schema(&cat, req.layout)? {
-        Answer::Ready(s) => s,
-        Answer::NeedHeaders(need) => return Ok(Answer::NeedHeaders(need)),
+    let filters = filters(req.layout, &req.predicates)?;
+    let mut files = Vec::new();
+    if req.layout == Layout::Tensor {
+        let indexed = match indexed_manifests(&cat, &filters).ready() {
+            Ok(i) => i,
+            Err(ask) => return Ok(ask),
+        };
+        files = match tensor_files(&cat, &filters, &indexed) {
+            Answer::Ready(f) => f,
+            Answer::NeedHeaders(mut need) => {
+                // Ask in one round for the schema's headers too (files the predicates exclude).
+                if let Answer::NeedHeaders(more) = scan_schema(&cat, req.layout)? {
+                    need.extend(more);
+                    need.sort();
+                    need.dedup();
+                }
+                return Ok(Answer::NeedHeaders(need));
+            }
+            Answer::NeedIndex(dirs) => return Ok(Answer::NeedIndex(dirs)),
+        };
+    }
+    let schema = match scan_schema(&cat, req.layout)?.ready() {
+        Ok(s) => s,
+        Err(ask) => return Ok(ask),
     };
     let all = schema.columns();
     let columns = req
@@ -1225,8 +1488,7 @@ pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> 
         .iter()
         .map(|rc| output_column(req.layout, &all, rc))
         .collect::<Result<Vec<_>, _>>()?;
-    let filters = filters(req.layout, &req.predicates)?;
-    let units = units(&schema, &columns, &filters, req.max_partition_bytes);
+    let units = units(&schema, &files, &columns, &filters, req.max_partition_bytes);
     let specs = pack(units, req.max_partition_bytes, req.open_cost_bytes)
         .into_iter()
         .map(|units| PartitionSpec {

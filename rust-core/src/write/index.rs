@@ -16,6 +16,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+use parquet::file::reader::ChunkReader;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -230,6 +231,29 @@ fn write_to(tmp: &Path, rows: &[IndexRow]) -> Result<(), IndexError> {
 /// Reads an index back (e.g. to merge the rows of an append). The columns must be exactly those
 /// of [`index_schema`] (names and types; nullability is not compared).
 pub fn read_index(path: &Path) -> Result<Vec<IndexRow>, IndexError> {
+    let file = File::open(path).map_err(|source| IndexError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    read_index_from(file, path, |_| true)
+}
+
+/// The fields of one index row a [`read_index_from`] filter sees (before the row is built).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexRowRef<'a> {
+    pub tensor_key: &'a str,
+    pub file_name: &'a str,
+    pub dtype: &'a str,
+}
+
+/// Reads the rows of an index from any Parquet source (a `File`, or `bytes::Bytes` holding the
+/// whole file), keeping those `keep` accepts; `keep` sees every row, in file order. `path`
+/// names the index in errors. Columns as for [`read_index`].
+pub fn read_index_from<R: ChunkReader + 'static>(
+    reader: R,
+    path: &Path,
+    mut keep: impl FnMut(IndexRowRef<'_>) -> bool,
+) -> Result<Vec<IndexRow>, IndexError> {
     let pq = |e: parquet::errors::ParquetError| IndexError::Parquet {
         path: path.to_path_buf(),
         message: e.to_string(),
@@ -238,11 +262,7 @@ pub fn read_index(path: &Path) -> Result<Vec<IndexRow>, IndexError> {
         path: path.to_path_buf(),
         problem,
     };
-    let file = File::open(path).map_err(|source| IndexError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(pq)?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(reader).map_err(pq)?;
     let expected = index_schema();
     let found = builder.schema().clone();
     let same = found.fields().len() == expected.fields().len()
@@ -258,7 +278,7 @@ pub fn read_index(path: &Path) -> Result<Vec<IndexRow>, IndexError> {
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| invalid(e.to_string()))?;
-        read_batch(&batch, &mut out).map_err(invalid)?;
+        read_batch(&batch, &mut out, &mut keep).map_err(invalid)?;
     }
     Ok(out)
 }
@@ -270,7 +290,11 @@ fn types_match(a: &DataType, b: &DataType) -> bool {
     }
 }
 
-fn read_batch(b: &RecordBatch, out: &mut Vec<IndexRow>) -> Result<(), String> {
+fn read_batch(
+    b: &RecordBatch,
+    out: &mut Vec<IndexRow>,
+    keep: &mut impl FnMut(IndexRowRef<'_>) -> bool,
+) -> Result<(), String> {
     let col = |i: usize| b.column(i);
     let key = col(0).as_string::<i32>();
     let file = col(1).as_string::<i32>();
@@ -296,6 +320,13 @@ fn read_batch(b: &RecordBatch, out: &mut Vec<IndexRow>) -> Result<(), String> {
     let to_u64 = |what: &str, v: i64| u64::try_from(v).map_err(|_| format!("negative {what} {v}"));
     for i in 0..b.num_rows() {
         let d = dtype.value(i);
+        if !keep(IndexRowRef {
+            tensor_key: key.value(i),
+            file_name: file.value(i),
+            dtype: d,
+        }) {
+            continue;
+        }
         let dims = shape.value(i);
         let dims = dims.as_primitive::<Int64Type>();
         if dims.null_count() != 0 {

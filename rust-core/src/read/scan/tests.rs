@@ -224,6 +224,8 @@ pub(crate) fn manifest(
     ManifestInput {
         dir: dir.uri(),
         text: m.to_json_pretty().unwrap(),
+        has_index: false,
+        index: None,
     }
 }
 
@@ -996,4 +998,521 @@ fn json_shapes_round_trip() {
     let pred: Predicate =
         serde_json::from_value(json!({"column": "key", "op": "prefix", "values": ["a"]})).unwrap();
     assert_eq!(pred.test, PredicateTest::Prefix(vec!["a".into()]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key lookups through `_tensor_index.parquet`
+// ---------------------------------------------------------------------------------------------
+
+/// Key `i` of the KV fixtures.
+fn kv_key(i: usize) -> String {
+    format!("k{i:03}")
+}
+
+/// A KV dataset: `shards` shards of `per_shard` keys each; key i has `k<i>__v` (F32 [4]) and
+/// `k<i>__n` (I16 []). Returns the shards, a consistent manifest (`has_index` set when the index
+/// is written) and the index rows of every shard (written to `_tensor_index.parquet` when
+/// `index`).
+fn kv_dataset(
+    dir: &Dir,
+    shards: usize,
+    per_shard: usize,
+    index: bool,
+) -> (Vec<FileInput>, ManifestInput, Vec<IndexRow>) {
+    use crate::write::index::{write_index, IndexRow};
+    let mut files = Vec::new();
+    let mut rows = Vec::new();
+    let mut listed = Vec::new();
+    for s in 0..shards {
+        let name = shard_name(s as u32, 0);
+        let keys: Vec<String> = (s * per_shard..(s + 1) * per_shard).map(kv_key).collect();
+        let names: Vec<(String, String)> = keys
+            .iter()
+            .map(|k| (format!("{k}__v"), format!("{k}__n")))
+            .collect();
+        let mut tensors: Vec<(&str, Dtype, &[u64])> = Vec::new();
+        for (v, n) in &names {
+            tensors.push((v, Dtype::F32, &[4]));
+            tensors.push((n, Dtype::I16, &[]));
+        }
+        let n = per_shard.to_string();
+        let meta = [
+            ("safetensors_spark.format_version", "1"),
+            ("safetensors_spark.layout", "kv"),
+            ("safetensors_spark.samples", n.as_str()),
+            ("safetensors_spark.padded_samples", "0"),
+            ("safetensors_spark.kv_separator", "__"),
+        ];
+        let f = write(dir, &name, Some(&meta), &tensors);
+        let h = crate::file::read_header(path_of(&f.file)).unwrap();
+        for t in &h.tensors {
+            let (key, column) = t.name.rsplit_once("__").unwrap();
+            rows.push(IndexRow {
+                tensor_key: t.name.clone(),
+                file_name: name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                data_start: h.data_start() + t.data_offsets[0],
+                data_end: h.data_start() + t.data_offsets[1],
+                sample_key: Some(key.to_string()),
+                column: column.to_string(),
+            });
+        }
+        listed.push(ManifestShard {
+            file: name,
+            partition: s as u32,
+            samples: per_shard as u64,
+            padded_samples: 0,
+            tensors: 2 * per_shard as u64,
+            bytes: f.length,
+        });
+        files.push(f);
+    }
+    let m = Manifest {
+        format: MANIFEST_FORMAT.into(),
+        format_version: MANIFEST_FORMAT_VERSION,
+        created_by: "test".into(),
+        layout: LayoutKind::Kv,
+        batch_size: None,
+        tail_strategy: None,
+        kv_separator: Some("__".into()),
+        tensors: ColumnMap(vec![
+            (
+                "v".into(),
+                ManifestTensor {
+                    dtype: Dtype::F32,
+                    sample_shape: Some(vec![4]),
+                },
+            ),
+            (
+                "n".into(),
+                ManifestTensor {
+                    dtype: Dtype::I16,
+                    sample_shape: Some(vec![]),
+                },
+            ),
+        ]),
+        total_samples: (shards * per_shard) as u64,
+        padded_samples: 0,
+        dropped_samples: 0,
+        total_bytes: files.iter().map(|f| f.length).sum(),
+        shards: listed,
+    };
+    if index {
+        write_index(&dir.0.join(INDEX_FILE_NAME), rows.clone()).unwrap();
+    }
+    let m = ManifestInput {
+        dir: dir.uri(),
+        text: m.to_json_pretty().unwrap(),
+        has_index: index,
+        index: None,
+    };
+    (files, m, rows)
+}
+
+use crate::write::index::IndexRow;
+
+/// What the JVM does for `need_index`: the index file's bytes through [`index_summary`].
+fn with_index(dir: &Dir, m: &ManifestInput, predicates: &[Predicate]) -> ManifestInput {
+    let bytes = std::fs::read(dir.0.join(INDEX_FILE_NAME)).unwrap();
+    ManifestInput {
+        index: Some(index_summary(&m.dir, bytes::Bytes::from(bytes), predicates).unwrap()),
+        ..m.clone()
+    }
+}
+
+fn key_in(keys: &[&str]) -> Predicate {
+    Predicate {
+        column: "key".into(),
+        test: PredicateTest::In(keys.iter().map(|k| k.to_string()).collect()),
+    }
+}
+
+fn key_prefix(prefix: &str) -> Predicate {
+    Predicate {
+        column: "key".into(),
+        test: PredicateTest::Prefix(vec![prefix.into()]),
+    }
+}
+
+/// (file name, tensor names) of every unit, sorted.
+fn unit_tensors(specs: &[PartitionSpec]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = specs
+        .iter()
+        .flat_map(|s| s.units.iter())
+        .map(|u| match &u.part {
+            UnitPart::Tensors { tensors } => (
+                u.file.rsplit_once('/').unwrap().1.to_string(),
+                tensors.iter().map(|t| t.name.clone()).collect(),
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn describe_per_tensor_from_a_consistent_manifest_needs_no_header() {
+    let dir = Dir::new("kvdesc");
+    let (files, m, _) = kv_dataset(&dir, 3, 4, true);
+    // Auto on a KV manifest is per tensor; the schema (decoded: F32 + I16 → float) comes from
+    // the manifest's column dtypes, the same as from every header.
+    let d = describe_ok(LayoutOption::Auto, input(&files, std::slice::from_ref(&m)));
+    assert_eq!(d.layout, Layout::Tensor);
+    let headers: Vec<FileInput> = files.iter().map(with_header).collect();
+    let from_headers = describe_ok(LayoutOption::Tensor, input(&headers, &[]));
+    assert_eq!(d.schema, from_headers.schema);
+    assert_eq!(d.schema["fields"][6]["name"], json!("decoded"));
+    assert_eq!(d.schema["fields"][6]["type"], array_of(json!("float")));
+    // An inconsistent manifest is not trusted: headers.
+    let r = describe(&DescribeRequest {
+        layout: LayoutOption::Tensor,
+        input: input(&files[..2], &[m]),
+    })
+    .unwrap();
+    assert_eq!(
+        r,
+        Answer::NeedHeaders(files[..2].iter().map(|f| f.file.clone()).collect())
+    );
+}
+
+#[test]
+fn key_lookups_are_planned_from_the_index_without_headers() {
+    let dir = Dir::new("kvidx");
+    let (files, m, _) = kv_dataset(&dir, 4, 5, true);
+    let key = kv_key(7);
+    let wanted = format!("{key}__v");
+    let mut r = plan_req(
+        Layout::Tensor,
+        input(&files, std::slice::from_ref(&m)),
+        &["key", "decoded"],
+    );
+    r.predicates = vec![key_in(&[&wanted])];
+    // First the index, not the headers.
+    assert_eq!(plan(&r).unwrap(), Answer::NeedIndex(vec![m.dir.clone()]));
+    assert_eq!(
+        serde_json::to_value(plan(&r).unwrap()).unwrap(),
+        json!({"need_index": [m.dir.clone()]})
+    );
+    // With the index's summary: one unit, in the shard holding the key; no header given.
+    let summary = with_index(&dir, &m, &r.predicates);
+    assert_eq!(
+        summary.index.as_ref().unwrap().rows.len(),
+        1,
+        "only matching rows cross JNI"
+    );
+    assert_eq!(summary.index.as_ref().unwrap().files.len(), 4);
+    r.input.manifests = vec![summary];
+    let specs = plan_ok(&r);
+    assert_eq!(
+        unit_tensors(&specs),
+        [(shard_name(1, 0), vec![wanted.clone()])]
+    );
+    let unit = &specs[0].units[0];
+    assert_eq!(unit.file, files[1].file);
+    assert_eq!(unit.length, files[1].length);
+    assert_eq!(unit.bytes, 16);
+    assert_eq!(
+        unit.part,
+        UnitPart::Tensors {
+            tensors: vec![TensorAssumption {
+                name: wanted.clone(),
+                dtype: Dtype::F32,
+                shape: vec![4],
+            }]
+        }
+    );
+    assert_eq!(
+        specs[0].columns[1].source,
+        ColumnSource::Decoded {
+            element: ElementType::Float
+        }
+    );
+    // The plan equals the one made from every header (index ignored: no `has_index`).
+    let headers: Vec<FileInput> = files.iter().map(with_header).collect();
+    let mut from_headers = r.clone();
+    from_headers.input = input(
+        &headers,
+        &[ManifestInput {
+            has_index: false,
+            index: None,
+            ..m.clone()
+        }],
+    );
+    assert_eq!(plan_ok(&from_headers), specs);
+    // The task runs it: the header agrees with the index.
+    let mut task = crate::read::task::ReadTask::new(specs[0].clone());
+    task.open_local(0, &path_of(&unit.file)).unwrap();
+    let batch = task.next_batch().unwrap().unwrap();
+    assert_eq!(batch.num_rows(), 1);
+
+    // Prefix and IN over several files, with a dtype predicate: only matching files get units.
+    r.predicates = vec![
+        key_prefix("k01"),
+        Predicate {
+            column: "dtype".into(),
+            test: PredicateTest::In(vec!["I16".into()]),
+        },
+    ];
+    r.input.manifests = vec![with_index(&dir, &m, &r.predicates)];
+    let expect = |keys: std::ops::Range<usize>, shard: u32| {
+        (
+            shard_name(shard, 0),
+            keys.map(|i| format!("{}__n", kv_key(i)))
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(
+        unit_tensors(&plan_ok(&r)),
+        [expect(10..15, 2), expect(15..20, 3)]
+    );
+    r.predicates = vec![key_in(&["k001__v", "k019__n", "nope"])];
+    r.input.manifests = vec![with_index(&dir, &m, &r.predicates)];
+    assert_eq!(
+        unit_tensors(&plan_ok(&r)),
+        [
+            (shard_name(0, 0), vec!["k001__v".to_string()]),
+            (shard_name(3, 0), vec!["k019__n".to_string()]),
+        ]
+    );
+    // A `file` predicate: applied to the index rows by URI.
+    r.predicates = vec![
+        key_prefix("k"),
+        Predicate {
+            column: "file".into(),
+            test: PredicateTest::In(vec![files[2].file.clone()]),
+        },
+    ];
+    r.input.manifests = vec![with_index(&dir, &m, &r.predicates)];
+    let got = unit_tensors(&plan_ok(&r));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, shard_name(2, 0));
+    assert_eq!(got[0].1.len(), 10);
+    // No match at all: no partition, still no header.
+    r.predicates = vec![key_in(&["absent"])];
+    r.input.manifests = vec![with_index(&dir, &m, &r.predicates)];
+    assert!(plan_ok(&r).is_empty());
+}
+
+#[test]
+fn an_index_not_covering_the_manifest_is_ignored() {
+    let dir = Dir::new("kvcover");
+    let (files, m, rows) = kv_dataset(&dir, 3, 2, true);
+    let mut r = plan_req(
+        Layout::Tensor,
+        input(&files, std::slice::from_ref(&m)),
+        &["key"],
+    );
+    r.predicates = vec![key_in(&["k000__v"])];
+    let all: Vec<String> = files.iter().map(|f| f.file.clone()).collect();
+    let summary = with_index(&dir, &m, &r.predicates).index.unwrap();
+    let mut variants = Vec::new();
+    // A shard missing from the index.
+    let mut missing = summary.clone();
+    missing.files.remove(&shard_name(2, 0));
+    variants.push(missing);
+    // A file the manifest does not list.
+    let mut extra = summary.clone();
+    extra.files.insert("other.safetensors".into(), 1);
+    variants.push(extra);
+    // A shard with another number of tensors than the manifest says.
+    let mut count = summary.clone();
+    *count.files.get_mut(&shard_name(0, 0)).unwrap() += 1;
+    variants.push(count);
+    // An index that could not be read.
+    variants.push(IndexSummary {
+        error: Some("boom".into()),
+        ..IndexSummary::default()
+    });
+    for index in variants {
+        r.input.manifests = vec![ManifestInput {
+            index: Some(index.clone()),
+            ..m.clone()
+        }];
+        assert_eq!(
+            plan(&r).unwrap(),
+            Answer::NeedHeaders(all.clone()),
+            "{index:?}"
+        );
+    }
+    // Actually rewritten without the last shard: the summary says so.
+    crate::write::index::write_index(
+        &dir.0.join(INDEX_FILE_NAME),
+        rows.iter()
+            .filter(|x| x.file_name != shard_name(2, 0))
+            .cloned(),
+    )
+    .unwrap();
+    r.input.manifests = vec![with_index(&dir, &m, &r.predicates)];
+    assert_eq!(plan(&r).unwrap(), Answer::NeedHeaders(all.clone()));
+    // With the headers, the plan is right.
+    r.input.files = files.iter().map(with_header).collect();
+    assert_eq!(
+        unit_tensors(&plan_ok(&r)),
+        [(shard_name(0, 0), vec!["k000__v".to_string()])]
+    );
+    // An inconsistent manifest (a shard with another length): its index is not even asked for.
+    let mut r2 = r.clone();
+    r2.input.files = files.clone();
+    r2.input.files[1].length += 1;
+    r2.input.manifests = vec![m.clone()];
+    assert_eq!(plan(&r2).unwrap(), Answer::NeedHeaders(all));
+}
+
+#[test]
+fn the_index_is_only_for_key_predicates_per_tensor() {
+    let dir = Dir::new("kvonly");
+    let (files, m, _) = kv_dataset(&dir, 2, 2, true);
+    let all: Vec<String> = files.iter().map(|f| f.file.clone()).collect();
+    let mut r = plan_req(
+        Layout::Tensor,
+        input(&files, std::slice::from_ref(&m)),
+        &["key"],
+    );
+    // No predicate, or only dtype/file ones: headers, never the index.
+    for predicates in [
+        vec![],
+        vec![Predicate {
+            column: "dtype".into(),
+            test: PredicateTest::In(vec!["F32".into()]),
+        }],
+        vec![Predicate {
+            column: "file".into(),
+            test: PredicateTest::Prefix(vec![dir.uri()]),
+        }],
+    ] {
+        r.predicates = predicates;
+        assert_eq!(plan(&r).unwrap(), Answer::NeedHeaders(all.clone()));
+    }
+    // A key predicate but no index in the directory: headers.
+    r.predicates = vec![key_prefix("k")];
+    r.input.manifests = vec![ManifestInput {
+        has_index: false,
+        ..m.clone()
+    }];
+    assert_eq!(plan(&r).unwrap(), Answer::NeedHeaders(all.clone()));
+    // A key predicate whose files the `file` predicate all excludes: nothing to ask.
+    r.input.manifests = vec![m.clone()];
+    r.predicates = vec![
+        key_prefix("k"),
+        Predicate {
+            column: "file".into(),
+            test: PredicateTest::In(vec!["file:/elsewhere.safetensors".into()]),
+        },
+    ];
+    assert!(plan_ok(&r).is_empty());
+    // A file outside the dataset: its header is needed for the schema (`decoded`) even when a
+    // `file` predicate leaves it out, and asked for together with the plan's.
+    let other = Dir::new("kvonly-other");
+    let loose = write(
+        &other,
+        "loose.safetensors",
+        None,
+        &[("w", Dtype::F64, &[2])],
+    );
+    let mut with_loose = plan_req(
+        Layout::Tensor,
+        input(
+            &[files[0].clone(), files[1].clone(), loose.clone()],
+            std::slice::from_ref(&m),
+        ),
+        &["key"],
+    );
+    with_loose.predicates = vec![
+        key_prefix("k"),
+        Predicate {
+            column: "file".into(),
+            test: PredicateTest::In(vec![files[0].file.clone()]),
+        },
+    ];
+    assert_eq!(
+        plan(&with_loose).unwrap(),
+        Answer::NeedIndex(vec![m.dir.clone()])
+    );
+    with_loose.input.manifests = vec![with_index(&dir, &m, &with_loose.predicates)];
+    assert_eq!(
+        plan(&with_loose).unwrap(),
+        Answer::NeedHeaders(vec![loose.file.clone()])
+    );
+    with_loose.input.files[2] = with_header(&loose);
+    let specs = plan_ok(&with_loose);
+    assert_eq!(unit_tensors(&specs).len(), 1);
+    // Without the index: the planned file's and the schema's headers in one round.
+    with_loose.input.files[2] = loose.clone();
+    with_loose.input.manifests = vec![ManifestInput {
+        has_index: false,
+        ..m.clone()
+    }];
+    assert_eq!(
+        plan(&with_loose).unwrap(),
+        Answer::NeedHeaders(vec![files[0].file.clone(), loose.file.clone()])
+    );
+    // The per-file layout needs headers whatever the index.
+    let f = plan_req(Layout::File, input(&files, &[m]), &["file"]);
+    assert_eq!(plan(&f).unwrap(), Answer::NeedHeaders(all));
+}
+
+#[test]
+fn a_stale_index_fails_the_task_loudly() {
+    let dir = Dir::new("kvstale");
+    let (files, m, _) = kv_dataset(&dir, 2, 2, true);
+    let mut r = plan_req(
+        Layout::Tensor,
+        input(&files, std::slice::from_ref(&m)),
+        &["key", "data"],
+    );
+    r.predicates = vec![key_in(&["k003__v"])];
+    let mut stale = with_index(&dir, &m, &r.predicates);
+    // The index says k003__v is F32 [5]; the file holds F32 [4].
+    stale.index.as_mut().unwrap().rows[0].shape = vec![5];
+    r.input.manifests = vec![stale];
+    let specs = plan_ok(&r);
+    let mut task = crate::read::task::ReadTask::new(specs[0].clone());
+    let e = task
+        .open_local(0, &path_of(&specs[0].units[0].file))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("changed since the scan was planned"),
+        "{e}"
+    );
+    assert_eq!(e.tensor.as_deref(), Some("k003__v"));
+    // A key the index has but the file lost: missing.
+    let mut gone = with_index(&dir, &m, &r.predicates);
+    gone.index.as_mut().unwrap().rows[0].tensor_key = "k003__gone".into();
+    r.predicates = vec![key_prefix("k003")];
+    r.input.manifests = vec![gone];
+    let specs = plan_ok(&r);
+    let mut task = crate::read::task::ReadTask::new(specs[0].clone());
+    let e = task
+        .open_local(0, &path_of(&specs[0].units[0].file))
+        .unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+}
+
+#[test]
+fn index_summary_counts_rows_and_rejects_bad_input() {
+    let dir = Dir::new("kvsum");
+    let (_, m, rows) = kv_dataset(&dir, 2, 3, true);
+    let bytes = bytes::Bytes::from(std::fs::read(dir.0.join(INDEX_FILE_NAME)).unwrap());
+    let s = index_summary(&m.dir, bytes.clone(), &[key_prefix("k00")]).unwrap();
+    assert_eq!(s.files.values().sum::<u64>(), rows.len() as u64);
+    assert_eq!(s.files[&shard_name(0, 0)], 6);
+    let keys: Vec<&str> = s.rows.iter().map(|r| r.tensor_key.as_str()).collect();
+    assert_eq!(keys.len(), 12, "k000..k005, two tensors each");
+    assert!(s
+        .rows
+        .windows(2)
+        .all(|w| w[0].data_start < w[1].data_start || w[0].file_name < w[1].file_name));
+    let e = index_summary(&m.dir, bytes::Bytes::from_static(b"PAR1"), &[]).unwrap_err();
+    assert!(e.to_string().contains(INDEX_FILE_NAME), "{e}");
+    let bad = Predicate {
+        column: "shape".into(),
+        test: PredicateTest::In(vec![]),
+    };
+    assert!(index_summary(&m.dir, bytes, &[bad]).is_err());
+    // JSON shape of a summary.
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["rows"][0]["dtype"], json!("F32"));
+    assert!(v.get("error").is_none());
 }

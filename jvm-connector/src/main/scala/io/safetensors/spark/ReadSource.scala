@@ -77,26 +77,40 @@ private[spark] final case class ListedFile(uri: String, length: Long)
 
 /**
  * The files and manifests a read covers, and the driver's conversations with the Rust planner
- * (which answers `need_headers` until it has every header it wants).
+ * (which answers `need_headers` until it has every header it wants, and `need_index` when a
+ * dataset's `_tensor_index.parquet` can serve a key lookup instead of its headers).
  */
 private[spark] final class ReadSource(val options: ReadOptions, conf: Configuration) {
   import ReadSource._
 
-  val (files: Seq[ListedFile], manifests: Seq[(String, String)]) = list()
+  val (files: Seq[ListedFile], manifests: Seq[(String, String)], indexes: Map[String, String]) =
+    list()
 
   /** Header JSON text (or the error that stopped reading it) per file URI. */
   private val headers = mutable.Map[String, Either[String, String]]()
 
-  private def list(): (Seq[ListedFile], Seq[(String, String)]) = {
+  /** Index summaries (`NativeReader.indexEntries` JSON) per (dir, predicates JSON). */
+  private val summaries = mutable.Map[(String, String), JsonNode]()
+
+  /**
+   * Files, manifests (dir → text) and, for a directory with a manifest, its
+   * `_tensor_index.parquet` (dir → URI; read only when the planner asks, `need_index`).
+   */
+  private def list(): (Seq[ListedFile], Seq[(String, String)], Map[String, String]) = {
     val found = mutable.LinkedHashMap[String, ListedFile]()
     val manifests = mutable.LinkedHashMap[String, String]()
+    val indexes = mutable.LinkedHashMap[String, String]()
     def isHidden(p: Path): Boolean = p.getName.startsWith("_") || p.getName.startsWith(".")
     def addFile(s: FileStatus): Unit =
       found.getOrElseUpdate(s.getPath.toString, ListedFile(s.getPath.toString, s.getLen))
     def walk(fs: FileSystem, dir: FileStatus): Unit = {
       val children = fs.listStatus(dir.getPath)
       children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
-        manifests.getOrElseUpdate(dir.getPath.toString.stripSuffix("/"), readText(fs, m.getPath))
+        val key = dir.getPath.toString.stripSuffix("/")
+        manifests.getOrElseUpdate(key, readText(fs, m.getPath))
+        children.find(c => c.isFile && c.getPath.getName == IndexName).foreach { i =>
+          indexes.getOrElseUpdate(key, i.getPath.toString)
+        }
       }
       children.filterNot(c => isHidden(c.getPath)).sortBy(_.getPath.toString).foreach { c =>
         if (c.isDirectory) { if (options.recursive) walk(fs, c) }
@@ -119,13 +133,36 @@ private[spark] final class ReadSource(val options: ReadOptions, conf: Configurat
         }
       }
     }
-    (found.values.toSeq.sortBy(_.uri), manifests.toSeq)
+    (found.values.toSeq.sortBy(_.uri), manifests.toSeq, indexes.toMap)
   }
 
-  private def readText(fs: FileSystem, p: Path): String = {
+  private def readText(fs: FileSystem, p: Path): String =
+    new String(readBytes(fs, p), StandardCharsets.UTF_8)
+
+  private def readBytes(fs: FileSystem, p: Path): Array[Byte] = {
     val in = fs.open(p)
-    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+    try in.readAllBytes() finally in.close()
   }
+
+  /**
+   * Reads and summarises (`NativeReader.indexEntries`) the indexes of `dirs` for
+   * `predicatesJson`, unless already done. An index that cannot be read or is invalid becomes `{"error": ...}`: the planner then
+   * reads that directory's headers instead.
+   */
+  private def readIndexes(dirs: Seq[String], predicatesJson: String): Unit =
+    dirs.distinct.filterNot(d => summaries.contains((d, predicatesJson))).foreach { dir =>
+      val summary = try {
+        val uri = indexes.getOrElse(dir, throw new IllegalStateException(
+          s"safetensors: the planner asked for an unlisted index in $dir"))
+        val path = new Path(uri)
+        val bytes = readBytes(path.getFileSystem(conf), path)
+        mapper.readTree(NativeReader.indexEntries(dir, bytes, predicatesJson))
+      } catch {
+        case e: IllegalStateException => throw e
+        case e: Exception => mapper.createObjectNode().put("error", message(e))
+      }
+      summaries((dir, predicatesJson)) = summary
+    }
 
   /** Reads the headers of `uris` in parallel (at most 16 threads). */
   private def readHeaders(uris: Seq[String]): Unit = {
@@ -152,7 +189,7 @@ private[spark] final class ReadSource(val options: ReadOptions, conf: Configurat
   }
 
   /** The request body shared by describe and plan: files, manifests, ignore_corrupt. */
-  private def input(node: ObjectNode): ObjectNode = {
+  private def input(node: ObjectNode, predicatesJson: String): ObjectNode = {
     val fs = node.putArray("files")
     files.foreach { f =>
       val o = fs.addObject().put("file", f.uri).put("length", f.length)
@@ -162,28 +199,44 @@ private[spark] final class ReadSource(val options: ReadOptions, conf: Configurat
       }
     }
     val ms = node.putArray("manifests")
-    manifests.foreach { case (dir, text) => ms.addObject().put("dir", dir).put("text", text) }
+    manifests.foreach { case (dir, text) =>
+      val m = ms.addObject().put("dir", dir).put("text", text).put("has_index", indexes.contains(dir))
+      summaries.get((dir, predicatesJson)).foreach(s => m.set[JsonNode]("index", s))
+    }
     node.put("ignore_corrupt", options.ignoreCorruptFiles)
     node
   }
 
-  /** Asks `call` until it answers `ready` (reading the headers it needs in between). */
-  private def converse(build: ObjectNode => Unit, call: String => String): JsonNode = synchronized {
+  /**
+   * Asks `call` until it answers `ready`, reading in between the headers (`need_headers`) or the
+   * dataset indexes (`need_index`, summarised for `predicatesJson`) it asks for.
+   */
+  private def converse(build: ObjectNode => Unit, call: String => String,
+      predicatesJson: String = "[]"): JsonNode = synchronized {
     NativeLib.ensureLoaded()
     var rounds = 0
     while (true) {
       val req = mapper.createObjectNode()
       build(req)
-      input(req)
+      input(req, predicatesJson)
       val answer = mapper.readTree(call(mapper.writeValueAsString(req)))
       if (answer.has("ready")) return answer.get("ready")
-      val need = answer.get("need_headers").elements().asScala.map(_.asText()).toSeq
       rounds += 1
-      if (rounds > 2 || need.forall(headers.contains)) {
-        throw new IllegalStateException(
-          s"safetensors: the planner keeps asking for headers it was given: ${need.take(3)}")
+      if (answer.has("need_index")) {
+        val dirs = answer.get("need_index").elements().asScala.map(_.asText()).toSeq
+        if (rounds > 4 || dirs.forall(d => summaries.contains((d, predicatesJson)))) {
+          throw new IllegalStateException(
+            s"safetensors: the planner keeps asking for indexes it was given: ${dirs.take(3)}")
+        }
+        readIndexes(dirs, predicatesJson)
+      } else {
+        val need = answer.get("need_headers").elements().asScala.map(_.asText()).toSeq
+        if (rounds > 4 || need.forall(headers.contains)) {
+          throw new IllegalStateException(
+            s"safetensors: the planner keeps asking for headers it was given: ${need.take(3)}")
+        }
+        readHeaders(need)
       }
-      readHeaders(need)
     }
     throw new IllegalStateException("unreachable")
   }
@@ -202,6 +255,11 @@ private[spark] final class ReadSource(val options: ReadOptions, conf: Configurat
   /** Partition specs (JSON each) and their data bytes. */
   def plan(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
       openCostBytes: Long): Seq[(String, Long)] = {
+    val preds = mapper.createArrayNode()
+    predicates.foreach { p =>
+      val v = preds.addObject().put("column", p.column).put("op", p.op).putArray("values")
+      p.values.foreach(v.add)
+    }
     val parts = converse({ req =>
       req.put("layout", description.layout)
       val r = req.putArray("required")
@@ -214,16 +272,12 @@ private[spark] final class ReadSource(val options: ReadOptions, conf: Configurat
           case _ =>
         }
       }
-      val ps = req.putArray("predicates")
-      predicates.foreach { p =>
-        val v = ps.addObject().put("column", p.column).put("op", p.op).putArray("values")
-        p.values.foreach(v.add)
-      }
+      req.set[JsonNode]("predicates", preds)
       req.put("max_partition_bytes", maxPartitionBytes)
       req.put("open_cost_bytes", openCostBytes)
       req.put("batch_rows", options.batchRows)
       req.put("batch_bytes", ReadOptions.BatchBytes)
-    }, NativeReader.plan)
+    }, NativeReader.plan, mapper.writeValueAsString(preds))
     parts.elements().asScala.map(p => mapper.writeValueAsString(p) -> p.get("bytes").asLong()).toSeq
   }
 }
@@ -236,6 +290,7 @@ private[spark] final case class ReadPredicate(column: String, op: String, values
 
 private[spark] object ReadSource {
   val ManifestName = "dataset_manifest.json"
+  val IndexName = "_tensor_index.parquet"
   private val mapper = new ObjectMapper()
   val Extension = ".safetensors"
 

@@ -150,6 +150,66 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(df.where(col("dtype") === "BF16").count() == 0)
   }
 
+  test("KV key lookups go through _tensor_index.parquet: the driver reads no shard header") {
+    val keys = (0 until 600).map(i => f"k$i%04d")
+    val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
+    val rows = keys.zipWithIndex.map { case (k, i) => Row(k, Seq.fill(256)(i.toFloat)) }
+    for (index <- Seq(true, false)) {
+      val path = freshPath()
+      spark.createDataFrame(spark.sparkContext.parallelize(rows, 6), schema)
+        .write.format("safetensors").option("name_col", "k").option("target_shard_size_mb", "1")
+        .option("generate_index", index.toString).save(path)
+      val shards = shardFiles(path)
+      assert(shards.size >= 5, shards)
+      val indexFile = new File(path, "_tensor_index.parquet")
+      assert(indexFile.exists() == index)
+      val holder = shards.find(f => readShard(f).tensors.contains("k0042__v")).get
+      val manifestBytes = new File(path, "dataset_manifest.json").length()
+
+      val before = TestRemoteFileSystem.bytesRead.get()
+      val df = spark.read.format("safetensors").load(remote(path))
+      val one = df.where(col("key") === "k0042__v").select("file", "key", "shape", "decoded")
+      val (got, taskBytes) = collectMeasured(one)
+      val streamed = TestRemoteFileSystem.bytesRead.get() - before
+      assert(got.length == 1)
+      assert(got.head.getString(0).endsWith("/" + holder.getName))
+      assert(got.head.getString(1) == "k0042__v" && got.head.getSeq[Long](2) == Seq(256L))
+      assert(got.head.getSeq[Float](3) == Seq.fill(256)(42f))
+      assert(taskBytes == headerBytes(holder) + 1024L, "the task: one header and one tensor")
+      if (index) {
+        assert(streamed == manifestBytes + indexFile.length() + headerBytes(holder) + 1024L,
+          s"driver: manifest + index, executor: one header + one tensor ($streamed bytes)")
+      } else {
+        assert(streamed == manifestBytes + shards.map(headerBytes).sum + headerBytes(holder) + 1024L,
+          s"without an index the driver reads every header ($streamed bytes)")
+      }
+
+      // Prefix and IN lookups, and other columns' predicates with them.
+      val (prefixed, _) = collectMeasured(df.where(col("key").startsWith("k01")).select("key"))
+      assert(prefixed.map(_.getString(0)).sorted.toSeq == (100 until 200).map(i => f"k$i%04d__v"))
+      val (listed, _) = collectMeasured(df.where(col("key").isin("k0001__v", "k0599__v", "zz"))
+        .select("key", "byte_size"))
+      assert(listed.map(r => r.getString(0) -> r.getLong(1)).toMap ==
+        Map("k0001__v" -> 1024L, "k0599__v" -> 1024L))
+      assert(df.where(col("key").startsWith("k00") && col("dtype") === "BF16").count() == 0)
+      assert(df.where(col("key").startsWith("k00") && col("dtype") === "F32").count() == 100)
+      assert(df.count() == 600)
+
+      // A stale index (a shard rewritten behind its back, same length) fails the task loudly.
+      if (index) {
+        val victim = new File(holder.getPath)
+        val bytes = Files.readAllBytes(victim.toPath)
+        val text = new String(bytes, StandardCharsets.ISO_8859_1)
+        val renamed = text.replace("\"k0042__v\"", "\"k0042__w\"")
+        assert(renamed != text)
+        Files.write(victim.toPath, renamed.getBytes(StandardCharsets.ISO_8859_1))
+        val e = intercept[Exception](spark.read.format("safetensors").load(remote(path))
+          .where(col("key") === "k0042__v").select("key").collect())
+        assert(messages(e).contains("changed since the scan was planned"), messages(e))
+      }
+    }
+  }
+
   /** A safetensors file of the given (name, dtype, shape, bytes) tensors and metadata. */
   private def writeFile(f: File, tensors: Seq[(String, String, Seq[Long], Array[Byte])],
       metadata: Map[String, String]): Unit = {

@@ -8,7 +8,7 @@ package io.safetensors.spark.jni;
  * errors as {@link SafetensorsException}, with a message naming the file (and tensor).
  *
  * <p>Driver side ({@link #headerLength}, {@link #validatedHeader}, {@link #describe},
- * {@link #plan}) is stateless and thread-safe. A handle returned by {@link #open} is owned by
+ * {@link #plan}, {@link #indexEntries}) is stateless and thread-safe. A handle returned by {@link #open} is owned by
  * one Java object, which serialises the calls on it and calls {@link #close} exactly once.
  */
 public final class NativeReader {
@@ -25,8 +25,18 @@ public final class NativeReader {
   /** Driver: layout and schema of a scan; JSON {"ready":{...}} or {"need_headers":[uri...]}. */
   public static native String describe(String requestJson);
 
-  /** Driver: the input partitions; JSON {"ready":[PartitionSpec...]} or {"need_headers":[...]}. */
+  /** Driver: the input partitions; JSON {"ready":[PartitionSpec...]}, {"need_headers":[...]} or
+   *  {"need_index":[dir...]} (see {@link #indexEntries}). */
   public static native String plan(String requestJson);
+
+  /**
+   * Driver: summarises a dataset directory's {@code _tensor_index.parquet} ({@code parquet}: the
+   * whole file) for the pushed predicates ({@code predicatesJson}: a JSON array of
+   * {"column","op","values"}); JSON {"files":{name:rows},"rows":[...]} to pass back as the
+   * manifest's "index" after a {"need_index":[dir...]} answer. An invalid index throws
+   * {@link SafetensorsException}.
+   */
+  public static native String indexEntries(String dir, byte[] parquet, String predicatesJson);
 
   /** Task: a reader for one PartitionSpec (JSON). */
   public static native long open(String partitionJson);
