@@ -480,6 +480,8 @@ struct ParsedManifest<'a> {
     /// Every listed shard was listed by the JVM with the listed length.
     consistent: bool,
     input: &'a ManifestInput,
+    /// `shards[].file` → position in `shards`.
+    shard_at: HashMap<String, usize>,
 }
 
 struct Entry<'a> {
@@ -506,11 +508,18 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         let name = format!("{}/{MANIFEST_FILE_NAME}", m.dir);
         let manifest = parse_manifest(&m.text)
             .map_err(|e| ReadErrorKind::Manifest(e.to_string()).in_file(&name))?;
+        let shard_at = manifest
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.file.clone(), i))
+            .collect();
         manifests.push(ParsedManifest {
             dir: m.dir.clone(),
             manifest,
             consistent: false,
             input: m,
+            shard_at,
         });
     }
     let lengths: HashMap<&str, u64> = input
@@ -534,7 +543,7 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         let (dir, name) = split_uri(&f.file);
         let mut shard = None;
         if let Some((mi, m)) = manifests.iter().enumerate().find(|(_, m)| m.dir == dir) {
-            match m.manifest.shards.iter().position(|s| s.file == name) {
+            match m.shard_at.get(name).copied() {
                 Some(si) => shard = m.consistent.then_some((mi, si)),
                 None => {
                     excluded.push(Excluded {
