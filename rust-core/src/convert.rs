@@ -314,12 +314,36 @@ pub fn append_converted(
             elements: src.len(),
             to: dst,
         })?;
+    if let Some(bytes) = identity_bytes(src, dst) {
+        // Same type, little-endian host: the converted bytes are the source bytes (one copy, no
+        // zero fill of `out` first).
+        out.extend_from_slice(bytes);
+        return Ok(());
+    }
     out.resize(start + len, 0);
     let result = convert_into(src, dst, &mut out[start..]);
     if result.is_err() {
         out.truncate(start);
     }
     result
+}
+
+/// The bytes of `src` when converting it to `dst` is a bit-for-bit copy on this host (the same
+/// type, little-endian), else `None`.
+fn identity_bytes<'a>(src: Source<'a>, dst: Dtype) -> Option<&'a [u8]> {
+    use arrow_buffer::ToByteSlice;
+    if !cfg!(target_endian = "little") {
+        return None;
+    }
+    match (src, dst) {
+        (Source::F64(s), Dtype::F64) => Some(s.to_byte_slice()),
+        (Source::F32(s), Dtype::F32) => Some(s.to_byte_slice()),
+        (Source::I64(s), Dtype::I64) => Some(s.to_byte_slice()),
+        (Source::I32(s), Dtype::I32) => Some(s.to_byte_slice()),
+        (Source::I16(s), Dtype::I16) => Some(s.to_byte_slice()),
+        (Source::I8(s), Dtype::I8) => Some(s.to_byte_slice()),
+        _ => None,
+    }
 }
 
 /// Writes the little-endian encoding of every element of `src` as `dst` into `out`, which must be

@@ -17,7 +17,10 @@ import org.apache.spark.unsafe.Platform
 /**
  * Builds Arrow record batches in the WIRE LAYOUT (rust-core/src/write/mod.rs) from Spark rows and
  * hands them to Rust through the C Data Interface. One builder per task; vectors come from the
- * task's allocator and a fresh VectorSchemaRoot is used per batch.
+ * task's allocator. The VectorSchemaRoot is reset and reused for the next batch (its buffers keep
+ * the capacity they grew to, so later batches neither allocate, zero fresh pages nor copy on
+ * growth) unless the batch was flushed by size or a buffer is still referenced elsewhere; then it
+ * is closed and the next batch starts with a fresh one.
  */
 private[spark] final class ArrowBatchBuilder(plan: WirePlan, schema: StructType,
     allocator: BufferAllocator) extends AutoCloseable {
@@ -36,6 +39,8 @@ private[spark] final class ArrowBatchBuilder(plan: WirePlan, schema: StructType,
   private var root: VectorSchemaRoot = _
   private var writers: Array[VW] = _
   private var rows = 0
+  /** The root holds a flushed batch whose buffers may be reset and refilled. */
+  private var reusable = false
 
   def rowCount: Int = rows
 
@@ -44,6 +49,9 @@ private[spark] final class ArrowBatchBuilder(plan: WirePlan, schema: StructType,
       root = VectorSchemaRoot.create(arrowSchema, allocator)
       root.allocateNew()
       writers = inputs.indices.map(i => writerFor(root.getVector(i), inputs(i)._2, inputs(i)._3)).toArray
+    } else if (rows == 0 && reusable) {
+      reusable = false
+      root.getFieldVectors.forEach(v => resetForReuse(v))
     }
     var i = 0
     while (i < writers.length) {
@@ -61,16 +69,29 @@ private[spark] final class ArrowBatchBuilder(plan: WirePlan, schema: StructType,
     require(root != null && rows > 0, "nothing to flush")
     val array = ArrowArray.allocateNew(allocator)
     val cSchema = ArrowSchema.allocateNew(allocator)
+    var ok = false
     try {
       root.setRowCount(rows)
       Data.exportVectorSchemaRoot(allocator, root, null, array, cSchema)
-      write(array.memoryAddress(), cSchema.memoryAddress())
+      val result = write(array.memoryAddress(), cSchema.memoryAddress())
+      ok = true
+      result
     } finally {
       // Rust moved the contents out (release is then a no-op); on an early error we release.
       try array.release() finally try array.close() finally try cSchema.release()
-      finally try cSchema.close() finally closeRoot()
+      finally try cSchema.close() finally {
+        if (ok && canReuse) { rows = 0; reusable = true } else closeRoot()
+      }
     }
   }
+
+  /**
+   * After a successful flush: the batch stayed under [[MaxBytes]] (a root grown to the limit would
+   * make the next batch flush after one row) and no buffer is referenced outside its vector (Rust
+   * drops the imported batch before `writeBatch` returns).
+   */
+  private def canReuse: Boolean =
+    allocator.getAllocatedMemory < MaxBytes && onlyVectorRefs(root.getFieldVectors.asScala.toSeq)
 
   private def closeRoot(): Unit = {
     if (root != null) {
@@ -78,6 +99,7 @@ private[spark] final class ArrowBatchBuilder(plan: WirePlan, schema: StructType,
       root = null
       writers = null
       rows = 0
+      reusable = false
       r.close()
     }
   }
@@ -90,6 +112,42 @@ private[spark] object ArrowBatchBuilder {
   val MaxRows: Int = 4096
   /** Flush once the task allocator holds this many bytes (spec/jni.md). */
   val MaxBytes: Long = 64L << 20
+
+  /**
+   * True when the vectors' buffers are referenced by the vectors alone: every reference manager
+   * counts exactly as many references as the vectors hold buffers on it (a fixed-width vector's
+   * data and validity buffers are two slices of one allocation, so their manager counts 2).
+   */
+  def onlyVectorRefs(vectors: Seq[FieldVector]): Boolean = {
+    val held = new java.util.IdentityHashMap[AnyRef, Integer]()
+    vectors.foreach(_.getBuffers(false).foreach { b =>
+      val m = b.getReferenceManager
+      held.put(m, Integer.valueOf(held.getOrDefault(m, Integer.valueOf(0)).intValue + 1))
+    })
+    held.asScala.forall { case (m, n) =>
+      m.asInstanceOf[org.apache.arrow.memory.ReferenceManager].getRefCount == n.intValue
+    }
+  }
+
+  /**
+   * Empties a vector for the next batch, keeping its buffers. Like `reset()`, except that a list
+   * of fixed-width elements keeps its element data unzeroed: only validity and offsets are zeroed
+   * (every element slot below the next batch's value count is written again by [[ListW]] or
+   * [[PrimW]], and Arrow leaves the data of null slots undefined). Zeroing that data buffer (the
+   * bulk of the batch) cost as much as copying the rows into it.
+   */
+  def resetForReuse(v: FieldVector): Unit = v match {
+    case lv: ListVector if lv.getDataVector.isInstanceOf[BaseFixedWidthVector] =>
+      val dv = lv.getDataVector.asInstanceOf[BaseFixedWidthVector]
+      zero(lv.getOffsetBuffer)
+      zero(lv.getValidityBuffer)
+      lv.setLastSet(-1)
+      zero(dv.getValidityBuffer)
+      lv.setValueCount(0) // also sets the element vector's value count to 0
+    case other => other.reset()
+  }
+
+  private def zero(b: ArrowBuf): Unit = b.setZero(0, b.capacity)
 
   private def field(name: String, t: ArrowType, children: Field*): Field =
     new Field(name, FieldType.nullable(t), if (children.isEmpty) null else children.asJava)

@@ -282,6 +282,31 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(messages(e).contains("'x'") && messages(e).contains("row 1"), messages(e))
   }
 
+  test("rows spanning several Arrow batches (reused vectors): values exact, late nulls reported") {
+    // 10,000 rows in one partition: three Arrow batches (4096 rows each), so the task's vectors
+    // are reset and refilled twice; shards of 3000 rows straddle the Arrow batches.
+    val path = freshPath()
+    floats(10000, 1).write.format("safetensors").option("batch_size", "3000").save(path)
+    val values = shardFiles(path).flatMap { f =>
+      val fb = ByteBuffer.wrap(readShard(f).tensor("x").data).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer()
+      Array.fill(fb.remaining())(fb.get())
+    }
+    assert(values.toSeq == (0 until 10000).flatMap(i => (0 until 4).map(j => i + j * 0.25f)))
+    // A null element in the third Arrow batch, after two batches without nulls.
+    val rows = (0 until 9000).map(i => Row(if (i == 8500) Seq(1f, null) else Seq(1f, 2f)))
+    val e = intercept[Exception] {
+      spark.createDataFrame(spark.sparkContext.parallelize(rows, 1), floatSchema)
+        .write.format("safetensors").option("batch_size", "9000").save(freshPath())
+    }
+    assert(messages(e).contains("'x'") && messages(e).contains("row 8500"), messages(e))
+    // KV mode: the key (Utf8) vector is reset and refilled too.
+    val kv = freshPath()
+    kvFrame((0 until 9000).map(i => s"key$i"), 2, 1).write.format("safetensors")
+      .option("name_col", "k").save(kv)
+    val names = shardFiles(kv).flatMap(f => readShard(f).tensors.keys).toSet
+    assert(names == (0 until 9000).map(i => s"key${i}__v").toSet)
+  }
+
   test("reading a missing path is an error naming it") {
     val missing = new File(base, "no-such-dataset").getAbsolutePath
     val e = intercept[Exception](spark.read.format("safetensors").load(missing))
