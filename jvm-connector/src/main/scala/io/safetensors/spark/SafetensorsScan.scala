@@ -20,7 +20,7 @@ import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.sources._
 import org.apache.spark.sql.types.{ArrayType, DataType, MapType, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
-import org.apache.spark.sql.vectorized.{ArrowColumnVector, ColumnVector, ColumnarBatch}
+import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
 
 /**
  * The table behind `format("safetensors")`. Reads: BATCH_READ through [[SafetensorsScanBuilder]].
@@ -184,7 +184,7 @@ private[spark] final class SafetensorsReaderFactory(conf: SerializableConf, sche
 /**
  * Runs one partition: the Rust task reads unit after unit (local files memory-mapped, others
  * through positioned reads of just the ranges each batch needs) and hands each batch over the
- * Arrow C Data interface; the vectors are wrapped, not copied.
+ * Arrow C Data interface; the vectors are wrapped ([[ArrowBufferColumnVector]]), not copied.
  */
 private[spark] final class SafetensorsPartitionReader(specJson: String, conf: SerializableConf,
     schema: StructType, ignoreCorrupt: Boolean)
@@ -257,9 +257,10 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
               new ColumnarBatch(Array.empty[ColumnVector], rows.toInt)
             } else {
               root = Data.importVectorSchemaRoot(allocator, array, arrowSchema, null)
-              val vectors: Array[ColumnVector] =
-                root.getFieldVectors.toArray(Array.empty[org.apache.arrow.vector.FieldVector])
-                  .map(v => new ArrowColumnVector(v): ColumnVector)
+              val fields = root.getFieldVectors
+              val vectors: Array[ColumnVector] = schema.fields.indices.map { i =>
+                ArrowBufferColumnVector.wrap(fields.get(i), schema.fields(i).dataType): ColumnVector
+              }.toArray
               new ColumnarBatch(vectors, rows.toInt)
             }
             return true
