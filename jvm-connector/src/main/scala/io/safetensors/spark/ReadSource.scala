@@ -80,7 +80,7 @@ private[spark] final case class ListedFile(uri: String, length: Long)
  * (which answers `need_headers` until it has every header it wants, and `need_index` when a
  * dataset's `_tensor_index.parquet` can serve a key lookup instead of its headers).
  */
-private[spark] final class ReadSource(val options: ReadOptions, conf: Configuration) {
+private[spark] final class ReadSource(val options: ReadOptions, val conf: Configuration) {
   import ReadSource._
 
   val (files: Seq[ListedFile], manifests: Seq[(String, String)], indexes: Map[String, String]) =

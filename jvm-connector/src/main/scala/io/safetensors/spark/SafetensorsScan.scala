@@ -144,9 +144,10 @@ private[spark] final class SafetensorsScan(src: ReadSource, required: StructType
     }.toArray
   }
 
+  /** Tasks get the Hadoop configuration the driver listed with (session conf + read options). */
   override def createReaderFactory(): PartitionReaderFactory =
-    new SafetensorsReaderFactory(new SerializableConf(SparkInternals.hadoopConf(SparkSession.active,
-      Map.empty)), required, src.options.ignoreCorruptFiles)
+    new SafetensorsReaderFactory(new SerializableConf(src.conf), required,
+      src.options.ignoreCorruptFiles)
 
   override def supportedCustomMetrics(): Array[CustomMetric] =
     Array(new BytesReadMetric, new UnitsSkippedMetric)
