@@ -462,29 +462,75 @@ def machine_info(spark):
     return info
 
 
+def executor_pid(app_id):
+    """The pid of the executor JVM of application `app_id` (local-cluster: a child process)."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd and app_id.encode() in cmd:
+            return int(d)
+    return None
+
+
 def memory_probe(args, jar, work):
-    """Runs in its own process (fresh JVM): noop_kv (control), then st_kv_f32, once each, with the
-    RSS sampler; prints the JSON result on stdout."""
-    spark = build_spark(args, jar)
+    """Runs in its own process: a fresh `local-cluster[1, cores, …]` Spark, whose one executor is a
+    JVM of its own (so the driver's job commit is not counted), runs noop_kv (control), then
+    st_kv_f32, once each, with the RSS sampler on the executor JVM (and, for information, on the
+    driver); prints the JSON result on stdout."""
+    from pyspark.sql import SparkSession
+
+    opts = "-XX:+UseG1GC" + (f" -Xms{args.executor_memory} -XX:+AlwaysPreTouch" if args.pretouch else "")
+    spark = (
+        SparkSession.builder.master(f"local-cluster[1,{args.cores},{mem_mb(args.executor_memory)}]")
+        .appName("safetensors-spark-bench-memory-probe")
+        .config("spark.jars", str(jar))
+        .config("spark.driver.memory", args.driver_memory)
+        .config("spark.executor.memory", args.executor_memory)
+        .config("spark.executor.extraJavaOptions", opts)
+        .config("spark.driver.extraJavaOptions", "-XX:+UseG1GC" + (f" -Xms{args.driver_memory} -XX:+AlwaysPreTouch" if args.pretouch else ""))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+        driver = int(spark._jvm.java.lang.ProcessHandle.current().pid())
         df = make_df(spark, args.rows, args.width, args.partitions)
         variants = write_variants(df, args)
-        out = {}
+        pid = executor_pid(spark.sparkContext.applicationId)
+        if pid is None:
+            raise RuntimeError("no executor JVM found for " + spark.sparkContext.applicationId)
+        # Warm-up: a KV write of 1/20 of the rows loads and JIT-compiles the write path first, so
+        # the measured write's growth is not one-time class loading and C2 compilation memory.
+        warm = write_variants(make_df(spark, max(1, args.rows // 20), args.width, args.partitions), args)
+        warm["st_kv_f32"][1](str(work / "probe-warmup"))
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            out = {"executor_pid": pid, "executor_cmdline": f.read().replace(b"\0", b" ").decode(errors="replace")}
         for name in ("noop_kv", "st_kv_f32"):
-            with RssSampler(pid) as s:
+            with RssSampler(pid) as s, RssSampler(driver) as d:
                 t0 = time.perf_counter()
                 variants[name][1](str(work / f"probe-{name}"))
                 elapsed = time.perf_counter() - t0
-            out[name] = {"time_s": elapsed, **s.result()}
+            out[name] = {"time_s": elapsed, **s.result(), "driver": d.result()}
         return out
     finally:
         spark.stop()
 
 
+def mem_mb(size):
+    """'1536m' / '2g' → megabytes."""
+    unit = size[-1].lower()
+    return int(size[:-1]) * (1024 if unit == "g" else 1) if unit in "gm" else int(size) // 2**20
+
+
 def run_memory_probe(args, work):
-    cmd = [sys.executable, __file__, "--memory-probe", "--rows", str(args.rows), "--width", str(args.width), "--cores", str(args.cores), "--partitions", str(args.partitions), "--driver-memory", args.driver_memory, "--workdir", str(work / "probe")]
+    cmd = [sys.executable, __file__, "--memory-probe", "--rows", str(args.rows), "--width", str(args.width), "--cores", str(args.cores), "--partitions", str(args.partitions), "--driver-memory", args.driver_memory, "--executor-memory", args.executor_memory, "--workdir", str(work / "probe")]
     if args.jar:
         cmd += ["--jar", args.jar]
     if not args.pretouch:
@@ -525,6 +571,7 @@ def main():
     ap.add_argument("--partitions", type=int, default=None, help="partitions of the DataFrame (default: --cores)")
     ap.add_argument("--batch-size", type=int, default=4096, help="batch mode's batch_size")
     ap.add_argument("--driver-memory", default=None, help="default: scaled to the DataFrame, 3g..14g")
+    ap.add_argument("--executor-memory", default=None, help="memory probe's executor JVM (default: as the driver)")
     ap.add_argument("--no-pretouch", dest="pretouch", action="store_false", help="do not pre-touch the heap (RSS growth then includes heap growth)")
     ap.add_argument("--workdir", default=None, help="where outputs go (default: a fresh temp dir, deleted at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the outputs of the last repetition")
@@ -536,6 +583,7 @@ def main():
     if args.driver_memory is None:
         cached = args.rows * args.width * 12  # both columns, before any cache compression
         args.driver_memory = f"{min(14, max(3, math.ceil(cached * 1.5 / 2**30) + 2))}g"
+    args.executor_memory = args.executor_memory or args.driver_memory
     jar = Path(args.jar) if args.jar else next(iter(sorted((ROOT / "jvm-connector" / "target").glob("safetensors-spark-*.jar"))), None)
     if jar is None or not jar.exists():
         sys.exit("no connector jar; build it with: mvn -B -q -f jvm-connector/pom.xml package -DskipTests")

@@ -5,18 +5,17 @@
 //! `cargo run --release --example kv_memory -- [kv|batch] [ROWS] [TARGET_MB] [DIR]`
 //!
 //! Printed: heap retained by the writer after the batches (the batch itself dropped), bytes per
-//! row, the peak during the batches and during `finish` plus the JSON encoding of its result
-//! (what the JNI `finish` returns), all relative to the heap before `open`.
+//! row, the peak during the batches and during `finish` (which seals the last shard and writes
+//! the task report file), all relative to the heap before `open`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use arrow_array::types::Float32Type;
 use arrow_array::{ArrayRef, ListArray, StringArray, StructArray};
 use arrow_schema::Field;
-use safetensors_spark::write::task::TaskWriter;
+use safetensors_spark::write::task::{read_report, TaskWriter};
 use safetensors_spark::write::{
-    ColumnPlan, DuplicatesStrategy, InputKind, ShardReport, SparkNumeric, TailStrategy, TaskReport,
-    WriteLayout, WritePlan,
+    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
 };
 use safetensors_spark::Dtype;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -192,30 +191,14 @@ fn main() {
     }
     let retained = current() - base;
     reset_peak();
-    let (sealed, report) = writer.finish().unwrap();
+    let done = writer.finish().unwrap();
     let finish_peak = peak() - base;
     let after_finish = current() - base;
-    // What the JNI `finish` returns (writer_api::finish_json): serialised directly …
-    #[derive(serde::Serialize)]
-    struct Finished<'a> {
-        sealed: &'a [ShardReport],
-        report: &'a TaskReport,
-    }
-    let json = serde_json::to_string(&Finished {
-        sealed: &sealed,
-        report: &report,
-    })
-    .unwrap();
-    let json_peak = peak() - base;
-    let json_len = json.len();
-    drop(json);
-    // … or through a `serde_json::Value` (`json!`, what finish_json did before).
-    reset_peak();
-    let json =
-        serde_json::to_string(&serde_json::json!({ "sealed": sealed, "report": report })).unwrap();
-    let value_peak = peak() - base;
+    // What the JNI `finish` returns is small (file names); the report is in its file.
+    let report_bytes = std::fs::metadata(&done.report_path).unwrap().len() as usize;
+    let report = read_report(&done.report_path).unwrap();
     let tensors: usize = report.shards.iter().map(|s| s.tensors.len()).sum();
-    drop((sealed, report, json));
+    drop((done, report));
     let allocs = ALLOCS.load(Ordering::Relaxed) - allocs0;
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -239,24 +222,14 @@ fn main() {
         finish_peak as f64 / rows as f64
     );
     println!(
-        "  held after finish (reports)         {}  ({:.0} B/row)",
+        "  held after finish                   {}  ({:.0} B/row)",
         mib(after_finish),
         after_finish as f64 / rows as f64
     );
     println!(
-        "  peak incl. finish JSON (direct)     {}  ({:.0} B/row)",
-        mib(json_peak),
-        json_peak as f64 / rows as f64
-    );
-    println!(
-        "  peak incl. finish JSON via json! Value {}  ({:.0} B/row)",
-        mib(value_peak),
-        value_peak as f64 / rows as f64
-    );
-    println!(
-        "  JSON: writeBatch total {}  finish {}",
+        "  JSON: writeBatch total {}  task report file {}",
         mib(sealed_json),
-        mib(json_len)
+        mib(report_bytes)
     );
     println!(
         "  allocations {allocs} ({:.1}/row)",

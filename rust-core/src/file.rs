@@ -30,6 +30,8 @@ pub struct FileWriter {
     tmp: PathBuf,
     out: Option<BufWriter<File>>,
     layout: Layout,
+    /// Length of the prefix and header (written first; its bytes are not kept).
+    header_len: u64,
     written: u64,
 }
 
@@ -52,7 +54,14 @@ impl FileWriter {
         metadata: Option<&BTreeMap<String, String>>,
         entries: Vec<TensorEntry>,
     ) -> Result<Self, FormatError> {
-        let layout = header::plan_layout(metadata, entries)?;
+        Self::create_laid_out(dest, header::plan_layout(metadata, entries)?)
+    }
+
+    /// Creates the temporary file and writes the header of a layout planned by the caller
+    /// (e.g. with [`header::serialize_entries`]; `layout.tensors` may then be empty: they are
+    /// used only to name a tensor in errors and in [`WrittenFile::tensors`]). The header bytes
+    /// are released once written.
+    pub fn create_laid_out(dest: impl AsRef<Path>, layout: Layout) -> Result<Self, FormatError> {
         let dest = dest.as_ref().to_path_buf();
         let tmp = temp_sibling(&dest);
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
@@ -60,12 +69,12 @@ impl FileWriter {
             dest,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             tmp,
+            header_len: layout.header_bytes.len() as u64,
             layout,
             written: 0,
         };
         let header = std::mem::take(&mut writer.layout.header_bytes);
         writer.write_raw(&header)?;
-        writer.layout.header_bytes = header;
         Ok(writer)
     }
 
@@ -138,9 +147,9 @@ impl FileWriter {
         }
         Ok(WrittenFile {
             path: self.dest.clone(),
-            bytes: self.layout.file_len(),
+            bytes: self.header_len + self.layout.data_len,
             tensors: std::mem::take(&mut self.layout.tensors),
-            data_start: self.layout.header_bytes.len() as u64,
+            data_start: self.header_len,
         })
     }
 

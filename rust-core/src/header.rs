@@ -465,7 +465,38 @@ pub fn serialize_header(
     metadata: Option<&BTreeMap<String, String>>,
     tensors: &[TensorInfo],
 ) -> Result<Vec<u8>, FormatError> {
-    let mut json = Vec::with_capacity(64 + tensors.len() * 80);
+    serialize_entries(
+        metadata,
+        tensors.len(),
+        tensors.iter().map(|t| HeaderEntry {
+            name: [&t.name, "", ""],
+            dtype: t.dtype,
+            shape: &t.shape,
+            data_offsets: t.data_offsets,
+        }),
+    )
+}
+
+/// One tensor entry as [`serialize_entries`] writes it. The name is the concatenation of its
+/// three parts (KV shards: key, separator, column), so callers need not build it.
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderEntry<'a> {
+    pub name: [&'a str; 3],
+    pub dtype: Dtype,
+    pub shape: &'a [u64],
+    /// `[begin, end)` relative to the start of the data section.
+    pub data_offsets: [u64; 2],
+}
+
+/// Serialises the prefix and padded header for `count` entries given in data order (the
+/// reference's layout, as [`plan_layout`] plans it: the caller has ordered them, checked their
+/// names and computed consecutive offsets). The only memory it needs is the header itself.
+pub fn serialize_entries<'a>(
+    metadata: Option<&BTreeMap<String, String>>,
+    count: usize,
+    entries: impl Iterator<Item = HeaderEntry<'a>>,
+) -> Result<Vec<u8>, FormatError> {
+    let mut json = Vec::with_capacity(64 + count.saturating_mul(80));
     json.extend_from_slice(&[0u8; 8]);
     json.push(b'{');
     let mut first = true;
@@ -488,13 +519,14 @@ pub fn serialize_header(
         }
         json.push(b'}');
     }
-    for t in tensors {
+    let mut scratch = Vec::new();
+    for t in entries {
         comma(&mut json);
-        push_json_string(&mut json, &t.name);
+        push_json_concat(&mut json, &mut scratch, &t.name);
         json.extend_from_slice(b":{\"dtype\":\"");
         json.extend_from_slice(t.dtype.name().as_bytes());
         json.extend_from_slice(b"\",\"shape\":[");
-        push_joined(&mut json, &t.shape);
+        push_joined(&mut json, t.shape);
         json.extend_from_slice(b"],\"data_offsets\":[");
         push_joined(&mut json, &t.data_offsets);
         json.extend_from_slice(b"]}");
@@ -512,6 +544,20 @@ pub fn serialize_header(
     }
     json[..8].copy_from_slice(&header_len.to_le_bytes());
     Ok(json)
+}
+
+/// Writes the concatenation of `parts` as one JSON string. Escaping is per character, so each
+/// part is escaped on its own (through `scratch`) and the quotes are added once.
+fn push_json_concat(out: &mut Vec<u8>, scratch: &mut Vec<u8>, parts: &[&str]) {
+    out.push(b'"');
+    for part in parts.iter().filter(|p| !p.is_empty()) {
+        scratch.clear();
+        push_json_string(scratch, part);
+        if let Some(inner) = scratch.get(1..scratch.len().saturating_sub(1)) {
+            out.extend_from_slice(inner);
+        }
+    }
+    out.push(b'"');
 }
 
 fn push_json_string(out: &mut Vec<u8>, s: &str) {

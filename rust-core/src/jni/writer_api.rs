@@ -114,7 +114,7 @@ pub unsafe fn write_batch_json(
 }
 
 /// What the JVM needs of a sealed shard to place it: its name and where the task wrote it.
-/// (Full reports, with every tensor, reach the driver once, in the `TaskReport`.)
+/// (Full reports, with every tensor, reach the driver once, in the task report file.)
 #[derive(serde::Serialize)]
 struct SealedFile<'a> {
     file: &'a str,
@@ -140,17 +140,21 @@ pub unsafe fn finish_json(handle: jlong) -> Result<String, JniError> {
         .writer
         .take()
         .ok_or_else(|| JniError::invalid_argument("writer already finished or aborted"))?;
-    let (sealed, report) = writer.finish().map_err(failed)?;
-    // Serialised straight from the reports: a `serde_json::Value` of them (`json!`) would hold
-    // several heap allocations per tensor, ~1.5 KiB per KV row.
+    let done = writer.finish().map_err(failed)?;
+    // The report itself stays in its file (it can hold one entry per KV row); the JVM stages
+    // the file like a shard and the driver reads it.
     #[derive(serde::Serialize)]
     struct Finished<'a> {
         sealed: Vec<SealedFile<'a>>,
-        report: &'a TaskReport,
+        report_file: SealedFile<'a>,
     }
+    let report_path = done.report_path.to_string_lossy();
     to_json(&Finished {
-        sealed: sealed_files(&sealed),
-        report: &report,
+        sealed: sealed_files(&done.sealed),
+        report_file: SealedFile {
+            file: &done.report_file,
+            local_path: &report_path,
+        },
     })
 }
 
@@ -524,7 +528,16 @@ mod tests {
                 .and_then(|s| serde_json::from_str(&s).ok())
                 .unwrap_or(Value::Null);
             assert_eq!(v["sealed"], json!([]));
-            assert_eq!(v["report"]["partition"], json!(3));
+            let report_path = v["report_file"]["local_path"].as_str().unwrap_or("");
+            assert!(v["report_file"]["file"]
+                .as_str()
+                .is_some_and(|f| report_path.ends_with(f) && f.ends_with(".report.json")));
+            let report: Value = std::fs::read_to_string(report_path)
+                .ok()
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or(Value::Null);
+            assert_eq!(report["partition"], json!(3));
+            assert_eq!(report["dropped_samples"], json!(0));
             assert!(matches!(finish_json(h), Err(JniError::InvalidArgument(_))));
             assert!(abort_writer(h).is_ok());
             assert!(close_writer(h).is_ok());

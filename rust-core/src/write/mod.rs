@@ -214,6 +214,9 @@ pub struct ShardReport {
     pub padded_samples: u64,
     /// File size in bytes.
     pub bytes: u64,
+    /// Omitted when empty: the task's report file appends a KV shard's tensors after the other
+    /// fields, serialised one at a time from compact records (see `task::write_report`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorReport>,
 }
 
@@ -222,6 +225,8 @@ pub struct ShardReport {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskReport {
     pub partition: u32,
+    /// Omitted when empty (see [`ShardReport::tensors`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardReport>,
     /// Batch mode: tail rows dropped by `tail_strategy=drop`.
     pub dropped_samples: u64,

@@ -13,9 +13,11 @@
 //!   spill file into the shard through a bounded buffer ([`COPY_BUFFER`] bytes). Per row the
 //!   task keeps only fixed-size records without heap allocations of their own (`kv` module
 //!   docs): the key once in a shared arena plus a 32-byte record and a hash entry (duplicate
-//!   detection), and 32 bytes per tensor (open and sealed shards); tensor reports are built
-//!   from these records when handed out (about 64 + 32 × columns bytes per row, before `Vec`
-//!   and hash-table growth slack).
+//!   detection), and 40 bytes per tensor (open and sealed shards): about 64 + 40 × columns
+//!   bytes per row, before `Vec` and hash-table growth slack. The task report is serialised
+//!   from these records into a file at `finish`, one tensor at a time. What still grows with
+//!   the shard is the transient header plan at seal (names, shapes and the header JSON of the
+//!   shard's tensors).
 //!
 //! Row numbers in errors count from 0 within the partition, across batches.
 
@@ -36,6 +38,7 @@ use arrow_schema::DataType;
 use rows::{expected_type, type_matches, ColumnState};
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// KV mode converts at most this many rows of a column at once.
@@ -100,6 +103,81 @@ impl WriteError {
             source,
         }
     }
+}
+
+/// What [`TaskWriter::finish`] produced.
+#[derive(Debug)]
+pub struct Finished {
+    /// Shards sealed or rewritten by `finish` itself (KV: without their tensors, which only the
+    /// report file lists).
+    pub sealed: Vec<ShardReport>,
+    /// The task report file: its name and its path in the work directory. It holds one
+    /// [`TaskReport`] as JSON; [`read_report`] reads it back.
+    pub report_file: String,
+    pub report_path: PathBuf,
+}
+
+/// Reads a task report file written by [`TaskWriter::finish`].
+pub fn read_report(path: &Path) -> Result<TaskReport, WriteError> {
+    let file = fs::File::open(path).map_err(|e| WriteError::io(path, e))?;
+    serde_json::from_reader(std::io::BufReader::new(file))
+        .map_err(|e| WriteError::io(path, std::io::Error::other(e)))
+}
+
+/// Writes the task report file: `task` plus `shards`; in KV mode each shard's tensors are
+/// serialised from the task's records one at a time (the shards' own `tensors` are empty).
+fn write_report(
+    path: &Path,
+    mut task: TaskReport,
+    shards: Vec<ShardReport>,
+    kv: Option<&kv::KvState>,
+) -> Result<(), WriteError> {
+    /// A shard whose tensors come from the KV records (`shard.tensors` is empty and so omitted).
+    #[derive(serde::Serialize)]
+    struct KvShard<'a> {
+        #[serde(flatten)]
+        shard: &'a ShardReport,
+        tensors: kv::ShardTensors<'a>,
+    }
+    /// `task.shards` is empty and so omitted.
+    #[derive(serde::Serialize)]
+    struct KvTask<'a> {
+        #[serde(flatten)]
+        task: &'a TaskReport,
+        shards: Vec<KvShard<'a>>,
+    }
+    let file = fs::File::create(path).map_err(|e| WriteError::io(path, e))?;
+    let mut out = BufWriter::with_capacity(1 << 16, file);
+    let written = match kv {
+        Some(k) => {
+            if let Some(s) = shards.iter().find(|s| !s.tensors.is_empty()) {
+                return Err(WriteError::Batch(format!(
+                    "KV shard {} carries its own tensor reports",
+                    s.file
+                )));
+            }
+            let shards = shards
+                .iter()
+                .map(|shard| KvShard {
+                    shard,
+                    tensors: k.shard_tensors(shard.shard),
+                })
+                .collect();
+            serde_json::to_writer(
+                &mut out,
+                &KvTask {
+                    task: &task,
+                    shards,
+                },
+            )
+        }
+        None => {
+            task.shards = shards;
+            serde_json::to_writer(&mut out, &task)
+        }
+    };
+    written.map_err(|e| WriteError::io(path, std::io::Error::other(e)))?;
+    out.flush().map_err(|e| WriteError::io(path, e))
 }
 
 /// Writes one partition's rows as shards (see the module docs).
@@ -210,12 +288,17 @@ impl TaskWriter {
     }
 
     /// Ends the partition: writes (or drops, or pads) the batch-mode tail, seals the last KV
-    /// shard and applies `lastWin` to sealed KV shards. Returns the shards sealed or rewritten
-    /// now, and the task report listing every shard.
+    /// shard and applies `lastWin` to sealed KV shards, then writes the task report (every
+    /// shard, every tensor) as a JSON file into the work directory. Returns the shards sealed or
+    /// rewritten now and that file.
+    ///
+    /// The report goes to a file, not into memory: a KV task's report has one entry per row and
+    /// column, so building it (or its JSON) would hold several hundred bytes per row at once; it
+    /// is serialised from the compact records one tensor at a time instead.
     ///
     /// On error every file this writer created is deleted, as by [`TaskWriter::abort`] (the
     /// writer is consumed, so it could not be aborted afterwards).
-    pub fn finish(mut self) -> Result<(Vec<ShardReport>, TaskReport), WriteError> {
+    pub fn finish(mut self) -> Result<Finished, WriteError> {
         let result = self.finish_inner();
         if result.is_err() {
             self.abort_files();
@@ -223,7 +306,7 @@ impl TaskWriter {
         result
     }
 
-    fn finish_inner(&mut self) -> Result<(Vec<ShardReport>, TaskReport), WriteError> {
+    fn finish_inner(&mut self) -> Result<Finished, WriteError> {
         if self.failed {
             return Err(WriteError::Failed);
         }
@@ -265,13 +348,29 @@ impl TaskWriter {
             }
         }
         let columns = self.column_reports();
-        let report = TaskReport {
+        let shards = std::mem::take(&mut self.shards);
+        let task = TaskReport {
             partition: self.partition,
-            shards: std::mem::take(&mut self.shards),
+            shards: Vec::new(),
             dropped_samples: dropped,
             columns,
         };
-        Ok((sealed, report))
+        let report_file = format!(
+            "task-{:05}-{}.report.json",
+            self.partition, self.plan.write_id
+        );
+        let report_path = self.work_dir.join(&report_file);
+        self.created.push(report_path.clone());
+        let kv = match &self.mode {
+            Mode::Kv(k) => Some(&**k),
+            Mode::Batch(_) => None,
+        };
+        write_report(&report_path, task, shards, kv)?;
+        Ok(Finished {
+            sealed,
+            report_file,
+            report_path,
+        })
     }
 
     /// Deletes every file this writer created in the work directory (sealed shards and
@@ -444,17 +543,14 @@ impl TaskWriter {
     fn column_reports(&self) -> BTreeMap<String, ColumnReport> {
         let mut out = BTreeMap::new();
         let kv = matches!(self.mode, Mode::Kv(_));
-        for col in &self.columns {
+        for (c, col) in self.columns.iter().enumerate() {
             let Some(dtype) = col.dtype else { continue };
             let sample_shape = if kv {
-                let mut shapes = self
-                    .shards
-                    .iter()
-                    .flat_map(|s| &s.tensors)
-                    .filter(|t| t.column.as_deref() == Some(col.plan.name.as_str()))
-                    .map(|t| &t.shape);
-                let Some(first) = shapes.next() else { continue };
-                shapes.all(|s| s == first).then(|| first.clone())
+                let Mode::Kv(k) = &self.mode else { continue };
+                let Some(shape) = k.column_shape(c as u32) else {
+                    continue;
+                };
+                shape
             } else {
                 match &col.shape {
                     Some(s) => Some(s.clone()),

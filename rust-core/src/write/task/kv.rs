@@ -10,14 +10,14 @@
 //!   (key id, column, interned shape id, dtype, byte range); names are `key + separator +
 //!   column`, rebuilt when needed.
 //!
-//! The tensors' [`TensorReport`]s (the driver's cross-task checks need one per tensor) are built
-//! from these records only when a report is handed out: for a shard sealed by `write_batch`
-//! (returned, not kept) and for the task report at `finish`.
+//! The tensors' [`TensorReport`]s (the driver's cross-task checks need one per tensor) are
+//! built from these records one at a time while the task report file is written at `finish`
+//! ([`ShardTensors`]); a sealed shard is handed out without them.
 
 use super::rows::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, COPY_BUFFER, KV_CHUNK_ROWS};
 use crate::file::{copy_tensors, FileWriter};
-use crate::header::{TensorEntry, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY};
+use crate::header::{self, HeaderEntry, Layout, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::write::{DuplicatesStrategy, ShardReport, TensorReport, WritePlan};
 use crate::Dtype;
 use arrow_array::cast::AsArray;
@@ -167,6 +167,18 @@ struct TensorRec {
 impl TensorRec {
     fn len(&self) -> u64 {
         self.end - self.start
+    }
+}
+
+/// A sealed shard's tensors, serialised as a sequence of [`TensorReport`]s built one at a time.
+pub(super) struct ShardTensors<'a> {
+    kv: &'a KvState,
+    tensors: &'a [TensorRec],
+}
+
+impl serde::Serialize for ShardTensors<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.tensors.iter().map(|t| self.kv.tensor_report(t)))
     }
 }
 
@@ -414,10 +426,6 @@ impl KvState {
             sample_key: Some(self.keys.key(t.key).to_string()),
             column: Some(self.column_name(t.column).to_string()),
         }
-    }
-
-    fn tensor_reports(&self, tensors: &[TensorRec]) -> Vec<TensorReport> {
-        tensors.iter().map(|t| self.tensor_report(t)).collect()
     }
 
     /// Checks that a file's layout (`written`) has exactly `tensors`, in this order.
@@ -703,20 +711,36 @@ impl KvState {
         }
         let mut live: Vec<TensorRec> = open.tensors.iter().filter(|t| t.live).copied().collect();
         open.tensors = Vec::new();
+        // The reference layout (header::plan_layout's order), serialised straight from the
+        // records: no per-tensor name, shape or entry is built, only the header bytes.
         live.sort_by(|a, b| self.layout_order(a, b));
-        let entries = live
-            .iter()
-            .map(|t| TensorEntry {
-                name: self.tensor_name(t),
-                dtype: t.dtype,
-                shape: self.shapes.get(t.shape).to_vec(),
-            })
-            .collect();
         let meta = shard_metadata(&w.plan, open.samples, 0);
+        let mut cursor = 0u64;
+        let header_bytes = header::serialize_entries(
+            Some(&meta),
+            live.len(),
+            live.iter().map(|t| {
+                let begin = cursor;
+                cursor += t.len();
+                HeaderEntry {
+                    name: [
+                        self.keys.key(t.key),
+                        &self.separator,
+                        self.column_name(t.column),
+                    ],
+                    dtype: t.dtype,
+                    shape: self.shapes.get(t.shape),
+                    data_offsets: [begin, cursor],
+                }
+            }),
+        )?;
+        let layout = Layout {
+            tensors: Vec::new(),
+            header_bytes,
+            data_len: cursor,
+        };
         let (shard, file, path) = w.next_shard_path();
-        let mut writer = FileWriter::create(&path, Some(&meta), entries)?;
-        // The layout's order must be ours: check it before copying the bytes in our order.
-        self.check_layout(&live, writer.tensors())?;
+        let mut writer = FileWriter::create_laid_out(&path, layout)?;
         let spill = open
             .spill
             .as_mut()
@@ -749,8 +773,14 @@ impl KvState {
         }
         let written = writer.finish()?;
         w.created.push(path.clone());
-        self.place(&mut live, &written.tensors, written.data_start)?;
-        drop(written.tensors);
+        // Absolute offsets in the shard: consecutive in layout order after the header.
+        let mut at = written.data_start;
+        for t in &mut live {
+            let len = t.len();
+            t.start = at;
+            t.end = at + len;
+            at += len;
+        }
         for t in &live {
             if let Some(rec) = self.keys.rec_mut(t.key) {
                 rec.shard = shard;
@@ -759,22 +789,18 @@ impl KvState {
         let samples = open.samples;
         // Dropping the open shard deletes its spill file.
         drop(open);
-        let stub = ShardReport {
+        // Without its tensors: the task report file lists them ([`KvState::shard_tensors`]).
+        let report = ShardReport {
             file,
             local_path: path.to_string_lossy().into_owned(),
             partition: w.partition,
             shard,
-            samples: 0,
+            samples,
             padded_samples: 0,
             bytes: written.bytes,
             tensors: Vec::new(),
         };
-        let report = ShardReport {
-            samples,
-            tensors: self.tensor_reports(&live),
-            ..stub.clone()
-        };
-        w.shards.push(ShardReport { samples, ..stub });
+        w.shards.push(report.clone());
         self.sealed.push(SealedShard {
             shard,
             tensors: live,
@@ -782,8 +808,7 @@ impl KvState {
         Ok(Some(report))
     }
 
-    /// Seals the last shard, rewrites sealed shards that lost keys to `lastWin`, and fills in
-    /// the tensors of every shard report of the task.
+    /// Seals the last shard and rewrites sealed shards that lost keys to `lastWin`.
     pub(super) fn finish(&mut self, w: &mut TaskWriter) -> Result<Vec<ShardReport>, WriteError> {
         let mut sealed = Vec::new();
         if let Some(report) = self.seal(w)? {
@@ -794,16 +819,35 @@ impl KvState {
                 sealed.push(report);
             }
         }
-        let mut by_shard: HashMap<u32, Vec<TensorRec>> = std::mem::take(&mut self.sealed)
-            .into_iter()
-            .map(|s| (s.shard, s.tensors))
-            .collect();
-        for report in &mut w.shards {
-            if let Some(tensors) = by_shard.remove(&report.shard) {
-                report.tensors = self.tensor_reports(&tensors);
-            }
-        }
         Ok(sealed)
+    }
+
+    /// The tensors of sealed shard `shard`, serialisable as its `TensorReport`s.
+    pub(super) fn shard_tensors(&self, shard: u32) -> ShardTensors<'_> {
+        let tensors = self
+            .sealed
+            .iter()
+            .find(|s| s.shard == shard)
+            .map_or(&[][..], |s| s.tensors.as_slice());
+        ShardTensors { kv: self, tensors }
+    }
+
+    /// The per-sample shape shared by every sealed tensor of column `column`: `None` when the
+    /// task stored none, `Some(None)` when rows differ.
+    pub(super) fn column_shape(&self, column: u32) -> Option<Option<Vec<u64>>> {
+        let mut shapes = self
+            .sealed
+            .iter()
+            .flat_map(|s| &s.tensors)
+            .filter(|t| t.column == column)
+            .map(|t| t.shape);
+        let first = shapes.next()?;
+        // Shapes are interned: equal shapes have equal ids.
+        Some(
+            shapes
+                .all(|s| s == first)
+                .then(|| self.shapes.get(first).to_vec()),
+        )
     }
 
     /// Rewrites sealed shard `shard` without the tensors of the keys `keys`. A shard left
@@ -850,17 +894,13 @@ impl KvState {
         })?;
         // The kept tensors keep their relative (layout) order.
         self.place(&mut keep, &written.tensors, written.data_start)?;
-        let stub = ShardReport {
+        let report = ShardReport {
             samples,
             bytes: written.bytes,
             tensors: Vec::new(),
             ..old
         };
-        let report = ShardReport {
-            tensors: self.tensor_reports(&keep),
-            ..stub.clone()
-        };
-        w.shards[idx] = stub;
+        w.shards[idx] = report.clone();
         if let Some(s) = self.sealed.get_mut(si) {
             s.tensors = keep;
         }

@@ -134,6 +134,20 @@ fn open(report: &ShardReport) -> SafetensorsFile {
     SafetensorsFile::open(&report.local_path).unwrap()
 }
 
+/// Finishes `w` and reads its report file back (then deletes it, so directory listings show
+/// only shards).
+fn finish(w: TaskWriter) -> (Vec<ShardReport>, TaskReport) {
+    let done = w.finish().unwrap();
+    assert_eq!(
+        done.report_path.file_name().unwrap().to_str().unwrap(),
+        done.report_file
+    );
+    assert!(done.report_file.starts_with("task-") && done.report_file.ends_with(".report.json"));
+    let report = read_report(&done.report_path).unwrap();
+    fs::remove_file(&done.report_path).unwrap();
+    (done.sealed, report)
+}
+
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .unwrap()
@@ -195,7 +209,7 @@ fn batch_shapes_values_offsets_and_metadata() {
     )]);
     let sealed2 = w.write_batch(&b2).unwrap();
     assert_eq!(sealed2.len(), 1);
-    let (last, report) = w.finish().unwrap();
+    let (last, report) = finish(w);
     assert_eq!(last.len(), 1);
     assert_eq!(report.shards.len(), 3);
     assert_eq!(report.partition, 7);
@@ -263,7 +277,7 @@ fn batch_tail_drop() {
     let mut w = TaskWriter::open(plan.clone(), 0, dir.clone()).unwrap();
     w.write_batch(&batch(vec![("x", f32_dense(&[&[1.], &[2.], &[3.]]))]))
         .unwrap();
-    let (last, report) = w.finish().unwrap();
+    let (last, report) = finish(w);
     assert!(last.is_empty());
     assert_eq!(report.shards.len(), 1);
     assert_eq!(report.dropped_samples, 1);
@@ -273,7 +287,7 @@ fn batch_tail_drop() {
     let mut w = TaskWriter::open(plan, 1, dir2.clone()).unwrap();
     w.write_batch(&batch(vec![("x", f32_dense(&[&[1.]]))]))
         .unwrap();
-    let (last, report) = w.finish().unwrap();
+    let (last, report) = finish(w);
     assert!(last.is_empty() && report.shards.is_empty());
     assert_eq!(report.dropped_samples, 1);
     assert!(names_in(&dir2).is_empty());
@@ -308,7 +322,7 @@ fn batch_tail_pad_with_zero_rows() {
         ("y", Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5]))),
     ]);
     assert_eq!(w.write_batch(&b).unwrap().len(), 1);
-    let (last, report) = w.finish().unwrap();
+    let (last, report) = finish(w);
     assert_eq!(last.len(), 1);
     let s = &report.shards[1];
     assert_eq!((s.samples, s.padded_samples), (1, 3));
@@ -349,7 +363,7 @@ fn nested_rank_2_and_3() {
     );
     let mut w = TaskWriter::open(plan, 0, dir.clone()).unwrap();
     w.write_batch(&batch(vec![("m", m), ("c", c)])).unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     let (info, data) = f.tensor("m").unwrap();
     assert_eq!(info.shape, vec![2, 2, 3]);
@@ -493,7 +507,7 @@ fn scalar_columns_with_conversion() {
         ("w", Arc::new(Float64Array::from(vec![0.5, 1.5, -2.0]))),
     ]))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     let (info, label) = f.tensor("label").unwrap();
     assert_eq!((info.dtype, info.shape.clone()), (Dtype::U8, vec![3]));
@@ -566,7 +580,7 @@ fn bool_arrays_become_bool_and_bad_bytes_fail() {
     let mut w = TaskWriter::open(plan.clone(), 0, dir.clone()).unwrap();
     w.write_batch(&batch(vec![("b", list(vec![vec![1, 0], vec![0, 1]]))]))
         .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     let (info, data) = f.tensor("b").unwrap();
     assert_eq!((info.dtype, info.shape.clone()), (Dtype::Bool, vec![2, 2]));
@@ -600,7 +614,7 @@ fn reshape_with_shapes_option() {
         f32_dense(&[&[1., 2., 3., 4., 5., 6.], &[6., 5., 4., 3., 2., 1.]]),
     )]))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     assert_eq!(
         open(&report.shards[0]).tensor("img").unwrap().0.shape,
         vec![2, 2, 3]
@@ -643,7 +657,7 @@ fn binary_with_shapes() {
         Arc::new(BinaryArray::from(vec![&a[..], &b[..]])),
     )]))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     let (info, data) = f.tensor("raw").unwrap();
     assert_eq!(info.shape, vec![2, 2]);
@@ -724,7 +738,7 @@ fn tensor_struct_keeps_or_converts_dtype() {
     let mut w = TaskWriter::open(plan, 0, dir.clone()).unwrap();
     w.write_batch(&batch(vec![("keep", keep), ("bf", bf), ("wide", wide)]))
         .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     let (info, data) = f.tensor("keep").unwrap();
     assert_eq!((info.dtype, info.shape.clone()), (Dtype::U8, vec![2, 2, 2]));
@@ -859,7 +873,7 @@ fn ml_vectors_dense_and_sparse() {
     ]);
     let mut w = TaskWriter::open(plan.clone(), 0, dir.clone()).unwrap();
     w.write_batch(&batch(vec![("v", v)])).unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     let (info, data) = f.tensor("v").unwrap();
     assert_eq!(info.shape, vec![3, 4]);
@@ -987,7 +1001,7 @@ fn kv_names_metadata_and_reports() {
         ("y", Arc::new(Int32Array::from(vec![10, 20]))),
     ]);
     assert!(w.write_batch(&b).unwrap().is_empty());
-    let (sealed, report) = w.finish().unwrap();
+    let (sealed, report) = finish(w);
     assert_eq!(sealed.len(), 1);
     let s = &report.shards[0];
     assert_eq!(s.samples, 2);
@@ -1027,6 +1041,65 @@ fn kv_names_metadata_and_reports() {
     fs::remove_dir_all(dir).unwrap();
 }
 
+/// A KV shard's header is serialised from the task's records, not through `plan_layout`: it
+/// must be byte-for-byte what `plan_layout` produces for the same tensors (order, escaping,
+/// offsets, padding), with keys that need JSON escaping and several dtypes.
+#[test]
+fn kv_header_is_the_reference_layout() {
+    let dir = tmpdir("kv-layout");
+    let plan = plan_kv(
+        vec![
+            col("x", arr(SparkNumeric::Float, 1), Some(Dtype::F32), None),
+            col(
+                "y",
+                InputKind::Scalar {
+                    element: SparkNumeric::Int,
+                },
+                Some(Dtype::I64),
+                None,
+            ),
+        ],
+        1 << 20,
+        DuplicatesStrategy::Fail,
+    );
+    let mut w = TaskWriter::open(plan, 0, dir.clone()).unwrap();
+    let ks = ["z\"q", "é/\\", "a\u{1}b", "\u{1F600}", "m"];
+    let b = batch(vec![
+        ("id", keys(&ks.iter().map(|k| Some(*k)).collect::<Vec<_>>())),
+        (
+            "x",
+            f32_dense(&[&[1., 2.], &[3.], &[], &[4., 5., 6.], &[7.]]),
+        ),
+        ("y", Arc::new(Int32Array::from(vec![1, 2, 3, 4, 5]))),
+    ]);
+    w.write_batch(&b).unwrap();
+    let (_, report) = finish(w);
+    assert_eq!(report.shards.len(), 1);
+    let f = open(&report.shards[0]);
+    let entries: Vec<TensorEntry> = f
+        .header()
+        .tensors
+        .iter()
+        .map(|t| TensorEntry {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    assert_eq!(entries.len(), 10);
+    let layout = crate::header::plan_layout(f.header().metadata.as_ref(), entries).unwrap();
+    let raw = fs::read(&report.shards[0].local_path).unwrap();
+    assert_eq!(&raw[..layout.header_bytes.len()], &layout.header_bytes[..]);
+    assert_eq!(raw.len() as u64, layout.file_len());
+    // The report's offsets are the header's.
+    for t in &report.shards[0].tensors {
+        let (info, data) = f.tensor(&t.name).unwrap();
+        assert_eq!(t.data_end - t.data_start, info.byte_len());
+        assert_eq!(&raw[t.data_start as usize..t.data_end as usize], data);
+    }
+    fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn kv_rollover_keeps_shards_under_target() {
     let dir = tmpdir("roll");
@@ -1059,7 +1132,7 @@ fn kv_rollover_keeps_shards_under_target() {
         }
         sealed_during += sealed.len();
     }
-    let (last, report) = w.finish().unwrap();
+    let (last, report) = finish(w);
     assert!(sealed_during > 3);
     assert_eq!(report.shards.len(), sealed_during + last.len());
     for (i, s) in report.shards.iter().enumerate() {
@@ -1086,7 +1159,7 @@ fn kv_oversize_row_gets_its_own_shard() {
         &[&[1.], &big, &[2.]],
     ))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     assert_eq!(report.shards.len(), 3);
     let samples: Vec<u64> = report.shards.iter().map(|s| s.samples).collect();
     assert_eq!(samples, vec![1, 1, 1]);
@@ -1177,7 +1250,7 @@ fn kv_last_win_in_open_shard() {
     .unwrap();
     w.write_batch(&kv_batch(&[Some("b")], &[&[4., 4.]]))
         .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     assert_eq!(report.shards.len(), 1);
     assert_eq!(report.shards[0].samples, 2);
     let contents = kv_contents(&report);
@@ -1213,16 +1286,19 @@ fn kv_last_win_rewrites_sealed_shard() {
     );
     assert!(!sealed.is_empty());
     let first = sealed[0].clone();
-    let first_keys: Vec<String> = first
+    // A sealed KV shard is reported without tensors (the task report file lists them).
+    assert!(first.tensors.is_empty());
+    let first_names: Vec<String> = open(&first)
+        .header()
         .tensors
         .iter()
-        .map(|t| t.sample_key.clone().unwrap())
+        .map(|t| t.name.clone())
         .collect();
-    assert!(first_keys.contains(&"a".to_string()));
+    assert!(first_names.contains(&"a__x".to_string()));
     // Replace "a" (sealed) twice: the second replacement is in the open shard.
     w.write_batch(&kv_batch(&[Some("a"), Some("a")], &[&[9.; 2], &[7.; 3]]))
         .unwrap();
-    let (last, report) = w.finish().unwrap();
+    let (last, report) = finish(w);
     let rewritten = last.iter().find(|s| s.shard == first.shard).unwrap();
     assert_eq!(rewritten.file, first.file);
     assert_eq!(rewritten.samples, first.samples - 1);
@@ -1259,7 +1335,7 @@ fn kv_shard_emptied_by_last_win_is_deleted() {
         &[&[1.; 20], &[2.; 20], &[3.; 20]],
     ))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     assert_eq!(report.shards.len(), 2);
     assert_eq!(kv_contents(&report).len(), 2);
     assert_eq!(kv_contents(&report)["a"], vec![3.; 20]);
@@ -1321,7 +1397,7 @@ fn ffi_round_trip() {
         TaskWriter::open(kv_plan(1 << 20, DuplicatesStrategy::Fail), 0, dir.clone()).unwrap();
     w.write_batch(&imported).unwrap();
     drop(imported);
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     assert_eq!(
         kv_contents(&report),
         BTreeMap::from([("a".into(), vec![1., 2.]), ("b".into(), vec![3.])])
@@ -1389,7 +1465,7 @@ fn kv_struct_and_vector_columns_keep_per_row_shapes() {
         ),
     ]))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     let f = open(&report.shards[0]);
     assert_eq!(f.tensor("p__t").unwrap().0.shape, vec![2, 1]);
     assert_eq!(f.tensor("q__t").unwrap().1, &[3, 0, 0, 0]);
@@ -1431,7 +1507,7 @@ fn kv_batches_larger_than_a_chunk() {
         ("s", Arc::new(Int32Array::from_iter_values(0..n as i32))),
     ]))
     .unwrap();
-    let (_, report) = w.finish().unwrap();
+    let (_, report) = finish(w);
     assert!(report.shards.len() > 1);
     let mut seen = 0;
     for s in &report.shards {

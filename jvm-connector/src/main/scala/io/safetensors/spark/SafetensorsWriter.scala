@@ -101,7 +101,10 @@ private[spark] object SafetensorsWriter {
       val staged = mutable.Map[String, Path]()
       results.foreach(_.staged.foreach { case (f, p) => staged(f) = new Path(p) })
       val reports: Array[ObjectNode] =
-        results.sortBy(_.partition).map(r => mapper.readTree(r.reportJson).asInstanceOf[ObjectNode])
+        results.sortBy(_.partition).map { r =>
+          val in = fs.open(new Path(r.reportFile))
+          try mapper.readTree(in).asInstanceOf[ObjectNode] finally in.close()
+        }
       var commit = mapper.readTree(
         NativeWriter.commitJob(planJson, arrayJson(reports.toSeq), existingManifest.orNull))
       val rewrites = commit.get("rewrites").elements().asScala.toSeq

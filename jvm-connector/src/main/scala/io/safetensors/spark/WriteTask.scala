@@ -5,7 +5,7 @@ import java.nio.file.Files
 
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.ObjectMapper
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.arrow.memory.{BufferAllocator, RootAllocator}
 import org.apache.hadoop.conf.Configuration
@@ -31,8 +31,12 @@ private[spark] final class SerializableConf(@transient var value: Configuration)
 private[spark] final case class TaskJob(planJson: String, schema: StructType, stagingDir: String,
     conf: SerializableConf)
 
-/** A task's result: its TaskReport JSON and where each sealed shard now lives (staging URI). */
-private[spark] final case class TaskResult(partition: Int, reportJson: String,
+/**
+ * A task's result: where its task report file (TaskReport JSON, written by the native writer;
+ * one entry per KV row, so it is never held in executor memory) and each sealed shard now live
+ * (staging URIs).
+ */
+private[spark] final case class TaskResult(partition: Int, reportFile: String,
     staged: Map[String, String])
 
 /** Owner of one native writer handle: calls are serialised, close is idempotent. */
@@ -106,27 +110,27 @@ private[spark] object WriteTask {
     }
     ctx.addTaskCompletionListener[Unit](_ => closeAll())
     val staged = scala.collection.mutable.LinkedHashMap[String, String]()
-    def place(sealedJson: String): Unit = {
-      mapper.readTree(sealedJson).elements().asScala.foreach { s =>
-        val file = s.get("file").asText()
-        val dest = new Path(attemptDir, file)
-        if (direct.isEmpty) {
-          fs.copyFromLocalFile(true, true, new Path(s.get("local_path").asText()), dest)
-        }
-        staged(file) = dest.toString
+    // A file the native writer left in the work dir, moved to the attempt dir if that is not it.
+    def stage(f: JsonNode): Path = {
+      val dest = new Path(attemptDir, f.get("file").asText())
+      if (direct.isEmpty) {
+        fs.copyFromLocalFile(true, true, new Path(f.get("local_path").asText()), dest)
       }
+      dest
     }
+    def place(shards: JsonNode): Unit =
+      shards.elements().asScala.foreach(s => staged(s.get("file").asText()) = stage(s).toString)
     try {
       if (direct.isEmpty) fs.mkdirs(attemptDir)
       writer = new NativeTaskWriter(job.planJson, partition, workDir.getAbsolutePath)
       while (rows.hasNext) {
         builder.add(rows.next())
-        if (builder.isFull) place(builder.flush(writer.writeBatch))
+        if (builder.isFull) place(mapper.readTree(builder.flush(writer.writeBatch)))
       }
-      if (builder.rowCount > 0) place(builder.flush(writer.writeBatch))
+      if (builder.rowCount > 0) place(mapper.readTree(builder.flush(writer.writeBatch)))
       val done = mapper.readTree(writer.finish())
-      place(mapper.writeValueAsString(done.get("sealed")))
-      TaskResult(partition, mapper.writeValueAsString(done.get("report")), staged.toMap)
+      place(done.get("sealed"))
+      TaskResult(partition, stage(done.get("report_file")).toString, staged.toMap)
     } catch {
       case t: Throwable =>
         try { if (writer != null) writer.abort() } catch { case e: Throwable => t.addSuppressed(e) }

@@ -71,6 +71,9 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   private def taskUploads(u: Seq[String]): Seq[String] = u.filter(p => p.contains("/_staging-") && p.contains("/attempt-"))
+  /** Shards uploaded by tasks (each task also uploads its report file, `task-*.report.json`). */
+  private def shardUploads(u: Seq[String]): Seq[String] = taskUploads(u).filter(_.endsWith(".safetensors"))
+  private def reportUploads(u: Seq[String]): Seq[String] = taskUploads(u).filter(_.endsWith(".report.json"))
 
   private val floatSchema = StructType(Seq(StructField("x", ArrayType(FloatType))))
 
@@ -104,7 +107,12 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     val shards = shardFiles(local)
     assert(shards.size == 4)
     // every shard was uploaded by a task into its attempt dir in staging
-    assert(taskUploads(uploads).map(p => p.substring(p.lastIndexOf('/') + 1)).sorted == shards.map(_.getName), uploads)
+    assert(shardUploads(uploads).map(p => p.substring(p.lastIndexOf('/') + 1)).sorted == shards.map(_.getName), uploads)
+    // and each task its report file, read by the driver from staging (then deleted with it)
+    assert(reportUploads(uploads).map(p => p.substring(p.lastIndexOf('/') + 1)).sorted ==
+      Seq(0, 1).map(p => f"task-$p%05d-${shards.head.getName.split("-", 4)(3).stripSuffix(".safetensors")}.report.json"),
+      uploads)
+    assert(taskUploads(uploads).size == shards.size + 2, uploads)
     val all = shards.flatMap { f =>
       val t = readShard(f).tensor("x")
       assert(t.dtype == "F32" && t.shape.last == 4)
@@ -164,7 +172,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     tracked(floats(4).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(remote))
     val oldShards = shardFiles(local).map(_.getName).toSet
     val u = tracked(floats(6, 1).write.format("safetensors").option("batch_size", "3").mode("overwrite").save(remote))
-    assert(taskUploads(u).size == 2, u)
+    assert(shardUploads(u).size == 2 && reportUploads(u).size == 1 && taskUploads(u).size == 3, u)
     val newShards = shardFiles(local).map(_.getName).toSet
     assert(newShards.size == 2 && newShards.intersect(oldShards).isEmpty)
     assert(manifest(local).get("total_samples").asInt == 6)
