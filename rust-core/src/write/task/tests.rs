@@ -961,6 +961,25 @@ fn kv_plan(target: u64, dup: DuplicatesStrategy) -> WritePlan {
     )
 }
 
+/// KV plan with an F32 array column `x` and an I64 scalar column `y`, 1 MiB shards.
+fn kv_plan_x_y() -> WritePlan {
+    plan_kv(
+        vec![
+            col("x", arr(SparkNumeric::Float, 1), Some(Dtype::F32), None),
+            col(
+                "y",
+                InputKind::Scalar {
+                    element: SparkNumeric::Int,
+                },
+                Some(Dtype::I64),
+                None,
+            ),
+        ],
+        1 << 20,
+        DuplicatesStrategy::Fail,
+    )
+}
+
 /// Every stored (key, values) over the final shards.
 fn kv_contents(report: &TaskReport) -> BTreeMap<String, Vec<f32>> {
     let mut out = BTreeMap::new();
@@ -979,21 +998,7 @@ fn kv_contents(report: &TaskReport) -> BTreeMap<String, Vec<f32>> {
 #[test]
 fn kv_names_metadata_and_reports() {
     let dir = tmpdir("kv");
-    let plan = plan_kv(
-        vec![
-            col("x", arr(SparkNumeric::Float, 1), Some(Dtype::F32), None),
-            col(
-                "y",
-                InputKind::Scalar {
-                    element: SparkNumeric::Int,
-                },
-                Some(Dtype::I64),
-                None,
-            ),
-        ],
-        1 << 20,
-        DuplicatesStrategy::Fail,
-    );
+    let plan = kv_plan_x_y();
     let mut w = TaskWriter::open(plan, 3, dir.clone()).unwrap();
     let b = batch(vec![
         ("id", keys(&[Some("a"), Some("b")])),
@@ -1047,21 +1052,7 @@ fn kv_names_metadata_and_reports() {
 #[test]
 fn kv_header_is_the_reference_layout() {
     let dir = tmpdir("kv-layout");
-    let plan = plan_kv(
-        vec![
-            col("x", arr(SparkNumeric::Float, 1), Some(Dtype::F32), None),
-            col(
-                "y",
-                InputKind::Scalar {
-                    element: SparkNumeric::Int,
-                },
-                Some(Dtype::I64),
-                None,
-            ),
-        ],
-        1 << 20,
-        DuplicatesStrategy::Fail,
-    );
+    let plan = kv_plan_x_y();
     let mut w = TaskWriter::open(plan, 0, dir.clone()).unwrap();
     let ks = ["z\"q", "é/\\", "a\u{1}b", "\u{1F600}", "m"];
     let b = batch(vec![
