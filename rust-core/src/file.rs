@@ -117,7 +117,17 @@ impl FileWriter {
     }
 
     /// Checks that every data byte was written, syncs and renames the file into place.
-    pub fn finish(mut self) -> Result<WrittenFile, FormatError> {
+    pub fn finish(self) -> Result<WrittenFile, FormatError> {
+        let (written, pending) = self.close()?;
+        pending.commit()?;
+        Ok(written)
+    }
+
+    /// Checks that every data byte was written and flushes it to the temporary file, without
+    /// syncing: the file is complete but not in place. [`PendingFile::commit`] (on this thread
+    /// or another) syncs and renames it; dropping the [`PendingFile`] deletes it. The returned
+    /// [`WrittenFile`] describes the file as it will be at its destination.
+    pub fn close(mut self) -> Result<(WrittenFile, PendingFile), FormatError> {
         if self.written != self.layout.data_len {
             let incomplete = self
                 .layout
@@ -136,21 +146,26 @@ impl FileWriter {
         let out = self.out.take().ok_or_else(|| {
             FormatError::io(&self.tmp, std::io::Error::other("writer already finished"))
         })?;
-        let file = out
-            .into_inner()
-            .map_err(|e| FormatError::io(&self.tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| FormatError::io(&self.tmp, e))?;
-        drop(file);
-        if let Err(e) = fs::rename(&self.tmp, &self.dest) {
-            let _ = fs::remove_file(&self.tmp);
-            return Err(FormatError::io(&self.dest, e));
-        }
-        Ok(WrittenFile {
+        let tmp = std::mem::take(&mut self.tmp);
+        let file = match out.into_inner() {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(FormatError::io(&tmp, e.into_error()));
+            }
+        };
+        let pending = PendingFile {
+            file: Some(file),
+            tmp,
+            dest: self.dest.clone(),
+        };
+        let written = WrittenFile {
             path: self.dest.clone(),
             bytes: self.header_len + self.layout.data_len,
             tensors: std::mem::take(&mut self.layout.tensors),
             data_start: self.header_len,
-        })
+        };
+        Ok((written, pending))
     }
 
     /// Deletes the temporary file. Nothing appears at the destination.
@@ -168,6 +183,53 @@ impl FileWriter {
 impl Drop for FileWriter {
     fn drop(&mut self) {
         self.discard();
+    }
+}
+
+/// A complete file, written to its temporary sibling but neither synced nor in place yet (see
+/// [`FileWriter::close`]). [`PendingFile::commit`] syncs it and renames it onto its destination;
+/// dropping it uncommitted deletes the temporary file. It owns no thread and may be sent to
+/// another thread to be committed there.
+#[derive(Debug)]
+pub struct PendingFile {
+    /// `None` once committed.
+    file: Option<File>,
+    tmp: PathBuf,
+    dest: PathBuf,
+}
+
+impl PendingFile {
+    /// Where the file appears once committed.
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Syncs the file (data and metadata) and renames it onto its destination. On failure the
+    /// temporary file is deleted and nothing appears at the destination; the error names the
+    /// temporary file (sync) or the destination (rename).
+    pub fn commit(mut self) -> Result<(), FormatError> {
+        let file = self.file.take().ok_or_else(|| {
+            FormatError::io(&self.dest, std::io::Error::other("file already committed"))
+        })?;
+        if let Err(e) = file.sync_all() {
+            drop(file);
+            let _ = fs::remove_file(&self.tmp);
+            return Err(FormatError::io(&self.tmp, e));
+        }
+        drop(file);
+        if let Err(e) = fs::rename(&self.tmp, &self.dest) {
+            let _ = fs::remove_file(&self.tmp);
+            return Err(FormatError::io(&self.dest, e));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
     }
 }
 
@@ -444,6 +506,62 @@ mod tests {
             })
         ));
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn closed_file_is_hidden_until_committed_and_deleted_if_dropped() {
+        let dir = tempdir("pending");
+        let path = dir.join("p.safetensors");
+        let mut w = FileWriter::create(&path, None, vec![entry("t", Dtype::U8, &[3])]).unwrap();
+        w.write(&[7, 8, 9]).unwrap();
+        let (written, pending) = w.close().unwrap();
+        assert_eq!(written.path, path);
+        assert_eq!(pending.dest(), path);
+        // Complete but only under its hidden temporary name.
+        assert!(!path.exists());
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1);
+        assert!(names[0].starts_with(".p.safetensors."), "{names:?}");
+        // Committed from another thread.
+        std::thread::spawn(move || pending.commit())
+            .join()
+            .unwrap()
+            .unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), written.bytes);
+        assert_eq!(
+            SafetensorsFile::open(&path).unwrap().tensor("t").unwrap().1,
+            &[7, 8, 9]
+        );
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        // Dropped uncommitted: nothing is left; the earlier file stays untouched.
+        let mut w = FileWriter::create(&path, None, vec![entry("t", Dtype::U8, &[1])]).unwrap();
+        w.write(&[1]).unwrap();
+        drop(w.close().unwrap());
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        assert_eq!(fs::metadata(&path).unwrap().len(), written.bytes);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn failed_commit_names_the_destination_and_leaves_nothing() {
+        let dir = tempdir("pending-fail");
+        let path = dir.join("d.safetensors");
+        fs::create_dir(&path).unwrap(); // the rename onto a directory fails
+        let mut w = FileWriter::create(&path, None, vec![entry("t", Dtype::U8, &[1])]).unwrap();
+        w.write(&[1]).unwrap();
+        let (_, pending) = w.close().unwrap();
+        let e = pending.commit().unwrap_err();
+        assert!(
+            matches!(e, FormatError::Io { ref path, .. } if path == &dir.join("d.safetensors")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("d.safetensors"), "{e}");
+        let names: Vec<_> = fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(names.len(), 1); // the directory only, no temporary file
         fs::remove_dir_all(dir).unwrap();
     }
 

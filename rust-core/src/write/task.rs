@@ -19,14 +19,22 @@
 //!   the shard is the transient header plan at seal (names, shapes and the header JSON of the
 //!   shard's tensors).
 //!
+//! ## Sealing
+//! A full shard is written to a hidden temporary sibling and flushed on the task's thread; its
+//! `fsync` and the rename onto its final name run on the writer's sealer thread ([`sealer`]
+//! module docs) while the task fills the next shard. A shard is reported (returned by
+//! [`TaskWriter::write_batch`] or [`TaskWriter::finish`]) only once it is in place: a call
+//! returns the shards that came into place since the previous one, `finish` all the others.
+//!
 //! Row numbers in errors count from 0 within the partition, across batches.
 
 mod kv;
 mod rows;
+mod sealer;
 
 use crate::convert::ConvertError;
 use crate::error::FormatError;
-use crate::file::FileWriter;
+use crate::file::{FileWriter, PendingFile};
 use crate::header::TensorEntry;
 use crate::write::{
     shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport,
@@ -36,7 +44,7 @@ use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, StructArray};
 use arrow_schema::DataType;
 use rows::{expected_type, type_matches, ColumnState};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -84,6 +92,10 @@ pub enum WriteError {
         row: u64,
         message: String,
     },
+    /// A shard could not be synced and renamed into place (reported by the call after the
+    /// one that handed it to the sealer thread, at the latest by `finish`).
+    #[error("shard '{file}' could not be sealed: {source}")]
+    Seal { file: String, source: FormatError },
     /// The writer failed earlier and can only be aborted.
     #[error("the task writer failed earlier and can only be aborted")]
     Failed,
@@ -191,8 +203,10 @@ pub struct TaskWriter {
     next_shard: u32,
     /// Sealed shards, in sealing order (KV rewrites replace their entry).
     shards: Vec<ShardReport>,
-    /// Every shard file this writer created (for abort).
+    /// Every shard file this writer created or handed to the sealer (for abort).
     created: Vec<PathBuf>,
+    /// Syncs and renames full shards into place in the background.
+    sealer: sealer::Sealer,
     failed: bool,
     mode: Mode,
 }
@@ -261,6 +275,7 @@ impl TaskWriter {
                 &plan,
             ))),
         };
+        let sealer = sealer::Sealer::new(partition, &work_dir);
         Ok(TaskWriter {
             plan,
             partition,
@@ -270,12 +285,15 @@ impl TaskWriter {
             next_shard: 0,
             shards: Vec::new(),
             created: Vec::new(),
+            sealer,
             failed: false,
             mode,
         })
     }
 
-    /// Writes one wire-layout batch. Returns the shards sealed by this call.
+    /// Writes one wire-layout batch. Returns the shards that came into place (synced and renamed
+    /// onto their final names) since the previous call; a shard filled by this batch may come
+    /// later (module docs).
     pub fn write_batch(&mut self, batch: &StructArray) -> Result<Vec<ShardReport>, WriteError> {
         if self.failed {
             return Err(WriteError::Failed);
@@ -288,9 +306,10 @@ impl TaskWriter {
     }
 
     /// Ends the partition: writes (or drops, or pads) the batch-mode tail, seals the last KV
-    /// shard and applies `lastWin` to sealed KV shards, then writes the task report (every
-    /// shard, every tensor) as a JSON file into the work directory. Returns the shards sealed or
-    /// rewritten now and that file.
+    /// shard, waits until every shard is in place and applies `lastWin` to sealed KV shards, then
+    /// writes the task report (every shard, every tensor) as a JSON file into the work
+    /// directory. Returns the shards not reported yet and those rewritten now (each once), and
+    /// that file.
     ///
     /// The report goes to a file, not into memory: a KV task's report has one entry per row and
     /// column, so building it (or its JSON) would hold several hundred bytes per row at once; it
@@ -310,7 +329,7 @@ impl TaskWriter {
         if self.failed {
             return Err(WriteError::Failed);
         }
-        let mut sealed = Vec::new();
+        let mut rewritten = Vec::new();
         let mut dropped = 0;
         let mode = std::mem::replace(&mut self.mode, Mode::placeholder());
         match mode {
@@ -319,7 +338,7 @@ impl TaskWriter {
                     match b.tail {
                         TailStrategy::Write => {
                             let rows = b.rows;
-                            sealed.push(self.seal_batch(&mut b, rows, 0)?);
+                            self.seal_batch(&mut b, rows, 0)?;
                         }
                         TailStrategy::Drop => dropped = b.rows,
                         TailStrategy::Pad => {
@@ -336,7 +355,7 @@ impl TaskWriter {
                                     })?;
                                 buf.resize(buf.len() + extra, 0);
                             }
-                            sealed.push(self.seal_batch(&mut b, rows, pad)?);
+                            self.seal_batch(&mut b, rows, pad)?;
                         }
                     }
                 }
@@ -344,9 +363,15 @@ impl TaskWriter {
             Mode::Kv(mut k) => {
                 let result = k.finish(self);
                 self.mode = Mode::Kv(k);
-                sealed.extend(result?);
+                rewritten = result?;
             }
         }
+        let mut sealed = self.sealer.finish()?;
+        // `lastWin` may have rewritten (reported below) or deleted some of these.
+        let current: HashSet<&str> = self.shards.iter().map(|s| s.file.as_str()).collect();
+        let again: HashSet<&str> = rewritten.iter().map(|s| s.file.as_str()).collect();
+        sealed.retain(|s| current.contains(s.file.as_str()) && !again.contains(s.file.as_str()));
+        sealed.extend(rewritten);
         let columns = self.column_reports();
         let shards = std::mem::take(&mut self.shards);
         let task = TaskReport {
@@ -380,6 +405,8 @@ impl TaskWriter {
     }
 
     fn abort_files(&mut self) {
+        // First stop the sealer thread: nothing is renamed into place after this.
+        self.sealer.cancel();
         for path in std::mem::take(&mut self.created) {
             let _ = fs::remove_file(path);
         }
@@ -420,6 +447,8 @@ impl TaskWriter {
                 });
             }
         }
+        // An earlier shard's failure surfaces before more work is done.
+        let mut sealed = self.take_sealed()?;
         let mut mode = std::mem::replace(&mut self.mode, Mode::placeholder());
         let result = match &mut mode {
             Mode::Batch(b) => self.batch_rows(b, batch),
@@ -440,15 +469,26 @@ impl TaskWriter {
         };
         self.mode = mode;
         self.rows_seen += batch.len() as u64;
-        result
+        result?;
+        sealed.extend(self.take_sealed()?);
+        Ok(sealed)
     }
 
-    fn batch_rows(
-        &mut self,
-        b: &mut BatchState,
-        batch: &StructArray,
-    ) -> Result<Vec<ShardReport>, WriteError> {
-        let mut sealed = Vec::new();
+    /// The shards in place to hand out now. KV `lastWin` hands out none before `finish`: `finish`
+    /// may rewrite any sealed shard (a later row replaced one of its keys) and reads it from the
+    /// work directory, which a shard handed out may already have left (the JVM uploads and
+    /// deletes it when the destination is not local).
+    fn take_sealed(&mut self) -> Result<Vec<ShardReport>, WriteError> {
+        let held = matches!(&self.mode, Mode::Kv(k) if k.rewrites_sealed_shards());
+        if held {
+            self.sealer.poll()?;
+            Ok(Vec::new())
+        } else {
+            self.sealer.take_ready()
+        }
+    }
+
+    fn batch_rows(&mut self, b: &mut BatchState, batch: &StructArray) -> Result<(), WriteError> {
         let n = batch.len();
         let mut i = 0usize;
         while i < n {
@@ -465,10 +505,10 @@ impl TaskWriter {
             i += take;
             if b.rows == b.batch_size {
                 let rows = b.rows;
-                sealed.push(self.seal_batch(b, rows, 0)?);
+                self.seal_batch(b, rows, 0)?;
             }
         }
-        Ok(sealed)
+        Ok(())
     }
 
     /// Takes the next shard number and returns (number, file name, local path).
@@ -480,12 +520,19 @@ impl TaskWriter {
         (shard, file, path)
     }
 
-    fn seal_batch(
+    /// Hands a complete shard to the sealer thread, which syncs it and renames it into place;
+    /// its report reaches the caller of a later `write_batch` or of `finish`.
+    fn seal_in_background(
         &mut self,
-        b: &mut BatchState,
-        rows: u64,
-        padded: u64,
-    ) -> Result<ShardReport, WriteError> {
+        file: PendingFile,
+        report: ShardReport,
+    ) -> Result<(), WriteError> {
+        self.created.push(file.dest().to_path_buf());
+        self.sealer.submit(file, report)
+    }
+
+    /// Writes the open shard and hands it to the sealer.
+    fn seal_batch(&mut self, b: &mut BatchState, rows: u64, padded: u64) -> Result<(), WriteError> {
         let mut entries = Vec::with_capacity(self.columns.len());
         let mut by_name = HashMap::with_capacity(self.columns.len());
         for (c, col) in self.columns.iter().enumerate() {
@@ -518,8 +565,7 @@ impl TaskWriter {
                 writer.write(buf)?;
             }
         }
-        let written = writer.finish()?;
-        self.created.push(path.clone());
+        let (written, pending) = writer.close()?;
         for buf in &mut b.buffers {
             buf.clear();
         }
@@ -537,7 +583,7 @@ impl TaskWriter {
             }),
         };
         self.shards.push(report.clone());
-        Ok(report)
+        self.seal_in_background(pending, report)
     }
 
     fn column_reports(&self) -> BTreeMap<String, ColumnReport> {

@@ -364,6 +364,11 @@ impl KvState {
         }
     }
 
+    /// `lastWin`: `finish` may rewrite shards sealed earlier.
+    pub(super) fn rewrites_sealed_shards(&self) -> bool {
+        self.duplicates == DuplicatesStrategy::LastWin
+    }
+
     pub(super) fn name_col(&self) -> &str {
         &self.name_col
     }
@@ -490,7 +495,7 @@ impl KvState {
         &mut self,
         w: &mut TaskWriter,
         batch: &StructArray,
-    ) -> Result<Vec<ShardReport>, WriteError> {
+    ) -> Result<(), WriteError> {
         let keys = batch
             .column(0)
             .as_string_opt::<i32>()
@@ -501,7 +506,6 @@ impl KvState {
                     batch.column(0).data_type()
                 ),
             })?;
-        let mut sealed = Vec::new();
         let n = batch.len();
         let mut start = 0;
         let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); w.columns.len()];
@@ -533,13 +537,11 @@ impl KvState {
                         .ok_or_else(|| WriteError::Batch("extracted bytes out of sync".into()))?;
                     row_tensors.push((rt, bytes));
                 }
-                if let Some(report) = self.add_row(w, row, keys.value(i), &row_tensors)? {
-                    sealed.push(report);
-                }
+                self.add_row(w, row, keys.value(i), &row_tensors)?;
             }
             start = end;
         }
-        Ok(sealed)
+        Ok(())
     }
 
     /// Marks the open shard's row whose tensors start at `start` as replaced.
@@ -575,7 +577,7 @@ impl KvState {
         row: u64,
         key: &str,
         tensors: &[(&RowTensor, &[u8])],
-    ) -> Result<Option<ShardReport>, WriteError> {
+    ) -> Result<(), WriteError> {
         for name in &self.columns {
             if key.len() + self.separator.len() + name.len() == METADATA_KEY.len()
                 && format!("{key}{}{name}", self.separator) == METADATA_KEY
@@ -644,11 +646,10 @@ impl KvState {
             row_data += bytes.len() as u64;
         }
         let count = tensors.len() as u64;
-        let mut sealed = None;
         let (header, file) = self.estimate(count, row_json, row_data, self.open.samples + 1);
         // The header limit of the format applies whatever the target size.
         if self.open.samples > 0 && (file > self.target || header > 8 + MAX_HEADER_SIZE) {
-            sealed = self.seal(w)?;
+            self.seal(w)?;
         }
         if self.open.spill.is_none() {
             let path = w.work_dir.join(format!(
@@ -698,16 +699,17 @@ impl KvState {
             set.extend(names);
         }
         self.open.samples += 1;
-        Ok(sealed)
+        Ok(())
     }
 
     /// Seals the open shard (if it has rows): plans the layout, copies the live tensors from the
-    /// spill file in layout order and deletes the spill file. Returns the shard's report; the
-    /// task keeps only the compact records of its tensors.
-    fn seal(&mut self, w: &mut TaskWriter) -> Result<Option<ShardReport>, WriteError> {
+    /// spill file in layout order, deletes the spill file and hands the shard with its report to
+    /// the task's sealer (fsync and rename in the background); the task keeps only the compact
+    /// records of its tensors.
+    fn seal(&mut self, w: &mut TaskWriter) -> Result<(), WriteError> {
         let mut open = std::mem::take(&mut self.open);
         if open.samples == 0 {
-            return Ok(None);
+            return Ok(());
         }
         let mut live: Vec<TensorRec> = open.tensors.iter().filter(|t| t.live).copied().collect();
         open.tensors = Vec::new();
@@ -771,8 +773,7 @@ impl KvState {
                 left -= n as u64;
             }
         }
-        let written = writer.finish()?;
-        w.created.push(path.clone());
+        let (written, pending) = writer.close()?;
         // Absolute offsets in the shard: consecutive in layout order after the header.
         let mut at = written.data_start;
         for t in &mut live {
@@ -805,14 +806,17 @@ impl KvState {
             shard,
             tensors: live,
         });
-        Ok(Some(report))
+        w.seal_in_background(pending, report)
     }
 
-    /// Seals the last shard and rewrites sealed shards that lost keys to `lastWin`.
+    /// Seals the last shard and rewrites sealed shards that lost keys to `lastWin`. Returns the
+    /// reports of the rewritten shards.
     pub(super) fn finish(&mut self, w: &mut TaskWriter) -> Result<Vec<ShardReport>, WriteError> {
         let mut sealed = Vec::new();
-        if let Some(report) = self.seal(w)? {
-            sealed.push(report);
+        self.seal(w)?;
+        if !self.removed.is_empty() {
+            // The rewrites read sealed shards under their final names.
+            w.sealer.wait()?;
         }
         for (shard, keys) in std::mem::take(&mut self.removed) {
             if let Some(report) = self.rewrite_without(w, shard, &keys)? {

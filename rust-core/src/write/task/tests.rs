@@ -164,6 +164,27 @@ fn err_of<T>(r: Result<T, WriteError>) -> String {
     }
 }
 
+/// Waits until every shard handed to the sealer is in place and returns those not reported yet
+/// (what the next `write_batch` would report first).
+fn settle(w: &mut TaskWriter) -> Vec<ShardReport> {
+    w.sealer.wait().unwrap();
+    w.sealer.take_ready().unwrap()
+}
+
+/// Checks that the shards reported by a task's calls (in call order) are the task's shards,
+/// each exactly once, in sealing order, and that each is in place with its reported size.
+fn assert_reported_once(calls: &[&[ShardReport]], report: &TaskReport) {
+    let reported: Vec<&str> = calls
+        .iter()
+        .flat_map(|c| c.iter().map(|s| s.file.as_str()))
+        .collect();
+    let shards: Vec<&str> = report.shards.iter().map(|s| s.file.as_str()).collect();
+    assert_eq!(reported, shards);
+    for s in calls.iter().flat_map(|c| c.iter()) {
+        assert_eq!(fs::metadata(&s.local_path).unwrap().len(), s.bytes);
+    }
+}
+
 /// Writes `batches` and returns the error message of the first failing call.
 fn batch_error(plan: WritePlan, batches: &[StructArray]) -> String {
     let dir = tmpdir("err");
@@ -201,17 +222,20 @@ fn batch_shapes_values_offsets_and_metadata() {
         "x",
         f32_dense(&[&[1., 2., 3.], &[4., 5., 6.], &[7., 8., 9.]]),
     )]);
+    // b1 fills shard 0, b2 shard 1; each is reported once it is in place (maybe by a later
+    // call), the tail shard by finish.
     let sealed = w.write_batch(&b1).unwrap();
-    assert_eq!(sealed.len(), 1);
+    assert!(sealed.len() <= 1);
     let b2 = batch(vec![(
         "x",
         f32_dense(&[&[10., 11., 12.], &[13., 14., 15.]]),
     )]);
     let sealed2 = w.write_batch(&b2).unwrap();
-    assert_eq!(sealed2.len(), 1);
+    assert!(sealed.len() + sealed2.len() <= 2);
     let (last, report) = finish(w);
-    assert_eq!(last.len(), 1);
+    assert!(!last.is_empty());
     assert_eq!(report.shards.len(), 3);
+    assert_reported_once(&[&sealed, &sealed2, &last], &report);
     assert_eq!(report.partition, 7);
     assert_eq!(report.dropped_samples, 0);
     assert_eq!(
@@ -275,11 +299,12 @@ fn batch_tail_drop() {
         TailStrategy::Drop,
     );
     let mut w = TaskWriter::open(plan.clone(), 0, dir.clone()).unwrap();
-    w.write_batch(&batch(vec![("x", f32_dense(&[&[1.], &[2.], &[3.]]))]))
+    let sealed = w
+        .write_batch(&batch(vec![("x", f32_dense(&[&[1.], &[2.], &[3.]]))]))
         .unwrap();
     let (last, report) = finish(w);
-    assert!(last.is_empty());
     assert_eq!(report.shards.len(), 1);
+    assert_reported_once(&[&sealed, &last], &report);
     assert_eq!(report.dropped_samples, 1);
     assert_eq!(names_in(&dir).len(), 1);
     // A partition with fewer rows than the batch size writes no shard.
@@ -321,9 +346,10 @@ fn batch_tail_pad_with_zero_rows() {
         ),
         ("y", Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5]))),
     ]);
-    assert_eq!(w.write_batch(&b).unwrap().len(), 1);
+    let sealed = w.write_batch(&b).unwrap();
+    assert!(sealed.len() <= 1);
     let (last, report) = finish(w);
-    assert_eq!(last.len(), 1);
+    assert_reported_once(&[&sealed, &last], &report);
     let s = &report.shards[1];
     assert_eq!((s.samples, s.padded_samples), (1, 3));
     let f = open(s);
@@ -1267,32 +1293,39 @@ fn kv_last_win_rewrites_sealed_shard() {
     let dir = tmpdir("lw-sealed");
     let mut w =
         TaskWriter::open(kv_plan(600, DuplicatesStrategy::LastWin), 0, dir.clone()).unwrap();
-    let mut sealed = Vec::new();
-    sealed.extend(
-        w.write_batch(&kv_batch(
+    let handed_out = w
+        .write_batch(&kv_batch(
             &[Some("a"), Some("b"), Some("c"), Some("d"), Some("e")],
             &[&[1.; 8], &[2.; 8], &[3.; 8], &[4.; 8], &[5.; 8]],
         ))
-        .unwrap(),
-    );
-    assert!(!sealed.is_empty());
-    let first = sealed[0].clone();
-    // A sealed KV shard is reported without tensors (the task report file lists them).
-    assert!(first.tensors.is_empty());
-    let first_names: Vec<String> = open(&first)
-        .header()
-        .tensors
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
-    assert!(first_names.contains(&"a__x".to_string()));
-    // Replace "a" (sealed) twice: the second replacement is in the open shard.
-    w.write_batch(&kv_batch(&[Some("a"), Some("a")], &[&[9.; 2], &[7.; 3]]))
         .unwrap();
+    // lastWin hands out no shard before finish (finish may rewrite it, reading it from the work
+    // dir), although shard 0 is sealed and in place.
+    assert!(handed_out.is_empty());
+    w.sealer.wait().unwrap();
+    let first_path = dir.join(shard_file_name(0, 0, WID));
+    let first = SafetensorsFile::open(&first_path).unwrap();
+    let first_samples: u64 = first.header().metadata.as_ref().unwrap()["safetensors_spark.samples"]
+        .parse()
+        .unwrap();
+    assert!(first.tensor("a__x").is_ok());
+    drop(first);
+    // Replace "a" (sealed) twice: the second replacement is in the open shard.
+    let handed_out = w
+        .write_batch(&kv_batch(&[Some("a"), Some("a")], &[&[9.; 2], &[7.; 3]]))
+        .unwrap();
+    assert!(handed_out.is_empty());
     let (last, report) = finish(w);
-    let rewritten = last.iter().find(|s| s.shard == first.shard).unwrap();
-    assert_eq!(rewritten.file, first.file);
-    assert_eq!(rewritten.samples, first.samples - 1);
+    // finish hands out every shard, each once (the rewritten one last, with its new size).
+    let mut handed: Vec<&str> = last.iter().map(|s| s.file.as_str()).collect();
+    handed.sort_unstable();
+    let mut listed: Vec<&str> = report.shards.iter().map(|s| s.file.as_str()).collect();
+    listed.sort_unstable();
+    assert_eq!(handed, listed);
+    assert_eq!(handed.len(), 2);
+    let rewritten = last.iter().find(|s| s.shard == 0).unwrap();
+    assert_eq!(rewritten.local_path, first_path.to_string_lossy());
+    assert_eq!(rewritten.samples, first_samples - 1);
     let contents = kv_contents(&report);
     assert_eq!(contents["a"], vec![7.; 3]);
     assert_eq!(contents.len(), 5);
@@ -1338,12 +1371,13 @@ fn kv_shard_emptied_by_last_win_is_deleted() {
 fn abort_deletes_everything() {
     let dir = tmpdir("abort");
     let mut w = TaskWriter::open(kv_plan(300, DuplicatesStrategy::Fail), 0, dir.clone()).unwrap();
-    let sealed = w
+    let mut sealed = w
         .write_batch(&kv_batch(
             &[Some("a"), Some("b"), Some("c")],
             &[&[1.; 20], &[2.; 20], &[3.; 20]],
         ))
         .unwrap();
+    sealed.extend(settle(&mut w));
     assert!(!sealed.is_empty());
     // Sealed shards plus the open shard's spill file.
     assert!(names_in(&dir).iter().any(|n| n.starts_with(".spill")));
@@ -1511,5 +1545,231 @@ fn kv_batches_larger_than_a_chunk() {
         }
     }
     assert_eq!(seen, n);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+// ---------------------------------------------------------------- sealing in the background
+
+fn f32_plan(batch_size: u64) -> WritePlan {
+    plan_batch(
+        vec![col(
+            "x",
+            arr(SparkNumeric::Float, 1),
+            Some(Dtype::F32),
+            None,
+        )],
+        batch_size,
+        TailStrategy::Write,
+    )
+}
+
+fn rows_f32(values: &[f32]) -> StructArray {
+    let rows: Vec<&[f32]> = values.chunks(1).collect();
+    batch(vec![("x", f32_dense(&rows))])
+}
+
+fn hidden(dir: &Path) -> Vec<String> {
+    names_in(dir)
+        .into_iter()
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn shards_are_reported_only_once_synced_and_in_place() {
+    let dir = tmpdir("seal-held");
+    let mut w = TaskWriter::open(f32_plan(2), 0, dir.clone()).unwrap();
+    w.sealer.pause();
+    // Shards 0 and 1 are full but their sync is held: nothing is reported and only their hidden
+    // temporary files exist.
+    assert!(w.write_batch(&rows_f32(&[1., 2., 3.])).unwrap().is_empty());
+    assert!(w.write_batch(&rows_f32(&[4.])).unwrap().is_empty());
+    assert!(w.sealer.has_thread());
+    assert_eq!(hidden(&dir).len(), 2);
+    assert_eq!(names_in(&dir).len(), 2);
+    for i in 0..2 {
+        assert!(!dir.join(shard_file_name(0, i, WID)).exists());
+    }
+    // Once synced and renamed they are reported by the next call, in order, with their bytes.
+    w.sealer.resume();
+    w.sealer.settle();
+    assert_eq!(names_in(&dir).len(), 2);
+    assert!(hidden(&dir).is_empty());
+    let reported = w.write_batch(&rows_f32(&[])).unwrap();
+    assert_eq!(
+        reported.iter().map(|s| s.shard).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    for (s, values) in reported.iter().zip([[1., 2.], [3., 4.]]) {
+        assert_eq!(s.local_path, dir.join(&s.file).to_string_lossy());
+        assert_eq!(le_f32(open(s).tensor("x").unwrap().1), values);
+        assert_eq!(fs::metadata(&s.local_path).unwrap().len(), s.bytes);
+    }
+    assert!(w.write_batch(&rows_f32(&[5.])).unwrap().is_empty());
+    // finish waits for the tail shard and reports only what was not reported yet.
+    let (last, report) = finish(w);
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].shard, 2);
+    assert_eq!(le_f32(open(&last[0]).tensor("x").unwrap().1), vec![5.]);
+    assert_reported_once(&[&reported, &last], &report);
+    assert_eq!(names_in(&dir).len(), 3);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn every_shard_is_reported_once_and_in_place_when_reported() {
+    let dir = tmpdir("seal-many");
+    let mut w = TaskWriter::open(f32_plan(3), 0, dir.clone()).unwrap();
+    let mut calls: Vec<Vec<ShardReport>> = Vec::new();
+    let mut next = 0f32;
+    for n in [1usize, 7, 2, 30, 0, 5, 11, 3, 9, 1] {
+        let values: Vec<f32> = (0..n).map(|i| next + i as f32).collect();
+        next += n as f32;
+        let sealed = w.write_batch(&rows_f32(&values)).unwrap();
+        for s in &sealed {
+            // In place (complete, renamed) at the moment it is reported.
+            let f = open(s);
+            let first = s.shard as f32 * 3.;
+            assert_eq!(
+                le_f32(f.tensor("x").unwrap().1),
+                vec![first, first + 1., first + 2.]
+            );
+        }
+        calls.push(sealed);
+    }
+    let (last, report) = finish(w);
+    calls.push(last);
+    assert_eq!(report.shards.len(), 23); // 69 rows / 3
+    let refs: Vec<&[ShardReport]> = calls.iter().map(Vec::as_slice).collect();
+    assert_reported_once(&refs, &report);
+    assert_eq!(names_in(&dir).len(), 23);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn background_seal_failure_is_reported_by_the_next_call_and_cleaned_up() {
+    let dir = tmpdir("seal-fail");
+    // A directory where shard 1 must go: its rename fails (EISDIR), whoever runs the test.
+    let blocked = shard_file_name(0, 1, WID);
+    fs::create_dir(dir.join(&blocked)).unwrap();
+    let mut w = TaskWriter::open(f32_plan(1), 0, dir.clone()).unwrap();
+    w.sealer.pause();
+    assert!(w.write_batch(&rows_f32(&[1., 2.])).unwrap().is_empty());
+    w.sealer.resume();
+    w.sealer.settle();
+    // Shard 0 is in place; shard 1 failed and its temporary file is gone.
+    assert!(dir.join(shard_file_name(0, 0, WID)).is_file());
+    assert!(hidden(&dir).is_empty());
+    let e = w.write_batch(&rows_f32(&[3.])).unwrap_err();
+    assert!(
+        matches!(e, WriteError::Seal { ref file, .. } if *file == blocked),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains(&blocked), "{msg}");
+    assert!(
+        msg.contains(&dir.join(&blocked).to_string_lossy().into_owned()),
+        "{msg}"
+    );
+    assert!(matches!(
+        w.write_batch(&rows_f32(&[3.])),
+        Err(WriteError::Failed)
+    ));
+    w.abort();
+    assert_eq!(names_in(&dir), vec![blocked.clone()]);
+
+    // Reported by finish at the latest; finish then deletes every file, shard 0 included.
+    let dir2 = tmpdir("seal-fail-finish");
+    fs::create_dir(dir2.join(&blocked)).unwrap();
+    let mut w = TaskWriter::open(f32_plan(1), 0, dir2.clone()).unwrap();
+    let mut reported = w.write_batch(&rows_f32(&[1.])).unwrap();
+    w.sealer.pause();
+    reported.extend(w.write_batch(&rows_f32(&[2., 3.])).unwrap());
+    w.sealer.resume();
+    let msg = err_of(w.finish());
+    assert!(msg.contains(&blocked), "{msg}");
+    assert!(reported.iter().all(|s| s.shard == 0));
+    assert_eq!(names_in(&dir2), vec![blocked]);
+    fs::remove_dir_all(dir).unwrap();
+    fs::remove_dir_all(dir2).unwrap();
+}
+
+#[test]
+fn abort_with_syncs_in_flight_leaves_no_files_and_no_thread() {
+    let dir = tmpdir("seal-abort");
+    // Batch mode: one shard held by the thread, QUEUED more waiting for it.
+    const { assert!(sealer::QUEUED >= 2) };
+    let mut w = TaskWriter::open(f32_plan(1), 0, dir.clone()).unwrap();
+    w.sealer.pause();
+    assert!(w.write_batch(&rows_f32(&[1., 2., 3.])).unwrap().is_empty());
+    assert_eq!(hidden(&dir).len(), 3);
+    w.abort_files();
+    assert!(!w.sealer.has_thread());
+    assert!(names_in(&dir).is_empty());
+    drop(w);
+
+    // Shards in place but not reported yet are deleted too.
+    let mut w = TaskWriter::open(f32_plan(1), 0, dir.clone()).unwrap();
+    w.write_batch(&rows_f32(&[1., 2.])).unwrap();
+    w.sealer.wait().unwrap();
+    assert_eq!(names_in(&dir).len(), 2);
+    w.abort();
+    assert!(names_in(&dir).is_empty());
+
+    // KV mode: a held shard, the spill file of the open one.
+    let mut w = TaskWriter::open(kv_plan(300, DuplicatesStrategy::Fail), 0, dir.clone()).unwrap();
+    w.sealer.pause();
+    assert!(w
+        .write_batch(&kv_batch(
+            &[Some("a"), Some("b"), Some("c")],
+            &[&[1.; 20], &[2.; 20], &[3.; 20]],
+        ))
+        .unwrap()
+        .is_empty());
+    assert!(hidden(&dir).iter().any(|n| n.starts_with(".spill")));
+    assert!(hidden(&dir).iter().any(|n| n.starts_with(".part-")));
+    w.abort();
+    assert!(names_in(&dir).is_empty());
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn kv_shards_in_flight_are_reported_once_and_last_win_waits_for_them() {
+    let dir = tmpdir("seal-kv");
+    let mut w =
+        TaskWriter::open(kv_plan(600, DuplicatesStrategy::LastWin), 0, dir.clone()).unwrap();
+    w.sealer.pause();
+    // Shard 0 (with "a") is full and held; "a" is then replaced, so finish must rewrite shard 0,
+    // which it can only read once it is in place.
+    let first = w
+        .write_batch(&kv_batch(
+            &[Some("a"), Some("b"), Some("c"), Some("d"), Some("e")],
+            &[&[1.; 8], &[2.; 8], &[3.; 8], &[4.; 8], &[5.; 8]],
+        ))
+        .unwrap();
+    assert!(first.is_empty());
+    assert!(!dir.join(shard_file_name(0, 0, WID)).exists());
+    let second = w.write_batch(&kv_batch(&[Some("a")], &[&[7.; 3]])).unwrap();
+    assert!(second.is_empty());
+    w.sealer.resume();
+    let (last, report) = finish(w);
+    // Each shard once: the rewritten shard 0 with its new report.
+    let files: HashSet<&str> = last.iter().map(|s| s.file.as_str()).collect();
+    assert_eq!(files.len(), last.len());
+    assert_eq!(last.len(), report.shards.len());
+    let s0 = last.iter().find(|s| s.shard == 0).unwrap();
+    assert_eq!(fs::metadata(&s0.local_path).unwrap().len(), s0.bytes);
+    // Its tensors, in the task report: "a" is gone from it.
+    let r0 = report.shards.iter().find(|s| s.shard == 0).unwrap();
+    assert_eq!((r0.bytes, r0.samples), (s0.bytes, s0.samples));
+    assert_eq!(r0.tensors.len(), r0.samples as usize);
+    assert!(r0
+        .tensors
+        .iter()
+        .all(|t| t.sample_key.as_deref() != Some("a")));
+    let contents = kv_contents(&report);
+    assert_eq!(contents.len(), 5);
+    assert_eq!(contents["a"], vec![7.; 3]);
+    assert!(names_in(&dir).iter().all(|n| !n.starts_with('.')));
     fs::remove_dir_all(dir).unwrap();
 }

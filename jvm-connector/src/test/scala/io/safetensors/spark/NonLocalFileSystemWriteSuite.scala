@@ -140,6 +140,30 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(debris(local).isEmpty, debris(local))
   }
 
+  test("KV lastWin within one task across shards: the task rewrites its sealed shard before uploading it") {
+    val (remote, local) = freshPath()
+    val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
+    // 1 KiB per row, 1 MiB shards, 6000 rows = two Arrow batches (4096 rows each at most): "a"
+    // is sealed in the task's first shard during the first batch and replaced in the second.
+    val n = 6000
+    val rows = (0 until n).map(i => Row(if (i == n - 1) "a" else if (i == 0) "a" else s"k$i",
+      Seq.fill(256)(i.toFloat)))
+    val df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 1), schema)
+    val uploads = tracked {
+      df.write.format("safetensors").option("name_col", "k").option("duplicatesStrategy", "lastWin")
+        .option("target_shard_size_mb", "1").save(remote)
+    }
+    val shards = shardFiles(local)
+    assert(shards.size >= 5, shards)
+    assert(shardUploads(uploads).size == shards.size, uploads)
+    val tensors = shards.flatMap(f => readShard(f).tensors.toSeq)
+    assert(tensors.size == n - 1)
+    assert(tensors.count(_._1 == "a__v") == 1)
+    assert(f32(tensors.find(_._1 == "a__v").get._2.data).toSet == Set((n - 1).toFloat))
+    assert(manifest(local).get("total_samples").asInt == n - 1)
+    assert(debris(local).isEmpty, debris(local))
+  }
+
   test("generate_index: index uploaded; append indexes earlier shards, then merges the old index") {
     val (remote, local) = freshPath()
     val idx = new File(local, "_tensor_index.parquet")
