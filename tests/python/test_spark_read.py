@@ -842,9 +842,31 @@ def test_large_shard_splits_into_row_ranges_and_small_files_are_packed(spark, tm
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
         spark.conf.unset("spark.sql.files.openCostInBytes")
 
-    # Twenty tiny model files: one partition with the default settings.
+    # Twenty tiny model files, packed as Spark's file sources pack them: the split size is
+    # max(openCostInBytes, (data + 20 x openCostInBytes) / 2 cores), ten files a partition on
+    # local[2]; all in one with spark.sql.files.minPartitionNum = 1.
     for i in range(20):
         save_model(tmp_path / "small" / f"m{i:02d}.safetensors", {"w": np.full((2,), i, dtype=np.float32)})
     packed = read(spark, tmp_path / "small")
-    assert packed.rdd.getNumPartitions() == 1
+    assert packed.rdd.getNumPartitions() == 2
     assert sorted(r.decoded[0] for r in packed.select("decoded").collect()) == [float(i) for i in range(20)]
+    spark.conf.set("spark.sql.files.minPartitionNum", "1")
+    try:
+        assert read(spark, tmp_path / "small").rdd.getNumPartitions() == 1
+    finally:
+        spark.conf.unset("spark.sql.files.minPartitionNum")
+
+
+def test_small_scan_spreads_over_the_cores(spark, tmp_path):
+    # Ten shards of 100 samples x 16 floats: far below maxPartitionBytes, yet both cores of
+    # local[2] get half of the rows (Spark's FilePartition.maxSplitBytes: total / parallelism).
+    rows = [(i, [float(i + j) for j in range(16)]) for i in range(1000)]
+    out = write_batch(spark.createDataFrame(rows, "id long, x array<float>").coalesce(1), tmp_path / "ds", 100)
+    assert len(shards(out)) == 10
+    spark.conf.set("spark.sql.files.openCostInBytes", "0")
+    try:
+        per_partition = read(spark, out).select("id").rdd.glom().collect()
+        assert [len(p) for p in per_partition] == [500, 500]
+        assert sorted(r.id for p in per_partition for r in p) == list(range(1000))
+    finally:
+        spark.conf.unset("spark.sql.files.openCostInBytes")

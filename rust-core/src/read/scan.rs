@@ -246,10 +246,16 @@ pub struct PlanRequest {
     pub required: Vec<RequiredColumn>,
     #[serde(default)]
     pub predicates: Vec<Predicate>,
-    /// Target bytes of data per partition (`spark.sql.files.maxPartitionBytes`).
+    /// Most bytes of data per partition (`spark.sql.files.maxPartitionBytes`).
     pub max_partition_bytes: u64,
     /// Cost of opening a file, in bytes (`spark.sql.files.openCostInBytes`).
     pub open_cost_bytes: u64,
+    /// Partitions a small scan should still spread over (`spark.sql.files.minPartitionNum`, by
+    /// default the session's leaf-node parallelism): the split size is Spark's
+    /// `FilePartition.maxSplitBytes`, see [`max_split_bytes`]. 0 (absent) counts as 1: no
+    /// spreading.
+    #[serde(default)]
+    pub min_partitions: u64,
     /// Upper bounds of one Arrow batch: rows and data bytes.
     pub batch_rows: u64,
     pub batch_bytes: u64,
@@ -1436,6 +1442,23 @@ pub fn index_summary<R: ChunkReader + 'static>(
     })
 }
 
+/// Spark's `FilePartition.maxSplitBytes`: `min(max_bytes, max(open_cost, total / min_partitions))`,
+/// `total` being the selected bytes of every file plus `open_cost` per file. Below
+/// `max_bytes` only for scans smaller than `min_partitions × max_bytes`, which would otherwise
+/// fill a few partitions and leave cores idle.
+fn max_split_bytes(units: &[Unit], max_bytes: u64, open_cost: u64, min_partitions: u64) -> u64 {
+    let mut files = HashSet::new();
+    let total = units.iter().fold(0u64, |a, u| {
+        let open = if files.insert(u.file.as_str()) {
+            open_cost
+        } else {
+            0
+        };
+        a.saturating_add(u.bytes).saturating_add(open)
+    });
+    max_bytes.min(open_cost.max(total / min_partitions.max(1)))
+}
+
 /// Spark's `FilePartition.getFilePartitions`: largest first, a partition is closed when the
 /// next unit would take it beyond `max_bytes`; every unit also costs `open_cost`.
 fn pack(mut units: Vec<Unit>, max_bytes: u64, open_cost: u64) -> Vec<Vec<Unit>> {
@@ -1497,8 +1520,18 @@ pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> 
         .iter()
         .map(|rc| output_column(req.layout, &all, rc))
         .collect::<Result<Vec<_>, _>>()?;
-    let units = units(&schema, &files, &columns, &filters, req.max_partition_bytes);
-    let specs = pack(units, req.max_partition_bytes, req.open_cost_bytes)
+    let mut planned = units(&schema, &files, &columns, &filters, req.max_partition_bytes);
+    let split = max_split_bytes(
+        &planned,
+        req.max_partition_bytes,
+        req.open_cost_bytes,
+        req.min_partitions,
+    );
+    if split < req.max_partition_bytes {
+        // A file's selected bytes do not depend on how it is split: `total` stays the same.
+        planned = units(&schema, &files, &columns, &filters, split);
+    }
+    let specs = pack(planned, split, req.open_cost_bytes)
         .into_iter()
         .map(|units| PartitionSpec {
             layout: req.layout,

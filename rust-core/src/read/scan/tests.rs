@@ -263,6 +263,7 @@ pub(crate) fn plan_req(layout: Layout, input: ScanInput, required: &[&str]) -> P
         predicates: vec![],
         max_partition_bytes: 1 << 20,
         open_cost_bytes: 0,
+        min_partitions: 1,
         batch_rows: 1024,
         batch_bytes: 1 << 20,
     }
@@ -849,6 +850,63 @@ fn pack_follows_spark_file_partitions() {
     // 60 (+5) then 50 would exceed 100: new partition; 50+5+30 = 85 ≤ 100 then 10: 85+10 ≤ 100.
     assert_eq!(sizes, [vec![60], vec![50, 30, 10]]);
     assert!(pack(vec![], 100, 5).is_empty());
+}
+
+#[test]
+fn max_split_bytes_follows_spark() {
+    let unit = |file: &str, bytes: u64| Unit {
+        file: file.into(),
+        length: bytes,
+        part: UnitPart::File { tensors: vec![] },
+        bytes,
+    };
+    // Two files: 100 bytes (two units) and 50; open cost 10 per file → total 170.
+    let units = [unit("f1", 60), unit("f1", 40), unit("f2", 50)];
+    assert_eq!(max_split_bytes(&units, 100, 10, 2), 85); // 170 / 2
+    assert_eq!(max_split_bytes(&units, 80, 10, 2), 80); // capped by maxPartitionBytes
+    assert_eq!(max_split_bytes(&units, 100, 10, 1), 100);
+    assert_eq!(max_split_bytes(&units, 100, 10, 0), 100); // 0: as 1
+    assert_eq!(max_split_bytes(&units, 100, 10, 100), 10); // at least the open cost
+    assert_eq!(max_split_bytes(&[], 100, 10, 2), 10);
+}
+
+#[test]
+fn plan_spreads_a_small_scan_over_min_partitions() {
+    let dir = Dir::new("pmin");
+    let (a, b, m) = two_shards(&dir);
+    // 32 bytes a row: a = 4 rows (128 bytes), b = 3 rows (96); far below max_partition_bytes.
+    let mut r = plan_req(
+        Layout::Sample,
+        input(&[a.clone(), b.clone()], &[m]),
+        &["x", "y"],
+    );
+    r.min_partitions = 1;
+    let one = plan_ok(&r);
+    assert_eq!(one.len(), 1);
+    assert_eq!(
+        sample_parts(&one),
+        [(a.file.clone(), 0, 4, 128), (b.file.clone(), 0, 3, 96)]
+    );
+    // Two cores: split = 224 / 2 = 112 bytes = 3 rows; packed largest first as Spark does.
+    r.min_partitions = 2;
+    let two = plan_ok(&r);
+    assert_eq!(
+        sample_parts(&two),
+        [
+            (a.file.clone(), 0, 3, 96),
+            (a.file.clone(), 3, 4, 32),
+            (b.file.clone(), 0, 3, 96),
+        ]
+    );
+    let sizes: Vec<u64> = two.iter().map(|s| s.bytes).collect();
+    assert_eq!(sizes, [96, 96, 32]);
+    // With an open cost of 16 per file: split = (224 + 32) / 2 = 128, one shard per partition.
+    r.open_cost_bytes = 16;
+    let sizes: Vec<u64> = plan_ok(&r).iter().map(|s| s.bytes).collect();
+    assert_eq!(sizes, [128, 96]);
+    // max_partition_bytes still caps the split.
+    r.max_partition_bytes = 64;
+    assert!(plan_ok(&r).iter().all(|s| s.bytes <= 64));
 }
 
 #[test]

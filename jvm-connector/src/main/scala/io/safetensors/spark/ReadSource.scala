@@ -254,7 +254,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
 
   /** Partition specs (JSON each) and their data bytes. */
   def plan(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
-      openCostBytes: Long): Seq[(String, Long)] = {
+      openCostBytes: Long, minPartitions: Int): Seq[(String, Long)] = {
     val preds = mapper.createArrayNode()
     predicates.foreach { p =>
       val v = preds.addObject().put("column", p.column).put("op", p.op).putArray("values")
@@ -275,6 +275,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       req.set[JsonNode]("predicates", preds)
       req.put("max_partition_bytes", maxPartitionBytes)
       req.put("open_cost_bytes", openCostBytes)
+      req.put("min_partitions", minPartitions)
       req.put("batch_rows", options.batchRows)
       req.put("batch_bytes", ReadOptions.BatchBytes)
     }, NativeReader.plan, mapper.writeValueAsString(preds))

@@ -10,6 +10,7 @@ import org.apache.arrow.memory.BufferAllocator
 import org.apache.arrow.vector.VectorSchemaRoot
 import org.apache.hadoop.fs.{FSDataInputStream, Path}
 import org.apache.spark.TaskContext
+import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
@@ -138,15 +139,22 @@ private[spark] final class SafetensorsScan(src: ReadSource, required: StructType
       s"pushed=${pushed.mkString("[", ", ", "]")}, columns=${required.fieldNames.mkString(",")}]"
 
   override def planInputPartitions(): Array[InputPartition] = {
-    val (maxBytes, openCost, _) = SparkInternals.filesConf(SparkSession.active)
-    src.plan(required, predicates, maxBytes, openCost).map { case (json, bytes) =>
+    val spark = SparkSession.active
+    val (maxBytes, openCost, _) = SparkInternals.filesConf(spark)
+    val minPartitions = SparkInternals.filesMinPartitionNum(spark)
+    src.plan(required, predicates, maxBytes, openCost, minPartitions).map { case (json, bytes) =>
       SafetensorsInputPartition(json, bytes): InputPartition
     }.toArray
   }
 
-  /** Tasks get the Hadoop configuration the driver listed with (session conf + read options). */
+  /**
+   * Tasks get the Hadoop configuration the driver listed with (session conf + read options),
+   * broadcast as Spark's file sources do: inline in the factory, every task deserialized its
+   * ~1,000 entries (~110 KB; ~10 ms of CPU and ~25 ms of wall time per task in local[2]).
+   */
   override def createReaderFactory(): PartitionReaderFactory =
-    new SafetensorsReaderFactory(new SerializableConf(src.conf), required,
+    new SafetensorsReaderFactory(
+      SparkSession.active.sparkContext.broadcast(new SerializableConf(src.conf)), required,
       src.options.ignoreCorruptFiles)
 
   override def supportedCustomMetrics(): Array[CustomMetric] =
@@ -170,8 +178,8 @@ private[spark] final class UnitsSkippedMetric extends CustomSumMetric {
 
 private[spark] object UnitsSkippedMetric { val Name = "safetensorsCorruptFilesSkipped" }
 
-private[spark] final class SafetensorsReaderFactory(conf: SerializableConf, schema: StructType,
-    ignoreCorrupt: Boolean) extends PartitionReaderFactory {
+private[spark] final class SafetensorsReaderFactory(conf: Broadcast[SerializableConf],
+    schema: StructType, ignoreCorrupt: Boolean) extends PartitionReaderFactory {
   override def supportColumnarReads(partition: InputPartition): Boolean = true
 
   override def createReader(partition: InputPartition): PartitionReader[InternalRow] =
@@ -179,7 +187,7 @@ private[spark] final class SafetensorsReaderFactory(conf: SerializableConf, sche
 
   override def createColumnarReader(partition: InputPartition): PartitionReader[ColumnarBatch] =
     new SafetensorsPartitionReader(partition.asInstanceOf[SafetensorsInputPartition].specJson,
-      conf, schema, ignoreCorrupt)
+      conf.value, schema, ignoreCorrupt)
 }
 
 /**

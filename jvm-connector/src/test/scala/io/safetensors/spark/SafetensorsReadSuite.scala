@@ -5,9 +5,13 @@ import java.nio.{ByteBuffer, ByteOrder}
 import java.nio.charset.StandardCharsets
 import java.nio.file.Files
 
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.SparkEnv
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
 import org.apache.spark.sql.execution.datasources.v2.BatchScanExec
 import org.apache.spark.sql.functions.col
+import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types._
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
@@ -110,6 +114,30 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
       val meta = df.select("_metadata").head().getMap[String, String](0)
       assert(meta("safetensors_spark.layout") == "batch")
     }
+  }
+
+  test("tasks open files with the Hadoop configuration the driver listed with, shipped once as a broadcast") {
+    val path = freshPath()
+    val n = 300
+    batchFrame(n).write.format("safetensors").option("batch_size", "128").save(path)
+    val key = TestRemoteFileSystem.MarkerKey
+    try {
+      spark.conf.set(key, "listed")
+      val df = spark.read.format("safetensors").load(remote(path)).selectExpr("sum(x[3])")
+      spark.conf.set(key, "later")
+      TestRemoteFileSystem.opens.clear()
+      assert(df.collect().head.getDouble(0) == (0 until n).map(i => i * 0.5 + 3).sum)
+      val inTasks = TestRemoteFileSystem.opens.asScala.toSeq.filter(_._1).map(_._2)
+      assert(inTasks.size == shardFiles(path).size, TestRemoteFileSystem.opens)
+      assert(inTasks.forall(_ == "listed"), inTasks)
+
+      // The factory every task deserializes holds a broadcast handle, not the ~1,000 entries.
+      val scan = df.queryExecution.executedPlan.collect { case s: BatchScanExec => s }.head
+      val ser = SparkEnv.get.closureSerializer.newInstance()
+      val factoryBytes = ser.serialize(scan.readerFactory).limit()
+      val confBytes = ser.serialize(new SerializableConf(SparkInternals.hadoopConf(spark, Map.empty))).limit()
+      assert(factoryBytes * 10 < confBytes, s"reader factory $factoryBytes B, configuration $confBytes B")
+    } finally spark.conf.unset(key)
   }
 
   test("KV dataset per tensor: key filters are pushed and only the matching shard is opened") {

@@ -6,6 +6,7 @@ import java.util.concurrent.atomic.AtomicLong
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{DelegateToFileSystem, FSDataInputStream, FSInputStream, FilterFileSystem, Path, RawLocalFileSystem}
+import org.apache.spark.TaskContext
 
 /**
  * A "remote" FileSystem for tests: scheme `testfs`, paths `testfs:///abs/path` are the local
@@ -22,8 +23,11 @@ class TestRemoteFileSystem extends FilterFileSystem(new TestRemoteFileSystem.Raw
     super.copyFromLocalFile(delSrc, overwrite, src, dst)
   }
 
-  override def open(f: Path, bufferSize: Int): FSDataInputStream =
+  override def open(f: Path, bufferSize: Int): FSDataInputStream = {
+    TestRemoteFileSystem.opens.add(
+      (TaskContext.get() != null, getConf.get(TestRemoteFileSystem.MarkerKey)))
     new FSDataInputStream(new TestRemoteFileSystem.CountingStream(super.open(f, bufferSize)))
+  }
 }
 
 object TestRemoteFileSystem {
@@ -32,6 +36,12 @@ object TestRemoteFileSystem {
 
   /** Destination of every copyFromLocalFile call, in any JVM thread (local mode: driver + tasks). */
   val uploads = new ConcurrentLinkedQueue[String]()
+
+  /** Hadoop key whose value each `open` records (null when the opening configuration lacks it). */
+  val MarkerKey = "safetensors.test.marker"
+
+  /** Every `open`: (called in a Spark task, the opening configuration's [[MarkerKey]]). */
+  val opens = new ConcurrentLinkedQueue[(Boolean, String)]()
 
   /** Bytes read through streams this FS opened (any JVM thread). */
   val bytesRead = new AtomicLong()

@@ -27,6 +27,16 @@ object SparkInternals {
     (c.filesMaxPartitionBytes, c.filesOpenCostInBytes, c.ignoreCorruptFiles)
   }
 
+  /**
+   * What Spark's file sources divide a scan's bytes by to size their splits
+   * (`FilePartition.maxSplitBytes`): `spark.sql.files.minPartitionNum`, else the leaf-node
+   * default parallelism (`spark.sql.leafNodeDefaultParallelism`, else the default parallelism).
+   */
+  def filesMinPartitionNum(spark: org.apache.spark.sql.SparkSession): Int = {
+    val s = spark.asInstanceOf[ClassicSession]
+    s.sessionState.conf.filesMinPartitionNum.getOrElse(s.leafNodeDefaultParallelism)
+  }
+
   def caseSensitive(sqlContext: SQLContext): Boolean =
     session(sqlContext).sessionState.conf.caseSensitiveAnalysis
 
