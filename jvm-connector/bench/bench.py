@@ -662,7 +662,7 @@ def main():
     kv_probe = (probe or {}).get("st_kv_f32")
     kv_growth = kv_probe["peak_growth"] if kv_probe else None
     targets.append({
-        "target": f"st_kv_f32 (target_shard_size_mb=1000) peak RSS growth in a fresh JVM < 2 × Arrow batch × {concurrent} concurrent task(s) = {kv_limit / 2**20:.1f} MiB",
+        "target": f"st_kv_f32 (target_shard_size_mb=1000) peak RSS growth of the executor JVM < 2 × Arrow batch × {concurrent} concurrent task(s) = {kv_limit / 2**20:.1f} MiB",
         "observed": kv_growth,
         "observed_text": f"{kv_growth / 2**20:.1f} MiB" if kv_growth is not None else "probe failed",
         "result": mark(kv_growth < kv_limit) if kv_growth is not None else "n/a (probe failed)",
@@ -713,7 +713,7 @@ def main():
     print_table("Executor (driver JVM) RSS during writes, MiB", ["variant", "peak growth per rep", "max RssAnon growth", "VmHWM after"], mem_rows)
     print("  (heap pre-touched; native memory freed by one variant stays in RSS and is reused by later ones)")
     if probe:
-        print_table("KV memory probe (fresh JVM: noop_kv, then st_kv_f32, once each), MiB", ["variant", "time s", "peak RSS growth", "RssAnon growth", "VmHWM before → after"], [[n, fmt(r["time_s"]), fmt(r["peak_growth"] / 2**20, ".1f"), fmt(r["anon_peak_growth"] / 2**20, ".1f"), f"{r['hwm_before'] / 2**20:.0f} → {r['hwm_after'] / 2**20:.0f}"] for n, r in probe.items()])
+        print_table("KV memory probe (a fresh local-cluster executor JVM after a warm-up write: noop_kv, then st_kv_f32, once each), MiB", ["variant", "time s", "peak RSS growth", "RssAnon growth", "VmHWM before → after"], [[n, fmt(r["time_s"]), fmt(r["peak_growth"] / 2**20, ".1f"), fmt(r["anon_peak_growth"] / 2**20, ".1f"), f"{r['hwm_before'] / 2**20:.0f} → {r['hwm_after'] / 2**20:.0f}"] for n, r in probe.items() if n in ("noop_kv", "st_kv_f32")])
     print(f"  KV Arrow batch: {kv_batch_rows} rows × {kv_row_bytes:.0f} B = {kv_batch / 2**20:.2f} MiB per task; {concurrent} concurrent task(s)")
     print_table("Reads (Spark: sum over all elements of xf)", ["variant", "median s", "", ""], read_rows)
     print_table(f"Consumer side (all rows into one array per column; outputs of the last rep, warm page cache; equal arrays: {consumer_equal})", ["variant", "median s"], cons_rows)
