@@ -78,6 +78,41 @@ impl FileWriter {
         Ok(writer)
     }
 
+    /// Creates the temporary file and lets `write_header` stream the prefix and header into it
+    /// (e.g. with [`header::write_entries`]), returning their length; `data_len` data bytes
+    /// must follow. Nothing of the header is kept: errors name no tensor, and
+    /// [`WrittenFile::tensors`] is empty.
+    pub fn create_with_header(
+        dest: impl AsRef<Path>,
+        data_len: u64,
+        write_header: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<u64, FormatError>,
+    ) -> Result<Self, FormatError> {
+        let dest = dest.as_ref().to_path_buf();
+        let tmp = temp_sibling(&dest);
+        let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
+        let mut writer = FileWriter {
+            dest,
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            tmp,
+            header_len: 0,
+            layout: Layout {
+                tensors: Vec::new(),
+                header_bytes: Vec::new(),
+                data_len,
+            },
+            written: 0,
+        };
+        // Dropping `writer` on an error deletes the temporary file.
+        let out = writer.out.as_mut().ok_or_else(|| {
+            FormatError::io(
+                &writer.tmp,
+                std::io::Error::other("writer already finished"),
+            )
+        })?;
+        writer.header_len = write_header(out, &writer.tmp)?;
+        Ok(writer)
+    }
+
     /// The tensors in the order their data must be written, with their offsets.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.layout.tensors

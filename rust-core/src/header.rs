@@ -10,6 +10,7 @@ use crate::error::FormatError;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::path::Path;
 
 /// Largest header (JSON plus padding) the format allows, in bytes. Decimal, as in the reference.
 pub const MAX_HEADER_SIZE: u64 = 100_000_000;
@@ -465,16 +466,14 @@ pub fn serialize_header(
     metadata: Option<&BTreeMap<String, String>>,
     tensors: &[TensorInfo],
 ) -> Result<Vec<u8>, FormatError> {
-    serialize_entries(
-        metadata,
-        tensors.len(),
+    serialize_entries(metadata, tensors.len(), || {
         tensors.iter().map(|t| HeaderEntry {
             name: [&t.name, "", ""],
             dtype: t.dtype,
             shape: &t.shape,
             data_offsets: t.data_offsets,
-        }),
-    )
+        })
+    })
 }
 
 /// One tensor entry as [`serialize_entries`] writes it. The name is the concatenation of its
@@ -491,59 +490,115 @@ pub struct HeaderEntry<'a> {
 /// Serialises the prefix and padded header for `count` entries given in data order (the
 /// reference's layout, as [`plan_layout`] plans it: the caller has ordered them, checked their
 /// names and computed consecutive offsets). The only memory it needs is the header itself.
-pub fn serialize_entries<'a>(
+pub fn serialize_entries<'a, I: Iterator<Item = HeaderEntry<'a>>>(
     metadata: Option<&BTreeMap<String, String>>,
     count: usize,
-    entries: impl Iterator<Item = HeaderEntry<'a>>,
+    entries: impl Fn() -> I,
 ) -> Result<Vec<u8>, FormatError> {
-    let mut json = Vec::with_capacity(64 + count.saturating_mul(80));
-    json.extend_from_slice(&[0u8; 8]);
-    json.push(b'{');
-    let mut first = true;
-    let mut comma = |json: &mut Vec<u8>| {
-        if !std::mem::take(&mut first) {
-            json.push(b',');
-        }
-    };
-    if let Some(meta) = metadata {
-        comma(&mut json);
-        push_json_string(&mut json, METADATA_KEY);
-        json.extend_from_slice(b":{");
-        for (i, (k, v)) in meta.iter().enumerate() {
-            if i > 0 {
-                json.push(b',');
-            }
-            push_json_string(&mut json, k);
-            json.push(b':');
-            push_json_string(&mut json, v);
-        }
-        json.push(b'}');
-    }
+    let mut out = Vec::with_capacity(64 + count.saturating_mul(80));
+    write_entries(&mut out, Path::new("<header>"), metadata, entries)?;
+    Ok(out)
+}
+
+/// Streams the prefix and padded header of the entries `entries()` yields (in data order, as
+/// for [`serialize_entries`]) into `out`, holding one chunk of it at a time: a first pass over
+/// the entries measures the header, the second writes it. Returns the bytes written (prefix
+/// included). `path` names `out` in I/O errors.
+pub fn write_entries<'a, I: Iterator<Item = HeaderEntry<'a>>>(
+    out: &mut impl std::io::Write,
+    path: &Path,
+    metadata: Option<&BTreeMap<String, String>>,
+    entries: impl Fn() -> I,
+) -> Result<u64, FormatError> {
+    const CHUNK: usize = 1 << 16;
+    let mut chunk = Vec::with_capacity(CHUNK + 256);
     let mut scratch = Vec::new();
-    for t in entries {
-        comma(&mut json);
-        push_json_concat(&mut json, &mut scratch, &t.name);
-        json.extend_from_slice(b":{\"dtype\":\"");
-        json.extend_from_slice(t.dtype.name().as_bytes());
-        json.extend_from_slice(b"\",\"shape\":[");
-        push_joined(&mut json, t.shape);
-        json.extend_from_slice(b"],\"data_offsets\":[");
-        push_joined(&mut json, &t.data_offsets);
-        json.extend_from_slice(b"]}");
+    // Pass 1: the JSON's length (braces, metadata, entries and the commas between them).
+    let mut items = 0u64;
+    let mut unpadded = 2u64;
+    if let Some(meta) = metadata {
+        push_metadata(&mut chunk, meta);
+        unpadded += chunk.len() as u64;
+        chunk.clear();
+        items += 1;
     }
-    json.push(b'}');
-    let unpadded = json.len() - 8;
-    let padded = unpadded.next_multiple_of(8);
-    json.resize(8 + padded, b' ');
-    let header_len = padded as u64;
+    for e in entries() {
+        push_entry(&mut chunk, &mut scratch, &e);
+        unpadded += chunk.len() as u64;
+        chunk.clear();
+        items += 1;
+    }
+    unpadded += items.saturating_sub(1);
+    let header_len = unpadded.next_multiple_of(8);
     if header_len > MAX_HEADER_SIZE {
         return Err(FormatError::HeaderTooLarge {
             header_len,
             limit: MAX_HEADER_SIZE,
         });
     }
-    json[..8].copy_from_slice(&header_len.to_le_bytes());
-    Ok(json)
+    // Pass 2: the bytes.
+    let io = |e| FormatError::io(path, e);
+    out.write_all(&header_len.to_le_bytes()).map_err(io)?;
+    let mut written = 0u64;
+    chunk.push(b'{');
+    let mut first = true;
+    if let Some(meta) = metadata {
+        first = false;
+        push_metadata(&mut chunk, meta);
+    }
+    for e in entries() {
+        if !std::mem::take(&mut first) {
+            chunk.push(b',');
+        }
+        push_entry(&mut chunk, &mut scratch, &e);
+        if chunk.len() >= CHUNK {
+            out.write_all(&chunk).map_err(io)?;
+            written += chunk.len() as u64;
+            chunk.clear();
+        }
+    }
+    chunk.push(b'}');
+    let total = written + chunk.len() as u64;
+    if total > header_len {
+        return Err(FormatError::io(
+            path,
+            std::io::Error::other("header entries changed between its two passes"),
+        ));
+    }
+    chunk.resize(chunk.len() + (header_len - total) as usize, b' ');
+    out.write_all(&chunk).map_err(io)?;
+    if total != unpadded {
+        return Err(FormatError::io(
+            path,
+            std::io::Error::other("header entries changed between its two passes"),
+        ));
+    }
+    Ok(8 + header_len)
+}
+
+fn push_metadata(json: &mut Vec<u8>, meta: &BTreeMap<String, String>) {
+    push_json_string(json, METADATA_KEY);
+    json.extend_from_slice(b":{");
+    for (i, (k, v)) in meta.iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        push_json_string(json, k);
+        json.push(b':');
+        push_json_string(json, v);
+    }
+    json.push(b'}');
+}
+
+fn push_entry(json: &mut Vec<u8>, scratch: &mut Vec<u8>, t: &HeaderEntry<'_>) {
+    push_json_concat(json, scratch, &t.name);
+    json.extend_from_slice(b":{\"dtype\":\"");
+    json.extend_from_slice(t.dtype.name().as_bytes());
+    json.extend_from_slice(b"\",\"shape\":[");
+    push_joined(json, t.shape);
+    json.extend_from_slice(b"],\"data_offsets\":[");
+    push_joined(json, &t.data_offsets);
+    json.extend_from_slice(b"]}");
 }
 
 /// Writes the concatenation of `parts` as one JSON string. Escaping is per character, so each
@@ -660,6 +715,58 @@ impl<'de> Visitor<'de> for JsonVisitor {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streamed_header_spans_many_chunks_and_matches_its_measure() {
+        // ~5 × the 64 KiB chunk of write_entries, names escaped and split in three parts.
+        let keys: Vec<String> = (0..4000).map(|i| format!("sample\t\"{i:06}\"")).collect();
+        let shape = [3u64, 2];
+        let meta = BTreeMap::from([("k".to_string(), "v\u{e9}".to_string())]);
+        let entries = || {
+            keys.iter().enumerate().map(|(i, k)| HeaderEntry {
+                name: [k, "/", "pixel_values"],
+                dtype: Dtype::F16,
+                shape: &shape,
+                data_offsets: [i as u64 * 12, (i as u64 + 1) * 12],
+            })
+        };
+        let mut out = Vec::new();
+        let n = write_entries(&mut out, Path::new("mem"), Some(&meta), entries).unwrap();
+        assert!(n > 5 * (1 << 16));
+        assert_eq!(n, out.len() as u64);
+        assert_eq!((n - 8) % 8, 0);
+        out.resize(out.len() + 4000 * 12, 0);
+        let h = parse_file_bytes(&out).unwrap();
+        assert_eq!(h.metadata, Some(meta.clone()));
+        assert_eq!(h.tensors.len(), 4000);
+        for (t, k) in h.tensors.iter().zip(&keys) {
+            assert_eq!(t.name, format!("{k}/pixel_values"));
+            assert_eq!(t.shape, shape);
+        }
+        assert_eq!(
+            serialize_entries(Some(&meta), 4000, entries).unwrap(),
+            out[..n as usize]
+        );
+        // Entries that change between the two passes are an error, not a corrupt header.
+        let calls = std::cell::Cell::new(0);
+        let err = write_entries(&mut Vec::new(), Path::new("mem"), None, || {
+            calls.set(calls.get() + 1);
+            let long = calls.get() > 1;
+            keys.iter()
+                .take(if long { 3 } else { 2 })
+                .map(|k| HeaderEntry {
+                    name: [k, "", ""],
+                    dtype: Dtype::F16,
+                    shape: &shape,
+                    data_offsets: [0, 12],
+                })
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("changed between its two passes"),
+            "{err}"
+        );
+    }
 
     /// Builds a file from a header JSON text (unpadded) and a data section.
     fn file(json: &str, data: &[u8]) -> Vec<u8> {

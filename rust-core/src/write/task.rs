@@ -6,18 +6,16 @@
 //!   buffer per column (`batch_size` × the row's converted size, summed over the columns), plus
 //!   the Arrow batch the JVM handed over. A full shard is streamed to disk with
 //!   [`FileWriter`] and its buffers are reused.
-//! * **KV mode**: independent of the shard size. Rows are converted in chunks of at most
-//!   [`KV_CHUNK_ROWS`] rows per column; each row's tensor bytes are appended to a hidden spill
-//!   file in the work directory, and only names, dtypes, shapes and spill offsets of the open
-//!   shard are kept in memory. At seal the layout is planned and the bytes are copied from the
-//!   spill file into the shard through a bounded buffer ([`COPY_BUFFER`] bytes). Per row the
-//!   task keeps only fixed-size records without heap allocations of their own (`kv` module
-//!   docs): the key once in a shared arena plus a 32-byte record and a hash entry (duplicate
-//!   detection), and 40 bytes per tensor (open and sealed shards): about 64 + 40 × columns
-//!   bytes per row, before `Vec` and hash-table growth slack. The task report is serialised
-//!   from these records into a file at `finish`, one tensor at a time. What still grows with
-//!   the shard is the transient header plan at seal (names, shapes and the header JSON of the
-//!   shard's tensors).
+//! * **KV mode**: independent of the shard size, and nearly of the rows written. Rows are
+//!   converted in chunks of at most [`KV_CHUNK_ROWS`] rows per column; everything the task has
+//!   written (tensor bytes of the open shard, a record per row and per tensor, the keys, the
+//!   sealed tensors for the report) goes to hidden scratch files in the work directory (`kv`
+//!   module docs). In memory it keeps one 8-byte hash-map slot per row (duplicate detection is
+//!   exact: hash hits are confirmed against the stored key) and fixed-size buffers. Sealing a
+//!   shard sorts its tensors into the reference layout in memory (its keys plus a 32-byte entry
+//!   per tensor, released after the seal), streams the header into the shard and copies the
+//!   bytes from the spill file through a bounded buffer ([`COPY_BUFFER`] bytes). The task report
+//!   is serialised into a file at `finish`, one tensor at a time.
 //!
 //! ## Sealing
 //! A full shard is written to a hidden temporary sibling and flushed on the task's thread; its

@@ -1,128 +1,343 @@
 //! KV mode: one tensor per row and column, named `<key><separator><column>`, shards rolled over
-//! at the target size, tensor bytes spilled to a hidden file until the shard is sealed.
+//! at the target size.
 //!
-//! ## Memory per row
-//! Everything the task keeps per row is compact and holds no heap allocation of its own:
-//! * every key the task has written lives once in one string arena ([`KeyTable`]), with a
-//!   32-byte record (row, shard, position in the open shard) and a hash-index entry, for
-//!   duplicate detection and `lastWin`;
-//! * each tensor of the open shard and of every sealed shard is a 40-byte [`TensorRec`]
-//!   (key id, column, interned shape id, dtype, byte range); names are `key + separator +
-//!   column`, rebuilt when needed.
+//! ## What a task keeps, and where
+//! What a task has written lives in hidden scratch files of its work directory, deleted when
+//! the task ends (finished or aborted):
+//! * `spill`: the open shard's tensor bytes, in arrival order;
+//! * `rows`: a 24-byte record per row the task has written (key position, hash chain, row
+//!   number), in arrival order, across shards;
+//! * `keys`: every row's key bytes, in arrival order;
+//! * `tensors`: a 24-byte record per tensor of the open shard (spill range, shape, dtype);
+//! * `reports`: the sealed shards' tensors as the task report needs them (key, column, shape,
+//!   dtype, offsets in the shard), read back one at a time when the report is written.
 //!
-//! The tensors' [`TensorReport`]s (the driver's cross-task checks need one per tensor) are
-//! built from these records one at a time while the task report file is written at `finish`
-//! ([`ShardTensors`]); a sealed shard is handed out without them.
+//! In memory, per row, there is one 8-byte slot of a hash map: 32-bit key hash → the latest
+//! row with that hash. Rows with equal hashes are chained through their records on disk, and a
+//! hash hit is confirmed by reading the earlier key back, so duplicate detection is exact.
+//! Everything else held while writing is fixed-size (file buffers, the open shard's counters),
+//! except the set of tensor names kept when two column names could make two keys' names
+//! coincide (one column name is a proper suffix of another).
+//!
+//! Sealing sorts the open shard's tensors into the reference layout (dtype descending, then
+//! name): for that it loads the shard's keys and a 32-byte entry per tensor, released once the
+//! shard is written. The header is streamed into the shard (two passes over the sorted
+//! entries), then the bytes are copied from the spill file.
 
 use super::rows::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, COPY_BUFFER, KV_CHUNK_ROWS};
+use crate::dtype::DTYPES;
 use crate::file::{copy_tensors, FileWriter};
-use crate::header::{self, HeaderEntry, Layout, TensorInfo, MAX_HEADER_SIZE, METADATA_KEY};
+use crate::header::{self, HeaderEntry, MAX_HEADER_SIZE, METADATA_KEY};
 use crate::write::{DuplicatesStrategy, ShardReport, TensorReport, WritePlan};
 use crate::Dtype;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, StructArray};
+use serde::ser::{Error as _, SerializeSeq};
 use std::cmp::Ordering;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
-use std::hash::BuildHasher;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 
-/// `KeyRec::shard` of a key whose stored occurrence is in the open shard.
-const OPEN: u32 = u32::MAX;
-/// End of a [`KeyTable`] hash chain.
-const NO_KEY: u32 = u32::MAX;
+#[cfg(test)]
+thread_local! {
+    /// Tests: every key gets the same 32-bit hash, so each lookup walks one chain of all rows.
+    pub(super) static ALL_KEYS_COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
-/// A key the task has written, and where its stored occurrence is.
-struct KeyRec {
-    /// The key's bytes are `arena[start..start + len]`.
-    start: usize,
-    len: u32,
-    /// The previous key with the same hash ([`NO_KEY`]: none).
+/// End of a hash chain of rows.
+const NO_ROW: u32 = u32::MAX;
+/// Buffer of each scratch file but the spill file.
+const SCRATCH_BUFFER: usize = 1 << 16;
+/// Buffer of the spill file.
+const SPILL_BUFFER: usize = 1 << 18;
+
+/// A hidden file of the task's work directory, appended to through a buffer and read back
+/// through a handle of its own; deleted on drop.
+struct Scratch {
+    path: PathBuf,
+    out: BufWriter<File>,
+    /// A second open file description: reading moves its cursor, not the writer's.
+    read: File,
+    len: u64,
+}
+
+impl Scratch {
+    fn create(path: PathBuf, buffer: usize) -> Result<Self, WriteError> {
+        let file = File::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| WriteError::io(&path, e))?;
+        let read = File::open(&path).map_err(|e| WriteError::io(&path, e))?;
+        Ok(Scratch {
+            out: BufWriter::with_capacity(buffer, file),
+            read,
+            path,
+            len: 0,
+        })
+    }
+
+    /// Appends `bytes`; returns where they start.
+    fn append(&mut self, bytes: &[u8]) -> Result<u64, WriteError> {
+        self.out
+            .write_all(bytes)
+            .map_err(|e| WriteError::io(&self.path, e))?;
+        let at = self.len;
+        self.len += bytes.len() as u64;
+        Ok(at)
+    }
+
+    fn flush(&mut self) -> Result<(), WriteError> {
+        self.out.flush().map_err(|e| WriteError::io(&self.path, e))
+    }
+
+    /// Fills `buf` from offset `at` (flushing what is buffered first).
+    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> Result<(), WriteError> {
+        self.flush()?;
+        self.read
+            .seek(SeekFrom::Start(at))
+            .and_then(|_| self.read.read_exact(buf))
+            .map_err(|e| WriteError::io(&self.path, e))
+    }
+
+    /// A buffered reader of bytes `start..end`, of what was flushed.
+    fn range(&self, start: u64, end: u64) -> Result<impl Read + '_, WriteError> {
+        let mut f = &self.read;
+        f.seek(SeekFrom::Start(start))
+            .map_err(|e| WriteError::io(&self.path, e))?;
+        Ok(BufReader::with_capacity(
+            SCRATCH_BUFFER,
+            f.take(end.saturating_sub(start)),
+        ))
+    }
+
+    /// Empties the file for reuse.
+    fn clear(&mut self) -> Result<(), WriteError> {
+        let path = &self.path;
+        self.out
+            .flush()
+            .and_then(|_| self.out.get_ref().set_len(0))
+            .and_then(|_| self.out.seek(SeekFrom::Start(0)).map(|_| ()))
+            .map_err(|e| WriteError::io(path, e))?;
+        self.len = 0;
+        Ok(())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// The task's scratch files (module docs), created with its first row.
+struct Files {
+    spill: Scratch,
+    rows: Scratch,
+    keys: Scratch,
+    tensors: Scratch,
+    reports: Scratch,
+}
+
+impl Files {
+    fn create(w: &TaskWriter) -> Result<Self, WriteError> {
+        let file = |what: &str, buffer| {
+            let name = format!(".kv-{:05}-{}.{what}.tmp", w.partition, w.plan.write_id);
+            Scratch::create(w.work_dir.join(name), buffer)
+        };
+        Ok(Files {
+            spill: file("spill", SPILL_BUFFER)?,
+            rows: file("rows", SCRATCH_BUFFER)?,
+            keys: file("keys", SCRATCH_BUFFER)?,
+            tensors: file("tensors", SCRATCH_BUFFER)?,
+            reports: file("reports", SCRATCH_BUFFER)?,
+        })
+    }
+
+    fn row(&mut self, id: u32) -> Result<RowRec, WriteError> {
+        let mut b = [0u8; RowRec::LEN];
+        self.rows
+            .read_at(u64::from(id) * RowRec::LEN as u64, &mut b)?;
+        Ok(RowRec::decode(&b))
+    }
+
+    /// The open shard's tensor record number `i`.
+    fn tensor(&mut self, i: u64) -> Result<TensorRec, WriteError> {
+        let mut b = [0u8; TensorRec::LEN];
+        self.tensors.read_at(i * TensorRec::LEN as u64, &mut b)?;
+        TensorRec::decode(&b).ok_or_else(|| WriteError::io(&self.tensors.path, corrupt()))
+    }
+}
+
+fn corrupt() -> std::io::Error {
+    std::io::Error::other("scratch record out of range")
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+fn dtype_of(code: u8) -> Option<Dtype> {
+    DTYPES.get(usize::from(code)).map(|d| d.dtype)
+}
+
+/// A row the task has written (`rows` file).
+struct RowRec {
+    /// The key's bytes are `key_off..key_off + key_len` of the `keys` file.
+    key_off: u64,
+    key_len: u32,
+    /// The previous row whose key has the same 32-bit hash ([`NO_ROW`]: none).
     next: u32,
-    /// Partition row number of the stored occurrence.
+    /// Partition row number.
     row: u64,
-    /// Sealed shard holding it, or [`OPEN`]: its tensors are the open shard's
-    /// `open_start..open_start + columns`.
-    shard: u32,
-    open_start: u32,
 }
 
-/// Every key written by the task, each stored once: the bytes in one arena, a fixed-size record
-/// per key, and a hash index (hash → latest key id with that hash, older ones chained).
-struct KeyTable {
-    arena: String,
-    recs: Vec<KeyRec>,
-    index: HashMap<u64, u32>,
-    hasher: RandomState,
+impl RowRec {
+    const LEN: usize = 24;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.key_off.to_le_bytes());
+        b[8..12].copy_from_slice(&self.key_len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.next.to_le_bytes());
+        b[16..24].copy_from_slice(&self.row.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; Self::LEN]) -> Self {
+        RowRec {
+            key_off: le_u64(b, 0),
+            key_len: le_u32(b, 8),
+            next: le_u32(b, 12),
+            row: le_u64(b, 16),
+        }
+    }
 }
 
-impl KeyTable {
-    fn new() -> Self {
-        KeyTable {
-            arena: String::new(),
-            recs: Vec::new(),
-            index: HashMap::new(),
-            hasher: RandomState::new(),
+/// A tensor of the open shard (`tensors` file): bytes `start..start + len` of the spill file.
+#[derive(Clone, Copy)]
+struct TensorRec {
+    start: u64,
+    len: u64,
+    shape: u32,
+    dtype: Dtype,
+}
+
+impl TensorRec {
+    const LEN: usize = 24;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.start.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.shape.to_le_bytes());
+        b[20] = self.dtype as u8;
+        b
+    }
+
+    fn decode(b: &[u8; Self::LEN]) -> Option<Self> {
+        Some(TensorRec {
+            start: le_u64(b, 0),
+            len: le_u64(b, 8),
+            shape: le_u32(b, 16),
+            dtype: dtype_of(b[20])?,
+        })
+    }
+}
+
+/// A sealed tensor as the task report needs it (`reports` file): fixed fields, then the key.
+struct ReportRec {
+    /// The task's row id (position in the `rows` file).
+    row: u32,
+    column: u32,
+    shape: u32,
+    dtype: Dtype,
+    /// Absolute byte range in the shard file.
+    start: u64,
+    end: u64,
+    key: String,
+}
+
+impl ReportRec {
+    const FIXED: usize = 33;
+
+    fn append(&self, out: &mut Scratch) -> Result<(), WriteError> {
+        let mut b = [0u8; Self::FIXED];
+        b[0..4].copy_from_slice(&self.row.to_le_bytes());
+        b[4..8].copy_from_slice(&self.column.to_le_bytes());
+        b[8..12].copy_from_slice(&self.shape.to_le_bytes());
+        b[12..16].copy_from_slice(&(self.key.len() as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.start.to_le_bytes());
+        b[24..32].copy_from_slice(&self.end.to_le_bytes());
+        b[32] = self.dtype as u8;
+        out.append(&b)?;
+        out.append(self.key.as_bytes())?;
+        Ok(())
+    }
+
+    /// The next record of `r` (reusing `self`'s key buffer), or `false` at the end.
+    fn read_next(&mut self, r: &mut impl Read) -> std::io::Result<bool> {
+        let mut b = [0u8; Self::FIXED];
+        match r.read_exact(&mut b) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        self.row = le_u32(&b, 0);
+        self.column = le_u32(&b, 4);
+        self.shape = le_u32(&b, 8);
+        let key_len = le_u32(&b, 12) as usize;
+        self.start = le_u64(&b, 16);
+        self.end = le_u64(&b, 24);
+        self.dtype = dtype_of(b[32]).ok_or_else(corrupt)?;
+        let mut key = std::mem::take(&mut self.key).into_bytes();
+        key.resize(key_len, 0);
+        r.read_exact(&mut key)?;
+        self.key = String::from_utf8(key).map_err(|_| corrupt())?;
+        Ok(true)
+    }
+
+    fn empty() -> Self {
+        ReportRec {
+            row: 0,
+            column: 0,
+            shape: 0,
+            dtype: Dtype::U8,
+            start: 0,
+            end: 0,
+            key: String::new(),
         }
     }
+}
 
-    fn key(&self, id: u32) -> &str {
-        self.recs
-            .get(id as usize)
-            .and_then(|r| self.arena.get(r.start..r.start + r.len as usize))
-            .unwrap_or("")
+/// Spreads an already random 32-bit hash over the 64 bits the hash map uses.
+#[derive(Default)]
+struct Spread(u64);
+
+impl Hasher for Spread {
+    fn finish(&self) -> u64 {
+        self.0
     }
-
-    fn rec(&self, id: u32) -> Option<&KeyRec> {
-        self.recs.get(id as usize)
-    }
-
-    fn rec_mut(&mut self, id: u32) -> Option<&mut KeyRec> {
-        self.recs.get_mut(id as usize)
-    }
-
-    /// The key's hash and, if the task has written it, its id.
-    fn find(&self, key: &str) -> (u64, Option<u32>) {
-        let hash = self.hasher.hash_one(key);
-        let mut id = self.index.get(&hash).copied().unwrap_or(NO_KEY);
-        while id != NO_KEY {
-            if self.key(id) == key {
-                return (hash, Some(id));
-            }
-            id = self.rec(id).map_or(NO_KEY, |r| r.next);
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         }
-        (hash, None)
     }
-
-    /// Adds a key not in the table (`hash` from [`KeyTable::find`]); returns its id.
-    fn insert(
-        &mut self,
-        hash: u64,
-        key: &str,
-        row: u64,
-        open_start: u32,
-    ) -> Result<u32, WriteError> {
-        let id = u32::try_from(self.recs.len())
-            .ok()
-            .filter(|&id| id != NO_KEY)
-            .ok_or_else(|| WriteError::Batch("too many keys in one task".into()))?;
-        let len = u32::try_from(key.len())
-            .map_err(|_| WriteError::Batch("key longer than 4 GiB".into()))?;
-        let next = self.index.insert(hash, id).unwrap_or(NO_KEY);
-        let start = self.arena.len();
-        self.arena.push_str(key);
-        self.recs.push(KeyRec {
-            start,
-            len,
-            next,
-            row,
-            shard: OPEN,
-            open_start,
-        });
-        Ok(id)
+    fn write_u32(&mut self, x: u32) {
+        self.0 = u64::from(x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -150,108 +365,102 @@ impl Shapes {
     }
 }
 
-/// One tensor of the open shard (bytes `start..end` of the spill file) or of a sealed shard
-/// (absolute bytes `start..end` of the shard file).
-#[derive(Clone, Copy)]
-struct TensorRec {
-    key: u32,
-    column: u32,
-    shape: u32,
-    dtype: Dtype,
-    /// `false` once replaced by a later row with the same key (`lastWin`, open shard only).
-    live: bool,
-    start: u64,
-    end: u64,
-}
-
-impl TensorRec {
-    fn len(&self) -> u64 {
-        self.end - self.start
-    }
-}
-
-/// A sealed shard's tensors, serialised as a sequence of [`TensorReport`]s built one at a time.
+/// A sealed shard's tensors, serialised as a sequence of [`TensorReport`]s read back one at a
+/// time from the `reports` file.
 pub(super) struct ShardTensors<'a> {
     kv: &'a KvState,
-    tensors: &'a [TensorRec],
+    shard: Option<&'a SealedShard>,
 }
 
 impl serde::Serialize for ShardTensors<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.tensors.iter().map(|t| self.kv.tensor_report(t)))
+        let (Some(shard), Some(files)) = (self.shard, self.kv.files.as_ref()) else {
+            return s.collect_seq(std::iter::empty::<TensorReport>());
+        };
+        let mut r = files
+            .reports
+            .range(shard.reports.0, shard.reports.1)
+            .map_err(S::Error::custom)?;
+        let mut seq = s.serialize_seq(Some(shard.tensors as usize))?;
+        let mut rec = ReportRec::empty();
+        while rec.read_next(&mut r).map_err(S::Error::custom)? {
+            seq.serialize_element(&self.kv.tensor_report(&rec))?;
+        }
+        seq.end()
     }
 }
 
-/// A sealed shard's tensors, in data order.
+/// A sealed shard: its first row, and its tensors' records in the `reports` file.
 struct SealedShard {
     shard: u32,
-    tensors: Vec<TensorRec>,
+    /// Row id of its first row (the rows of a shard are consecutive ids).
+    first_row: u32,
+    /// Byte range of its [`ReportRec`]s, in data order.
+    reports: (u64, u64),
+    tensors: u64,
 }
 
-/// A hidden file in the work directory holding the open shard's tensor bytes; deleted on drop.
-struct Spill {
-    path: PathBuf,
-    out: Option<BufWriter<File>>,
-    len: u64,
-}
-
-impl Spill {
-    fn create(path: PathBuf) -> Result<Self, WriteError> {
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| WriteError::io(&path, e))?;
-        Ok(Spill {
-            out: Some(BufWriter::with_capacity(COPY_BUFFER, file)),
-            path,
-            len: 0,
-        })
-    }
-
-    fn append(&mut self, bytes: &[u8]) -> Result<u64, WriteError> {
-        let out = self
-            .out
-            .as_mut()
-            .ok_or_else(|| WriteError::io(&self.path, std::io::Error::other("spill closed")))?;
-        out.write_all(bytes)
-            .map_err(|e| WriteError::io(&self.path, e))?;
-        let at = self.len;
-        self.len += bytes.len() as u64;
-        Ok(at)
-    }
-
-    /// Flushes and returns the file for reading.
-    fn take_reader(&mut self) -> Result<File, WriteError> {
-        let out = self
-            .out
-            .take()
-            .ok_or_else(|| WriteError::io(&self.path, std::io::Error::other("spill closed")))?;
-        out.into_inner()
-            .map_err(|e| WriteError::io(&self.path, e.into_error()))
-    }
-}
-
-impl Drop for Spill {
-    fn drop(&mut self) {
-        self.out = None;
-        let _ = fs::remove_file(&self.path);
-    }
-}
-
+/// What the task knows of the open shard in memory; its records are in the scratch files.
 #[derive(Default)]
 struct OpenShard {
-    spill: Option<Spill>,
-    /// Tensors in arrival order, `columns` per row.
-    tensors: Vec<TensorRec>,
+    /// Row id of its first row.
+    first_row: u32,
+    /// Where its first row's key starts in the `keys` file.
+    keys_start: u64,
+    /// `lastWin`: its rows replaced by a later row with the same key (bit per row, from
+    /// `first_row`).
+    dead: Vec<u64>,
     samples: u64,
     live_tensors: u64,
     /// Σ header-entry bytes (see [`entry_json_len`]) of the live tensors.
     json: u64,
     /// Σ byte length of the live tensors.
     data_len: u64,
+}
+
+impl OpenShard {
+    fn is_dead(&self, local: u32) -> bool {
+        self.dead
+            .get(local as usize / 64)
+            .is_some_and(|w| w >> (local % 64) & 1 == 1)
+    }
+
+    fn kill(&mut self, local: u32) {
+        let word = local as usize / 64;
+        if self.dead.len() <= word {
+            self.dead.resize(word + 1, 0);
+        }
+        if let Some(w) = self.dead.get_mut(word) {
+            *w |= 1 << (local % 64);
+        }
+    }
+}
+
+/// One tensor of the shard being sealed, as sorted into the layout.
+struct SortEntry {
+    start: u64,
+    len: u64,
+    /// Row within the shard (index of its key range).
+    row: u32,
+    column: u32,
+    shape: u32,
+    dtype: Dtype,
+}
+
+/// Compares the concatenations `a[0] + a[1] + a[2]` and `b[0] + b[1] + b[2]` bytewise, where the
+/// middle parts (the separator) are equal.
+fn cmp_names(a: [&[u8]; 3], b: [&[u8]; 3]) -> Ordering {
+    let n = a[0].len().min(b[0].len());
+    match a[0].get(..n).cmp(&b[0].get(..n)) {
+        Ordering::Equal => {}
+        o => return o,
+    }
+    if a[0].len() == b[0].len() {
+        return a[2].cmp(b[2]);
+    }
+    a.iter()
+        .flat_map(|p| p.iter())
+        .cmp(b.iter().flat_map(|p| p.iter()))
 }
 
 pub(super) struct KvState {
@@ -261,19 +470,26 @@ pub(super) struct KvState {
     columns: Vec<String>,
     target: u64,
     duplicates: DuplicatesStrategy,
-    keys: KeyTable,
+    hasher: RandomState,
+    /// 32-bit key hash → the latest row id with that hash (older ones chained on disk).
+    index: HashMap<u32, u32, BuildHasherDefault<Spread>>,
     shapes: Shapes,
     /// Tensor names written so far; tracked only when two column names could make two keys'
     /// names coincide (one column name is a proper suffix of another).
     names: Option<HashSet<String>>,
+    files: Option<Files>,
+    /// Rows written so far (the next row id).
+    rows: u32,
     open: OpenShard,
-    /// Tensors of the shards sealed so far, in sealing order.
+    /// The shards sealed so far, in sealing order.
     sealed: Vec<SealedShard>,
-    /// `lastWin`: ids of keys to remove from already sealed shards at finish.
+    /// `lastWin`: row ids to remove from already sealed shards at finish.
     removed: BTreeMap<u32, HashSet<u32>>,
+    /// Per column, the shape id shared by all its sealed tensors (`Some(None)`: they differ);
+    /// computed at finish.
+    column_shapes: Vec<Option<Option<u32>>>,
     /// Header bytes of `__metadata__` with `samples` = 0 (one digit).
     meta_len: u64,
-    spill_counter: u32,
 }
 
 /// Counts the bytes written to it.
@@ -350,17 +566,20 @@ impl KvState {
         KvState {
             name_col,
             separator,
+            column_shapes: vec![None; columns.len()],
             columns,
             target,
             duplicates,
-            keys: KeyTable::new(),
+            hasher: RandomState::new(),
+            index: HashMap::default(),
             shapes: Shapes::default(),
             names: collisions_possible.then(HashSet::new),
+            files: None,
+            rows: 0,
             open: OpenShard::default(),
             sealed: Vec::new(),
             removed: BTreeMap::new(),
             meta_len,
-            spill_counter: 0,
         }
     }
 
@@ -373,38 +592,14 @@ impl KvState {
         &self.name_col
     }
 
-    /// Deletes the spill file, if any.
+    /// Deletes the scratch files, if any.
     pub(super) fn discard(&mut self) {
+        self.files = None;
         self.open = OpenShard::default();
     }
 
     fn column_name(&self, column: u32) -> &str {
         self.columns.get(column as usize).map_or("", String::as_str)
-    }
-
-    /// The name of a tensor: `key + separator + column`.
-    fn tensor_name(&self, t: &TensorRec) -> String {
-        let key = self.keys.key(t.key);
-        let column = self.column_name(t.column);
-        let mut name = String::with_capacity(key.len() + self.separator.len() + column.len());
-        name.push_str(key);
-        name.push_str(&self.separator);
-        name.push_str(column);
-        name
-    }
-
-    /// The bytes of a tensor's name, without building it.
-    fn name_bytes<'a>(&'a self, t: &TensorRec) -> impl Iterator<Item = u8> + 'a {
-        let key = self.keys.key(t.key).bytes();
-        let column = self.column_name(t.column).bytes();
-        key.chain(self.separator.bytes()).chain(column)
-    }
-
-    fn name_is(&self, t: &TensorRec, name: &str) -> bool {
-        let key = self.keys.key(t.key);
-        let column = self.column_name(t.column);
-        name.len() == key.len() + self.separator.len() + column.len()
-            && self.name_bytes(t).eq(name.bytes())
     }
 
     /// Header bytes of a tensor's entry (see [`entry_json_len`]).
@@ -413,62 +608,18 @@ impl KvState {
         entry_json_len(name, dtype, shape)
     }
 
-    /// The order of the format's layout: dtype descending, then name.
-    fn layout_order(&self, a: &TensorRec, b: &TensorRec) -> Ordering {
-        b.dtype
-            .cmp(&a.dtype)
-            .then_with(|| self.name_bytes(a).cmp(self.name_bytes(b)))
-    }
-
     /// The report of a sealed tensor.
-    fn tensor_report(&self, t: &TensorRec) -> TensorReport {
+    fn tensor_report(&self, t: &ReportRec) -> TensorReport {
+        let column = self.column_name(t.column);
         TensorReport {
-            name: self.tensor_name(t),
+            name: format!("{}{}{column}", t.key, self.separator),
             dtype: t.dtype,
             shape: self.shapes.get(t.shape).to_vec(),
             data_start: t.start,
             data_end: t.end,
-            sample_key: Some(self.keys.key(t.key).to_string()),
-            column: Some(self.column_name(t.column).to_string()),
+            sample_key: Some(t.key.clone()),
+            column: Some(column.to_string()),
         }
-    }
-
-    /// Checks that a file's layout (`written`) has exactly `tensors`, in this order.
-    fn check_layout(
-        &self,
-        tensors: &[TensorRec],
-        written: &[TensorInfo],
-    ) -> Result<(), WriteError> {
-        if tensors.len() != written.len() {
-            return Err(WriteError::Batch(
-                "shard layout does not match its tensors".into(),
-            ));
-        }
-        for (t, info) in tensors.iter().zip(written) {
-            if !self.name_is(t, &info.name) || info.byte_len() != t.len() {
-                return Err(WriteError::Batch(format!(
-                    "shard layout does not match its tensors at '{}'",
-                    info.name
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Gives `tensors` their absolute offsets in the file just written (after
-    /// [`KvState::check_layout`]); the file's data section starts at `data_start`.
-    fn place(
-        &self,
-        tensors: &mut [TensorRec],
-        written: &[TensorInfo],
-        data_start: u64,
-    ) -> Result<(), WriteError> {
-        self.check_layout(tensors, written)?;
-        for (t, info) in tensors.iter_mut().zip(written) {
-            t.start = data_start + info.data_offsets[0];
-            t.end = data_start + info.data_offsets[1];
-        }
-        Ok(())
     }
 
     /// Upper bounds of the header length (prefix and padding included) and of the file size of
@@ -544,30 +695,64 @@ impl KvState {
         Ok(())
     }
 
-    /// Marks the open shard's row whose tensors start at `start` as replaced.
-    fn remove_open_row(&mut self, start: usize) {
-        let count = self.columns.len();
-        let end = (start + count).min(self.open.tensors.len());
-        for i in start..end {
-            let Some(t) = self.open.tensors.get(i).copied() else {
-                continue;
-            };
-            if t.live {
-                let json = self.entry_json(
-                    self.keys.key(t.key),
-                    t.column,
-                    t.dtype,
-                    self.shapes.get(t.shape),
-                );
-                self.open.live_tensors -= 1;
-                self.open.json -= json;
-                self.open.data_len -= t.len();
-                if let Some(slot) = self.open.tensors.get_mut(i) {
-                    slot.live = false;
+    /// The row the task wrote last with key `key`, if any, with the key's 32-bit hash.
+    fn find(&mut self, key: &str) -> Result<(u32, Option<(u32, RowRec)>), WriteError> {
+        let h = self.hasher.hash_one(key);
+        let hash = (h ^ (h >> 32)) as u32;
+        #[cfg(test)]
+        let hash = if ALL_KEYS_COLLIDE.with(|c| c.get()) {
+            7
+        } else {
+            hash
+        };
+        let mut id = self.index.get(&hash).copied().unwrap_or(NO_ROW);
+        let Some(files) = self.files.as_mut() else {
+            return Ok((hash, None));
+        };
+        let mut stored = Vec::new();
+        while id != NO_ROW {
+            let rec = files.row(id)?;
+            if rec.key_len as usize == key.len() {
+                stored.resize(key.len(), 0);
+                files.keys.read_at(rec.key_off, &mut stored)?;
+                if stored == key.as_bytes() {
+                    return Ok((hash, Some((id, rec))));
                 }
             }
+            id = rec.next;
         }
+        Ok((hash, None))
+    }
+
+    /// The sealed shard holding row id `id`.
+    fn shard_of(&self, id: u32) -> Option<u32> {
+        let i = self.sealed.partition_point(|s| s.first_row <= id);
+        i.checked_sub(1)
+            .and_then(|i| self.sealed.get(i))
+            .map(|s| s.shard)
+    }
+
+    /// `lastWin`: marks the open shard's row `id` (key `key`) as replaced.
+    fn remove_open_row(&mut self, id: u32, key: &str) -> Result<(), WriteError> {
+        let local = id - self.open.first_row;
+        if self.open.is_dead(local) {
+            return Ok(());
+        }
+        let count = self.columns.len() as u64;
+        for c in 0..count {
+            let files = self
+                .files
+                .as_mut()
+                .ok_or_else(|| WriteError::Batch("scratch files missing".into()))?;
+            let t = files.tensor(u64::from(local) * count + c)?;
+            let json = self.entry_json(key, c as u32, t.dtype, self.shapes.get(t.shape));
+            self.open.live_tensors -= 1;
+            self.open.json -= json;
+            self.open.data_len -= t.len;
+        }
+        self.open.kill(local);
         self.open.samples -= 1;
+        Ok(())
     }
 
     /// Adds one row; seals the open shard first when the row would make it exceed the target.
@@ -596,26 +781,21 @@ impl KvState {
                 .map(|c| format!("{key}{}{c}", self.separator))
                 .collect()
         });
-        let (hash, existing) = self.keys.find(key);
-        if let Some(id) = existing {
-            let (first_row, shard, open_start) = self
-                .keys
-                .rec(id)
-                .map(|r| (r.row, r.shard, r.open_start))
-                .ok_or_else(|| WriteError::Batch("key table out of sync".into()))?;
+        let (hash, existing) = self.find(key)?;
+        if let Some((id, rec)) = existing {
             match self.duplicates {
                 DuplicatesStrategy::Fail => {
                     return Err(WriteError::DuplicateKey {
                         column: self.name_col.clone(),
                         key: key.to_string(),
                         row,
-                        first_row,
+                        first_row: rec.row,
                     })
                 }
                 DuplicatesStrategy::LastWin => {
-                    if shard == OPEN {
-                        self.remove_open_row(open_start as usize);
-                    } else {
+                    if id >= self.open.first_row {
+                        self.remove_open_row(id, key)?;
+                    } else if let Some(shard) = self.shard_of(id) {
                         self.removed.entry(shard).or_default().insert(id);
                     }
                     if let (Some(set), Some(names)) = (&mut self.names, &names) {
@@ -651,49 +831,42 @@ impl KvState {
         if self.open.samples > 0 && (file > self.target || header > 8 + MAX_HEADER_SIZE) {
             self.seal(w)?;
         }
-        if self.open.spill.is_none() {
-            let path = w.work_dir.join(format!(
-                ".spill-{:05}-{}-{}.tmp",
-                w.partition, self.spill_counter, w.plan.write_id
-            ));
-            self.spill_counter += 1;
-            self.open.spill = Some(Spill::create(path)?);
+        if self.files.is_none() {
+            self.files = Some(Files::create(w)?);
         }
-        let open_start = u32::try_from(self.open.tensors.len())
-            .map_err(|_| WriteError::Batch("too many tensors in one shard".into()))?;
-        let id = match existing {
-            Some(id) => {
-                let rec = self
-                    .keys
-                    .rec_mut(id)
-                    .ok_or_else(|| WriteError::Batch("key table out of sync".into()))?;
-                rec.row = row;
-                rec.shard = OPEN;
-                rec.open_start = open_start;
-                id
+        let files = self
+            .files
+            .as_mut()
+            .ok_or_else(|| WriteError::Batch("scratch files missing".into()))?;
+        let id = Some(self.rows)
+            .filter(|&id| id != NO_ROW)
+            .ok_or_else(|| WriteError::Batch("too many rows in one task".into()))?;
+        let key_len = u32::try_from(key.len())
+            .map_err(|_| WriteError::Batch("key longer than 4 GiB".into()))?;
+        let key_off = files.keys.append(key.as_bytes())?;
+        let next = self.index.insert(hash, id).unwrap_or(NO_ROW);
+        files.rows.append(
+            &RowRec {
+                key_off,
+                key_len,
+                next,
+                row,
             }
-            None => self.keys.insert(hash, key, row, open_start)?,
-        };
-        for (c, (t, bytes)) in tensors.iter().enumerate() {
-            let spill = self
-                .open
-                .spill
-                .as_mut()
-                .ok_or_else(|| WriteError::Batch("spill file missing".into()))?;
-            let offset = spill.append(bytes)?;
-            let shape = self.shapes.intern(&t.shape)?;
-            self.open.tensors.push(TensorRec {
-                key: id,
-                column: c as u32,
-                shape,
+            .encode(),
+        )?;
+        for (t, bytes) in tensors {
+            let start = files.spill.append(bytes)?;
+            let rec = TensorRec {
+                start,
+                len: bytes.len() as u64,
+                shape: self.shapes.intern(&t.shape)?,
                 dtype: t.dtype,
-                live: true,
-                start: offset,
-                end: offset + bytes.len() as u64,
-            });
-            self.open.live_tensors += 1;
-            self.open.data_len += bytes.len() as u64;
+            };
+            files.tensors.append(&rec.encode())?;
         }
+        self.rows += 1;
+        self.open.live_tensors += count;
+        self.open.data_len += row_data;
         self.open.json += row_json;
         if let (Some(set), Some(names)) = (&mut self.names, names) {
             set.extend(names);
@@ -702,115 +875,190 @@ impl KvState {
         Ok(())
     }
 
-    /// Seals the open shard (if it has rows): plans the layout, copies the live tensors from the
-    /// spill file in layout order, deletes the spill file and hands the shard with its report to
-    /// the task's sealer (fsync and rename in the background); the task keeps only the compact
-    /// records of its tensors.
+    /// Seals the open shard (if it has rows): sorts its tensors into the reference layout,
+    /// streams the header into the shard, copies the bytes from the spill file, records the
+    /// tensors for the task report, empties the spill and tensor files and hands the shard to
+    /// the task's sealer (fsync and rename in the background).
     fn seal(&mut self, w: &mut TaskWriter) -> Result<(), WriteError> {
-        let mut open = std::mem::take(&mut self.open);
+        let open = std::mem::take(&mut self.open);
+        self.open = OpenShard {
+            first_row: self.rows,
+            keys_start: self.files.as_ref().map_or(0, |f| f.keys.len),
+            ..OpenShard::default()
+        };
         if open.samples == 0 {
             return Ok(());
         }
-        let mut live: Vec<TensorRec> = open.tensors.iter().filter(|t| t.live).copied().collect();
-        open.tensors = Vec::new();
-        // The reference layout (header::plan_layout's order), serialised straight from the
-        // records: no per-tensor name, shape or entry is built, only the header bytes.
-        live.sort_by(|a, b| self.layout_order(a, b));
+        let files = self
+            .files
+            .as_mut()
+            .ok_or_else(|| WriteError::Batch("scratch files missing".into()))?;
+        files.rows.flush()?;
+        files.tensors.flush()?;
+        // The shard's keys, and each row's range in them.
+        let mut keys = vec![
+            0u8;
+            usize::try_from(files.keys.len - open.keys_start).map_err(|_| {
+                WriteError::Batch("shard keys do not fit in memory".into())
+            })?
+        ];
+        files.keys.read_at(open.keys_start, &mut keys)?;
+        let row_count = self.rows - open.first_row;
+        let mut row_keys: Vec<(u32, u32)> = Vec::with_capacity(row_count as usize);
+        {
+            let mut r = files.rows.range(
+                u64::from(open.first_row) * RowRec::LEN as u64,
+                u64::from(self.rows) * RowRec::LEN as u64,
+            )?;
+            let mut b = [0u8; RowRec::LEN];
+            for _ in 0..row_count {
+                r.read_exact(&mut b)
+                    .map_err(|e| WriteError::io(&files.rows.path, e))?;
+                let rec = RowRec::decode(&b);
+                let off = u32::try_from(rec.key_off - open.keys_start)
+                    .map_err(|_| WriteError::Batch("shard keys exceed 4 GiB".into()))?;
+                row_keys.push((off, rec.key_len));
+            }
+        }
+        let columns = self.columns.len() as u32;
+        let mut order: Vec<SortEntry> = Vec::with_capacity(open.live_tensors as usize);
+        {
+            let mut r = files.tensors.range(0, files.tensors.len)?;
+            let mut b = [0u8; TensorRec::LEN];
+            for row in 0..row_count {
+                for column in 0..columns {
+                    r.read_exact(&mut b)
+                        .map_err(|e| WriteError::io(&files.tensors.path, e))?;
+                    if open.is_dead(row) {
+                        continue;
+                    }
+                    let t = TensorRec::decode(&b)
+                        .ok_or_else(|| WriteError::io(&files.tensors.path, corrupt()))?;
+                    order.push(SortEntry {
+                        start: t.start,
+                        len: t.len,
+                        row,
+                        column,
+                        shape: t.shape,
+                        dtype: t.dtype,
+                    });
+                }
+            }
+        }
+        let key_of = |row: u32| -> &[u8] {
+            row_keys
+                .get(row as usize)
+                .and_then(|&(off, len)| keys.get(off as usize..(off + len) as usize))
+                .unwrap_or(&[])
+        };
+        let sep = self.separator.as_bytes();
+        let column_names = &self.columns;
+        let column_of = |c: u32| column_names.get(c as usize).map_or("", String::as_str);
+        // The reference layout (header::plan_layout's order): dtype descending, then name.
+        order.sort_unstable_by(|a, b| {
+            b.dtype.cmp(&a.dtype).then_with(|| {
+                cmp_names(
+                    [key_of(a.row), sep, column_of(a.column).as_bytes()],
+                    [key_of(b.row), sep, column_of(b.column).as_bytes()],
+                )
+            })
+        });
         let meta = shard_metadata(&w.plan, open.samples, 0);
-        let mut cursor = 0u64;
-        let header_bytes = header::serialize_entries(
-            Some(&meta),
-            live.len(),
-            live.iter().map(|t| {
+        let data_len: u64 = order.iter().map(|e| e.len).sum();
+        let shapes = &self.shapes;
+        let separator = self.separator.as_str();
+        let entries = || {
+            let mut cursor = 0u64;
+            order.iter().map(move |e| {
                 let begin = cursor;
-                cursor += t.len();
+                cursor += e.len;
                 HeaderEntry {
                     name: [
-                        self.keys.key(t.key),
-                        &self.separator,
-                        self.column_name(t.column),
+                        std::str::from_utf8(key_of(e.row)).unwrap_or(""),
+                        separator,
+                        column_of(e.column),
                     ],
-                    dtype: t.dtype,
-                    shape: self.shapes.get(t.shape),
+                    dtype: e.dtype,
+                    shape: shapes.get(e.shape),
                     data_offsets: [begin, cursor],
                 }
-            }),
-        )?;
-        let layout = Layout {
-            tensors: Vec::new(),
-            header_bytes,
-            data_len: cursor,
+            })
         };
         let (shard, file, path) = w.next_shard_path();
-        let mut writer = FileWriter::create_laid_out(&path, layout)?;
-        let spill = open
-            .spill
-            .as_mut()
-            .ok_or_else(|| WriteError::Batch("spill file missing".into()))?;
-        let spill_path = spill.path.clone();
-        let mut reader = spill.take_reader()?;
-        let biggest = live.iter().map(TensorRec::len).max().unwrap_or(0);
+        let mut writer = FileWriter::create_with_header(&path, data_len, |out, p| {
+            header::write_entries(out, p, Some(&meta), entries)
+        })?;
+        files.spill.flush()?;
+        let biggest = order.iter().map(|e| e.len).max().unwrap_or(0);
         let mut buf = vec![
             0u8;
             usize::try_from(biggest)
                 .unwrap_or(COPY_BUFFER)
                 .min(COPY_BUFFER)
         ];
-        for t in &live {
-            reader
-                .seek(SeekFrom::Start(t.start))
-                .map_err(|e| WriteError::io(&spill_path, e))?;
-            let mut left = t.len();
-            while left > 0 {
-                let n = usize::try_from(left).unwrap_or(buf.len()).min(buf.len());
+        for e in &order {
+            let mut at = e.start;
+            let end = e.start + e.len;
+            while at < end {
+                let n = usize::try_from(end - at)
+                    .unwrap_or(buf.len())
+                    .min(buf.len());
                 let chunk = buf
                     .get_mut(..n)
                     .ok_or_else(|| WriteError::Batch("copy buffer too small".into()))?;
-                reader
-                    .read_exact(chunk)
-                    .map_err(|e| WriteError::io(&spill_path, e))?;
+                files.spill.read_at(at, chunk)?;
                 writer.write(chunk)?;
-                left -= n as u64;
+                at += n as u64;
             }
         }
         let (written, pending) = writer.close()?;
-        // Absolute offsets in the shard: consecutive in layout order after the header.
+        // The tensors for the task report, with their absolute offsets in the shard.
+        let reports_start = files.reports.len;
         let mut at = written.data_start;
-        for t in &mut live {
-            let len = t.len();
-            t.start = at;
-            t.end = at + len;
-            at += len;
+        let mut rec = ReportRec::empty();
+        for e in &order {
+            rec.row = open.first_row + e.row;
+            rec.column = e.column;
+            rec.shape = e.shape;
+            rec.dtype = e.dtype;
+            rec.start = at;
+            rec.end = at + e.len;
+            rec.key.clear();
+            rec.key
+                .push_str(std::str::from_utf8(key_of(e.row)).unwrap_or(""));
+            rec.append(&mut files.reports)?;
+            at += e.len;
         }
-        for t in &live {
-            if let Some(rec) = self.keys.rec_mut(t.key) {
-                rec.shard = shard;
-            }
-        }
-        let samples = open.samples;
-        // Dropping the open shard deletes its spill file.
-        drop(open);
+        let tensors = order.len() as u64;
+        drop(order);
+        drop(row_keys);
+        drop(keys);
+        files.spill.clear()?;
+        files.tensors.clear()?;
+        self.sealed.push(SealedShard {
+            shard,
+            first_row: open.first_row,
+            reports: (reports_start, files.reports.len),
+            tensors,
+        });
         // Without its tensors: the task report file lists them ([`KvState::shard_tensors`]).
         let report = ShardReport {
             file,
             local_path: path.to_string_lossy().into_owned(),
             partition: w.partition,
             shard,
-            samples,
+            samples: open.samples,
             padded_samples: 0,
             bytes: written.bytes,
             tensors: Vec::new(),
         };
         w.shards.push(report.clone());
-        self.sealed.push(SealedShard {
-            shard,
-            tensors: live,
-        });
         w.seal_in_background(pending, report)
     }
 
-    /// Seals the last shard and rewrites sealed shards that lost keys to `lastWin`. Returns the
-    /// reports of the rewritten shards.
+    /// Seals the last shard, rewrites sealed shards that lost keys to `lastWin` and prepares
+    /// the task report (column shapes; records readable). Returns the reports of the rewritten
+    /// shards.
     pub(super) fn finish(&mut self, w: &mut TaskWriter) -> Result<Vec<ShardReport>, WriteError> {
         let mut sealed = Vec::new();
         self.seal(w)?;
@@ -818,72 +1066,96 @@ impl KvState {
             // The rewrites read sealed shards under their final names.
             w.sealer.wait()?;
         }
-        for (shard, keys) in std::mem::take(&mut self.removed) {
-            if let Some(report) = self.rewrite_without(w, shard, &keys)? {
+        for (shard, rows) in std::mem::take(&mut self.removed) {
+            if let Some(report) = self.rewrite_without(w, shard, &rows)? {
                 sealed.push(report);
             }
         }
+        let Some(files) = self.files.as_mut() else {
+            return Ok(sealed);
+        };
+        files.reports.flush()?;
+        let mut shapes = vec![None; self.columns.len()];
+        let mut rec = ReportRec::empty();
+        for s in &self.sealed {
+            let mut r = files.reports.range(s.reports.0, s.reports.1)?;
+            while rec
+                .read_next(&mut r)
+                .map_err(|e| WriteError::io(&files.reports.path, e))?
+            {
+                if let Some(slot) = shapes.get_mut(rec.column as usize) {
+                    *slot = match *slot {
+                        None => Some(Some(rec.shape)),
+                        Some(Some(s)) if s == rec.shape => Some(Some(s)),
+                        _ => Some(None),
+                    };
+                }
+            }
+        }
+        self.column_shapes = shapes;
         Ok(sealed)
     }
 
-    /// The tensors of sealed shard `shard`, serialisable as its `TensorReport`s.
+    /// The tensors of sealed shard `shard`, serialisable as its `TensorReport`s (after
+    /// [`KvState::finish`]).
     pub(super) fn shard_tensors(&self, shard: u32) -> ShardTensors<'_> {
-        let tensors = self
-            .sealed
-            .iter()
-            .find(|s| s.shard == shard)
-            .map_or(&[][..], |s| s.tensors.as_slice());
-        ShardTensors { kv: self, tensors }
+        ShardTensors {
+            kv: self,
+            shard: self.sealed.iter().find(|s| s.shard == shard),
+        }
     }
 
     /// The per-sample shape shared by every sealed tensor of column `column`: `None` when the
-    /// task stored none, `Some(None)` when rows differ.
+    /// task stored none, `Some(None)` when rows differ (after [`KvState::finish`]).
     pub(super) fn column_shape(&self, column: u32) -> Option<Option<Vec<u64>>> {
-        let mut shapes = self
-            .sealed
-            .iter()
-            .flat_map(|s| &s.tensors)
-            .filter(|t| t.column == column)
-            .map(|t| t.shape);
-        let first = shapes.next()?;
-        // Shapes are interned: equal shapes have equal ids.
-        Some(
-            shapes
-                .all(|s| s == first)
-                .then(|| self.shapes.get(first).to_vec()),
-        )
+        let shape = (*self.column_shapes.get(column as usize)?)?;
+        Some(shape.map(|s| self.shapes.get(s).to_vec()))
     }
 
-    /// Rewrites sealed shard `shard` without the tensors of the keys `keys`. A shard left
+    /// Rewrites sealed shard `shard` without the tensors of the row ids `rows`. A shard left
     /// without tensors is deleted and disappears from the task's shards.
     fn rewrite_without(
         &mut self,
         w: &mut TaskWriter,
         shard: u32,
-        keys: &HashSet<u32>,
+        rows: &HashSet<u32>,
     ) -> Result<Option<ShardReport>, WriteError> {
-        let (Some(idx), Some(si)) = (
+        let (Some(idx), Some(si), Some(files)) = (
             w.shards.iter().position(|s| s.shard == shard),
             self.sealed.iter().position(|s| s.shard == shard),
+            self.files.as_mut(),
         ) else {
             return Ok(None);
         };
+        let range = self.sealed[si].reports;
+        files.reports.flush()?;
+        // `lastWin` only: the shard's records are held while it is rewritten.
+        let mut keep = Vec::new();
+        let mut removed_names = HashSet::new();
+        let mut removed_rows = HashSet::new();
+        {
+            let mut r = files.reports.range(range.0, range.1)?;
+            loop {
+                let mut rec = ReportRec::empty();
+                if !rec
+                    .read_next(&mut r)
+                    .map_err(|e| WriteError::io(&files.reports.path, e))?
+                {
+                    break;
+                }
+                if rows.contains(&rec.row) {
+                    let column = self
+                        .columns
+                        .get(rec.column as usize)
+                        .map_or("", String::as_str);
+                    removed_names.insert(format!("{}{}{column}", rec.key, self.separator));
+                    removed_rows.insert(rec.row);
+                } else {
+                    keep.push(rec);
+                }
+            }
+        }
         let old = w.shards[idx].clone();
-        let tensors = std::mem::take(&mut self.sealed[si].tensors);
-        let removed_keys: HashSet<u32> = tensors
-            .iter()
-            .filter(|t| keys.contains(&t.key))
-            .map(|t| t.key)
-            .collect();
-        let removed_names: HashSet<String> = tensors
-            .iter()
-            .filter(|t| keys.contains(&t.key))
-            .map(|t| self.tensor_name(t))
-            .collect();
-        let mut keep: Vec<TensorRec> = tensors
-            .into_iter()
-            .filter(|t| !keys.contains(&t.key))
-            .collect();
         let path = PathBuf::from(&old.local_path);
         if keep.is_empty() {
             fs::remove_file(&path).map_err(|e| WriteError::io(&path, e))?;
@@ -891,13 +1163,43 @@ impl KvState {
             self.sealed.remove(si);
             return Ok(None);
         }
-        let samples = old.samples.saturating_sub(removed_keys.len() as u64);
+        let samples = old.samples.saturating_sub(removed_rows.len() as u64);
         let meta = shard_metadata(&w.plan, samples, 0);
         let written = copy_tensors(&path, &path, Some(&meta), |t| {
             !removed_names.contains(&t.name)
         })?;
         // The kept tensors keep their relative (layout) order.
-        self.place(&mut keep, &written.tensors, written.data_start)?;
+        if keep.len() != written.tensors.len() {
+            return Err(WriteError::Batch(
+                "shard layout does not match its tensors".into(),
+            ));
+        }
+        let start = files.reports.len;
+        for (rec, info) in keep.iter_mut().zip(&written.tensors) {
+            let column = self
+                .columns
+                .get(rec.column as usize)
+                .map_or("", String::as_str);
+            let name_matches = info.name.len()
+                == rec.key.len() + self.separator.len() + column.len()
+                && info.name.starts_with(rec.key.as_str())
+                && info.name.ends_with(column)
+                && info.name.get(rec.key.len()..info.name.len() - column.len())
+                    == Some(self.separator.as_str());
+            if !name_matches || info.byte_len() != rec.end - rec.start {
+                return Err(WriteError::Batch(format!(
+                    "shard layout does not match its tensors at '{}'",
+                    info.name
+                )));
+            }
+            rec.start = written.data_start + info.data_offsets[0];
+            rec.end = written.data_start + info.data_offsets[1];
+            rec.append(&mut files.reports)?;
+        }
+        if let Some(s) = self.sealed.get_mut(si) {
+            s.reports = (start, files.reports.len);
+            s.tensors = keep.len() as u64;
+        }
         let report = ShardReport {
             samples,
             bytes: written.bytes,
@@ -905,9 +1207,6 @@ impl KvState {
             ..old
         };
         w.shards[idx] = report.clone();
-        if let Some(s) = self.sealed.get_mut(si) {
-            s.tensors = keep;
-        }
         Ok(Some(report))
     }
 }

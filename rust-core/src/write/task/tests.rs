@@ -1136,15 +1136,14 @@ fn kv_rollover_keeps_shards_under_target() {
         let kref: Vec<Option<&str>> = ks.iter().map(|k| Some(k.as_str())).collect();
         let rref: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
         let sealed = w.write_batch(&kv_batch(&kref, &rref)).unwrap();
+        // The spill file holds the open shard's bytes only: it is emptied at each seal.
+        let spill: Vec<String> = names_in(&dir)
+            .into_iter()
+            .filter(|n| n.starts_with(".kv-") && n.ends_with(".spill.tmp"))
+            .collect();
+        assert_eq!(spill.len(), 1);
+        assert!(fs::metadata(dir.join(&spill[0])).unwrap().len() <= target);
         for s in &sealed {
-            // A sealed shard's spill file is gone as soon as it is sealed.
-            assert!(
-                names_in(&dir)
-                    .iter()
-                    .filter(|n| n.starts_with(".spill"))
-                    .count()
-                    <= 1
-            );
             assert!(Path::new(&s.local_path).exists());
         }
         sealed_during += sealed.len();
@@ -1249,6 +1248,58 @@ fn kv_name_collisions_and_reserved_name() {
         msg,
         "column 'metadata__', row 0: tensor name '__metadata__' (key '') is reserved"
     );
+}
+
+#[test]
+fn kv_keys_with_equal_hashes_are_told_apart() {
+    // Every key gets the same 32-bit hash: duplicate detection must compare the stored keys
+    // along the whole chain, across sealed shards.
+    super::kv::ALL_KEYS_COLLIDE.with(|c| c.set(true));
+    let dir = tmpdir("collide");
+    let mut w = TaskWriter::open(kv_plan(600, DuplicatesStrategy::Fail), 0, dir.clone()).unwrap();
+    // Equal lengths, prefixes of each other, the empty key.
+    let ks: Vec<String> = (0..60)
+        .map(|i| match i {
+            0 => String::new(),
+            _ => format!("k{i}"),
+        })
+        .collect();
+    let kref: Vec<Option<&str>> = ks.iter().map(|k| Some(k.as_str())).collect();
+    let rows: Vec<Vec<f32>> = (0..60).map(|i| vec![i as f32; 4]).collect();
+    let rref: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+    w.write_batch(&kv_batch(&kref, &rref)).unwrap();
+    let (_, report) = finish(w);
+    assert!(report.shards.len() > 3);
+    let expected: BTreeMap<String, Vec<f32>> =
+        ks.iter().cloned().zip(rows.iter().cloned()).collect();
+    assert_eq!(kv_contents(&report), expected);
+    // A real duplicate of a key deep in the chain (the chain starts at the latest row).
+    let msg = batch_error(
+        kv_plan(600, DuplicatesStrategy::Fail),
+        &[kv_batch(&kref, &rref), kv_batch(&[Some("k11")], &[&[0.]])],
+    );
+    assert_eq!(
+        msg,
+        "column 'id', row 60: duplicate key 'k11' (first seen at row 11); duplicatesStrategy=fail"
+    );
+    // lastWin: replacements in sealed shards and in the open one.
+    let mut w =
+        TaskWriter::open(kv_plan(600, DuplicatesStrategy::LastWin), 0, dir.clone()).unwrap();
+    w.write_batch(&kv_batch(&kref, &rref)).unwrap();
+    w.write_batch(&kv_batch(
+        &[Some("k1"), Some("k59"), Some("k1"), Some("")],
+        &[&[-1.], &[-59.], &[-2.], &[-100.]],
+    ))
+    .unwrap();
+    let (_, report) = finish(w);
+    let mut expected = expected;
+    expected.insert("k1".into(), vec![-2.]);
+    expected.insert("k59".into(), vec![-59.]);
+    expected.insert(String::new(), vec![-100.]);
+    assert_eq!(kv_contents(&report), expected);
+    assert_eq!(report.shards.iter().map(|s| s.samples).sum::<u64>(), 60);
+    super::kv::ALL_KEYS_COLLIDE.with(|c| c.set(false));
+    fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -1379,8 +1430,8 @@ fn abort_deletes_everything() {
         .unwrap();
     sealed.extend(settle(&mut w));
     assert!(!sealed.is_empty());
-    // Sealed shards plus the open shard's spill file.
-    assert!(names_in(&dir).iter().any(|n| n.starts_with(".spill")));
+    // Sealed shards plus the task's scratch files (the open shard's spill among them).
+    assert!(names_in(&dir).iter().any(|n| n.ends_with(".spill.tmp")));
     w.abort();
     assert!(names_in(&dir).is_empty());
     // Batch mode too.
@@ -1400,11 +1451,12 @@ fn abort_deletes_everything() {
     assert_eq!(names_in(&dir).len(), 2);
     w.abort();
     assert!(names_in(&dir).is_empty());
-    // Dropping a KV writer removes its spill file.
+    // Dropping a KV writer removes its scratch files (spill, rows, keys, tensors, reports).
     let mut w =
         TaskWriter::open(kv_plan(1 << 20, DuplicatesStrategy::Fail), 0, dir.clone()).unwrap();
     w.write_batch(&kv_batch(&[Some("a")], &[&[1.]])).unwrap();
-    assert_eq!(names_in(&dir).len(), 1);
+    assert_eq!(names_in(&dir).len(), 5);
+    assert!(names_in(&dir).iter().all(|n| n.starts_with(".kv-")));
     drop(w);
     assert!(names_in(&dir).is_empty());
     fs::remove_dir_all(dir).unwrap();
@@ -1726,7 +1778,7 @@ fn abort_with_syncs_in_flight_leaves_no_files_and_no_thread() {
         ))
         .unwrap()
         .is_empty());
-    assert!(hidden(&dir).iter().any(|n| n.starts_with(".spill")));
+    assert!(hidden(&dir).iter().any(|n| n.ends_with(".spill.tmp")));
     assert!(hidden(&dir).iter().any(|n| n.starts_with(".part-")));
     w.abort();
     assert!(names_in(&dir).is_empty());
