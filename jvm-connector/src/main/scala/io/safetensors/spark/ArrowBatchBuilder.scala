@@ -49,6 +49,14 @@ private[spark] final class ArrowBatchBuilder(plan: WirePlan, schema: StructType,
       root = VectorSchemaRoot.create(arrowSchema, allocator)
       root.allocateNew()
       writers = inputs.indices.map(i => writerFor(root.getVector(i), inputs(i)._2, inputs(i)._3)).toArray
+      // Room for a full batch of rows like this first one, allocated once, instead of growing by
+      // doubling (each step copies and zeroes, and the last may overshoot by almost 2x).
+      writers.indices.foreach { i =>
+        writers(i) match {
+          case l: ListW => l.presize(row, ordinals(i))
+          case _ =>
+        }
+      }
     } else if (rows == 0 && reusable) {
       reusable = false
       root.getFieldVectors.forEach(v => resetForReuse(v))
@@ -112,6 +120,15 @@ private[spark] object ArrowBatchBuilder {
   val MaxRows: Int = 4096
   /** Flush once the task allocator holds this many bytes (spec/jni.md). */
   val MaxBytes: Long = 64L << 20
+  /** At most this many element bytes are allocated up front for a list column ([[presizeCount]]). */
+  val PresizeBytes: Long = 16L << 20
+
+  /**
+   * Elements to allocate for a list column whose first list in a fresh batch has `n` elements of
+   * `size` bytes: [[MaxRows]] such lists, at most [[PresizeBytes]], at least `n`.
+   */
+  def presizeCount(n: Int, size: Int): Int =
+    math.max(n.toLong, math.min(n.toLong * MaxRows, PresizeBytes / math.max(size, 1))).toInt
 
   /**
    * True when the vectors' buffers are referenced by the vectors alone: every reference manager
@@ -312,6 +329,18 @@ private[spark] object ArrowBatchBuilder {
           }
       }
       v.endValue(idx, n)
+    }
+
+    /** Sizes the element vector for [[MaxRows]] lists as long as `src`'s (see [[presizeCount]]). */
+    def presize(src: SpecializedGetters, ord: Int): Unit = {
+      if (size > 0 && !src.isNullAt(ord)) {
+        val n = src.getArray(ord).numElements()
+        v.getDataVector match {
+          case dv: BaseFixedWidthVector if n > 0 && dv.getValueCapacity < presizeCount(n, size) =>
+            dv.allocateNew(presizeCount(n, size))
+          case _ =>
+        }
+      }
     }
 
     private def bulk(u: UnsafeArrayData, start: Int, n: Int): Unit = {

@@ -7,7 +7,8 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
-import org.apache.arrow.memory.{BufferAllocator, RootAllocator}
+import org.apache.arrow.memory.{AllocationListener, BufferAllocator, RootAllocator}
+import org.apache.arrow.memory.rounding.SegmentRoundingPolicy
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.TaskContext
@@ -69,8 +70,13 @@ private[spark] final class NativeTaskWriter(planJson: String, partition: Int, wo
 }
 
 private[spark] object WriteTask {
-  /** One allocator per executor JVM; each task gets a child. */
-  lazy val rootAllocator: BufferAllocator = new RootAllocator(Long.MaxValue)
+  /**
+   * One allocator per executor JVM; each task gets a child (which inherits its rounding). Buffer
+   * sizes are rounded up to 1 KiB, not to the next power of two (Arrow's default): a vector of
+   * 4 MiB of data plus its validity bits would otherwise take, zero and keep 8 MiB.
+   */
+  lazy val rootAllocator: BufferAllocator =
+    new RootAllocator(AllocationListener.NOOP, Long.MaxValue, new SegmentRoundingPolicy(1024L))
 
   /** Test hook: when set, called with each task's allocator just before it is closed. */
   @volatile var onAllocatorClose: BufferAllocator => Unit = null
