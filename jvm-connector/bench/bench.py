@@ -516,9 +516,9 @@ def memory_probe(args, jar, work):
         warm["st_kv_f32"][1](str(work / "probe-warmup"))
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             out = {"executor_pid": pid, "executor_cmdline": f.read().replace(b"\0", b" ").decode(errors="replace")}
-        # The target is judged on the first full-size write; two more show how much of its
-        # growth was the process's allocators settling (memory they keep and reuse) rather than
-        # what every write needs.
+        # Three full-size writes: the growth of one write depends on what the process's
+        # allocators kept from the previous one (it varies by several MiB between runs); the
+        # target is judged on the largest.
         for name in ("noop_kv", "st_kv_f32", "st_kv_f32#2", "st_kv_f32#3"):
             with RssSampler(pid) as s, RssSampler(driver) as d:
                 t0 = time.perf_counter()
@@ -666,10 +666,10 @@ def main():
         a = [r["anon_peak_growth"] for r in rs]
         p = [r["peak_growth"] for r in rs]
         mem_rows.append([name, " ".join(f"{x / 2**20:.1f}" for x in p), fmt(max(a) / 2**20, ".1f"), fmt(rs[-1]["hwm_after"] / 2**20, ".0f")])
-    kv_probe = (probe or {}).get("st_kv_f32")
-    kv_growth = kv_probe["peak_growth"] if kv_probe else None
+    kv_runs = [(probe or {}).get(n) for n in ("st_kv_f32", "st_kv_f32#2", "st_kv_f32#3")]
+    kv_growth = max(r["peak_growth"] for r in kv_runs) if all(kv_runs) else None
     targets.append({
-        "target": f"st_kv_f32 (target_shard_size_mb=1000) peak RSS growth of the executor JVM < 2 × Arrow batch × {concurrent} concurrent task(s) = {kv_limit / 2**20:.1f} MiB",
+        "target": f"st_kv_f32 (target_shard_size_mb=1000) peak RSS growth of the executor JVM, largest of 3 writes, < 2 × Arrow batch × {concurrent} concurrent task(s) = {kv_limit / 2**20:.1f} MiB",
         "observed": kv_growth,
         "observed_text": f"{kv_growth / 2**20:.1f} MiB" if kv_growth is not None else "probe failed",
         "result": mark(kv_growth < kv_limit) if kv_growth is not None else "n/a (probe failed)",
@@ -721,7 +721,7 @@ def main():
     print_table("Executor (driver JVM) RSS during writes, MiB", ["variant", "peak growth per rep", "max RssAnon growth", "VmHWM after"], mem_rows)
     print("  (heap pre-touched; native memory freed by one variant stays in RSS and is reused by later ones)")
     if probe:
-        print_table("KV memory probe (a fresh local-cluster executor JVM after a small warm-up write: noop_kv, then st_kv_f32 three times; the target is judged on the first), MiB", ["variant", "time s", "peak RSS growth", "RssAnon growth", "VmHWM before → after"], [[n, fmt(r["time_s"]), fmt(r["peak_growth"] / 2**20, ".1f"), fmt(r["anon_peak_growth"] / 2**20, ".1f"), f"{r['hwm_before'] / 2**20:.0f} → {r['hwm_after'] / 2**20:.0f}"] for n, r in probe.items() if n.startswith(("noop_kv", "st_kv_f32"))])
+        print_table("KV memory probe (a fresh local-cluster executor JVM after a small warm-up write: noop_kv, then st_kv_f32 three times; the target is judged on the largest), MiB", ["variant", "time s", "peak RSS growth", "RssAnon growth", "VmHWM before → after"], [[n, fmt(r["time_s"]), fmt(r["peak_growth"] / 2**20, ".1f"), fmt(r["anon_peak_growth"] / 2**20, ".1f"), f"{r['hwm_before'] / 2**20:.0f} → {r['hwm_after'] / 2**20:.0f}"] for n, r in probe.items() if n.startswith(("noop_kv", "st_kv_f32"))])
     print(f"  KV Arrow batch: {kv_batch_rows} rows × {kv_row_bytes:.0f} B = {kv_batch / 2**20:.2f} MiB per task; {concurrent} concurrent task(s)")
     print_table("Reads (Spark: sum over all elements of xf)", ["variant", "median s", "", ""], read_rows)
     print_table(f"Consumer side (all rows into one array per column; outputs of the last rep, warm page cache; equal arrays: {consumer_equal})", ["variant", "median s"], cons_rows)

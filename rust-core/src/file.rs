@@ -78,13 +78,14 @@ impl FileWriter {
         Ok(writer)
     }
 
-    /// Creates the temporary file and lets `write_header` stream the prefix and header into it
-    /// (e.g. with [`header::write_entries`]), returning their length; `data_len` data bytes
-    /// must follow. Nothing of the header is kept: errors name no tensor, and
+    /// Creates the temporary file (written through a `buffer`-byte buffer) and lets
+    /// `write_header` stream the prefix and header into it (e.g. with
+    /// [`header::write_entries`]), returning their length; `data_len` data bytes must follow. Nothing of the header is kept: errors name no tensor, and
     /// [`WrittenFile::tensors`] is empty.
     pub fn create_with_header(
         dest: impl AsRef<Path>,
         data_len: u64,
+        buffer: usize,
         write_header: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<u64, FormatError>,
     ) -> Result<Self, FormatError> {
         let dest = dest.as_ref().to_path_buf();
@@ -92,7 +93,7 @@ impl FileWriter {
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
         let mut writer = FileWriter {
             dest,
-            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            out: Some(BufWriter::with_capacity(buffer, file)),
             tmp,
             header_len: 0,
             layout: Layout {

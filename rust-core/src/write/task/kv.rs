@@ -54,6 +54,8 @@ const NO_ROW: u32 = u32::MAX;
 const SCRATCH_BUFFER: usize = 1 << 16;
 /// Buffer of the spill file.
 const SPILL_BUFFER: usize = 1 << 18;
+/// Buffer of the shard file being sealed (its data comes in tensor-sized reads from the spill).
+const SEAL_BUFFER: usize = 1 << 18;
 
 /// A hidden file of the task's work directory, appended to through a buffer and read back
 /// through a handle of its own; deleted on drop.
@@ -985,7 +987,7 @@ impl KvState {
             })
         };
         let (shard, file, path) = w.next_shard_path();
-        let mut writer = FileWriter::create_with_header(&path, data_len, |out, p| {
+        let mut writer = FileWriter::create_with_header(&path, data_len, SEAL_BUFFER, |out, p| {
             header::write_entries(out, p, Some(&meta), entries)
         })?;
         files.spill.flush()?;
