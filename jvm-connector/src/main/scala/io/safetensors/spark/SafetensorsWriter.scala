@@ -107,13 +107,12 @@ private[spark] object SafetensorsWriter {
       // (7) commit
       val staged = mutable.Map[String, Path]()
       results.foreach(_.staged.foreach { case (f, p) => staged(f) = new Path(p) })
-      val reports: Array[ObjectNode] =
-        results.sortBy(_.partition).map { r =>
-          val in = fs.open(new Path(r.reportFile))
-          try mapper.readTree(in).asInstanceOf[ObjectNode] finally in.close()
-        }
+      // The task reports (a KV task's has an entry per row and column) go to Rust as text; they
+      // become JSON trees here only when a rewrite must edit them or the index lists their tensors.
+      val reportTexts: Array[String] = results.sortBy(_.partition).map(r => readUtf8(fs, new Path(r.reportFile)))
+      lazy val reports: Array[ObjectNode] = reportTexts.map(t => mapper.readTree(t).asInstanceOf[ObjectNode])
       var commit = mapper.readTree(
-        NativeWriter.commitJob(planJson, arrayJson(reports.toSeq), existingManifest.orNull))
+        NativeWriter.commitJob(planJson, reportTexts.mkString("[", ",", "]"), existingManifest.orNull))
       val rewrites = commit.get("rewrites").elements().asScala.toSeq
       if (rewrites.nonEmpty) {
         rewrites.foreach { rw =>
@@ -143,12 +142,13 @@ private[spark] object SafetensorsWriter {
         }
       }
       val manifest = commit.get("manifest")
-      val newShards: Seq[JsonNode] = reports.toSeq.flatMap(_.get("shards").elements().asScala)
-      // promote staged shards
-      newShards.foreach { s =>
-        val file = s.get("file").asText()
-        val src = staged.getOrElse(file,
-          throw new IllegalStateException(s"safetensors: no staged file for shard $file"))
+      lazy val newShards: Seq[JsonNode] = reports.toSeq.flatMap(_.get("shards").elements().asScala)
+      // promote staged shards (every staged shard is one of the manifest's)
+      val listed = manifest.get("shards").elements().asScala.map(_.get("file").asText()).toSet
+      staged.foreach { case (file, src) =>
+        if (!listed(file)) {
+          throw new IllegalStateException(s"safetensors: staged shard $file is not in the manifest")
+        }
         val target = new Path(dest, file)
         if (!fs.rename(src, target)) throw new IOException(s"safetensors: cannot rename $src to $target")
         promoted += target
