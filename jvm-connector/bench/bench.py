@@ -239,6 +239,14 @@ def run_writes(spark, df, args, work, jvm_pid):
     buf = os.urandom(PLAIN_CHUNK)
     times = {n: [] for n in names}
     rss = {n: [] for n in variants}
+    # Untimed rounds first: on 2 cores the JIT compilers, still busy with Spark's and the JDK's
+    # code after the first writes, otherwise take CPU from whichever variant runs next.
+    for w in range(args.warmup):
+        for name, (_, fn) in variants.items():
+            out = work / f"warmup-{name}-{w}"
+            fn(str(out))
+            shutil.rmtree(out, ignore_errors=True)
+        log(f"warm-up round {w + 1}/{args.warmup} done")
     out_bytes = {}
     kept = {}
     for rep in range(args.reps):
@@ -572,6 +580,7 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds of every Spark write variant before the timed ones")
     ap.add_argument("--out", default="bench-results.json", help="JSON results file")
     ap.add_argument("--jar", default=None, help="connector jar (default: the one in jvm-connector/target)")
     ap.add_argument("--cores", type=int, default=2, help="local[N]")
