@@ -889,6 +889,12 @@ impl KvState {
             ..OpenShard::default()
         };
         if open.samples == 0 {
+            // No live row (none was added since the last seal): the open shard's files, indexed
+            // from its first row, start over with the next one.
+            if let Some(files) = self.files.as_mut() {
+                files.spill.clear()?;
+                files.tensors.clear()?;
+            }
             return Ok(());
         }
         let files = self
