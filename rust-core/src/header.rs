@@ -558,21 +558,14 @@ pub fn write_entries<'a, I: Iterator<Item = HeaderEntry<'a>>>(
         }
     }
     chunk.push(b'}');
-    let total = written + chunk.len() as u64;
-    if total > header_len {
+    if written + chunk.len() as u64 != unpadded {
         return Err(FormatError::io(
             path,
             std::io::Error::other("header entries changed between its two passes"),
         ));
     }
-    chunk.resize(chunk.len() + (header_len - total) as usize, b' ');
+    chunk.resize(chunk.len() + (header_len - unpadded) as usize, b' ');
     out.write_all(&chunk).map_err(io)?;
-    if total != unpadded {
-        return Err(FormatError::io(
-            path,
-            std::io::Error::other("header entries changed between its two passes"),
-        ));
-    }
     Ok(8 + header_len)
 }
 

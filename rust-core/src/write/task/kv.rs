@@ -367,6 +367,12 @@ impl Shapes {
     }
 }
 
+/// The name of a sealed tensor: `key + separator + column`.
+fn tensor_name(columns: &[String], separator: &str, t: &ReportRec) -> String {
+    let column = columns.get(t.column as usize).map_or("", String::as_str);
+    format!("{}{separator}{column}", t.key)
+}
+
 /// A sealed shard's tensors, serialised as a sequence of [`TensorReport`]s read back one at a
 /// time from the `reports` file.
 pub(super) struct ShardTensors<'a> {
@@ -614,7 +620,7 @@ impl KvState {
     fn tensor_report(&self, t: &ReportRec) -> TensorReport {
         let column = self.column_name(t.column);
         TensorReport {
-            name: format!("{}{}{column}", t.key, self.separator),
+            name: tensor_name(&self.columns, &self.separator, t),
             dtype: t.dtype,
             shape: self.shapes.get(t.shape).to_vec(),
             data_start: t.start,
@@ -1152,11 +1158,7 @@ impl KvState {
                     break;
                 }
                 if rows.contains(&rec.row) {
-                    let column = self
-                        .columns
-                        .get(rec.column as usize)
-                        .map_or("", String::as_str);
-                    removed_names.insert(format!("{}{}{column}", rec.key, self.separator));
+                    removed_names.insert(tensor_name(&self.columns, &self.separator, &rec));
                     removed_rows.insert(rec.row);
                 } else {
                     keep.push(rec);
@@ -1184,17 +1186,9 @@ impl KvState {
         }
         let start = files.reports.len;
         for (rec, info) in keep.iter_mut().zip(&written.tensors) {
-            let column = self
-                .columns
-                .get(rec.column as usize)
-                .map_or("", String::as_str);
-            let name_matches = info.name.len()
-                == rec.key.len() + self.separator.len() + column.len()
-                && info.name.starts_with(rec.key.as_str())
-                && info.name.ends_with(column)
-                && info.name.get(rec.key.len()..info.name.len() - column.len())
-                    == Some(self.separator.as_str());
-            if !name_matches || info.byte_len() != rec.end - rec.start {
+            if info.name != tensor_name(&self.columns, &self.separator, rec)
+                || info.byte_len() != rec.end - rec.start
+            {
                 return Err(WriteError::Batch(format!(
                     "shard layout does not match its tensors at '{}'",
                     info.name
