@@ -1031,6 +1031,14 @@ mod tests {
         );
         let e = two("[0,16]", "[0,16]", 16);
         assert!(matches!(e, FormatError::OffsetOverlap { .. }), "{e}");
+        // Reversed offsets: begin is where the previous tensor ends (no hole, no overlap),
+        // end lies before it.
+        let e = two("[0,16]", "[16,8]", 16);
+        assert!(
+            matches!(e, FormatError::ReversedOffsets { ref name, begin: 16, end: 8 } if name == "b"),
+            "{e}"
+        );
+        // A lone [4,0]: sorted first, so the gap before 4 is found first.
         let e = err(
             r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}}"#,
             &[],
@@ -1038,7 +1046,11 @@ mod tests {
         assert!(
             matches!(
                 e,
-                FormatError::OffsetHole { .. } | FormatError::ReversedOffsets { .. }
+                FormatError::OffsetHole {
+                    begin: 4,
+                    expected: 0,
+                    ..
+                }
             ),
             "{e}"
         );
