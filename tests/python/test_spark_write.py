@@ -4,6 +4,7 @@ Every value is compared with numpy's (and ml_dtypes') own conversion of the same
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,12 +143,146 @@ def test_kv_mode_tensor_per_row_and_column(spark, tmp_path):
     assert m["tensors"]["emb"] == {"dtype": "F32", "sample_shape": None}
 
 
-def test_kv_duplicate_keys_across_partitions_fail_the_whole_write(spark, tmp_path):
-    df = spark.createDataFrame([("a", [1.0]), ("b", [2.0]), ("a", [3.0])], "k string, v array<double>").repartition(2, "v")
+def kv_frame_in_partitions(spark, partitions):
+    """A KV frame whose rows sit in the given partitions, in order: [[(key, value), ...], ...]
+    (parallelize slices a list evenly, so equal-length partitions come back as given)."""
+    assert len({len(p) for p in partitions}) == 1
+    rows = [(k, [float(v)]) for p in partitions for k, v in p]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(partitions)), "k string, v array<double>")
+    placed = df.rdd.glom().map(lambda part: [(r.k, r.v[0]) for r in part]).collect()
+    assert placed == [[(k, float(v)) for k, v in p] for p in partitions], placed
+    return df
+
+
+def test_kv_duplicate_key_in_two_tasks_fails_the_whole_write_naming_both_shards(spark, tmp_path):
+    # "a" is written by task 0 and by task 1: each task alone sees no duplicate; only the
+    # driver's check across the task reports can find it.
+    df = kv_frame_in_partitions(spark, [[("a", 1), ("b", 2)], [("c", 3), ("a", 4)]])
     out = tmp_path / "dup"
-    with pytest.raises(Py4JJavaError, match="duplicate"):
+    with pytest.raises(Py4JJavaError) as e:
+        df.write.format("safetensors").option("name_col", "k").save(str(out))
+    msg = str(e.value)
+    assert "key 'a' occurs more than once in this write" in msg, msg[-2000:]
+    shard_names = re.search(r"in shards (\S+) and (\S+)\)", msg)
+    assert shard_names, msg[-2000:]
+    assert [n.split("-")[1] for n in shard_names.groups()] == ["00000", "00001"]  # two tasks' shards
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_kv_duplicate_key_in_one_task_fails_the_write(spark, tmp_path):
+    df = kv_frame_in_partitions(spark, [[("a", 1), ("b", 2), ("a", 3)]])
+    out = tmp_path / "dup"
+    # The task finds it itself, at the row: the write fails before any commit.
+    with pytest.raises(Py4JJavaError, match=r"row 2: duplicate key 'a' \(first seen at row 0\)"):
         df.write.format("safetensors").option("name_col", "k").save(str(out))
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_kv_duplicate_key_in_two_tasks_with_last_win_keeps_the_later_task_row(spark, tmp_path):
+    df = kv_frame_in_partitions(spark, [[("a", 1), ("b", 2)], [("c", 3), ("a", 4)]])
+    out = tmp_path / "lastwin"
+    df.write.format("safetensors").option("name_col", "k").option("duplicatesStrategy", "lastWin").save(str(out))
+    got = {}
+    for p in shards(out):
+        for k, v in safetensors.numpy.load_file(str(p)).items():
+            assert k not in got, k
+            got[k] = v.tolist()
+    assert got == {"a__v": [4.0], "b__v": [2.0], "c__v": [3.0]}
+
+
+def test_kv_separator_multi_character_non_ascii_round_trips(spark, tmp_path):
+    sep = "→·"  # two characters, five UTF-8 bytes
+    keys = ["user0", "ключ", "a→", "x·y"]  # non-ASCII keys, and keys holding part of the separator
+    rows = [(k, [float(i), -float(i)], i) for i, k in enumerate(keys)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "k string, emb array<float>, n long")
+    out = tmp_path / "sep"
+    (df.write.format("safetensors").option("name_col", "k").option("kv_separator", sep)
+        .option("generate_index", "true").save(str(out)))
+    want = {}
+    for i, k in enumerate(keys):
+        want[f"{k}{sep}emb"] = ("F32", [2], [float(i), -float(i)])
+        want[f"{k}{sep}n"] = ("I64", [], [i])
+    # The safetensors package: the names, values and the separator in every shard's metadata.
+    got = {}
+    for p in shards(out):
+        with safetensors.safe_open(str(p), framework="np") as f:
+            assert f.metadata()["safetensors_spark.kv_separator"] == sep
+            for name in f.keys():
+                got[name] = f.get_tensor(name)
+    assert sorted(got) == sorted(want)
+    for name, (_, shape, values) in want.items():
+        assert list(got[name].shape) == shape and got[name].reshape(-1).tolist() == values, name
+    # The index splits each name into the row's key and its column at the separator we chose.
+    import pyarrow.parquet as pq
+    index = pq.read_table(str(out / "_tensor_index.parquet")).to_pylist()
+    assert sorted((r["tensor_key"], r["sample_key"], r["column"]) for r in index) == sorted(
+        (f"{k}{sep}{c}", k, c) for k in keys for c in ("emb", "n"))
+    # Our reader: every tensor per row, and key lookups (through the index) by the full name.
+    back = spark.read.format("safetensors").load(str(out))
+    assert sorted((r.key, r.dtype, r.shape, bytes(r.data)) for r in back.collect()) == sorted(
+        (name, dtype, shape, got[name].tobytes()) for name, (dtype, shape, _) in want.items())
+    hit = back.where(F.col("key") == f"ключ{sep}emb").select("key", "data").collect()
+    assert [(r.key, np.frombuffer(r.data, "<f4").tolist()) for r in hit] == [(f"ключ{sep}emb", [1.0, -1.0])]
+    assert back.where(F.col("key").startswith(f"a→{sep}")).count() == 2
+
+
+def reference_bytes(tensors, metadata):
+    """What the reference writer (safetensors.numpy.save) produces for `tensors` and `metadata`,
+    with one documented difference applied (spec/format.md, writer rule 3): the reference writes
+    `__metadata__` keys in hash-map order, which changes from run to run; ours are sorted. Only
+    that object is rewritten, its keys sorted, in the same compact JSON; lengths are unchanged."""
+    ref = safetensors.numpy.save(tensors, metadata=metadata)
+    n = int.from_bytes(ref[:8], "little")
+    header = json.loads(ref[8:8 + n])
+    assert next(iter(header)) == "__metadata__" and header["__metadata__"] == metadata
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    assert len(text) <= n and ref[8 + len(text):8 + n] == b" " * (n - len(text))  # the reference pads with spaces
+    return ref[:8] + text + b" " * (n - len(text)) + ref[8 + n:]
+
+
+def test_reference_bytes_only_reorders_metadata():
+    # With a single metadata key there is nothing to reorder: the helper returns the reference's bytes.
+    t = {"b": np.arange(3, dtype=np.int64), "a": np.ones((2, 2), np.float16), "s": np.array(1.5, np.float32)}
+    assert reference_bytes(t, {"k": "ü"}) == safetensors.numpy.save(t, metadata={"k": "ü"})
+
+
+def assert_shard_equals_reference(path):
+    """Loads every tensor and the metadata of a shard with the safetensors package and writes
+    them with the reference writer: the shard must be the same bytes."""
+    with safetensors.safe_open(str(path), framework="np") as f:
+        metadata = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    assert len(tensors) >= 2 and len({t.dtype for t in tensors.values()}) >= 2  # an order to get right
+    assert path.read_bytes() == reference_bytes(tensors, metadata), path.name
+
+
+def test_spark_written_batch_shards_are_the_reference_writers_bytes(spark, tmp_path):
+    vals = float_rows(6, 4)
+    rows = [(i, [float(x) for x in r], [float(x) for x in r], bool(i % 2), [i, i + 200]) for i, r in enumerate(vals)]
+    df = spark.createDataFrame(rows, "id long, h array<double>, b array<double>, flag boolean, u array<int>").coalesce(1)
+    out = tmp_path / "batch"
+    (df.write.format("safetensors").option("batch_size", 4).option("tail_strategy", "pad")
+        .option("dtypes", json.dumps({"h": "F16", "b": "BF16", "u": "U8"}))
+        .option("metadata", json.dumps({"source": "spärk", "z_last": "1", "a_first": "2"}))
+        .save(str(out)))
+    files = shards(out)
+    assert len(files) == 2  # a full shard and a padded one
+    for p in files:
+        assert_shard_equals_reference(p)
+
+
+def test_spark_written_kv_shards_are_the_reference_writers_bytes(spark, tmp_path):
+    rows = [(f"user{i}", [float(i)] * (i % 3 + 1), i * 7, [[i, i + 1], [i + 2, i + 3]]) for i in range(10)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "name string, emb array<double>, n long, m array<array<int>>")
+    out = tmp_path / "kv"
+    (df.write.format("safetensors").option("name_col", "name")
+        .option("dtypes", json.dumps({"emb": "BF16", "m": "I16"}))
+        .option("metadata", json.dumps({"owner": "ßpark"})).save(str(out)))
+    files = shards(out)
+    assert len(files) == 2
+    for p in files:
+        assert_shard_equals_reference(p)
 
 
 def test_tensor_struct_binary_and_ml_vector_inputs(spark, tmp_path):
