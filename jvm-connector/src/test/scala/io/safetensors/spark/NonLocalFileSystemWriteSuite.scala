@@ -33,6 +33,9 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   override def beforeAll(): Unit = {
     super.beforeAll()
+    // The pom gives the test JVM a java.io.tmpdir of its own (target/test-tmp), so every writer
+    // temp found there is this JVM's: the leak check below needs no tolerance for other processes.
+    assert(tmpDir.getName == "test-tmp", s"java.io.tmpdir is $tmpDir, not the test JVM's own target/test-tmp")
     spark = TestSessions.local("safetensors-nonlocal-fs", TestRemoteFileSystem.sparkConf: _*)
     base = Files.createTempDirectory("safetensors-nonlocal-suite").toFile
   }
@@ -62,11 +65,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     body
     val uploads = TestRemoteFileSystem.uploads.asScala.toSeq
     val leaked = writerTemps() -- before
-    if (leaked.nonEmpty) {
-      Thread.sleep(1000) // tolerate another process's in-flight temp; ours would still be there
-      val still = leaked.filter(n => new File(tmpDir, n).exists())
-      assert(still.isEmpty, s"local temps left in $tmpDir: $still")
-    }
+    assert(leaked.isEmpty, s"local temps left in $tmpDir: $leaked")
     uploads
   }
 
@@ -210,16 +209,19 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(debris(local).isEmpty, debris(local))
   }
 
-  test("a task that throws mid-write leaves nothing behind, remote or local") {
+  test("a task that throws mid-write, after uploading sealed shards, leaves nothing behind, remote or local") {
     val (remote, local) = freshPath()
-    val boom = udf { (i: Int) => if (i == 7) throw new RuntimeException("boom at 7") else Array(i.toFloat) }
-    val df = spark.range(0, 10, 1, 1).selectExpr("cast(id as int) as i").select(boom(col("i")).as("x"))
+    // Rows reach the native writer in Arrow batches of 4096: rows 0..8191 are written before row
+    // 9000 throws in the third batch. Eight shards of 1000 are sealed by then; a shard is uploaded
+    // once it is in place, and at most 3 can still be on the sealing thread (2 queued + 1 being
+    // synced), so at least one of the 4 shards of the first batch was uploaded by the second.
+    val boom = udf { (i: Int) => if (i == 9000) throw new RuntimeException("boom at 9000") else Array(i.toFloat) }
+    val df = spark.range(0, 10000, 1, 1).selectExpr("cast(id as int) as i").select(boom(col("i")).as("x"))
     val uploads = tracked {
-      val e = intercept[Exception](df.write.format("safetensors").option("batch_size", "2").save(remote))
-      assert(messages(e).contains("boom at 7"), messages(e))
+      val e = intercept[Exception](df.write.format("safetensors").option("batch_size", "1000").save(remote))
+      assert(messages(e).contains("boom at 9000"), messages(e))
     }
-    // the native writer hands sealed shards over at finish, so nothing is uploaded before the throw
-    info(s"uploads before the failure: ${taskUploads(uploads).size}")
+    assert(shardUploads(uploads).nonEmpty, s"shards uploaded before the throw: $uploads")
     assert(!new File(local).exists() || allFiles(local).isEmpty, allFiles(local))
   }
 
@@ -230,7 +232,8 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     val boom = udf { (i: Int) => if (i == 3) throw new RuntimeException("boom at 3") else Array(i.toFloat, 0f, 0f, 0f) }
     val df = spark.range(0, 6, 1, 1).selectExpr("cast(id as int) as i").select(boom(col("i")).as("x"))
     tracked {
-      intercept[Exception](df.write.format("safetensors").option("batch_size", "2").mode("append").save(remote))
+      val e = intercept[Exception](df.write.format("safetensors").option("batch_size", "2").mode("append").save(remote))
+      assert(messages(e).contains("boom at 3"), messages(e))
     }
     assert(snapshot(local) == before)
   }

@@ -146,13 +146,58 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(m.get("kv_separator").asText == "__")
   }
 
-  test("KV duplicate key across two partitions with fail: job fails naming the key, no file left") {
+  test("KV duplicate key in two tasks with fail: the driver's check fails the job naming both shards, no file left") {
     val path = freshPath()
+    val df = kvFrame(Seq("a", "dup", "b", "dup"), 4, 2)
+    // Each task holds one "dup": no task can see the duplicate, only the driver across reports.
+    assert(df.rdd.glom().collect().map(_.map(_.getString(0)).toSeq).toSeq == Seq(Seq("a", "dup"), Seq("b", "dup")))
     val e = intercept[Exception] {
-      kvFrame(Seq("a", "dup", "b", "dup"), 4, 2).write.format("safetensors").option("name_col", "k").save(path)
+      df.write.format("safetensors").option("name_col", "k").save(path)
     }
-    assert(messages(e).contains("dup"), messages(e))
+    val msg = messages(e)
+    val shards = """key 'dup' occurs more than once in this write \(in shards (\S+) and (\S+)\)""".r
+      .findFirstMatchIn(msg).getOrElse(fail(msg))
+    assert(Seq(shards.group(1), shards.group(2)).map(_.split("-")(1)) == Seq("00000", "00001"), msg)
     assert(!new File(path).exists() || allFiles(path).isEmpty, allFiles(path))
+  }
+
+  test("options dtypes, columns, shapes, metadata and kv_separator; binary input") {
+    val batch = freshPath()
+    val schema = StructType(Seq(
+      StructField("id", LongType),
+      StructField("x", ArrayType(DoubleType)),
+      StructField("raw", BinaryType),
+      StructField("skip", ArrayType(FloatType))))
+    val rows = (0 until 4).map { i =>
+      val raw = ByteBuffer.allocate(8).order(ByteOrder.LITTLE_ENDIAN)
+      (0 until 4).foreach(j => raw.putShort((i * 10 + j).toShort))
+      Row(i.toLong, Seq(i + 0.5, -i - 0.5), raw.array(), Seq(1f))
+    }
+    spark.createDataFrame(spark.sparkContext.parallelize(rows, 1), schema)
+      .write.format("safetensors").option("batch_size", "4")
+      .option("columns", "raw,x")
+      .option("dtypes", """{"x": "F16", "raw": "I16"}""")
+      .option("shapes", """{"raw": [2, 2]}""")
+      .option("metadata", """{"owner": "tests", "note": "ünï"}""")
+      .save(batch)
+    val st = readShard(shardFiles(batch).head)
+    assert(st.tensors.keySet == Set("raw", "x"), "columns selects the tensors")
+    assert(st.tensor("x").dtype == "F16" && st.tensor("x").shape == Seq(4L, 2L))
+    // i + 0.5 and -(i + 0.5) are exact in F16: 0.5 = 0x3800, -0.5 = 0xB800, 1.5 = 0x3E00, ...
+    val x = ByteBuffer.wrap(st.tensor("x").data).order(ByteOrder.LITTLE_ENDIAN)
+    assert((0 until 8).map(k => x.getShort(2 * k) & 0xffff).take(4) == Seq(0x3800, 0xB800, 0x3E00, 0xBE00))
+    val raw = st.tensor("raw")
+    assert(raw.dtype == "I16" && raw.shape == Seq(4L, 2L, 2L))
+    val r = ByteBuffer.wrap(raw.data).order(ByteOrder.LITTLE_ENDIAN)
+    assert((0 until 16).map(k => r.getShort(2 * k).toInt) == (0 until 4).flatMap(i => (0 until 4).map(j => i * 10 + j)))
+    assert(st.metadata("owner") == "tests" && st.metadata("note") == "ünï")
+
+    val kv = freshPath()
+    kvFrame(Seq("a", "ключ"), 2, 1).write.format("safetensors").option("name_col", "k")
+      .option("kv_separator", "::ü").save(kv)
+    val kst = readShard(shardFiles(kv).head)
+    assert(kst.tensors.keySet == Set("a::üv", "ключ::üv"))
+    assert(kst.metadata("safetensors_spark.kv_separator") == "::ü")
   }
 
   test("KV duplicate key with lastWin: one tensor per key, the last one") {
@@ -221,12 +266,25 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   test("a task that throws mid-write (after sealing shards) leaves no file behind") {
     val path = freshPath()
-    val boom = udf { (i: Int) => if (i == 7) throw new RuntimeException("boom at 7") else Array(i.toFloat) }
-    val df = spark.range(0, 10, 1, 1).selectExpr("cast(id as int) as i").select(boom(org.apache.spark.sql.functions.col("i")).as("x"))
-    val e = intercept[Exception] {
-      df.write.format("safetensors").option("batch_size", "2").save(path)
+    // Rows reach the native writer in Arrow batches of 4096: rows 0..8191 are written (eight
+    // shards of 1000) before row 9000 throws while the third batch is built. The throw reports
+    // how many shards were in place in the staging directory at that moment.
+    val boom = udf { (i: Int) =>
+      if (i == 9000) {
+        val inPlace = namesUnder(new File(path)).count(n => n.endsWith(".safetensors") && !n.startsWith("."))
+        throw new RuntimeException(s"boom at 9000 with $inPlace shards in place")
+      } else Array(i.toFloat)
     }
-    assert(messages(e).contains("boom at 7"), messages(e))
+    val df = spark.range(0, 10000, 1, 1).selectExpr("cast(id as int) as i").select(boom(org.apache.spark.sql.functions.col("i")).as("x"))
+    val e = intercept[Exception] {
+      df.write.format("safetensors").option("batch_size", "1000").save(path)
+    }
+    val inPlace = """boom at 9000 with (\d+) shards in place""".r.findFirstMatchIn(messages(e))
+      .getOrElse(fail(messages(e))).group(1).toInt
+    // Of the 7 or 8 complete shards handed to the sealing thread by then, at most 3 can still be
+    // on it (2 queued + 1 being synced and renamed); the rest were renamed into place before the
+    // UDF listed the directory.
+    assert(inPlace >= 4, messages(e))
     assert(!new File(path).exists() || allFiles(path).isEmpty, allFiles(path))
   }
 
@@ -348,6 +406,11 @@ object SafetensorsWriteSuite {
     }.toMap
     Shard(tensors, meta)
   }
+
+  /** Names of the files under `f`, from directory listings only: a file renamed or deleted
+   *  meanwhile (the sealing thread is at work) is missed or listed, never an error. */
+  def namesUnder(f: File): Seq[String] =
+    Option(f.listFiles()).toSeq.flatten.flatMap(c => if (c.isDirectory) namesUnder(c) else Seq(c.getName))
 
   def shardFiles(path: String): Seq[File] =
     Option(new File(path).listFiles()).toSeq.flatten

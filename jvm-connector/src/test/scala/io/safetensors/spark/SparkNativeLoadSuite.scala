@@ -6,7 +6,12 @@ import org.apache.spark.sql.SparkSession
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
 
-/** One real local SparkSession: NativeLib used inside tasks (executor side). */
+/**
+ * One real local[2] SparkSession: NativeLib called inside Spark tasks. In local mode the tasks
+ * run in the driver's JVM, so this shows the natives work from task threads, not that a separate
+ * executor JVM loads the library from the jar: the `local-cluster` tests of
+ * tests/python/test_spark_write.py and test_spark_read.py do that.
+ */
 class SparkNativeLoadSuite extends AnyFunSuite with BeforeAndAfterAll {
 
   private var spark: SparkSession = _
@@ -22,7 +27,7 @@ class SparkNativeLoadSuite extends AnyFunSuite with BeforeAndAfterAll {
     } finally super.afterAll()
   }
 
-  test("tasks load the native library from the classpath resources and call it") {
+  test("native calls inside tasks (local mode: task threads of the driver JVM) return the library version") {
     val versions = spark.sparkContext
       .parallelize(1 to 4, 2)
       .map { _ => NativeLib.ensureLoaded(); NativeLib.version() }
