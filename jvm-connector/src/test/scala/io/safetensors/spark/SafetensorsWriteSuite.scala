@@ -161,7 +161,7 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(!new File(path).exists() || allFiles(path).isEmpty, allFiles(path))
   }
 
-  test("options dtypes, columns, shapes, metadata and kv_separator; binary input") {
+  test("options dtype, dtypes, columns, shapes, metadata and kv_separator; binary input") {
     val batch = freshPath()
     val schema = StructType(Seq(
       StructField("id", LongType),
@@ -194,10 +194,13 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
 
     val kv = freshPath()
     kvFrame(Seq("a", "ключ"), 2, 1).write.format("safetensors").option("name_col", "k")
-      .option("kv_separator", "::ü").save(kv)
+      .option("kv_separator", "::ü").option("dtype", "BF16").save(kv)
     val kst = readShard(shardFiles(kv).head)
     assert(kst.tensors.keySet == Set("a::üv", "ключ::üv"))
     assert(kst.metadata("safetensors_spark.kv_separator") == "::ü")
+    // dtype: row 1's two floats 1.0 as BF16 (0x3F80, little-endian)
+    val k1 = kst.tensor("ключ::üv")
+    assert(k1.dtype == "BF16" && k1.data.toSeq == Seq[Byte](0x80.toByte, 0x3f, 0x80.toByte, 0x3f))
   }
 
   test("KV duplicate key with lastWin: one tensor per key, the last one") {
