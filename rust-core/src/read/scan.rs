@@ -606,7 +606,8 @@ impl Catalog<'_> {
             || self
                 .manifests
                 .iter()
-                .any(|m| m.manifest.layout() != Some(LayoutKind::Batch))
+                // a published-only manifest (no layout) leaves it to the shards' headers
+                .any(|m| m.manifest.layout() == Some(LayoutKind::Kv))
         {
             return Answer::Ready(Layout::Tensor);
         }
