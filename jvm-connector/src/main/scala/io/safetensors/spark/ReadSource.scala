@@ -20,11 +20,13 @@ private[spark] final case class ReadOptions(
     layout: String,
     recursive: Boolean,
     ignoreCorruptFiles: Boolean,
-    batchRows: Long)
+    batchRows: Long,
+    ignoreMissingFiles: Boolean = false)
 
 private[spark] object ReadOptions {
   val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
-  val Keys: Seq[String] = Seq("layout", "recursiveFileLookup", "ignoreCorruptFiles", "read_batch_rows")
+  val Keys: Seq[String] =
+    Seq("layout", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles", "read_batch_rows")
   val BatchBytes: Long = 64L << 20
 
   private val mapper = new ObjectMapper()
@@ -39,7 +41,8 @@ private[spark] object ReadOptions {
     }
 
   /** `options` with case-insensitive keys (Spark's CaseInsensitiveStringMap, lower-cased). */
-  def parse(options: Map[String, String], ignoreCorruptDefault: Boolean): ReadOptions = {
+  def parse(options: Map[String, String], ignoreCorruptDefault: Boolean,
+      ignoreMissingDefault: Boolean = false): ReadOptions = {
     val o = options.map { case (k, v) => k.toLowerCase -> v }
     val unknown = o.keySet -- Keys.map(_.toLowerCase) -- Set("path", "paths")
     if (unknown.nonEmpty) {
@@ -68,7 +71,8 @@ private[spark] object ReadOptions {
       n
     }.getOrElse(4096L)
     ReadOptions(paths, layout, bool(o, "recursivefilelookup", default = true),
-      bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows)
+      bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows,
+      bool(o, "ignoremissingfiles", ignoreMissingDefault))
   }
 }
 
@@ -107,9 +111,11 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       val children = fs.listStatus(dir.getPath)
       children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
-        manifests.getOrElseUpdate(key, readText(fs, m.getPath))
-        children.find(c => c.isFile && c.getPath.getName == IndexName).foreach { i =>
-          indexes.getOrElseUpdate(key, i.getPath.toString)
+        val text = manifests.getOrElseUpdate(key, readText(fs, m.getPath))
+        // the index part that belongs to this manifest version (spec/dataset.md §6)
+        children.find(c => c.isDirectory && c.getPath.getName == IndexName).foreach { i =>
+          val part = new Path(i.getPath, DatasetCommit.indexPartName(DatasetCommit.versionOf(text)))
+          if (fs.exists(part)) indexes.getOrElseUpdate(key, part.toString)
         }
       }
       children.filterNot(c => isHidden(c.getPath)).sortBy(_.getPath.toString).foreach { c =>
@@ -204,6 +210,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       summaries.get((dir, predicatesJson)).foreach(s => m.set[JsonNode]("index", s))
     }
     node.put("ignore_corrupt", options.ignoreCorruptFiles)
+    node.put("ignore_missing", options.ignoreMissingFiles)
     node
   }
 
@@ -291,7 +298,7 @@ private[spark] final case class ReadPredicate(column: String, op: String, values
 
 private[spark] object ReadSource {
   val ManifestName = "dataset_manifest.json"
-  val IndexName = "_tensor_index.parquet"
+  val IndexName: String = DatasetCommit.IndexDir
   private val mapper = new ObjectMapper()
   val Extension = ".safetensors"
 
