@@ -128,6 +128,13 @@ pub enum PlanError {
     #[error("the schema has two columns named '{name}'; written columns must have distinct names")]
     DuplicateSchemaColumn { name: String },
 
+    #[error("columns '{a}' and '{b}' cannot both be written with kv_separator '{separator}': a tensor named <key>{separator}{b} could also be key <…> with column '{a}', so names would not split into key and column one way; rename one, choose another kv_separator, or leave one out with the columns option")]
+    AmbiguousKvColumns {
+        a: String,
+        b: String,
+        separator: String,
+    },
+
     #[error("column '{name}' cannot be written in batch mode: {reason}; rename it (e.g. df.withColumnRenamed) or leave it out with the columns option")]
     ReservedColumnName { name: String, reason: &'static str },
 
@@ -608,6 +615,29 @@ fn parse_shape(name: &str, v: &Value, raw: &str) -> Result<Vec<u64>, PlanError> 
 }
 
 /// Validates the DataFrame schema and the options; see the module docs.
+/// KV tensor names `<key><sep><column>` split into key and column one way only when no
+/// `<sep><column>` ends another `<sep><column>` (dataset.md §3): then exactly one written column
+/// ends any tensor name, whatever the keys are.
+fn check_kv_columns_split_one_way(
+    separator: &str,
+    columns: &[ColumnPlan],
+) -> Result<(), PlanError> {
+    for a in columns {
+        for b in columns {
+            if a.name != b.name
+                && format!("{separator}{}", b.name).ends_with(&format!("{separator}{}", a.name))
+            {
+                return Err(PlanError::AmbiguousKvColumns {
+                    a: a.name.clone(),
+                    b: b.name.clone(),
+                    separator: separator.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Largest `batch_size`: a shard's row count is a Spark array index and a tensor dimension.
 pub const MAX_BATCH_SIZE: u64 = i32::MAX as u64;
 
@@ -941,6 +971,9 @@ pub fn plan_write(
         }
     }
 
+    if let WriteLayout::Kv { kv_separator, .. } = &layout {
+        check_kv_columns_split_one_way(kv_separator, &columns)?;
+    }
     Ok(WritePlan {
         write_id: uuid::Uuid::new_v4().hyphenated().to_string(),
         layout,

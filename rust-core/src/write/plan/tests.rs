@@ -519,6 +519,38 @@ fn columns_select_and_order() {
 }
 
 #[test]
+fn kv_columns_must_split_tensor_names_one_way() {
+    let s = schema(vec![
+        field("k", json!("string")),
+        field("c", arr(json!("float"))),
+        field("b__c", arr(json!("float"))),
+        field("_c", arr(json!("float"))),
+    ]);
+    // `x__b__c`: key x__b + column c, or key x + column b__c
+    assert!(matches!(
+        err(&s, &[("name_col", "k"), ("columns", "c,b__c")]),
+        PlanError::AmbiguousKvColumns { .. }
+    ));
+    // `x___c`: key x_ + column c, or key x + column _c
+    assert!(matches!(
+        err(&s, &[("name_col", "k"), ("columns", "_c,c")]),
+        PlanError::AmbiguousKvColumns { .. }
+    ));
+    plan(
+        &s,
+        &[
+            ("name_col", "k"),
+            ("columns", "c,b__c"),
+            ("kv_separator", "::"),
+        ],
+    )
+    .unwrap();
+    plan(&s, &[("name_col", "k"), ("columns", "b__c,_c")]).unwrap();
+    // batch mode names tensors by column alone
+    plan(&s, &[("batch_size", "1"), ("columns", "c,b__c,_c")]).unwrap();
+}
+
+#[test]
 fn columns_as_a_json_array_name_any_column() {
     let s = schema(vec![
         field("a,b", arr(json!("float"))),
