@@ -4,6 +4,8 @@
 //! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
+//! * [`forensics`] — model-lake forensics: per-file and per-checkpoint reports (hashes, flags,
+//!   model information from `__metadata__`).
 //! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
 //! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
 //!   row layouts as Arrow record batches.
@@ -13,6 +15,7 @@ pub mod convert;
 pub mod dtype;
 pub mod error;
 pub mod file;
+pub mod forensics;
 pub mod header;
 pub mod jni;
 pub mod read;
