@@ -440,15 +440,42 @@ fn analyze(
             sha256: None,
         });
     }
-    tensor_heuristics(&complete, data_start, &mut r.flags);
+    // Data order, as the strict reader sorts (stable over JSON order): a valid file's warnings
+    // come out in the order of `Header::tensors`, so `header_flags` gives the same list.
+    complete.sort_by_key(|t| t.data_offsets);
+    r.flags
+        .extend(content_flags(&complete, data_start, r.metadata.as_ref()));
     if let Some(meta) = &r.metadata {
-        let (flags, unlisted) = metadata::check_metadata(meta);
-        r.flags.extend(flags);
-        r.unlisted_metadata_keys = unlisted;
+        r.unlisted_metadata_keys = metadata::check_metadata(meta).1;
         r.model_info = metadata::model_info(meta);
     }
     r.verdict = Verdict::of(&r.flags);
     r
+}
+
+/// The warnings and infos of a header the strict reader accepted (a valid file has no error
+/// flag): the same flags, in the same order, as [`report_file`] gives that file. For callers
+/// that hold a validated [`Header`](crate::header::Header) already, e.g. a read path.
+pub fn header_flags(header: &crate::header::Header) -> Vec<Flag> {
+    content_flags(
+        &header.tensors,
+        header.data_start(),
+        header.metadata.as_ref(),
+    )
+}
+
+/// Tensor heuristics (tensors in data order), then the metadata flags.
+fn content_flags(
+    tensors: &[TensorInfo],
+    data_start: u64,
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Vec<Flag> {
+    let mut flags = Vec::new();
+    tensor_heuristics(tensors, data_start, &mut flags);
+    if let Some(meta) = metadata {
+        flags.extend(metadata::check_metadata(meta).0);
+    }
+    flags
 }
 
 /// The largest power of two dividing `offset`, at most [`MAX_REPORTED_ALIGNMENT`].
@@ -460,7 +487,7 @@ pub fn alignment(offset: u64) -> u64 {
     }
 }
 
-/// Warnings and infos about well-formed tensors (taken in header order).
+/// Warnings and infos about well-formed tensors (taken in data order).
 fn tensor_heuristics(tensors: &[TensorInfo], data_start: u64, flags: &mut Vec<Flag>) {
     let mut misaligned: Vec<(&TensorInfo, u64, usize)> = Vec::new();
     for t in tensors {

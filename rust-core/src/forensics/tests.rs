@@ -183,6 +183,45 @@ fn each_crafted_file_gives_exactly_its_flag() {
 }
 
 #[test]
+fn header_flags_of_a_valid_file_equal_its_report_flags() {
+    let json = format!(
+        r#"{{"__metadata__":{{"Format":"pt","x":"1"}},{},{},{},{}}}"#,
+        t("z.weight", "I8", "[4]", 12, 16),
+        t("a b", "F32", "[2]", 0, 8),
+        t("ghost", "F16", "[0]", 8, 8),
+        t("m", "F32", "[1]", 8, 12)
+    );
+    let mut checked = 0;
+    for (_, bytes) in corpus().into_iter().chain([("", craft(&json, 16, 1))]) {
+        let Ok(h) = header::parse_file_bytes(&bytes) else {
+            continue;
+        };
+        assert_eq!(header_flags(&h), report(&bytes).flags);
+        checked += 1;
+    }
+    // The seven warning and info files of the corpus, and the one above.
+    assert_eq!(checked, 8);
+    // Data order: `a b` (at 0), `ghost` (8), `m` (8, misaligned info comes last), `z.weight`.
+    let r = report(&craft(&json, 16, 1));
+    let got: Vec<(&str, Option<&str>)> = r
+        .flags
+        .iter()
+        .map(|f| (f.code.code(), f.tensor.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("unusual_tensor_name", Some("a b")),
+            ("ghost_tensor", Some("ghost")),
+            ("integer_float_weights", Some("z.weight")),
+            ("misaligned_tensor", Some("a b")),
+            ("metadata_spoofed", None),
+            ("metadata_unlisted_keys", None),
+        ]
+    );
+}
+
+#[test]
 fn every_file_level_code_is_in_the_corpus_or_tested_apart() {
     let corpus: Vec<&str> = corpus().iter().map(|(c, _)| *c).collect();
     let apart = ["huge_tensor", "unreadable"];
