@@ -6,6 +6,8 @@
 //! * [`dataset`] — the dataset layout: file names, `dataset_manifest.json`, the tensor index;
 //!   used by the write path, the read path and the Python package.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
+//! * [`forensics`] — model-lake forensics: per-file and per-checkpoint reports (hashes, flags,
+//!   model information from `__metadata__`).
 //! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
 //! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
 //!   row layouts as Arrow record batches.
@@ -16,6 +18,7 @@ pub mod dataset;
 pub mod dtype;
 pub mod error;
 pub mod file;
+pub mod forensics;
 pub mod header;
 pub mod jni;
 pub mod read;
