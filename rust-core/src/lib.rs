@@ -4,7 +4,8 @@
 //! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
-//! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
+//! * `jni` — the JNI bridge to the JVM connector (the only module using the `jni` crate); behind
+//!   the default cargo feature `jni`, which the Python extension (`rust-core/python`) turns off.
 //! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
 //!   row layouts as Arrow record batches.
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
@@ -14,6 +15,7 @@ pub mod dtype;
 pub mod error;
 pub mod file;
 pub mod header;
+#[cfg(feature = "jni")]
 pub mod jni;
 pub mod read;
 pub mod write;
