@@ -327,9 +327,9 @@ class Dataset:
         j = int(i) + n if i < 0 else int(i)
         if not 0 <= j < n:
             raise IndexError(f"sample index {i} is out of range for dataset {self.path} with {n} samples")
+        # the last shard starting at or before j: never an empty one, which shares its start with
+        # the next shard
         k = bisect.bisect_right(self._starts, j) - 1
-        while self.shards[k].samples == 0:  # pragma: no cover - the manifest forbids empty shards
-            k += 1
         return self.shards[k], j - self.shards[k].offset
 
     def tensor_array(self, shard, tensor):
