@@ -43,11 +43,11 @@ with tempfile.TemporaryDirectory() as tmp:
        .option("dtypes", json.dumps({"embedding": "BF16"})).save(str(batch_dir)))
     manifest = json.loads((batch_dir / "dataset_manifest.json").read_text())
     print(f"batch mode: {len(manifest['shards'])} shards, {manifest['total_samples']} samples, tensors {manifest['tensors']}")
-    print(subprocess.run([CLI, "inspect", batch_dir / manifest["shards"][0]["file"]], check=True, capture_output=True, text=True).stdout)
+    print(subprocess.run([CLI, "inspect", batch_dir / manifest["shards"][0]["shard_path"]], check=True, capture_output=True, text=True).stdout)
 
     # Read every shard with the reference package and compare with numpy's own BF16 rounding.
-    got_emb = np.concatenate([safetensors.numpy.load_file(str(batch_dir / s["file"]))["embedding"] for s in manifest["shards"]])
-    got_lab = np.concatenate([safetensors.numpy.load_file(str(batch_dir / s["file"]))["label"] for s in manifest["shards"]])
+    got_emb = np.concatenate([safetensors.numpy.load_file(str(batch_dir / s["shard_path"]))["embedding"] for s in manifest["shards"]])
+    got_lab = np.concatenate([safetensors.numpy.load_file(str(batch_dir / s["shard_path"]))["label"] for s in manifest["shards"]])
     assert got_emb.dtype == ml_dtypes.bfloat16 and got_emb.shape == (rows, dim)
     # Partitions reorder rows: match each written row to its source by label and exact BF16 bits.
     want = {(int(l), emb[i].astype(ml_dtypes.bfloat16).tobytes()) for i, l in enumerate(labels)}
@@ -58,7 +58,7 @@ with tempfile.TemporaryDirectory() as tmp:
     df.write.format("safetensors").option("name_col", "id").option("dtype", "F32").save(str(kv_dir))
     kv = {}
     for s in json.loads((kv_dir / "dataset_manifest.json").read_text())["shards"]:
-        kv.update(safetensors.numpy.load_file(str(kv_dir / s["file"])))
+        kv.update(safetensors.numpy.load_file(str(kv_dir / s["shard_path"])))
     assert np.array_equal(kv["item42__embedding"], emb[42]) and kv["item42__label"] == labels[42]
     print(f"KV mode: {len(kv)} tensors, e.g. item42__embedding {kv['item42__embedding'].dtype} {list(kv['item42__embedding'].shape)}")
 

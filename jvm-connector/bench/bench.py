@@ -152,7 +152,7 @@ def dir_bytes(path, suffix=None):
 
 def shards_of(path):
     m = json.loads((Path(path) / "dataset_manifest.json").read_text())
-    return [Path(path) / s["file"] for s in m["shards"]], m
+    return [Path(path) / s["shard_path"] for s in m["shards"]], m
 
 
 def build_spark(args, jar):

@@ -5,8 +5,9 @@
 //! `manifest_examples [INDEX.parquet]`: with a path, also writes a tensor index there (rows of
 //! the batch and KV examples) so other tools can read it. Exits 1 with the error on stderr.
 
-use safetensors_spark::write::index::{write_index, IndexRow};
-use safetensors_spark::write::manifest::{commit_manifest, CommitPlan, Manifest};
+use safetensors_spark::dataset::index::{write_index, IndexRow};
+use safetensors_spark::dataset::manifest::{next_manifest, Manifest};
+use safetensors_spark::write::commit::{commit_manifest, index_rows, CommitPlan};
 use safetensors_spark::write::plan::plan_write;
 use safetensors_spark::write::{
     shard_file_name, ColumnReport, ShardReport, TaskReport, TensorReport, WritePlan,
@@ -153,11 +154,11 @@ fn kv_task(partition: u32, shards: Vec<ShardReport>, side: Option<u64>) -> TaskR
 
 fn run(index_path: Option<&str>) -> Res<()> {
     let mut out: Vec<(String, Manifest)> = Vec::new();
-    let mut index_rows: Vec<IndexRow> = Vec::new();
+    let mut rows: Vec<IndexRow> = Vec::new();
     let mut keep = |name: &str, c: &CommitPlan| {
         out.push((name.to_string(), c.manifest.clone()));
         if matches!(name, "batch" | "kv") {
-            index_rows.extend(c.shards.iter().flat_map(IndexRow::from_shard));
+            rows.extend(c.shards.iter().flat_map(index_rows));
         }
     };
 
@@ -176,7 +177,6 @@ fn run(index_path: Option<&str>) -> Res<()> {
             ),
             batch_task(1, vec![batch_shard(&b, 1, 0, 4, 0)], 0),
         ],
-        None,
     )?;
     keep("batch", &batch);
 
@@ -200,7 +200,7 @@ fn run(index_path: Option<&str>) -> Res<()> {
             t.dtype = Dtype::F16;
         }
     }
-    keep("batch_pad", &commit_manifest(&bp, &bp_tasks, None)?);
+    keep("batch_pad", &commit_manifest(&bp, &bp_tasks)?);
 
     let bd = plan(&[
         ("batch_size", "4"),
@@ -214,7 +214,6 @@ fn run(index_path: Option<&str>) -> Res<()> {
             batch_task(0, vec![batch_shard(&bd, 0, 0, 4, 0)], 2),
             batch_task(1, vec![], 3),
         ],
-        None,
     )?;
     keep("batch_drop", &batch_drop);
 
@@ -225,7 +224,6 @@ fn run(index_path: Option<&str>) -> Res<()> {
             kv_task(0, vec![kv_shard(&k, 0, 0, &[("a", 2), ("b", 3)])], None),
             kv_task(1, vec![kv_shard(&k, 1, 0, &[("c", 2)])], Some(2)),
         ],
-        None,
     )?;
     keep("kv", &kv);
 
@@ -249,49 +247,48 @@ fn run(index_path: Option<&str>) -> Res<()> {
                 ),
                 kv_task(1, vec![kv_shard(&kl, 1, 0, &[("a", 2), ("c", 2)])], Some(2)),
             ],
-            None,
         )?,
     );
 
-    keep("empty_batch", &commit_manifest(&b, &[], None)?);
-    keep("empty_kv", &commit_manifest(&k, &[], None)?);
+    keep("empty_batch", &commit_manifest(&b, &[])?);
+    keep("empty_kv", &commit_manifest(&k, &[])?);
 
+    let mut appended: Vec<(String, Manifest)> = Vec::new();
     let b2 = plan(&[
         ("batch_size", "4"),
         ("columns", "pixels,label"),
         ("dtypes", r#"{"pixels":"F16"}"#),
     ])?;
-    keep(
-        "batch_appended",
-        &commit_manifest(
-            &b2,
-            &[batch_task(5, vec![batch_shard(&b2, 5, 0, 2, 0)], 0)],
-            Some(&batch.manifest),
-        )?,
-    );
+    let more = commit_manifest(&b2, &[batch_task(5, vec![batch_shard(&b2, 5, 0, 2, 0)], 0)])?;
+    appended.push((
+        "batch_appended".into(),
+        next_manifest(Some(&batch.manifest), &more.manifest, true)?,
+    ));
     let k2 = plan(&[("name_col", "key")])?;
-    keep(
-        "kv_appended",
-        &commit_manifest(
-            &k2,
-            &[kv_task(0, vec![kv_shard(&k2, 0, 0, &[("z", 4)])], Some(4))],
-            Some(&kv.manifest),
-        )?,
-    );
+    let more = commit_manifest(
+        &k2,
+        &[kv_task(0, vec![kv_shard(&k2, 0, 0, &[("z", 4)])], Some(4))],
+    )?;
+    appended.push((
+        "kv_appended".into(),
+        next_manifest(Some(&kv.manifest), &more.manifest, true)?,
+    ));
     let e2 = plan(&[
         ("batch_size", "4"),
         ("columns", "pixels,label"),
         ("dtypes", r#"{"pixels":"F16"}"#),
         ("tail_strategy", "drop"),
     ])?;
-    keep(
-        "appended_to_empty",
-        &commit_manifest(
-            &e2,
-            &[batch_task(0, vec![batch_shard(&e2, 0, 0, 4, 0)], 0)],
-            Some(&commit_manifest(&e2, &[], None)?.manifest),
+    let more = commit_manifest(&e2, &[batch_task(0, vec![batch_shard(&e2, 0, 0, 4, 0)], 0)])?;
+    appended.push((
+        "appended_to_empty".into(),
+        next_manifest(
+            Some(&commit_manifest(&e2, &[])?.manifest),
+            &more.manifest,
+            true,
         )?,
-    );
+    ));
+    out.extend(appended);
     let _ = batch_drop;
 
     // Printed by hand so each manifest keeps its own key order (columns in write order).
@@ -305,7 +302,7 @@ fn run(index_path: Option<&str>) -> Res<()> {
     }
     println!("[\n{}\n]", items.join(",\n"));
     if let Some(path) = index_path {
-        write_index(Path::new(path), index_rows)?;
+        write_index(Path::new(path), rows)?;
     }
     Ok(())
 }

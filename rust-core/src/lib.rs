@@ -3,6 +3,8 @@
 //! * [`dtype`] — the one dtype table.
 //! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
+//! * [`dataset`] — the dataset layout: file names, `dataset_manifest.json`, the tensor index;
+//!   used by the write path, the read path and the Python package.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
 //! * `jni` — the JNI bridge to the JVM connector (the only module using the `jni` crate); behind
 //!   the default cargo feature `jni`, which the Python extension (`rust-core/python`) turns off.
@@ -11,6 +13,7 @@
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
 
 pub mod convert;
+pub mod dataset;
 pub mod dtype;
 pub mod error;
 pub mod file;

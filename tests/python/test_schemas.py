@@ -183,41 +183,43 @@ UUID = "0f8e4c2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
 
 def batch_manifest(**overrides):
     doc = {
+        "format_version": "1.0",
+        "safetensors_version": "1.0",
+        "total_samples": 2,
+        "total_bytes": 104,
+        "shards": [
+            {
+                "shard_path": f"part-00000-0000-{UUID}.safetensors",
+                "samples_count": 2,
+                "bytes": 104,
+                "partition": 0,
+                "padded_samples": 0,
+                "num_tensors": 1,
+            }
+        ],
+        "schema": {"x": {"dtype": "F32", "shape": [2, 3]}},
         "format": "safetensors-spark-dataset",
-        "format_version": 1,
         "created_by": "safetensors-spark 0.1.0",
+        "manifest_version": 1,
         "layout": "batch",
         "batch_size": 2,
         "tail_strategy": "write",
         "kv_separator": None,
-        "tensors": {"x": {"dtype": "F32", "sample_shape": [3]}},
-        "total_samples": 2,
         "padded_samples": 0,
         "dropped_samples": 0,
-        "total_bytes": 104,
-        "shards": [
-            {
-                "file": f"part-00000-0000-{UUID}.safetensors",
-                "partition": 0,
-                "samples": 2,
-                "padded_samples": 0,
-                "tensors": 1,
-                "bytes": 104,
-            }
-        ],
     }
     doc.update(overrides)
     return doc
 
 
 def empty_manifest():
-    return batch_manifest(tensors={}, total_samples=0, total_bytes=0, shards=[])
+    return batch_manifest(schema={}, total_samples=0, total_bytes=0, shards=[])
 
 
 def kv_manifest():
     doc = batch_manifest(layout="kv", batch_size=None, tail_strategy=None, kv_separator="__")
-    doc["tensors"] = {"emb": {"dtype": "BF16", "sample_shape": None}, "id": {"dtype": "I64", "sample_shape": []}}
-    doc["shards"][0]["tensors"] = 4
+    doc["schema"] = {"emb": {"dtype": "BF16", "shape": None}, "id": {"dtype": "I64", "shape": []}}
+    doc["shards"][0]["num_tensors"] = 4
     return doc
 
 
@@ -239,7 +241,7 @@ def test_kv_manifest_valid():
 
 def test_pad_manifest_valid():
     doc = batch_manifest(tail_strategy="pad", padded_samples=1, total_samples=1)
-    doc["shards"][0].update(samples=1, padded_samples=1)
+    doc["shards"][0].update(samples_count=1, padded_samples=1)
     assert manifest_ok(doc)
 
 
@@ -249,9 +251,9 @@ def test_drop_manifest_valid():
 
 @pytest.mark.parametrize(
     "field",
-    ["format", "format_version", "created_by", "layout", "batch_size", "tail_strategy",
-     "kv_separator", "tensors", "total_samples", "padded_samples", "dropped_samples",
-     "total_bytes", "shards"],
+    ["format_version", "safetensors_version", "total_samples", "total_bytes", "shards", "schema",
+     "format", "created_by", "manifest_version", "layout", "batch_size", "tail_strategy",
+     "kv_separator", "padded_samples", "dropped_samples"],
 )
 def test_manifest_missing_field_rejected(field):
     doc = batch_manifest()
@@ -259,7 +261,9 @@ def test_manifest_missing_field_rejected(field):
     assert not manifest_ok(doc)
 
 
-@pytest.mark.parametrize("field", ["file", "partition", "samples", "padded_samples", "tensors", "bytes"])
+@pytest.mark.parametrize(
+    "field", ["shard_path", "samples_count", "bytes", "partition", "padded_samples", "num_tensors"]
+)
 def test_shard_missing_field_rejected(field):
     doc = batch_manifest()
     del doc["shards"][0][field]
@@ -271,7 +275,9 @@ def test_negative_count_rejected(field):
     assert not manifest_ok(batch_manifest(**{field: -1}))
 
 
-@pytest.mark.parametrize("field", ["partition", "samples", "padded_samples", "tensors", "bytes"])
+@pytest.mark.parametrize(
+    "field", ["partition", "samples_count", "padded_samples", "num_tensors", "bytes"]
+)
 def test_negative_shard_count_rejected(field):
     doc = batch_manifest()
     doc["shards"][0][field] = -1
@@ -279,12 +285,13 @@ def test_negative_shard_count_rejected(field):
 
 
 def test_extra_fields_rejected():
-    assert not manifest_ok(batch_manifest(schema={}))
+    # one name per fact: the old names beside the published ones are refused
+    assert not manifest_ok(batch_manifest(tensors={}))
     doc = batch_manifest()
-    doc["shards"][0]["shard_path"] = doc["shards"][0]["file"]
+    doc["shards"][0]["file"] = doc["shards"][0]["shard_path"]
     assert not manifest_ok(doc)
     doc = batch_manifest()
-    doc["tensors"]["x"]["shape"] = [2, 3]
+    doc["schema"]["x"]["sample_shape"] = [3]
     assert not manifest_ok(doc)
 
 
@@ -297,9 +304,11 @@ def test_wrong_layout_rejected(layout):
     "overrides",
     [
         {"format": "safetensors"},
-        {"format_version": "1.0"},
-        {"format_version": 2},
+        {"format_version": 1},
+        {"format_version": "2.0"},
+        {"safetensors_version": 1},
         {"created_by": ""},
+        {"manifest_version": 0},
         {"batch_size": 0},
         {"batch_size": None},
         {"tail_strategy": "PAD"},
@@ -308,9 +317,10 @@ def test_wrong_layout_rejected(layout):
         {"total_samples": 1.5},
         {"padded_samples": 1},
         {"dropped_samples": 1},
-        {"tensors": {"x": {"dtype": "F8_E4M3", "sample_shape": [3]}}},
-        {"tensors": {"x": {"dtype": "F32", "sample_shape": None}}},
-        {"tensors": {"x": {"dtype": "F32", "sample_shape": [-1]}}},
+        {"schema": {"x": {"dtype": "F8_E4M3", "shape": [2, 3]}}},
+        {"schema": {"x": {"dtype": "F32", "shape": None}}},
+        {"schema": {"x": {"dtype": "F32", "shape": []}}},
+        {"schema": {"x": {"dtype": "F32", "shape": [2, -1]}}},
         {"shards": {}},
     ],
     ids=lambda o: json.dumps(o),
@@ -334,18 +344,19 @@ def test_bad_kv_manifest_rejected(overrides):
 @pytest.mark.parametrize(
     "name",
     ["dataset_manifest.json", "_tensor_index.parquet", ".part-00000-0000-x.safetensors",
-     f"sub/part-00000-0000-{UUID}.safetensors", f"part-00139-0000-{UUID.upper()}.safetensors",
+     f"sub/part-00000-0000-{UUID}.safetensors", f"../part-00000-0000-{UUID}.safetensors",
+     f"part-00139-0000-{UUID.upper()}.safetensors",
      f"part-0-0000-{UUID}.safetensors", f"part-00000-0000-{UUID}.safetensors.tmp"],
 )
 def test_bad_shard_file_name_rejected(name):
     doc = batch_manifest()
-    doc["shards"][0]["file"] = name
+    doc["shards"][0]["shard_path"] = name
     assert not manifest_ok(doc)
 
 
 def test_wide_partition_numbers_accepted():
     doc = batch_manifest()
-    doc["shards"][0].update(file=f"part-123456-10000-{UUID}.safetensors", partition=123456)
+    doc["shards"][0].update(shard_path=f"part-123456-10000-{UUID}.safetensors", partition=123456)
     assert manifest_ok(doc)
 
 
@@ -357,7 +368,7 @@ def test_shard_padding_only_with_pad():
 
 def test_empty_shard_rejected():
     doc = batch_manifest()
-    doc["shards"][0]["samples"] = 0
+    doc["shards"][0]["samples_count"] = 0
     assert not manifest_ok(doc)
 
 

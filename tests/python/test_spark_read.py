@@ -189,7 +189,7 @@ def test_sample_layout_columns_come_back_in_the_written_order(spark, tmp_path):
     # per-sample columns follow it, so load(dir) has the DataFrame's columns, in its order.
     df = spark.createDataFrame([(1, [1.0], 2.0), (2, [3.0], 4.0)], "zeta long, alpha array<float>, mid double").coalesce(1)
     out = write_batch(df, tmp_path / "ordered", 2)
-    assert list(json.loads((out / "dataset_manifest.json").read_text())["tensors"]) == ["zeta", "alpha", "mid"]
+    assert list(json.loads((out / "dataset_manifest.json").read_text())["schema"]) == ["zeta", "alpha", "mid"]
     back = read(spark, out)
     assert back.columns == ["zeta", "alpha", "mid"]
     assert sorted(back.collect()) == sorted(df.collect())

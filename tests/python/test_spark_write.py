@@ -31,11 +31,11 @@ def shards(path):
 def manifest(path):
     m = json.loads((Path(path) / "dataset_manifest.json").read_text())
     jsonschema.validate(m, MANIFEST_SCHEMA)
-    assert m["total_samples"] == sum(s["samples"] for s in m["shards"])
+    assert m["total_samples"] == sum(s["samples_count"] for s in m["shards"])
     assert m["total_bytes"] == sum(s["bytes"] for s in m["shards"])
-    assert [s["file"] for s in m["shards"]] == [p.name for p in shards(path)]
+    assert [s["shard_path"] for s in m["shards"]] == [p.name for p in shards(path)]
     for s in m["shards"]:
-        assert (Path(path) / s["file"]).stat().st_size == s["bytes"]
+        assert (Path(path) / s["shard_path"]).stat().st_size == s["bytes"]
     return m
 
 
@@ -70,7 +70,7 @@ def test_batch_mode_values_equal_numpy_conversion(spark, tmp_path, dtype, numpy_
     assert got.dtype == want.dtype and got.shape == (10, 5)
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
     m = manifest(out)
-    assert (m["layout"], m["batch_size"], m["total_samples"], m["tensors"]) == ("batch", 4, 10, {"x": {"dtype": dtype, "sample_shape": [5]}})
+    assert (m["layout"], m["batch_size"], m["total_samples"], m["schema"]) == ("batch", 4, 10, {"x": {"dtype": dtype, "shape": [4, 5]}})
 
 
 def test_default_save_mode_and_natural_dtypes_of_every_numeric_type(spark, tmp_path):
@@ -139,7 +139,7 @@ def test_kv_mode_tensor_per_row_and_column(spark, tmp_path):
         assert got[f"user{i}__n"].shape == () and got[f"user{i}__n"] == i
     m = manifest(out)
     assert (m["layout"], m["kv_separator"], m["total_samples"]) == ("kv", "__", 6)
-    assert m["tensors"]["emb"] == {"dtype": "F32", "sample_shape": None}
+    assert m["schema"]["emb"] == {"dtype": "F32", "shape": None}
 
 
 def test_kv_duplicate_keys_across_partitions_fail_the_whole_write(spark, tmp_path):
@@ -196,7 +196,9 @@ def test_overwrite_append_ignore_and_index(spark, tmp_path):
     m = manifest(out)
     assert m["total_samples"] == 7 and len(m["shards"]) == 4
     index = __import__("pyarrow.parquet", fromlist=["read_table"]).read_table(str(out / "_tensor_index.parquet")).to_pylist()
-    assert len(index) == 4 and {r["file_name"] for r in index} == {s["file"] for s in m["shards"]}
+    assert len(index) == 4 and {r["file_name"] for r in index} == {s["shard_path"] for s in m["shards"]}
+    # Spark reads it by its name too (it is a directory of parts, like Spark's own output)
+    assert spark.read.parquet(str(out / "_tensor_index.parquet")).count() == 4
     for r in index:
         with open(out / r["file_name"], "rb") as f:
             f.seek(r["data_start"])

@@ -4,7 +4,7 @@
 //! same code the Spark connector runs. Every failure is a Python exception; nothing panics.
 
 use pyo3::prelude::*;
-use safetensors_spark::header;
+use safetensors_spark::{dataset, header};
 
 pyo3::create_exception!(
     _native,
@@ -64,25 +64,17 @@ fn parse_header(py: Python<'_>, json: &[u8], file_len: u64) -> PyResult<ParsedHe
 #[pyfunction]
 fn parse_manifest(py: Python<'_>, text: &str) -> PyResult<String> {
     py.detach(|| {
-        let manifest =
-            safetensors_spark::write::manifest::parse_manifest(text).map_err(|e| e.to_string())?;
+        let manifest = dataset::parse_manifest(text).map_err(|e| e.to_string())?;
         serde_json::to_string(&manifest).map_err(|e| e.to_string())
     })
     .map_err(ManifestError::new_err)
 }
 
 /// Refuses a shard name from a manifest or an index that is not a plain shard file name of the
-/// dataset directory.
+/// dataset directory (no separator, scheme, `..`, control character; ends in `.safetensors`).
 #[pyfunction]
 fn check_shard_path(name: &str) -> PyResult<()> {
-    if safetensors_spark::write::manifest::parse_shard_file_name(name).is_some() {
-        Ok(())
-    } else {
-        Err(ManifestError::new_err(format!(
-            "'{}' is not a shard file name part-<partition>-<shard>-<uuid>.safetensors",
-            name.escape_debug()
-        )))
-    }
+    dataset::check_shard_path(name).map_err(|e| ManifestError::new_err(e.to_string()))
 }
 
 #[pymodule]

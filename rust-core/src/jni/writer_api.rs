@@ -19,8 +19,13 @@ use super::{
 };
 use crate::write::{ShardReport, TaskReport, TensorReport, WritePlan};
 
-use crate::write::index::{read_index, shard_report_from_header, write_index, IndexRow};
-use crate::write::manifest::{commit_manifest, parse_manifest, rewrite_shard_without};
+use crate::dataset::index::{read_index, write_index, IndexRow};
+use crate::dataset::manifest::{next_manifest, parse_manifest, superseded_shards};
+use crate::dataset::names::MANIFEST_FILE_NAME;
+use crate::dataset::DatasetError;
+use crate::write::commit::{
+    commit_manifest, index_rows, rewrite_shard_without, shard_report_from_header,
+};
 use crate::write::plan::{check_append, plan_write};
 use crate::write::task::{import_batch, TaskWriter};
 
@@ -180,18 +185,10 @@ pub unsafe fn close_writer(handle: jlong) -> Result<(), JniError> {
     Ok(())
 }
 
-pub fn commit_job_json(
-    plan_json: &str,
-    reports_json: &str,
-    existing_manifest: Option<&str>,
-) -> Result<String, JniError> {
+pub fn commit_job_json(plan_json: &str, reports_json: &str) -> Result<String, JniError> {
     let plan = parse_plan(plan_json)?;
     let reports: Vec<TaskReport> = parse_json(reports_json, "task reports")?;
-    let existing = existing_manifest
-        .map(parse_manifest)
-        .transpose()
-        .map_err(|e| failed(format!("existing dataset_manifest.json: {e}")))?;
-    let commit = commit_manifest(&plan, &reports, existing.as_ref()).map_err(failed)?;
+    let commit = commit_manifest(&plan, &reports).map_err(failed)?;
     // Each rewrite carries the shard's current report, so `rewriteShard` can report the new file
     // exactly (KV keys and columns included).
     let mut rewrites = Vec::with_capacity(commit.rewrites.len());
@@ -213,13 +210,50 @@ pub fn commit_job_json(
     // manifest's `tensors` by name, losing the written column order (dataset.md §5).
     #[derive(serde::Serialize)]
     struct Committed<'a> {
-        manifest: &'a crate::write::manifest::Manifest,
+        manifest: &'a crate::dataset::Manifest,
         rewrites: Vec<serde_json::Value>,
     }
     to_json(&Committed {
         manifest: &commit.manifest,
         rewrites,
     })
+}
+
+/// `nextManifest`: this write's manifest (from `commitJob`) on top of `base`, the directory's
+/// latest committed manifest (null: none). Returns `{"manifest": <pretty JSON text>,
+/// "version": n, "superseded": [shard names base lists and the result does not]}`.
+pub fn next_manifest_json(
+    base_json: Option<&str>,
+    write_manifest_json: &str,
+    append: bool,
+) -> Result<String, JniError> {
+    let base = base_json
+        .map(parse_manifest)
+        .transpose()
+        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
+    let new = parse_manifest(write_manifest_json)
+        .map_err(|e| failed(format!("this write's manifest: {e}")))?;
+    let next = next_manifest(base.as_ref(), &new, append).map_err(|e| match e {
+        DatasetError::AppendMismatch { .. } => JniError::invalid_argument(e.to_string()),
+        other => failed(other),
+    })?;
+    let superseded: Vec<&str> = base
+        .as_ref()
+        .map(|b| superseded_shards(b, &next))
+        .unwrap_or_default();
+    to_json(&json!({
+        "manifest": next.to_json_pretty().map_err(failed)?,
+        "version": next.manifest_version(),
+        "superseded": superseded,
+    }))
+}
+
+/// `checkManifest`: parses and validates a dataset's current manifest (every shard name passes
+/// the trust rule) before a write that would act on it changes anything.
+pub fn check_manifest_json(manifest_json: &str) -> Result<(), JniError> {
+    parse_manifest(manifest_json)
+        .map(|_| ())
+        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))
 }
 
 /// One entry of `commitJob`'s `rewrites`.
@@ -281,7 +315,7 @@ pub fn write_index_json(
         None => Vec::new(),
     };
     for s in &shards {
-        rows.extend(IndexRow::from_shard(s));
+        rows.extend(index_rows(s));
     }
     write_index(Path::new(output), rows).map_err(failed)?;
     Ok(())
@@ -396,13 +430,41 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_commitJob<'loc
     _class: JClass<'local>,
     plan: JString<'local>,
     reports: JString<'local>,
-    existing: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let plan = arg(env, &plan, "planJson")?;
         let reports = arg(env, &reports, "taskReportsJsonArray")?;
-        let existing = opt_arg(env, &existing)?;
-        let json = commit_job_json(&plan, &reports, existing.as_deref())?;
+        let json = commit_job_json(&plan, &reports)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native void checkManifest(String manifestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkManifest<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    manifest: JString<'local>,
+) {
+    guard(&mut env, |env| {
+        let manifest = arg(env, &manifest, "manifestJson")?;
+        check_manifest_json(&manifest)
+    })
+}
+
+/// `static native String nextManifest(String baseManifestJson, String writeManifestJson, boolean append)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    write_manifest: JString<'local>,
+    append: jboolean,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = opt_arg(env, &base)?;
+        let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
+        let json = next_manifest_json(base.as_deref(), &write_manifest, append)?;
         new_string(env, &json)
     })
 }
@@ -548,7 +610,7 @@ mod tests {
     #[test]
     fn commit_of_no_reports_is_an_empty_manifest() {
         let plan = plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false).unwrap_or_default();
-        let out = commit_job_json(&plan, "[]", None).unwrap_or_default();
+        let out = commit_job_json(&plan, "[]").unwrap_or_default();
         let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
         assert_eq!(v["manifest"]["shards"], json!([]));
         assert_eq!(v["manifest"]["total_samples"], json!(0));

@@ -51,10 +51,11 @@ use super::layout::{
     batch_samples, metadata_type, sample_target_type, FileColumn, SampleTarget, TensorColumn,
     TensorField, LAYOUT_KEY,
 };
+use crate::dataset::index::read_index_from;
+use crate::dataset::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME};
+use crate::dataset::{parse_manifest, LayoutKind, Manifest};
 use crate::dtype::Dtype;
 use crate::header::{self, Header, PREFIX_LEN};
-use crate::write::index::{read_index_from, INDEX_FILE_NAME};
-use crate::write::manifest::{parse_manifest, LayoutKind, Manifest, MANIFEST_FILE_NAME};
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;
 use serde::{Deserialize, Serialize};
@@ -518,7 +519,7 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
             .shards
             .iter()
             .enumerate()
-            .map(|(i, s)| (s.file.clone(), i))
+            .map(|(i, s)| (s.shard_path.clone(), i))
             .collect();
         manifests.push(ParsedManifest {
             dir: m.dir.clone(),
@@ -534,11 +535,10 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         .map(|f| (f.file.as_str(), f.length))
         .collect();
     for m in &mut manifests {
-        m.consistent = m
-            .manifest
-            .shards
-            .iter()
-            .all(|s| lengths.get(format!("{}/{}", m.dir, s.file).as_str()) == Some(&s.bytes));
+        m.consistent =
+            m.manifest.shards.iter().all(|s| {
+                lengths.get(format!("{}/{}", m.dir, s.shard_path).as_str()) == Some(&s.bytes)
+            });
     }
     let mut sorted: Vec<&FileInput> = input.files.iter().collect();
     sorted.sort_by(|a, b| a.file.cmp(&b.file));
@@ -550,7 +550,9 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         let mut shard = None;
         if let Some((mi, m)) = manifests.iter().enumerate().find(|(_, m)| m.dir == dir) {
             match m.shard_at.get(name).copied() {
-                Some(si) => shard = m.consistent.then_some((mi, si)),
+                // A published-only manifest decides membership; its shards' layout and
+                // padding come from their headers.
+                Some(si) => shard = (m.consistent && m.manifest.ext.is_some()).then_some((mi, si)),
                 None => {
                     excluded.push(Excluded {
                         file: f.file.clone(),
@@ -604,7 +606,8 @@ impl Catalog<'_> {
             || self
                 .manifests
                 .iter()
-                .any(|m| m.manifest.layout != LayoutKind::Batch)
+                // a published-only manifest (no layout) leaves it to the shards' headers
+                .any(|m| m.manifest.layout() == Some(LayoutKind::Kv))
         {
             return Answer::Ready(Layout::Tensor);
         }
@@ -718,7 +721,7 @@ fn sample_file<'a>(
 ) -> Result<Option<SampleFile<'a>>, ReadError> {
     let uri = e.input.file.as_str();
     if let Some((m, si)) = cat.manifest_of(e) {
-        if m.layout == LayoutKind::Kv {
+        if m.layout() == Some(LayoutKind::Kv) {
             return Err(ReadErrorKind::ReservedMetadata {
                 key: LAYOUT_KEY,
                 value: "kv".into(),
@@ -729,11 +732,11 @@ fn sample_file<'a>(
         let Some(shard) = m.shards.get(si) else {
             return Ok(None);
         };
-        let rows = shard.samples.saturating_add(shard.padded_samples);
-        let mut tensors = Vec::with_capacity(m.tensors.len());
-        for (name, t) in &m.tensors.0 {
+        let rows = shard.samples_count.saturating_add(shard.padded());
+        let mut tensors = Vec::with_capacity(m.schema.len());
+        for (name, t) in &m.schema.0 {
             let mut shape = vec![rows];
-            shape.extend(t.sample_shape.iter().flatten().copied());
+            shape.extend(m.sample_shape(name).into_iter().flatten());
             tensors.push(TensorAssumption {
                 name: name.clone(),
                 dtype: t.dtype,
@@ -742,8 +745,8 @@ fn sample_file<'a>(
         }
         return Ok(Some(SampleFile {
             entry: e,
-            samples: shard.samples,
-            padded: shard.padded_samples,
+            samples: shard.samples_count,
+            padded: shard.padded(),
             tensors,
         }));
     }
@@ -897,7 +900,7 @@ fn scan_schema<'a>(
                 if let Some((mi, _)) = e.shard {
                     if manifests.insert(mi) {
                         if let Some(m) = cat.manifests.get(mi) {
-                            dtypes.extend(m.manifest.tensors.0.iter().map(|(_, t)| t.dtype));
+                            dtypes.extend(m.manifest.schema.0.iter().map(|(_, t)| t.dtype));
                         }
                     }
                     continue;
@@ -1289,9 +1292,9 @@ struct TensorFile<'a> {
 fn index_covers(m: &Manifest, index: &IndexSummary) -> bool {
     index.error.is_none()
         && index.files.len() == m.shards.len()
-        && m.shards
-            .iter()
-            .all(|s| index.files.get(&s.file) == Some(&s.tensors))
+        && m.shards.iter().all(|s| {
+            s.num_tensors.is_some() && index.files.get(&s.shard_path) == s.num_tensors.as_ref()
+        })
 }
 
 /// Per manifest of the catalog: whether the per-tensor plan takes its directory's tensors
@@ -1310,7 +1313,7 @@ fn indexed_manifests(cat: &Catalog<'_>, filters: &Filters<'_>) -> Answer<Vec<boo
             && m.manifest
                 .shards
                 .iter()
-                .any(|s| passes(&filters.file, &format!("{}/{}", m.dir, s.file)));
+                .any(|s| passes(&filters.file, &format!("{}/{}", m.dir, s.shard_path)));
         if !wanted {
             continue;
         }
@@ -1411,7 +1414,7 @@ pub fn index_summary<R: ChunkReader + 'static>(
     predicates: &[Predicate],
 ) -> Result<IndexSummary, ReadError> {
     let f = filters(Layout::Tensor, predicates)?;
-    let name = format!("{dir}/{INDEX_FILE_NAME}");
+    let name = format!("{dir}/{INDEX_DIR_NAME}");
     let mut files: BTreeMap<String, u64> = BTreeMap::new();
     let rows = read_index_from(parquet, Path::new(&name), |r| {
         match files.get_mut(r.file_name) {

@@ -8,9 +8,10 @@
 //! 2. Each task: a [`task::TaskWriter`] opened from the plan receives Arrow record batches (the
 //!    "wire" layout below), validates every row, converts values and writes sealed shards into a
 //!    local work directory, reporting each sealed shard as a [`ShardReport`].
-//! 3. Driver, job commit: [`manifest`] checks the tasks' reports against each other (dtypes and
-//!    sample shapes agree, KV keys unique across the write) and builds `dataset_manifest.json`;
-//!    [`index`] writes `_tensor_index.parquet`.
+//! 3. Driver, job commit: [`commit`] checks the tasks' reports against each other (dtypes and
+//!    sample shapes agree, KV keys unique across the write) and builds this write's manifest and
+//!    index rows; the dataset layout ([`crate::dataset`]) puts them on top of the directory's
+//!    latest manifest and writes `_tensor_index.parquet`.
 //!
 //! ## Wire layout of a record batch (JVM → Rust, Arrow C Data Interface)
 //! A struct array whose children are, in order: the KV key column (Utf8, KV mode only), then one
@@ -25,11 +26,12 @@
 //!
 //! Nulls travel as Arrow validity; a null value or element is an error naming column and row.
 
-pub mod index;
-pub mod manifest;
+pub mod commit;
 pub mod plan;
 pub mod task;
 
+pub use crate::dataset::manifest::TailStrategy;
+pub use crate::dataset::names::shard_file_name;
 use crate::header::TensorInfo;
 use crate::Dtype;
 use serde::{Deserialize, Serialize};
@@ -108,14 +110,6 @@ pub struct ColumnPlan {
     /// The `shapes` option for this column: the per-sample shape each value is reshaped to
     /// (element counts must match). `None`: the value's own shape.
     pub sample_shape: Option<Vec<u64>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TailStrategy {
-    Write,
-    Drop,
-    Pad,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,9 +233,4 @@ pub struct TaskReport {
 pub struct ColumnReport {
     pub dtype: Dtype,
     pub sample_shape: Option<Vec<u64>>,
-}
-
-/// Shard file name for a partition, a per-task shard counter and the write id.
-pub fn shard_file_name(partition: u32, shard: u32, write_id: &str) -> String {
-    format!("part-{partition:05}-{shard:04}-{write_id}.safetensors")
 }

@@ -4,10 +4,10 @@
 //!
 //! Rules: spec/options.md (options) and spec/dataset.md (layouts).
 
-use super::manifest::{LayoutKind, Manifest};
 use super::{
     ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
 };
+use crate::dataset::{LayoutKind, Manifest};
 use crate::Dtype;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
@@ -896,7 +896,14 @@ pub fn plan_write(
 /// are not compared.
 pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanError> {
     let mismatch = |problem: String| PlanError::AppendMismatch { problem };
-    match (&plan.layout, existing.layout) {
+    let Some(ext) = &existing.ext else {
+        return Err(mismatch(
+            "the dataset's manifest has only the published fields (written by another tool); \
+             this connector appends only to datasets it wrote (overwrite it instead)"
+                .to_string(),
+        ));
+    };
+    match (&plan.layout, ext.layout) {
         (
             WriteLayout::Batch {
                 batch_size,
@@ -904,25 +911,25 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
             },
             LayoutKind::Batch,
         ) => {
-            if existing.batch_size != Some(*batch_size) {
+            if ext.batch_size != Some(*batch_size) {
                 return Err(mismatch(format!(
                     "batch_size is {batch_size}, the dataset has {}",
-                    opt_to_string(existing.batch_size)
+                    opt_to_string(ext.batch_size)
                 )));
             }
-            if existing.tail_strategy != Some(*tail_strategy) {
+            if ext.tail_strategy != Some(*tail_strategy) {
                 return Err(mismatch(format!(
                     "tail_strategy is {}, the dataset has {}",
-                    tail_name(*tail_strategy),
-                    existing.tail_strategy.map(tail_name).unwrap_or("none")
+                    tail_strategy.name(),
+                    ext.tail_strategy.map_or("none", TailStrategy::name)
                 )));
             }
         }
         (WriteLayout::Kv { kv_separator, .. }, LayoutKind::Kv) => {
-            if existing.kv_separator.as_deref() != Some(kv_separator.as_str()) {
+            if ext.kv_separator.as_deref() != Some(kv_separator.as_str()) {
                 return Err(mismatch(format!(
                     "kv_separator is '{kv_separator}', the dataset has '{}'",
-                    existing.kv_separator.as_deref().unwrap_or_default()
+                    ext.kv_separator.as_deref().unwrap_or_default()
                 )));
             }
         }
@@ -940,11 +947,11 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
             )));
         }
     }
-    if existing.tensors.is_empty() {
+    if existing.schema.is_empty() {
         return Ok(());
     }
     let planned: BTreeSet<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
-    let stored: BTreeSet<&str> = existing.tensors.names().collect();
+    let stored: BTreeSet<&str> = existing.schema.names().collect();
     if planned != stored {
         let extra: Vec<&str> = planned.difference(&stored).copied().collect();
         let missing: Vec<&str> = stored.difference(&planned).copied().collect();
@@ -968,7 +975,7 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
     }
     let batch = matches!(plan.layout, WriteLayout::Batch { .. });
     for col in &plan.columns {
-        let Some(stored) = existing.tensors.get(&col.name) else {
+        let Some(stored) = existing.schema.get(&col.name) else {
             continue;
         };
         if let Some(d) = col.dtype {
@@ -980,7 +987,7 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
             }
         }
         if batch {
-            if let (Some(a), Some(b)) = (&col.sample_shape, &stored.sample_shape) {
+            if let (Some(a), Some(b)) = (&col.sample_shape, &existing.sample_shape(&col.name)) {
                 if a != b {
                     return Err(mismatch(format!(
                         "column '{}' has sample shape {a:?}, the dataset has {b:?}",
@@ -995,14 +1002,6 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
 
 fn opt_to_string(v: Option<u64>) -> String {
     v.map_or_else(|| "none".to_string(), |v| v.to_string())
-}
-
-pub(crate) fn tail_name(t: TailStrategy) -> &'static str {
-    match t {
-        TailStrategy::Write => "write",
-        TailStrategy::Drop => "drop",
-        TailStrategy::Pad => "pad",
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
+use crate::dataset::manifest::{
+    ColumnMap, ManifestExt, ManifestShard, ManifestTensor, FORMAT_VERSION, MANIFEST_FORMAT,
+    SAFETENSORS_VERSION,
+};
+use crate::dataset::names::{index_part_file_name, parse_shard_file_name};
 use crate::file::write_file;
 use crate::header::TensorEntry;
-use crate::write::manifest::{
-    ColumnMap, ManifestShard, ManifestTensor, MANIFEST_FORMAT, MANIFEST_FORMAT_VERSION,
-};
 use crate::write::TailStrategy;
 use arrow_schema::{Field, Fields};
 use serde_json::json;
@@ -175,33 +177,24 @@ pub(crate) fn manifest(
     let mut listed: Vec<ManifestShard> = shards
         .iter()
         .map(|(f, samples, padded)| ManifestShard {
-            file: f.file.rsplit_once('/').unwrap().1.to_string(),
-            partition: crate::write::manifest::parse_shard_file_name(
-                f.file.rsplit_once('/').unwrap().1,
-            )
-            .unwrap()
-            .0,
-            samples: *samples,
-            padded_samples: *padded,
-            tensors: columns.len() as u64,
+            shard_path: f.file.rsplit_once('/').unwrap().1.to_string(),
+            partition: Some(
+                parse_shard_file_name(f.file.rsplit_once('/').unwrap().1)
+                    .unwrap()
+                    .0,
+            ),
+            samples_count: *samples,
+            padded_samples: Some(*padded),
+            num_tensors: Some(columns.len() as u64),
             bytes: f.length,
         })
         .collect();
-    listed.sort_by(|a, b| a.file.cmp(&b.file));
+    listed.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
     let pad = shards.iter().any(|s| s.2 > 0);
     let m = Manifest {
-        format: MANIFEST_FORMAT.into(),
-        format_version: MANIFEST_FORMAT_VERSION,
-        created_by: "test".into(),
-        layout: LayoutKind::Batch,
-        batch_size: Some(4),
-        tail_strategy: Some(if pad {
-            TailStrategy::Pad
-        } else {
-            TailStrategy::Write
-        }),
-        kv_separator: None,
-        tensors: ColumnMap(
+        format_version: FORMAT_VERSION.into(),
+        safetensors_version: SAFETENSORS_VERSION.into(),
+        schema: ColumnMap(
             columns
                 .iter()
                 .map(|(n, d, s)| {
@@ -209,17 +202,30 @@ pub(crate) fn manifest(
                         n.to_string(),
                         ManifestTensor {
                             dtype: *d,
-                            sample_shape: Some(s.to_vec()),
+                            shape: Some(std::iter::once(4).chain(s.iter().copied()).collect()),
                         },
                     )
                 })
                 .collect(),
         ),
         total_samples: shards.iter().map(|s| s.1).sum(),
-        padded_samples: shards.iter().map(|s| s.2).sum(),
-        dropped_samples: 0,
         total_bytes: shards.iter().map(|s| s.0.length).sum(),
         shards: listed,
+        ext: Some(ManifestExt {
+            format: MANIFEST_FORMAT.into(),
+            created_by: "test".into(),
+            manifest_version: 1,
+            layout: LayoutKind::Batch,
+            batch_size: Some(4),
+            tail_strategy: Some(if pad {
+                TailStrategy::Pad
+            } else {
+                TailStrategy::Write
+            }),
+            kv_separator: None,
+            padded_samples: shards.iter().map(|s| s.2).sum(),
+            dropped_samples: 0,
+        }),
     };
     ManifestInput {
         dir: dir.uri(),
@@ -599,7 +605,7 @@ fn manifest_with_unknown_version_is_an_error_naming_it() {
     let (a, _, m) = two_shards(&dir);
     let text = m
         .text
-        .replace("\"format_version\": 1", "\"format_version\": 2");
+        .replace("\"format_version\": \"1.0\"", "\"format_version\": \"2.0\"");
     let e = describe(&DescribeRequest {
         layout: LayoutOption::Auto,
         input: input(&[a], &[ManifestInput { text, ..m }]),
@@ -1077,7 +1083,7 @@ fn kv_dataset(
     per_shard: usize,
     index: bool,
 ) -> (Vec<FileInput>, ManifestInput, Vec<IndexRow>) {
-    use crate::write::index::{write_index, IndexRow};
+    use crate::dataset::index::{write_index, IndexRow};
     let mut files = Vec::new();
     let mut rows = Vec::new();
     let mut listed = Vec::new();
@@ -1117,47 +1123,51 @@ fn kv_dataset(
             });
         }
         listed.push(ManifestShard {
-            file: name,
-            partition: s as u32,
-            samples: per_shard as u64,
-            padded_samples: 0,
-            tensors: 2 * per_shard as u64,
+            shard_path: name,
+            partition: Some(s as u32),
+            samples_count: per_shard as u64,
+            padded_samples: Some(0),
+            num_tensors: Some(2 * per_shard as u64),
             bytes: f.length,
         });
         files.push(f);
     }
     let m = Manifest {
-        format: MANIFEST_FORMAT.into(),
-        format_version: MANIFEST_FORMAT_VERSION,
-        created_by: "test".into(),
-        layout: LayoutKind::Kv,
-        batch_size: None,
-        tail_strategy: None,
-        kv_separator: Some("__".into()),
-        tensors: ColumnMap(vec![
+        format_version: FORMAT_VERSION.into(),
+        safetensors_version: SAFETENSORS_VERSION.into(),
+        schema: ColumnMap(vec![
             (
                 "v".into(),
                 ManifestTensor {
                     dtype: Dtype::F32,
-                    sample_shape: Some(vec![4]),
+                    shape: Some(vec![4]),
                 },
             ),
             (
                 "n".into(),
                 ManifestTensor {
                     dtype: Dtype::I16,
-                    sample_shape: Some(vec![]),
+                    shape: Some(vec![]),
                 },
             ),
         ]),
         total_samples: (shards * per_shard) as u64,
-        padded_samples: 0,
-        dropped_samples: 0,
         total_bytes: files.iter().map(|f| f.length).sum(),
         shards: listed,
+        ext: Some(ManifestExt {
+            format: MANIFEST_FORMAT.into(),
+            created_by: "test".into(),
+            manifest_version: 1,
+            layout: LayoutKind::Kv,
+            batch_size: None,
+            tail_strategy: None,
+            kv_separator: Some("__".into()),
+            padded_samples: 0,
+            dropped_samples: 0,
+        }),
     };
     if index {
-        write_index(&dir.0.join(INDEX_FILE_NAME), rows.clone()).unwrap();
+        write_index(&dir.0.join(index_part_file_name(1)), rows.clone()).unwrap();
     }
     let m = ManifestInput {
         dir: dir.uri(),
@@ -1168,11 +1178,11 @@ fn kv_dataset(
     (files, m, rows)
 }
 
-use crate::write::index::IndexRow;
+use crate::dataset::index::IndexRow;
 
 /// What the JVM does for `need_index`: the index file's bytes through [`index_summary`].
 fn with_index(dir: &Dir, m: &ManifestInput, predicates: &[Predicate]) -> ManifestInput {
-    let bytes = std::fs::read(dir.0.join(INDEX_FILE_NAME)).unwrap();
+    let bytes = std::fs::read(dir.0.join(index_part_file_name(1))).unwrap();
     ManifestInput {
         index: Some(index_summary(&m.dir, bytes::Bytes::from(bytes), predicates).unwrap()),
         ..m.clone()
@@ -1395,8 +1405,8 @@ fn an_index_not_covering_the_manifest_is_ignored() {
         );
     }
     // Actually rewritten without the last shard: the summary says so.
-    crate::write::index::write_index(
-        &dir.0.join(INDEX_FILE_NAME),
+    crate::dataset::index::write_index(
+        &dir.0.join(index_part_file_name(1)),
         rows.iter()
             .filter(|x| x.file_name != shard_name(2, 0))
             .cloned(),
@@ -1552,7 +1562,7 @@ fn a_stale_index_fails_the_task_loudly() {
 fn index_summary_counts_rows_and_rejects_bad_input() {
     let dir = Dir::new("kvsum");
     let (_, m, rows) = kv_dataset(&dir, 2, 3, true);
-    let bytes = bytes::Bytes::from(std::fs::read(dir.0.join(INDEX_FILE_NAME)).unwrap());
+    let bytes = bytes::Bytes::from(std::fs::read(dir.0.join(index_part_file_name(1))).unwrap());
     let s = index_summary(&m.dir, bytes.clone(), &[key_prefix("k00")]).unwrap();
     assert_eq!(s.files.values().sum::<u64>(), rows.len() as u64);
     assert_eq!(s.files[&shard_name(0, 0)], 6);
@@ -1563,7 +1573,7 @@ fn index_summary_counts_rows_and_rejects_bad_input() {
         .windows(2)
         .all(|w| w[0].data_start < w[1].data_start || w[0].file_name < w[1].file_name));
     let e = index_summary(&m.dir, bytes::Bytes::from_static(b"PAR1"), &[]).unwrap_err();
-    assert!(e.to_string().contains(INDEX_FILE_NAME), "{e}");
+    assert!(e.to_string().contains(INDEX_DIR_NAME), "{e}");
     let bad = Predicate {
         column: "shape".into(),
         test: PredicateTest::In(vec![]),

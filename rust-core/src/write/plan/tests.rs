@@ -1,5 +1,5 @@
 use super::*;
-use crate::write::manifest::{ColumnMap, ManifestTensor};
+use crate::dataset::manifest::{ColumnMap, ManifestTensor};
 use serde_json::json;
 
 fn arr(t: Value) -> Value {
@@ -702,15 +702,25 @@ fn invalid_schema_json() {
 }
 
 fn manifest_for(p: &WritePlan, cols: &[(&str, Dtype, Option<Vec<u64>>)]) -> Manifest {
-    let mut m = Manifest::empty(p);
-    m.tensors = ColumnMap(
+    let mut m = crate::write::commit::empty_manifest(p);
+    let batch = match &p.layout {
+        WriteLayout::Batch { batch_size, .. } => Some(*batch_size),
+        WriteLayout::Kv { .. } => None,
+    };
+    m.schema = ColumnMap(
         cols.iter()
             .map(|(n, d, s)| {
                 (
                     n.to_string(),
                     ManifestTensor {
                         dtype: *d,
-                        sample_shape: s.clone(),
+                        // batch layout: [batch_size, …sample shape]
+                        shape: match batch {
+                            Some(b) => s
+                                .as_ref()
+                                .map(|s| std::iter::once(b).chain(s.iter().copied()).collect()),
+                            None => s.clone(),
+                        },
                     },
                 )
             })
@@ -740,7 +750,7 @@ fn append_compatibility() {
     );
     check_append(&p, &ok).unwrap();
     // An empty dataset accepts any columns.
-    check_append(&p, &Manifest::empty(&p)).unwrap();
+    check_append(&p, &crate::write::commit::empty_manifest(&p)).unwrap();
 
     let other_batch = plan(&s, &[("batch_size", "5"), ("columns", "x,s")]).unwrap();
     let e = check_append(&other_batch, &ok).unwrap_err().to_string();

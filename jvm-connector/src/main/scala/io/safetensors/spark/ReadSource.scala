@@ -107,9 +107,11 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       val children = fs.listStatus(dir.getPath)
       children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
-        manifests.getOrElseUpdate(key, readText(fs, m.getPath))
-        children.find(c => c.isFile && c.getPath.getName == IndexName).foreach { i =>
-          indexes.getOrElseUpdate(key, i.getPath.toString)
+        val text = manifests.getOrElseUpdate(key, readText(fs, m.getPath))
+        // the index part that belongs to this manifest version (spec/dataset.md §6)
+        children.find(c => c.isDirectory && c.getPath.getName == IndexName).foreach { i =>
+          val part = new Path(i.getPath, DatasetCommit.indexPartName(DatasetCommit.versionOf(text)))
+          if (fs.exists(part)) indexes.getOrElseUpdate(key, part.toString)
         }
       }
       children.filterNot(c => isHidden(c.getPath)).sortBy(_.getPath.toString).foreach { c =>
@@ -291,7 +293,7 @@ private[spark] final case class ReadPredicate(column: String, op: String, values
 
 private[spark] object ReadSource {
   val ManifestName = "dataset_manifest.json"
-  val IndexName = "_tensor_index.parquet"
+  val IndexName: String = DatasetCommit.IndexDir
   private val mapper = new ObjectMapper()
   val Extension = ".safetensors"
 

@@ -20,8 +20,7 @@ import org.apache.spark.sql.types.StructType
 
 /** The driver side of a write: plan, mode, staging, job, commit (spec/jni.md, dataset.md). */
 private[spark] object SafetensorsWriter {
-  val ManifestName = "dataset_manifest.json"
-  val IndexName = "_tensor_index.parquet"
+  val ManifestName: String = DatasetCommit.ManifestName
 
   private val mapper = new ObjectMapper()
 
@@ -50,18 +49,14 @@ private[spark] object SafetensorsWriter {
       SparkInternals.caseSensitive(sqlContext))
     val fs = root.getFileSystem(conf)
     val dest = fs.makeQualified(root)
-    // Small driver-side files (manifest, index) go through the raw local FS: no .crc siblings.
-    val smallFs: FileSystem = fs match {
-      case l: LocalFileSystem => l.getRawFileSystem
-      case other => other
-    }
     // A local destination's directories, manifest and index go through java.nio: Hadoop's local
     // file system without its native library forks a `chmod` for every mkdirs and create and two
     // `readlink`s for every FileContext.rename (20-90 ms each, a third of a small write).
     val localDest: Option[File] = WriteTask.localFile(fs, dest)
-    // (4) mode
+    // (4) mode. The dataset's current manifest (if any) is validated now, before anything on
+    // disk changes: a tampered one (e.g. a shard named ../x) fails the write here.
+    val commits = new DatasetCommit(fs, dest, conf, localDest)
     val exists = fs.exists(dest)
-    var existingManifest: Option[String] = None
     mode match {
       case SaveMode.ErrorIfExists if exists =>
         throw new IllegalArgumentException(
@@ -69,31 +64,26 @@ private[spark] object SafetensorsWriter {
             "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
       case SaveMode.Ignore if exists =>
         return relation
-      case SaveMode.Append if exists =>
-        val manifestPath = new Path(dest, ManifestName)
-        if (fs.exists(manifestPath)) {
-          val m = readUtf8(fs, manifestPath)
-          NativeWriter.checkAppend(planJson, m)
-          existingManifest = Some(m)
-        } else if (listShards(fs, dest).nonEmpty) {
-          throw new IllegalArgumentException(
-            s"safetensors: cannot append to $dest: it holds .safetensors files but no $ManifestName " +
-              "(not a dataset written by this connector)")
-        }
       case _ =>
     }
+    val current: Option[String] = if (exists) commits.latest().map(_._2) else None
+    current.foreach(NativeWriter.checkManifest)
+    val append = mode == SaveMode.Append
+    if (append) current match {
+      case Some(m) => NativeWriter.checkAppend(planJson, m)
+      case None if exists && listShards(fs, dest).nonEmpty =>
+        throw new IllegalArgumentException(
+          s"safetensors: cannot append to $dest: it holds .safetensors files but no $ManifestName " +
+            "(not a dataset written by this connector)")
+      case None =>
+    }
     val createdRoot = !exists
-    val oldManifest: Option[JsonNode] =
-      if (mode == SaveMode.Overwrite && fs.exists(new Path(dest, ManifestName))) {
-        Some(mapper.readTree(readUtf8(fs, new Path(dest, ManifestName))))
-      } else None
     // (5) staging
     val writeId = mapper.readTree(planJson).get("write_id").asText()
     val staging = new Path(dest, s"_staging-$writeId")
     val promoted = mutable.ArrayBuffer[Path]()
-    val tempFiles = mutable.ArrayBuffer[Path]()
     val localTemps = mutable.ArrayBuffer[File]()
-    var switched = false
+    var committed = false
     try {
       localDest match {
         case Some(d) => Files.createDirectories(new File(d, staging.getName).toPath)
@@ -104,15 +94,14 @@ private[spark] object SafetensorsWriter {
       val rdd = SparkInternals.internalRows(data)
       val results: Array[TaskResult] = sqlContext.sparkContext.runJob(rdd,
         (ctx: TaskContext, it: Iterator[InternalRow]) => WriteTask.run(ctx, it, job))
-      // (7) commit
+      // (7) this write's manifest
       val staged = mutable.Map[String, Path]()
       results.foreach(_.staged.foreach { case (f, p) => staged(f) = new Path(p) })
       // The task reports (a KV task's has an entry per row and column) go to Rust as text; they
       // become JSON trees here only when a rewrite must edit them or the index lists their tensors.
       val reportTexts: Array[String] = results.sortBy(_.partition).map(r => readUtf8(fs, new Path(r.reportFile)))
       lazy val reports: Array[ObjectNode] = reportTexts.map(t => mapper.readTree(t).asInstanceOf[ObjectNode])
-      var commit = mapper.readTree(
-        NativeWriter.commitJob(planJson, reportTexts.mkString("[", ",", "]"), existingManifest.orNull))
+      var commit = mapper.readTree(NativeWriter.commitJob(planJson, reportTexts.mkString("[", ",", "]")))
       val rewrites = commit.get("rewrites").elements().asScala.toSeq
       if (rewrites.nonEmpty) {
         rewrites.foreach { rw =>
@@ -135,16 +124,16 @@ private[spark] object SafetensorsWriter {
               })
           }
         }
-        commit = mapper.readTree(
-          NativeWriter.commitJob(planJson, arrayJson(reports.toSeq), existingManifest.orNull))
+        commit = mapper.readTree(NativeWriter.commitJob(planJson, arrayJson(reports.toSeq)))
         if (commit.get("rewrites").size() != 0) {
           throw new IllegalStateException("safetensors: internal error: shard rewrites did not converge")
         }
       }
-      val manifest = commit.get("manifest")
+      val writeManifest = mapper.writeValueAsString(commit.get("manifest"))
       lazy val newShards: Seq[JsonNode] = reports.toSeq.flatMap(_.get("shards").elements().asScala)
-      // promote staged shards (every staged shard is one of the manifest's)
-      val listed = manifest.get("shards").elements().asScala.map(_.get("file").asText()).toSet
+      // promote staged shards (every staged shard is one of this write's manifest's)
+      val listed = commit.get("manifest").get("shards").elements().asScala
+        .map(_.get("shard_path").asText()).toSet
       staged.foreach { case (file, src) =>
         if (!listed(file)) {
           throw new IllegalStateException(s"safetensors: staged shard $file is not in the manifest")
@@ -153,76 +142,40 @@ private[spark] object SafetensorsWriter {
         if (!fs.rename(src, target)) throw new IOException(s"safetensors: cannot rename $src to $target")
         promoted += target
       }
-      // index (to a hidden temp; renamed into place after the manifest switch)
-      val indexPath = new Path(dest, IndexName)
-      val indexTemp: Option[Path] = if (manifest != null && planGeneratesIndex(planJson)) {
-        val local = Files.createTempFile("safetensors-index-", ".parquet").toFile
-        localTemps += local
-        val existingLocal: Option[File] =
-          if (existingManifest.isDefined && fs.exists(indexPath)) {
-            val f = Files.createTempFile("safetensors-old-index-", ".parquet").toFile
-            localTemps += f
-            f.delete()
-            fs.copyToLocalFile(false, indexPath, new Path(f.getAbsolutePath), true)
-            Some(f)
-          } else None
-        // An append that creates the first index also indexes the earlier shards, from their headers.
-        val earlierShards: Seq[JsonNode] =
-          if (existingManifest.isDefined && existingLocal.isEmpty) {
-            mapper.readTree(existingManifest.get).path("shards").elements().asScala.toSeq.map { s =>
-              val file = s.get("file").asText()
-              val (headerJson, len) = readHeaderJson(fs, new Path(dest, file))
-              mapper.readTree(NativeWriter.shardReportFromHeader(file, headerJson, len, planJson))
-            }
-          } else Seq.empty
-        local.delete()
-        NativeWriter.writeIndex(local.getAbsolutePath, arrayJson(earlierShards ++ newShards),
-          existingLocal.map(_.getAbsolutePath).orNull)
-        val tmp = new Path(dest, s".$IndexName.$writeId.tmp")
-        tempFiles += tmp
-        localDest match {
-          case Some(d) => LocalCommit.moveSynced(local, new File(d, tmp.getName))
-          case None => smallFs.copyFromLocalFile(true, true, new Path(local.getAbsolutePath), tmp)
+      // (8) the commit: the next manifest version on top of the latest one, retried on top of a
+      // newer one when another writer committed first (spec/dataset.md §5.3)
+      var base: Option[(Long, String)] = None
+      var next: JsonNode = null
+      var attempts = 0
+      while (!committed) {
+        if (attempts == MaxCommitAttempts) {
+          throw new IOException(s"safetensors: could not commit to $dest: $attempts attempts " +
+            "each found a newer manifest version committed by another writer")
         }
-        Some(tmp)
-      } else None
-      // manifest: hidden temp + atomic rename (the switch)
-      val manifestTmp = new Path(dest, s".$ManifestName.$writeId.tmp")
-      tempFiles += manifestTmp
-      val manifestBytes = mapper.writerWithDefaultPrettyPrinter().writeValueAsBytes(manifest)
-      localDest match {
-        case Some(d) =>
-          LocalCommit.writeSynced(new File(d, manifestTmp.getName), manifestBytes)
-          LocalCommit.replace(new File(d, manifestTmp.getName), new File(d, ManifestName))
-        case None =>
-          val out = smallFs.create(manifestTmp, true)
-          try out.write(manifestBytes) finally out.close()
-          FileContext.getFileContext(dest.toUri, conf)
-            .rename(manifestTmp, new Path(dest, ManifestName), Options.Rename.OVERWRITE)
+        attempts += 1
+        base = commits.latest()
+        next = mapper.readTree(NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append))
+        committed = commits.tryCommit(next.get("version").asLong(), next.get("manifest").asText(), writeId)
       }
-      switched = true
-      // after the switch: best effort, the new dataset is already consistent
-      indexTemp match {
-        case Some(tmp) => localDest match {
-          case Some(d) => LocalCommit.replace(new File(d, tmp.getName), new File(d, IndexName))
-          case None => FileContext.getFileContext(dest.toUri, conf)
-            .rename(tmp, indexPath, Options.Rename.OVERWRITE)
-        }
-        case None => if (fs.exists(indexPath)) fs.delete(indexPath, false)
+      val version = next.get("version").asLong()
+      // after the commit: best effort, the new dataset is already consistent for readers that
+      // go through the manifest
+      commits.publish(version, next.get("manifest").asText(), writeId)
+      if (planGeneratesIndex(planJson)) {
+        writeIndex(fs, dest, localDest, planJson, version, if (append) base else None, newShards,
+          localTemps)
+      } else {
+        removeIndexParts(fs, dest, version)
       }
-      if (mode == SaveMode.Overwrite) {
-        val keep = manifest.get("shards").elements().asScala.map(_.get("file").asText()).toSet
-        val old = oldManifest.toSeq.flatMap(_.get("shards").elements().asScala.map(_.get("file").asText()))
-        (listShards(fs, dest).map(_.getName) ++ old).distinct.filterNot(keep).foreach { f =>
-          fs.delete(new Path(dest, f), false)
-        }
+      next.get("superseded").elements().asScala.map(_.asText()).foreach { f =>
+        quietly(null)(fs.delete(new Path(dest, f), false))
       }
+      commits.prune(version)
       relation
     } catch {
-      case t: Throwable if !switched =>
-        // the old dataset (if any) is untouched: remove everything this write added
+      case t: Throwable if !committed =>
+        // the dataset is untouched: remove everything this write added
         promoted.foreach(p => quietly(t)(fs.delete(p, false)))
-        tempFiles.foreach(p => quietly(t)(fs.delete(p, false)))
         quietly(t)(fs.delete(staging, true))
         if (createdRoot) quietly(t) {
           if (fs.exists(dest) && fs.listStatus(dest).isEmpty) fs.delete(dest, false)
@@ -235,33 +188,89 @@ private[spark] object SafetensorsWriter {
     }
   }
 
-  /** Driver-side files of a local destination, through java.nio, durable once a call returns. */
-  private object LocalCommit {
-    import java.nio.channels.FileChannel
-    import java.nio.file.StandardCopyOption.{ATOMIC_MOVE, REPLACE_EXISTING}
-    import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
+  /** How many times a commit is retried on top of newer versions before the write fails. */
+  private val MaxCommitAttempts = 100
 
-    def writeSynced(f: File, bytes: Array[Byte]): Unit = {
-      val ch = FileChannel.open(f.toPath, CREATE, TRUNCATE_EXISTING, WRITE)
-      try {
-        val buf = java.nio.ByteBuffer.wrap(bytes)
-        while (buf.hasRemaining) ch.write(buf)
-        ch.force(true)
-      } finally ch.close()
+  /**
+   * Writes the index part of manifest `version` into `_tensor_index.parquet/` (a hidden temporary
+   * then a rename), then removes the parts of older versions; a part of a newer version already
+   * there makes this one superseded and it is removed instead. An append (`base` set) reuses the
+   * base version's part, or rebuilds the earlier shards' rows from their headers.
+   */
+  private def writeIndex(fs: FileSystem, dest: Path, localDest: Option[File], planJson: String,
+      version: Long, base: Option[(Long, String)], newShards: Seq[JsonNode],
+      localTemps: mutable.ArrayBuffer[File]): Unit = {
+    val indexDir = new Path(dest, DatasetCommit.IndexDir)
+    val local = Files.createTempFile("safetensors-index-", ".parquet").toFile
+    localTemps += local
+    val baseShards: Seq[String] = base.toSeq.flatMap { case (_, text) =>
+      mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
     }
-
-    /** Syncs `src` and moves it to `dest` (another local file system possibly: copy + delete). */
-    def moveSynced(src: File, dest: File): Unit = {
-      Files.move(src.toPath, dest.toPath, REPLACE_EXISTING)
-      val ch = FileChannel.open(dest.toPath, READ)
-      try ch.force(true) finally ch.close()
+    val basePart: Option[File] = base.flatMap { case (v, _) =>
+      val p = new Path(indexDir, DatasetCommit.indexPartName(v))
+      if (baseShards.nonEmpty && fs.exists(p)) {
+        val f = Files.createTempFile("safetensors-old-index-", ".parquet").toFile
+        localTemps += f
+        f.delete()
+        fs.copyToLocalFile(false, p, new Path(f.getAbsolutePath), true)
+        Some(f)
+      } else None
     }
+    // Earlier shards without an index part of their version: rows rebuilt from their headers.
+    val earlier: Seq[JsonNode] =
+      if (basePart.isEmpty) baseShards.map { file =>
+        val (headerJson, len) = readHeaderJson(fs, new Path(dest, file))
+        mapper.readTree(NativeWriter.shardReportFromHeader(file, headerJson, len, planJson))
+      } else Seq.empty
+    local.delete()
+    NativeWriter.writeIndex(local.getAbsolutePath, arrayJson(earlier ++ newShards),
+      basePart.map(_.getAbsolutePath).orNull)
+    val part = DatasetCommit.indexPartName(version)
+    val tmpName = s".$part.tmp"
+    localDest match {
+      case Some(d) =>
+        val dir = new File(d, DatasetCommit.IndexDir)
+        Files.createDirectories(dir.toPath)
+        Files.move(local.toPath, new File(dir, tmpName).toPath,
+          java.nio.file.StandardCopyOption.REPLACE_EXISTING)
+        val ch = java.nio.channels.FileChannel.open(new File(dir, tmpName).toPath,
+          java.nio.file.StandardOpenOption.READ)
+        try ch.force(true) finally ch.close()
+        removeIndexParts(fs, dest, version)
+        Files.move(new File(dir, tmpName).toPath, new File(dir, part).toPath,
+          java.nio.file.StandardCopyOption.ATOMIC_MOVE)
+        DatasetCommit.syncDir(dir)
+      case None =>
+        fs.mkdirs(indexDir)
+        val tmp = new Path(indexDir, tmpName)
+        fs.copyFromLocalFile(true, true, new Path(local.getAbsolutePath), tmp)
+        removeIndexParts(fs, dest, version)
+        FileContext.getFileContext(dest.toUri, fs.getConf)
+          .rename(tmp, new Path(indexDir, part), Options.Rename.OVERWRITE)
+    }
+    // a newer commit placed its part meanwhile: ours is superseded
+    if (indexParts(fs, dest).exists(_ > version)) removeIndexParts(fs, dest, version + 1)
+  }
 
-    /** Atomically renames `src` over `dest` (rename(2)) and syncs their directory. */
-    def replace(src: File, dest: File): Unit = {
-      Files.move(src.toPath, dest.toPath, ATOMIC_MOVE)
-      val dir = FileChannel.open(dest.getParentFile.toPath, READ)
-      try dir.force(true) finally dir.close()
+  /** Versions of the index parts in `_tensor_index.parquet/`. */
+  private def indexParts(fs: FileSystem, dest: Path): Seq[Long] = {
+    val dir = new Path(dest, DatasetCommit.IndexDir)
+    if (!fs.exists(dir) || !fs.getFileStatus(dir).isDirectory) Seq.empty
+    else fs.listStatus(dir).toSeq.flatMap(s => DatasetCommit.parseIndexPartName(s.getPath.getName))
+  }
+
+  /** Removes the index parts of versions below `version` (and the directory once it is empty). */
+  private def removeIndexParts(fs: FileSystem, dest: Path, version: Long): Unit = {
+    val dir = new Path(dest, DatasetCommit.IndexDir)
+    if (fs.exists(dir)) {
+      if (!fs.getFileStatus(dir).isDirectory) fs.delete(dir, false) // an index of before 0.2
+      else {
+        fs.listStatus(dir).foreach { s =>
+          DatasetCommit.parseIndexPartName(s.getPath.getName).filter(_ < version)
+            .foreach(_ => quietly(null)(fs.delete(s.getPath, false)))
+        }
+        if (fs.listStatus(dir).isEmpty) quietly(null)(fs.delete(dir, false))
+      }
     }
   }
 

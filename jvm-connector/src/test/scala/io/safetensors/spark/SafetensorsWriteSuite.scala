@@ -230,18 +230,13 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(!new File(path).exists() || allFiles(path).isEmpty, allFiles(path))
   }
 
-  test("generate_index writes one _tensor_index.parquet file that Spark reads; append merges it") {
+  test("generate_index writes _tensor_index.parquet as a directory spark.read.parquet reads by its name; append merges it") {
     val path = freshPath()
     floats(5).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(path)
     val idx = new File(path, "_tensor_index.parquet")
-    assert(idx.isFile)
-    // Spark's file listing skips names starting with '_' even when given explicitly, so read a
-    // copy under a plain name (the bytes are the file we wrote).
-    def readIndex() = {
-      val copy = new File(base, s"index-copy-${System.nanoTime()}.parquet")
-      Files.copy(idx.toPath, copy.toPath)
-      spark.read.parquet(copy.getAbsolutePath)
-    }
+    assert(idx.isDirectory)
+    assert(idx.list().toSeq == Seq("part-00000000000000000001.parquet"), idx.list().toSeq)
+    def readIndex() = spark.read.parquet(idx.getAbsolutePath)
     val df = readIndex()
     assert(df.columns.toSeq == Seq("tensor_key", "file_name", "dtype", "shape", "data_start",
       "data_end", "sample_key", "column"))
@@ -253,6 +248,9 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     }
     floats(2, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "true")
       .mode("append").save(path)
+    // one part, the one of the new manifest version: never the old rows twice
+    assert(idx.list().toSeq == Seq("part-00000000000000000002.parquet"), idx.list().toSeq)
+    assert(manifest(path).get("manifest_version").asInt == 2)
     assert(readIndex().count() == shardFiles(path).size)
     assert(debris(path).isEmpty, debris(path))
     floats(2, 1).write.format("safetensors").option("batch_size", "2").mode("append").save(path)
@@ -361,10 +359,12 @@ object SafetensorsWriteSuite {
     else Files.walk(root).iterator().asScala.filter(p => p != root).map(p => root.relativize(p).toString).toSeq.sorted
   }
 
-  /** Anything that is not a shard, the manifest or the index. */
+  /** Anything that is not a shard, the manifest, the manifest log or the index. */
   def debris(path: String): Seq[String] = allFiles(path).filterNot { n =>
     (n.endsWith(".safetensors") && !n.startsWith(".") && !n.contains("/")) ||
-      n == "dataset_manifest.json" || n == "_tensor_index.parquet"
+      n == "dataset_manifest.json" || n == "_tensor_index.parquet" || n == "_manifest_log" ||
+      n.matches("_manifest_log/[0-9]{20}\\.json") ||
+      n.matches("_tensor_index\\.parquet/part-[0-9]{20}\\.parquet")
   }
 
   /** Relative path -> content digest of every file (hidden ones included). */

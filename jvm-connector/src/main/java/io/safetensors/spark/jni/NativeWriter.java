@@ -40,9 +40,20 @@ public final class NativeWriter {
   /** Frees the handle (aborting first if neither finished nor aborted). Exactly once. */
   public static native void close(long handle);
 
-  /** Driver, job commit: JSON {"manifest":{...},"rewrites":[{"file":..,"drop":[..]}]}. */
-  public static native String commitJob(String planJson, String taskReportsJsonArray,
-      String existingManifestJsonOrNull);
+  /** Driver, job commit: JSON {"manifest":{...},"rewrites":[{"file":..,"drop":[..]}]}: this
+   *  write's manifest (its own shards only) and the lastWin shard rewrites to apply first. */
+  public static native String commitJob(String planJson, String taskReportsJsonArray);
+
+  /** Driver: throws SafetensorsException unless {@code manifestJson} is a valid manifest whose
+   *  every shard name passes the trust rule (spec/dataset.md §5.4). */
+  public static native void checkManifest(String manifestJson);
+
+  /** Driver, each commit attempt: this write's manifest (from commitJob) on top of the
+   *  directory's latest committed one (null: none), appended or replacing it. JSON
+   *  {"manifest": "<text to write>", "version": n, "superseded": ["shard names", ...]}.
+   *  An append that no longer fits the dataset throws IllegalArgumentException. */
+  public static native String nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
+      boolean append);
 
   /** Driver: writes {@code outputPath} = input without the tensors a commitJob rewrite entry
    *  ({@code rewriteJson}) drops; returns the new file's ShardReport JSON. */

@@ -1,6 +1,7 @@
 use super::*;
+use crate::write::commit::{index_rows, shard_report_from_header};
 use crate::write::plan::plan_write;
-use crate::write::TensorReport;
+use crate::write::{ShardReport, TensorReport};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,7 +45,7 @@ fn t(name: &str, start: u64, key: Option<&str>, column: Option<&str>) -> TensorR
 #[test]
 fn write_then_read_back_sorted() {
     let dir = tempdir();
-    let path = dir.join(INDEX_FILE_NAME);
+    let path = dir.join(crate::dataset::names::index_part_file_name(1));
     let kv = shard(
         "b.safetensors",
         vec![
@@ -56,9 +57,9 @@ fn write_then_read_back_sorted() {
         "a.safetensors",
         vec![t("x", 80, None, None), t("y", 8, None, None)],
     );
-    let rows: Vec<IndexRow> = IndexRow::from_shard(&kv)
+    let rows: Vec<IndexRow> = index_rows(&kv)
         .into_iter()
-        .chain(IndexRow::from_shard(&batch))
+        .chain(index_rows(&batch))
         .collect();
     assert_eq!(rows[2].column, "x"); // batch: the tensor name
     assert_eq!(write_index(&path, rows.clone()).unwrap(), 4);
@@ -84,7 +85,7 @@ fn write_then_read_back_sorted() {
 #[test]
 fn many_rows_span_batches() {
     let dir = tempdir();
-    let path = dir.join(INDEX_FILE_NAME);
+    let path = dir.join(crate::dataset::names::index_part_file_name(1));
     let rows: Vec<IndexRow> = (0..(BATCH_ROWS as u64 * 2 + 5))
         .map(|i| IndexRow {
             tensor_key: format!("k{i}__v"),
@@ -128,8 +129,8 @@ fn schema_is_the_spec_one() {
 #[test]
 fn errors() {
     let dir = tempdir();
-    let path = dir.join(INDEX_FILE_NAME);
-    let mut row = IndexRow::from_shard(&shard("a", vec![t("x", 0, None, None)])).remove(0);
+    let path = dir.join(crate::dataset::names::index_part_file_name(1));
+    let mut row = index_rows(&shard("a.safetensors", vec![t("x", 0, None, None)])).remove(0);
     row.data_end = u64::MAX;
     assert!(matches!(
         write_index(&path, vec![row]),
@@ -154,6 +155,25 @@ fn errors() {
     w.write(&batch).unwrap();
     w.close().unwrap();
     assert!(matches!(read_index(&path), Err(IndexError::Invalid { .. })));
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn tampered_file_names_in_an_index_are_refused() {
+    let dir = tempdir();
+    let path = dir.join(crate::dataset::names::index_part_file_name(3));
+    for tampered in [
+        "../victim/x.safetensors",
+        "/abs.safetensors",
+        "s3://b/x.safetensors",
+        "a\0.safetensors",
+    ] {
+        let mut row = index_rows(&shard("a.safetensors", vec![t("x", 0, None, None)])).remove(0);
+        row.file_name = tampered.replace("\\0", "\0");
+        write_index(&path, vec![row]).unwrap();
+        let e = read_index(&path).unwrap_err().to_string();
+        assert!(e.contains("is not a shard file name"), "{tampered}: {e}");
+    }
     fs::remove_dir_all(dir).unwrap();
 }
 

@@ -1,148 +1,32 @@
-//! `dataset_manifest.json` (spec/dataset.md §5, schemas/dataset_manifest.schema.json) and the
-//! job-commit checks that build it from the tasks' reports.
+//! Job commit of a write (spec/dataset.md §2, §3, §5): checks the tasks' reports against the
+//! plan and each other and builds this write's manifest; [`crate::dataset::manifest::next_manifest`]
+//! then puts it on top of the directory's latest committed manifest.
 //!
 //! [`commit_manifest`] is pure: it reads no file. When `duplicatesStrategy=lastWin` leaves
 //! older copies of a key in some shards, it returns [`ShardRewrite`]s; the caller applies each
 //! (copying the shard without those tensors with [`rewrite_shard_without`], or deleting a shard
 //! that keeps nothing) and reports the new file with [`CommitPlan::apply_rewrite`], which fixes
-//! the byte counts and offsets, before writing the manifest and index.
+//! the byte counts and offsets, before the manifest and index are written.
 
-use super::plan::tail_name;
 use super::{
     shard_file_name, ColumnReport, DuplicatesStrategy, ShardReport, TailStrategy, TaskReport,
     TensorReport, WriteLayout, WritePlan,
 };
+use crate::dataset::index::IndexRow;
+use crate::dataset::manifest::{
+    ColumnMap, Manifest, ManifestExt, ManifestShard, ManifestTensor, MANIFEST_FORMAT,
+};
+use crate::dataset::names::{
+    parse_shard_file_name, PADDED_SAMPLES_METADATA_KEY, SAMPLES_METADATA_KEY,
+};
+use crate::dataset::{DatasetError, LayoutKind};
 use crate::error::FormatError;
 use crate::file::{copy_tensors, SafetensorsFile};
-use crate::Dtype;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde::ser::{SerializeMap, Serializer};
-use serde::{Deserialize, Serialize};
+use crate::header::Header;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub const MANIFEST_FILE_NAME: &str = "dataset_manifest.json";
-pub const MANIFEST_FORMAT: &str = "safetensors-spark-dataset";
-pub const MANIFEST_FORMAT_VERSION: u64 = 1;
-/// Shard metadata key holding the number of real rows (keys) in the shard.
-pub const SAMPLES_METADATA_KEY: &str = "safetensors_spark.samples";
-
-/// `"batch"` or `"kv"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LayoutKind {
-    Batch,
-    Kv,
-}
-
-/// `tensors.<column>`: the dtype and per-sample shape stored for a column.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ManifestTensor {
-    pub dtype: Dtype,
-    /// Batch mode: always set. KV mode: the common shape, `None` (null) when rows differ.
-    #[serde(deserialize_with = "required")]
-    pub sample_shape: Option<Vec<u64>>,
-}
-
-/// `shards[]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ManifestShard {
-    pub file: String,
-    pub partition: u32,
-    pub samples: u64,
-    pub padded_samples: u64,
-    /// Number of tensors in the shard's header.
-    pub tensors: u64,
-    pub bytes: u64,
-}
-
-/// The `tensors` object: column → info, in the order the columns were written (the JSON object
-/// keeps that order). Duplicate keys are rejected when parsing.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ColumnMap(pub Vec<(String, ManifestTensor)>);
-
-impl ColumnMap {
-    pub fn get(&self, name: &str) -> Option<&ManifestTensor> {
-        self.0.iter().find(|(n, _)| n == name).map(|(_, t)| t)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(n, _)| n.as_str())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-impl Serialize for ColumnMap {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for ColumnMap {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ColumnMap;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object of column name → {dtype, sample_shape}")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ColumnMap, A::Error> {
-                let mut out: Vec<(String, ManifestTensor)> = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, ManifestTensor>()? {
-                    if out.iter().any(|(n, _)| *n == k) {
-                        return Err(de::Error::custom(format!("duplicate column `{k}`")));
-                    }
-                    out.push((k, v));
-                }
-                Ok(ColumnMap(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// A field that must be present, even when its value is null.
-fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    Option::<T>::deserialize(d)
-}
-
-/// `dataset_manifest.json`, field for field as the JSON Schema defines it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    pub format: String,
-    pub format_version: u64,
-    pub created_by: String,
-    pub layout: LayoutKind,
-    #[serde(deserialize_with = "required")]
-    pub batch_size: Option<u64>,
-    #[serde(deserialize_with = "required")]
-    pub tail_strategy: Option<TailStrategy>,
-    #[serde(deserialize_with = "required")]
-    pub kv_separator: Option<String>,
-    pub tensors: ColumnMap,
-    pub total_samples: u64,
-    pub padded_samples: u64,
-    pub dropped_samples: u64,
-    pub total_bytes: u64,
-    pub shards: Vec<ManifestShard>,
-}
-
-/// Why the job cannot commit, or a manifest is invalid.
+/// Why the job cannot commit.
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
     #[error("column '{column}': partition {partition_a} wrote {what} {value_a} but partition {partition_b} wrote {value_b}; every row of a column must have the same {what}")]
@@ -172,17 +56,11 @@ pub enum CommitError {
     #[error("task report of partition {partition} is invalid: {problem}")]
     BadReport { partition: u32, problem: String },
 
-    #[error("cannot append to the existing dataset: {problem}")]
-    AppendMismatch { problem: String },
-
-    #[error("invalid dataset manifest: {problem}")]
-    InvalidManifest { problem: String },
-
-    #[error("dataset manifest has format_version {found}; this version of safetensors-spark reads only format_version {MANIFEST_FORMAT_VERSION}")]
-    UnsupportedVersion { found: String },
-
     #[error("shard rewrite of {file}: {problem}")]
     Rewrite { file: String, problem: String },
+
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
 
     #[error(transparent)]
     Format(#[from] FormatError),
@@ -195,236 +73,87 @@ fn bad_report(partition: u32, problem: impl Into<String>) -> CommitError {
     }
 }
 
-fn invalid(problem: impl Into<String>) -> CommitError {
-    CommitError::InvalidManifest {
-        problem: problem.into(),
-    }
-}
-
-/// Parses the file name `part-{partition}-{shard}-{uuid}.safetensors`; `None` when it is not
-/// one (the uuid must be lowercase and hyphenated).
-pub fn parse_shard_file_name(name: &str) -> Option<(u32, u32, &str)> {
-    let rest = name.strip_prefix("part-")?.strip_suffix(".safetensors")?;
-    let (partition, rest) = rest.split_once('-')?;
-    let (shard, uuid) = rest.split_once('-')?;
-    let digits = |s: &str, min: usize| s.len() >= min && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(partition, 5) || !digits(shard, 4) {
-        return None;
-    }
-    let groups: Vec<&str> = uuid.split('-').collect();
-    let lens = [8, 4, 4, 4, 12];
-    let uuid_ok = groups.len() == 5
-        && groups.iter().zip(lens).all(|(g, n)| {
-            g.len() == n
-                && g.bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        });
-    if !uuid_ok {
-        return None;
-    }
-    Some((partition.parse().ok()?, shard.parse().ok()?, uuid))
-}
-
-impl Manifest {
-    /// A manifest with no shards for `plan`'s layout.
-    pub fn empty(plan: &WritePlan) -> Manifest {
-        let (layout, batch_size, tail_strategy, kv_separator) = match &plan.layout {
-            WriteLayout::Batch {
-                batch_size,
-                tail_strategy,
-            } => (
-                LayoutKind::Batch,
-                Some(*batch_size),
-                Some(*tail_strategy),
-                None,
-            ),
-            WriteLayout::Kv { kv_separator, .. } => {
-                (LayoutKind::Kv, None, None, Some(kv_separator.clone()))
-            }
-        };
-        Manifest {
-            format: MANIFEST_FORMAT.to_string(),
-            format_version: MANIFEST_FORMAT_VERSION,
-            created_by: format!("safetensors-spark {}", crate::VERSION),
-            layout,
+/// This write's manifest with no shards, for `plan`'s layout (`manifest_version` is set when
+/// the commit puts it on top of the directory's latest manifest).
+pub fn empty_manifest(plan: &WritePlan) -> Manifest {
+    let (layout, batch_size, tail_strategy, kv_separator) = match &plan.layout {
+        WriteLayout::Batch {
             batch_size,
             tail_strategy,
-            kv_separator,
-            tensors: ColumnMap::default(),
-            total_samples: 0,
-            padded_samples: 0,
-            dropped_samples: 0,
-            total_bytes: 0,
-            shards: Vec::new(),
+        } => (
+            LayoutKind::Batch,
+            Some(*batch_size),
+            Some(*tail_strategy),
+            None,
+        ),
+        WriteLayout::Kv { kv_separator, .. } => {
+            (LayoutKind::Kv, None, None, Some(kv_separator.clone()))
         }
-    }
-
-    /// Pretty JSON with a final newline.
-    pub fn to_json_pretty(&self) -> Result<String, CommitError> {
-        let mut s = serde_json::to_string_pretty(self).map_err(|e| invalid(e.to_string()))?;
-        s.push('\n');
-        Ok(s)
-    }
-
-    /// Checks everything the JSON Schema checks, plus the sums and the sort order.
-    pub fn validate(&self) -> Result<(), CommitError> {
-        if self.format != MANIFEST_FORMAT {
-            return Err(invalid(format!(
-                "format is '{}', expected '{MANIFEST_FORMAT}'",
-                self.format
-            )));
-        }
-        if self.format_version != MANIFEST_FORMAT_VERSION {
-            return Err(CommitError::UnsupportedVersion {
-                found: self.format_version.to_string(),
-            });
-        }
-        if self.created_by.is_empty() {
-            return Err(invalid("created_by is empty"));
-        }
-        match self.layout {
-            LayoutKind::Batch => {
-                if self.batch_size.is_none_or(|b| b == 0) {
-                    return Err(invalid("batch layout needs batch_size ≥ 1"));
-                }
-                if self.tail_strategy.is_none() || self.kv_separator.is_some() {
-                    return Err(invalid(
-                        "batch layout needs a tail_strategy and a null kv_separator",
-                    ));
-                }
-                if let Some((name, _)) = self
-                    .tensors
-                    .0
-                    .iter()
-                    .find(|(_, t)| t.sample_shape.is_none())
-                {
-                    return Err(invalid(format!(
-                        "column '{name}' has a null sample_shape, which only KV layout allows"
-                    )));
-                }
-            }
-            LayoutKind::Kv => {
-                if self.batch_size.is_some() || self.tail_strategy.is_some() {
-                    return Err(invalid(
-                        "KV layout needs a null batch_size and a null tail_strategy",
-                    ));
-                }
-                if self.kv_separator.as_deref().is_none_or(str::is_empty) {
-                    return Err(invalid("KV layout needs a non-empty kv_separator"));
-                }
-            }
-        }
-        if let Some((name, t)) = self.tensors.0.iter().find(|(_, t)| !t.dtype.is_writable()) {
-            return Err(invalid(format!(
-                "column '{name}' has dtype {}, which the writer does not produce",
-                t.dtype
-            )));
-        }
-        if self.tail_strategy != Some(TailStrategy::Pad)
-            && (self.padded_samples != 0 || self.shards.iter().any(|s| s.padded_samples != 0))
-        {
-            return Err(invalid("padded samples without tail_strategy=pad"));
-        }
-        if self.tail_strategy != Some(TailStrategy::Drop) && self.dropped_samples != 0 {
-            return Err(invalid("dropped samples without tail_strategy=drop"));
-        }
-        for pair in self.shards.windows(2) {
-            if pair[0].file.as_bytes() >= pair[1].file.as_bytes() {
-                return Err(invalid(format!(
-                    "shards are not sorted by file name or are repeated: {} before {}",
-                    pair[0].file, pair[1].file
-                )));
-            }
-        }
-        for s in &self.shards {
-            let Some((partition, _, _)) = parse_shard_file_name(&s.file) else {
-                return Err(invalid(format!("'{}' is not a shard file name", s.file)));
-            };
-            if partition != s.partition {
-                return Err(invalid(format!(
-                    "shard {} lists partition {}",
-                    s.file, s.partition
-                )));
-            }
-            if s.samples == 0 || s.tensors == 0 {
-                return Err(invalid(format!(
-                    "shard {} has no samples or no tensors",
-                    s.file
-                )));
-            }
-        }
-        let sum = |f: fn(&ManifestShard) -> u64| {
-            self.shards
-                .iter()
-                .try_fold(0u64, |a, s| a.checked_add(f(s)))
-        };
-        for (name, total, field) in [
-            ("total_samples", self.total_samples, sum(|s| s.samples)),
-            (
-                "padded_samples",
-                self.padded_samples,
-                sum(|s| s.padded_samples),
-            ),
-            ("total_bytes", self.total_bytes, sum(|s| s.bytes)),
-        ] {
-            if field != Some(total) {
-                return Err(invalid(format!(
-                    "{name} is {total} but the shards sum to {}",
-                    field.map_or_else(|| "more than 2^64".to_string(), |v| v.to_string())
-                )));
-            }
-        }
-        if self.shards.is_empty() && !self.tensors.is_empty() {
-            return Err(invalid("tensors must be {} when there are no shards"));
-        }
-        Ok(())
-    }
-
-    fn recompute_totals(&mut self) {
-        self.total_samples = self.shards.iter().map(|s| s.samples).sum();
-        self.padded_samples = self.shards.iter().map(|s| s.padded_samples).sum();
-        self.total_bytes = self.shards.iter().map(|s| s.bytes).sum();
-    }
-}
-
-/// Parses and validates a manifest. A `format_version` other than 1 is reported as such, before
-/// any other field is looked at.
-pub fn parse_manifest(json: &str) -> Result<Manifest, CommitError> {
-    let value: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
-    match value.get("format_version") {
-        Some(v) if v.as_u64() == Some(MANIFEST_FORMAT_VERSION) => {}
-        Some(v) => {
-            return Err(CommitError::UnsupportedVersion {
-                found: v.to_string(),
-            })
-        }
-        None => return Err(invalid("missing field `format_version`")),
-    }
-    let manifest: Manifest = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
-    manifest.validate()?;
-    Ok(manifest)
-}
-
-/// Writes `manifest` to `path` atomically (temporary sibling, fsync, rename): a reader sees the
-/// old file or the new one, never a partial one.
-pub fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), CommitError> {
-    use std::io::Write;
-    let json = manifest.to_json_pretty()?;
-    let tmp = crate::file::temp_sibling(path);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(json.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        CommitError::Format(FormatError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })
+    };
+    Manifest::empty(ManifestExt {
+        format: MANIFEST_FORMAT.to_string(),
+        created_by: format!("safetensors-spark {}", crate::VERSION),
+        manifest_version: 1,
+        layout,
+        batch_size,
+        tail_strategy,
+        kv_separator,
+        padded_samples: 0,
+        dropped_samples: 0,
     })
+}
+
+/// The index rows of one shard, in its report's tensor order.
+pub fn index_rows(shard: &ShardReport) -> Vec<IndexRow> {
+    shard
+        .tensors
+        .iter()
+        .map(|t| IndexRow {
+            tensor_key: t.name.clone(),
+            file_name: shard.file.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            data_start: t.data_start,
+            data_end: t.data_end,
+            sample_key: t.sample_key.clone(),
+            column: t.column.clone().unwrap_or_else(|| t.name.clone()),
+        })
+        .collect()
+}
+
+/// Rebuilds the report of a shard written by an earlier write from its validated header, so an
+/// index created by a later append covers it too. KV tensor names are split into key and column
+/// by the longest column of `plan` that ends the name after the separator.
+pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -> ShardReport {
+    let meta = header.metadata.clone().unwrap_or_default();
+    let count = |key: &str| meta.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let (partition, shard) = parse_shard_file_name(file)
+        .map(|(p, s, _)| (p, s))
+        .unwrap_or((0, 0));
+    let mut columns: Vec<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
+    columns.sort_by_key(|c| std::cmp::Reverse(c.len()));
+    let origin = |name: &str| -> (Option<String>, Option<String>) {
+        let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
+            return (None, None);
+        };
+        columns
+            .iter()
+            .find_map(|c| {
+                let key = name.strip_suffix(*c)?.strip_suffix(kv_separator.as_str())?;
+                Some((Some(key.to_string()), Some(c.to_string())))
+            })
+            .unwrap_or((None, None))
+    };
+    ShardReport {
+        file: file.to_string(),
+        local_path: String::new(),
+        partition,
+        shard,
+        samples: count(SAMPLES_METADATA_KEY),
+        padded_samples: count(PADDED_SAMPLES_METADATA_KEY),
+        bytes: header.file_len(),
+        tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
+    }
 }
 
 /// Tensors to remove from one shard of this write (`duplicatesStrategy=lastWin`).
@@ -562,7 +291,7 @@ impl CommitPlan {
             .manifest
             .shards
             .iter_mut()
-            .find(|s| s.file == done.file)
+            .find(|s| s.shard_path == done.file)
             .ok_or_else(|| problem("not in the manifest".to_string()))?;
         entry.bytes = done.bytes;
         self.manifest.recompute_totals();
@@ -575,12 +304,12 @@ fn shape_str(s: &Option<Vec<u64>>) -> String {
         .map_or_else(|| "varying shapes".to_string(), |s| format!("{s:?}"))
 }
 
-/// Checks the tasks' reports against the plan and each other and builds the manifest (merged
-/// with `existing` for an append). See spec/dataset.md §2, §3 and §5.
+/// Checks the tasks' reports against the plan and each other and builds this write's manifest
+/// (its shards only; [`crate::dataset::manifest::next_manifest`] merges it with the dataset's
+/// for an append). See spec/dataset.md §2, §3 and §5.
 pub fn commit_manifest(
     plan: &WritePlan,
     reports: &[TaskReport],
-    existing: Option<&Manifest>,
 ) -> Result<CommitPlan, CommitError> {
     let kv = match &plan.layout {
         WriteLayout::Kv { duplicates, .. } => Some(*duplicates),
@@ -647,7 +376,13 @@ pub fn commit_manifest(
                 col.name.clone(),
                 ManifestTensor {
                     dtype: c0.dtype,
-                    sample_shape: common_shape,
+                    // batch: the shape of a full shard's tensor; KV: one row's (or null)
+                    shape: match &plan.layout {
+                        WriteLayout::Batch { batch_size, .. } => {
+                            common_shape.map(|s| std::iter::once(*batch_size).chain(s).collect())
+                        }
+                        WriteLayout::Kv { .. } => common_shape,
+                    },
                 },
             ));
         }
@@ -667,27 +402,26 @@ pub fn commit_manifest(
     }
     shards.sort_by(|a, b| a.file.as_bytes().cmp(b.file.as_bytes()));
 
-    let mut manifest = Manifest::empty(plan);
+    let mut manifest = empty_manifest(plan);
     if !shards.is_empty() {
-        manifest.tensors = tensors;
+        manifest.schema = tensors;
     }
     manifest.shards = shards
         .iter()
         .map(|s| ManifestShard {
-            file: s.file.clone(),
-            partition: s.partition,
-            samples: s.samples,
-            padded_samples: s.padded_samples,
-            tensors: s.tensors.len() as u64,
+            shard_path: s.file.clone(),
+            samples_count: s.samples,
             bytes: s.bytes,
+            partition: Some(s.partition),
+            padded_samples: Some(s.padded_samples),
+            num_tensors: Some(s.tensors.len() as u64),
         })
         .collect();
     manifest.recompute_totals();
     if tail == Some(TailStrategy::Drop) {
-        manifest.dropped_samples = reports.iter().map(|r| r.dropped_samples).sum();
-    }
-    if let Some(old) = existing {
-        manifest = merge_append(old, manifest)?;
+        if let Some(x) = &mut manifest.ext {
+            x.dropped_samples = reports.iter().map(|r| r.dropped_samples).sum();
+        }
     }
     manifest.validate()?;
     Ok(CommitPlan {
@@ -879,87 +613,6 @@ fn check_tensor_names(shards: &[ShardReport]) -> Result<(), CommitError> {
         }
     }
     Ok(())
-}
-
-/// Appends the manifest of this write (`new`) to the dataset's `old` one.
-fn merge_append(old: &Manifest, new: Manifest) -> Result<Manifest, CommitError> {
-    let mismatch = |problem: String| CommitError::AppendMismatch { problem };
-    if old.layout != new.layout
-        || old.batch_size != new.batch_size
-        || old.tail_strategy != new.tail_strategy
-        || old.kv_separator != new.kv_separator
-    {
-        let describe = |m: &Manifest| match m.layout {
-            LayoutKind::Batch => format!(
-                "batch mode with batch_size={} and tail_strategy={}",
-                m.batch_size.unwrap_or_default(),
-                m.tail_strategy.map(tail_name).unwrap_or("none")
-            ),
-            LayoutKind::Kv => format!(
-                "KV mode with kv_separator='{}'",
-                m.kv_separator.as_deref().unwrap_or_default()
-            ),
-        };
-        return Err(mismatch(format!(
-            "the dataset is in {}, this write is in {}",
-            describe(old),
-            describe(&new)
-        )));
-    }
-    let mut tensors = old.tensors.clone();
-    if tensors.is_empty() {
-        tensors = new.tensors.clone();
-    } else if !new.tensors.is_empty() {
-        let old_names: BTreeSet<&str> = old.tensors.names().collect();
-        let new_names: BTreeSet<&str> = new.tensors.names().collect();
-        if old_names != new_names {
-            return Err(mismatch(format!(
-                "the dataset has columns {}, this write has {}",
-                old_names.into_iter().collect::<Vec<_>>().join(", "),
-                new_names.into_iter().collect::<Vec<_>>().join(", ")
-            )));
-        }
-        for (name, t) in &mut tensors.0 {
-            let Some(n) = new.tensors.get(name) else {
-                continue;
-            };
-            if n.dtype != t.dtype {
-                return Err(mismatch(format!(
-                    "column '{name}' is stored as {}, this write has {}",
-                    t.dtype, n.dtype
-                )));
-            }
-            if t.sample_shape != n.sample_shape {
-                if old.layout == LayoutKind::Batch {
-                    return Err(mismatch(format!(
-                        "column '{name}' has sample shape {}, this write has {}",
-                        shape_str(&t.sample_shape),
-                        shape_str(&n.sample_shape)
-                    )));
-                }
-                t.sample_shape = None;
-            }
-        }
-    }
-    let mut shards = old.shards.clone();
-    for s in &new.shards {
-        if shards.iter().any(|o| o.file == s.file) {
-            return Err(mismatch(format!(
-                "shard {} is already in the dataset",
-                s.file
-            )));
-        }
-        shards.push(s.clone());
-    }
-    shards.sort_by(|a, b| a.file.as_bytes().cmp(b.file.as_bytes()));
-    let mut merged = Manifest {
-        tensors,
-        shards,
-        dropped_samples: old.dropped_samples + new.dropped_samples,
-        ..new
-    };
-    merged.recompute_totals();
-    Ok(merged)
 }
 
 #[cfg(test)]

@@ -1,9 +1,16 @@
 use super::*;
+use crate::dataset::manifest::{next_manifest, parse_manifest};
+use crate::dataset::DatasetError;
 use crate::file::write_file;
 use crate::header::TensorEntry;
 use crate::write::plan::plan_write;
 use crate::write::InputKind;
+use crate::Dtype;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+fn ext(m: &Manifest) -> &ManifestExt {
+    m.ext.as_ref().unwrap()
+}
 
 fn opts(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -150,36 +157,43 @@ fn batch_write_totals_and_order() {
             columns: BTreeMap::new(),
         },
     ];
-    let c = commit_manifest(&p, &reports, None).unwrap();
+    let c = commit_manifest(&p, &reports).unwrap();
     assert!(c.rewrites.is_empty());
     let m = &c.manifest;
-    assert_eq!(m.layout, LayoutKind::Batch);
-    assert_eq!(m.batch_size, Some(2));
-    assert_eq!(m.tail_strategy, Some(TailStrategy::Write));
-    assert_eq!(m.kv_separator, None);
+    assert_eq!(m.layout(), Some(LayoutKind::Batch));
+    assert_eq!(ext(m).batch_size, Some(2));
+    assert_eq!(ext(m).tail_strategy, Some(TailStrategy::Write));
+    assert_eq!(ext(m).kv_separator, None);
     assert_eq!(m.total_samples, 5);
-    assert_eq!(m.padded_samples, 0);
-    assert_eq!(m.dropped_samples, 0);
+    assert_eq!(ext(m).padded_samples, 0);
+    assert_eq!(ext(m).dropped_samples, 0);
     assert_eq!(m.total_bytes, m.shards.iter().map(|s| s.bytes).sum::<u64>());
     assert_eq!(
         m.shards
             .iter()
-            .map(|s| (s.partition, s.samples, s.tensors))
+            .map(|s| (
+                s.partition.unwrap(),
+                s.samples_count,
+                s.num_tensors.unwrap()
+            ))
             .collect::<Vec<_>>(),
         [(0, 2, 2), (1, 2, 2), (1, 1, 2)]
     );
-    assert!(m.shards.windows(2).all(|w| w[0].file < w[1].file));
+    assert!(m
+        .shards
+        .windows(2)
+        .all(|w| w[0].shard_path < w[1].shard_path));
     // Columns in plan order, not alphabetical.
-    assert_eq!(m.tensors.names().collect::<Vec<_>>(), ["x", "y"]);
+    assert_eq!(m.schema.names().collect::<Vec<_>>(), ["x", "y"]);
     assert_eq!(
-        m.tensors.get("x"),
+        m.schema.get("x"),
         Some(&ManifestTensor {
             dtype: Dtype::F32,
-            sample_shape: Some(vec![3])
+            shape: Some(vec![2, 3])
         })
     );
     assert_eq!(
-        m.created_by,
+        ext(m).created_by,
         format!("safetensors-spark {}", crate::VERSION)
     );
     let json = m.to_json_pretty().unwrap();
@@ -196,12 +210,16 @@ fn batch_pad_and_drop_totals() {
         vec![batch_shard(&p, 0, 0, 2, 0), batch_shard(&p, 0, 1, 1, 1)],
         0,
     )];
-    let m = commit_manifest(&p, &reports, None).unwrap().manifest;
+    let m = commit_manifest(&p, &reports).unwrap().manifest;
     assert_eq!(
-        (m.total_samples, m.padded_samples, m.dropped_samples),
+        (
+            m.total_samples,
+            ext(&m).padded_samples,
+            ext(&m).dropped_samples
+        ),
         (3, 1, 0)
     );
-    assert_eq!(m.shards[1].padded_samples, 1);
+    assert_eq!(m.shards[1].padded_samples, Some(1));
 
     let p = batch_plan("drop");
     let reports = vec![
@@ -209,25 +227,25 @@ fn batch_pad_and_drop_totals() {
         // A partition whose only rows were the dropped tail.
         batch_task(1, vec![], 1),
     ];
-    let m = commit_manifest(&p, &reports, None).unwrap().manifest;
+    let m = commit_manifest(&p, &reports).unwrap().manifest;
     assert_eq!(
-        (m.total_samples, m.padded_samples, m.dropped_samples),
+        (
+            m.total_samples,
+            ext(&m).padded_samples,
+            ext(&m).dropped_samples
+        ),
         (2, 0, 2)
     );
 
     // Padding or dropping reported under another strategy is a bad report.
     let p = batch_plan("write");
-    let e = commit_manifest(
-        &p,
-        &[batch_task(0, vec![batch_shard(&p, 0, 0, 1, 1)], 0)],
-        None,
-    )
-    .unwrap_err();
+    let e =
+        commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 1, 1)], 0)]).unwrap_err();
     assert!(
         e.to_string().contains("padding without tail_strategy=pad"),
         "{e}"
     );
-    let e = commit_manifest(&p, &[batch_task(0, vec![], 3)], None).unwrap_err();
+    let e = commit_manifest(&p, &[batch_task(0, vec![], 3)]).unwrap_err();
     assert!(e.to_string().contains("dropped samples"), "{e}");
 }
 
@@ -238,7 +256,7 @@ fn conflicting_shapes_across_tasks_name_partitions() {
     t3.columns
         .insert("x".into(), col(Dtype::F32, Some(vec![4])));
     let reports = vec![batch_task(1, vec![batch_shard(&p, 1, 0, 2, 0)], 0), t3];
-    let e = commit_manifest(&p, &reports, None).unwrap_err();
+    let e = commit_manifest(&p, &reports).unwrap_err();
     assert_eq!(
         e.to_string(),
         "column 'x': partition 1 wrote sample shape [3] but partition 3 wrote [4]; every row of a column must have the same sample shape"
@@ -246,7 +264,7 @@ fn conflicting_shapes_across_tasks_name_partitions() {
     // A dtype the plan did not ask for is a bad report.
     let mut t = batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0);
     t.columns.insert("y".into(), col(Dtype::I32, Some(vec![2])));
-    let e = commit_manifest(&p, &[t], None).unwrap_err();
+    let e = commit_manifest(&p, &[t]).unwrap_err();
     assert!(
         e.to_string()
             .contains("column 'y' was planned as I64 but written as I32"),
@@ -273,15 +291,15 @@ fn tensor_struct_dtype_conflict_across_tasks() {
             columns: BTreeMap::from([("t".into(), col(dtype, Some(vec![2])))]),
         }
     };
-    let e = commit_manifest(&p, &[task(0, Dtype::F16), task(2, Dtype::Bf16)], None).unwrap_err();
+    let e = commit_manifest(&p, &[task(0, Dtype::F16), task(2, Dtype::Bf16)]).unwrap_err();
     assert_eq!(
         e.to_string(),
         "column 't': partition 0 wrote dtype F16 but partition 2 wrote BF16; every row of a column must have the same dtype"
     );
-    let m = commit_manifest(&p, &[task(0, Dtype::F16), task(2, Dtype::F16)], None)
+    let m = commit_manifest(&p, &[task(0, Dtype::F16), task(2, Dtype::F16)])
         .unwrap()
         .manifest;
-    assert_eq!(m.tensors.get("t").unwrap().dtype, Dtype::F16);
+    assert_eq!(m.schema.get("t").unwrap().dtype, Dtype::F16);
 }
 
 #[test]
@@ -289,24 +307,19 @@ fn bad_reports() {
     let p = batch_plan("write");
     let mut wrong_name = batch_shard(&p, 0, 0, 2, 0);
     wrong_name.file = "part-00000-0000-x.safetensors".into();
-    let e = commit_manifest(&p, &[batch_task(0, vec![wrong_name], 0)], None).unwrap_err();
+    let e = commit_manifest(&p, &[batch_task(0, vec![wrong_name], 0)]).unwrap_err();
     assert!(
         e.to_string().contains("should be named part-00000-0000-"),
         "{e}"
     );
-    let e = commit_manifest(
-        &p,
-        &[batch_task(0, vec![], 0), batch_task(0, vec![], 0)],
-        None,
-    )
-    .unwrap_err();
+    let e = commit_manifest(&p, &[batch_task(0, vec![], 0), batch_task(0, vec![], 0)]).unwrap_err();
     assert!(
         e.to_string().contains("two reports for the same partition"),
         "{e}"
     );
     let mut missing_col = batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0);
     missing_col.columns.remove("y");
-    let e = commit_manifest(&p, &[missing_col], None).unwrap_err();
+    let e = commit_manifest(&p, &[missing_col]).unwrap_err();
     assert!(
         e.to_string().contains("reports nothing for column 'y'"),
         "{e}"
@@ -324,15 +337,15 @@ fn kv_manifest_shapes_and_counts() {
         ),
         kv_task(1, vec![kv_shard(&p, 1, 0, &["d"])], Some(vec![5])),
     ];
-    let c = commit_manifest(&p, &reports, None).unwrap();
+    let c = commit_manifest(&p, &reports).unwrap();
     let m = &c.manifest;
-    assert_eq!(m.layout, LayoutKind::Kv);
-    assert_eq!((m.batch_size, m.tail_strategy), (None, None));
-    assert_eq!(m.kv_separator.as_deref(), Some("__"));
+    assert_eq!(m.layout(), Some(LayoutKind::Kv));
+    assert_eq!((ext(m).batch_size, ext(m).tail_strategy), (None, None));
+    assert_eq!(ext(m).kv_separator.as_deref(), Some("__"));
     assert_eq!(m.total_samples, 4);
-    assert_eq!(m.tensors.get("x").unwrap().sample_shape, None);
-    assert_eq!(m.tensors.get("y").unwrap().sample_shape, Some(vec![2]));
-    assert_eq!(m.shards[0].tensors, 4);
+    assert_eq!(m.schema.get("x").unwrap().shape, None);
+    assert_eq!(m.schema.get("y").unwrap().shape, Some(vec![2]));
+    assert_eq!(m.shards[0].num_tensors, Some(4));
     // KV dtypes must still agree.
     let mut bad = kv_task(1, vec![kv_shard(&p, 1, 0, &["d"])], None);
     bad.columns.insert("y".into(), col(Dtype::I32, None));
@@ -341,7 +354,7 @@ fn kv_manifest_shapes_and_counts() {
         p2.columns[1].dtype = None;
         p2
     };
-    let e = commit_manifest(&p2, &[reports[0].clone(), bad], None).unwrap_err();
+    let e = commit_manifest(&p2, &[reports[0].clone(), bad]).unwrap_err();
     assert!(
         e.to_string()
             .starts_with("column 'y': partition 0 wrote dtype I64 but partition 1 wrote I32"),
@@ -360,7 +373,7 @@ fn kv_duplicate_across_tasks_fails_naming_key_and_files() {
             Some(vec![2]),
         ),
     ];
-    let e = commit_manifest(&p, &reports, None).unwrap_err();
+    let e = commit_manifest(&p, &reports).unwrap_err();
     assert_eq!(
         e.to_string(),
         format!(
@@ -376,7 +389,7 @@ fn kv_duplicate_across_tasks_fails_naming_key_and_files() {
         Some(vec![2]),
     )];
     assert!(matches!(
-        commit_manifest(&p, &reports, None),
+        commit_manifest(&p, &reports),
         Err(CommitError::DuplicateKey { ref key, .. }) if key == "a"
     ));
 }
@@ -393,7 +406,7 @@ fn kv_last_win_rewrite_list() {
         ),
         kv_task(1, vec![kv_shard(&p, 1, 0, &["c", "a"])], Some(vec![2])),
     ];
-    let c = commit_manifest(&p, &reports, None).unwrap();
+    let c = commit_manifest(&p, &reports).unwrap();
     let f = |part, shard| shard_file_name(part, shard, &p.write_id);
     let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
     assert_eq!(
@@ -434,7 +447,11 @@ fn kv_last_win_rewrite_list() {
     assert_eq!(
         m.shards
             .iter()
-            .map(|s| (s.file.clone(), s.samples, s.tensors))
+            .map(|s| (
+                s.shard_path.clone(),
+                s.samples_count,
+                s.num_tensors.unwrap()
+            ))
             .collect::<Vec<_>>(),
         [(f(0, 0), 1, 2), (f(1, 0), 1, 2), (f(2, 0), 2, 4)]
     );
@@ -455,7 +472,7 @@ fn kv_tensor_name_collision_across_tasks() {
     let mut t0 = kv_task(0, vec![s0], Some(vec![2]));
     t0.shards[0].tensors[0].column = Some("x".into());
     let reports = vec![t0, kv_task(1, vec![s1], Some(vec![2]))];
-    let e = commit_manifest(&p, &reports, None).unwrap_err();
+    let e = commit_manifest(&p, &reports).unwrap_err();
     assert!(
         matches!(e, CommitError::TensorNameCollision { ref name, .. } if name == "a__b__x"),
         "{e}"
@@ -577,7 +594,7 @@ fn last_win_end_to_end_with_files() {
         kv_task(0, vec![shard(0, &["a", "b"])], Some(vec![2])),
         kv_task(1, vec![shard(1, &["b"])], Some(vec![2])),
     ];
-    let mut c = commit_manifest(&p, &reports, None).unwrap();
+    let mut c = commit_manifest(&p, &reports).unwrap();
     assert_eq!(c.rewrites.len(), 1);
     let rw = c.rewrites[0].clone();
     let path = dir.join(&rw.file);
@@ -604,61 +621,77 @@ fn last_win_end_to_end_with_files() {
 #[test]
 fn append_merge() {
     let p = batch_plan("drop");
-    let first = commit_manifest(
-        &p,
-        &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 1)],
-        None,
-    )
-    .unwrap()
-    .manifest;
+    let first = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 1)])
+        .unwrap()
+        .manifest;
+    let first = next_manifest(None, &first, true).unwrap();
+    assert_eq!(ext(&first).manifest_version, 1);
     let mut p2 = batch_plan("drop");
     p2.write_id = "00000000-0000-4000-8000-000000000000".into();
-    let second = commit_manifest(
+    let write2 = commit_manifest(
         &p2,
         &[batch_task(
             0,
             vec![batch_shard(&p2, 0, 0, 2, 0), batch_shard(&p2, 0, 1, 2, 0)],
             1,
         )],
-        Some(&first),
     )
     .unwrap()
     .manifest;
+    let second = next_manifest(Some(&first), &write2, true).unwrap();
+    assert_eq!(ext(&second).manifest_version, 2);
     assert_eq!(second.shards.len(), 3);
     assert_eq!(second.total_samples, 6);
-    assert_eq!(second.dropped_samples, 2);
+    assert_eq!(ext(&second).dropped_samples, 2);
     assert_eq!(
         second.total_bytes,
         second.shards.iter().map(|s| s.bytes).sum::<u64>()
     );
-    assert_eq!(second.shards[0].file, shard_file_name(0, 0, &p2.write_id));
+    assert_eq!(
+        second.shards[0].shard_path,
+        shard_file_name(0, 0, &p2.write_id)
+    );
     second.validate().unwrap();
+    // The same write as an overwrite: only its shards, the next version, the old ones superseded.
+    let replaced = next_manifest(Some(&first), &write2, false).unwrap();
+    assert_eq!(replaced.shards.len(), 2);
+    assert_eq!(ext(&replaced).manifest_version, 2);
+    assert_eq!(
+        crate::dataset::manifest::superseded_shards(&first, &replaced),
+        [first.shards[0].shard_path.as_str()]
+    );
     // Appending nothing keeps everything.
     let mut p3 = batch_plan("drop");
     p3.write_id = "ffffffff-0000-4000-8000-000000000000".into();
-    let third = commit_manifest(&p3, &[], Some(&second)).unwrap().manifest;
+    let nothing = commit_manifest(&p3, &[]).unwrap().manifest;
+    let third = next_manifest(Some(&second), &nothing, true).unwrap();
     assert_eq!((third.shards.len(), third.total_samples), (3, 6));
-    assert_eq!(third.tensors, second.tensors);
+    assert_eq!(third.schema, second.schema);
 
     // Disagreements fail.
     let mut bad = batch_task(0, vec![batch_shard(&p3, 0, 0, 2, 0)], 0);
     bad.columns
         .insert("x".into(), col(Dtype::F32, Some(vec![7])));
-    let e = commit_manifest(&p3, &[bad], Some(&second)).unwrap_err();
+    let bad = commit_manifest(&p3, &[bad]).unwrap().manifest;
+    let e = next_manifest(Some(&second), &bad, true).unwrap_err();
     assert!(
         e.to_string()
-            .contains("column 'x' has sample shape [3], this write has [7]"),
+            .contains("column 'x' has shape [2, 3], this write has [2, 7]"),
         "{e}"
     );
     let pw = batch_plan("write");
-    let e = commit_manifest(&pw, &[], Some(&second)).unwrap_err();
-    assert!(e.to_string().contains("tail_strategy=drop, this write is in batch mode with batch_size=2 and tail_strategy=write"), "{e}");
-    let e = commit_manifest(
-        &p,
-        &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)],
+    let e = next_manifest(
         Some(&second),
+        &commit_manifest(&pw, &[]).unwrap().manifest,
+        true,
     )
     .unwrap_err();
+    assert!(matches!(e, DatasetError::AppendMismatch { .. }));
+    assert!(e.to_string().contains("tail_strategy=drop, this write is in batch mode with batch_size=2 and tail_strategy=write"), "{e}");
+    let again = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)])
+        .unwrap()
+        .manifest;
+    let e = next_manifest(Some(&second), &again, true).unwrap_err();
     assert!(e.to_string().contains("is already in the dataset"), "{e}");
 
     // KV: differing common shapes become null.
@@ -666,101 +699,178 @@ fn append_merge() {
     let m1 = commit_manifest(
         &k1,
         &[kv_task(0, vec![kv_shard(&k1, 0, 0, &["a"])], Some(vec![2]))],
-        None,
     )
     .unwrap()
     .manifest;
     let mut k2 = kv_plan("fail");
     k2.write_id = "00000000-0000-4000-8000-000000000000".into();
-    let m2 = commit_manifest(
+    let w2 = commit_manifest(
         &k2,
         &[kv_task(0, vec![kv_shard(&k2, 0, 0, &["b"])], Some(vec![5]))],
-        Some(&m1),
     )
     .unwrap()
     .manifest;
-    assert_eq!(m2.tensors.get("x").unwrap().sample_shape, None);
-    assert_eq!(m2.tensors.get("y").unwrap().sample_shape, Some(vec![2]));
+    let m2 = next_manifest(Some(&m1), &w2, true).unwrap();
+    assert_eq!(m2.schema.get("x").unwrap().shape, None);
+    assert_eq!(m2.schema.get("y").unwrap().shape, Some(vec![2]));
     assert_eq!(m2.total_samples, 2);
+}
+
+/// A manifest as another writer of the published layout produces it: only the published fields.
+const PUBLISHED_ONLY: &str = r#"{
+  "format_version" : "1.0",
+  "safetensors_version" : "1.0",
+  "total_samples" : 6,
+  "total_bytes" : 300,
+  "shards" : [ {
+    "shard_path" : "part-00000-0000-550e8400-e29b-41d4-a716-446655440000.safetensors",
+    "samples_count" : 4,
+    "bytes" : 200
+  }, {
+    "shard_path" : "part-00001-0000-550e8400-e29b-41d4-a716-446655440000.safetensors",
+    "samples_count" : 2,
+    "bytes" : 100
+  } ],
+  "schema" : {
+    "x" : { "dtype" : "F32", "shape" : [ 4, 3 ] }
+  },
+  "producer_note" : "other properties are allowed"
+}"#;
+
+#[test]
+fn published_only_manifests_parse_and_cannot_be_appended_to() {
+    let m = parse_manifest(PUBLISHED_ONLY).unwrap();
+    assert!(m.ext.is_none());
+    assert_eq!(m.layout(), None);
+    assert_eq!(m.manifest_version(), 0);
+    assert_eq!(m.shards[1].samples_count, 2);
+    assert_eq!(m.sample_shape("x"), Some(vec![4, 3]));
+    // An overwrite replaces it (version 1), an append is refused.
+    let p = batch_plan("write");
+    let w = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)])
+        .unwrap()
+        .manifest;
+    let next = next_manifest(Some(&m), &w, false).unwrap();
+    assert_eq!(ext(&next).manifest_version, 1);
+    assert_eq!(
+        crate::dataset::manifest::superseded_shards(&m, &next).len(),
+        2
+    );
+    let e = next_manifest(Some(&m), &w, true).unwrap_err();
+    assert!(e.to_string().contains("only the published fields"), "{e}");
+    // The published field rules still hold.
+    let broken = PUBLISHED_ONLY.replace("\"total_samples\" : 6", "\"total_samples\" : 7");
+    assert!(parse_manifest(&broken)
+        .unwrap_err()
+        .to_string()
+        .contains("total_samples is 7"));
+    let missing = PUBLISHED_ONLY.replace("\"samples_count\" : 2,", "");
+    assert!(parse_manifest(&missing).is_err());
 }
 
 #[test]
 fn zero_shards() {
     for p in [batch_plan("write"), kv_plan("fail")] {
-        let m = commit_manifest(&p, &[], None).unwrap().manifest;
-        assert!(m.shards.is_empty() && m.tensors.is_empty());
+        let m = commit_manifest(&p, &[]).unwrap().manifest;
+        assert!(m.shards.is_empty() && m.schema.is_empty());
         assert_eq!((m.total_samples, m.total_bytes), (0, 0));
         let json = m.to_json_pretty().unwrap();
-        assert!(json.contains("\"tensors\": {}"));
+        assert!(json.contains("\"schema\": {}"));
         assert!(json.contains("\"shards\": []"));
         assert_eq!(parse_manifest(&json).unwrap(), m);
-        let dir = tempdir();
-        let path = dir.join(MANIFEST_FILE_NAME);
-        write_manifest(&path, &m).unwrap();
-        write_manifest(&path, &m).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), json);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        std::fs::remove_dir_all(dir).unwrap();
     }
     // Everything dropped: columns were seen but nothing is stored.
     let p = batch_plan("drop");
-    let m = commit_manifest(&p, &[batch_task(0, vec![], 1)], None)
+    let m = commit_manifest(&p, &[batch_task(0, vec![], 1)])
         .unwrap()
         .manifest;
-    assert!(m.tensors.is_empty());
-    assert_eq!(m.dropped_samples, 1);
+    assert!(m.schema.is_empty());
+    assert_eq!(ext(&m).dropped_samples, 1);
 }
 
 #[test]
 fn parse_manifest_rejects() {
     let p = batch_plan("write");
-    let m = commit_manifest(
-        &p,
-        &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)],
-        None,
-    )
-    .unwrap()
-    .manifest;
+    let m = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)])
+        .unwrap()
+        .manifest;
     let good: serde_json::Value = serde_json::from_str(&m.to_json_pretty().unwrap()).unwrap();
     let with = |f: &dyn Fn(&mut serde_json::Value)| {
         let mut v = good.clone();
         f(&mut v);
         parse_manifest(&v.to_string())
     };
+    with(&|_| ()).unwrap();
     assert!(matches!(
-        with(&|v| v["format_version"] = 2.into()),
-        Err(CommitError::UnsupportedVersion { ref found }) if found == "2"
+        with(&|v| v["format_version"] = 1.into()),
+        Err(DatasetError::UnsupportedVersion { ref found }) if found == "1"
     ));
     assert!(matches!(
-        with(&|v| v["format_version"] = "1".into()),
-        Err(CommitError::UnsupportedVersion { .. })
+        with(&|v| v["format_version"] = "2.0".into()),
+        Err(DatasetError::UnsupportedVersion { .. })
     ));
     for (what, f) in [
         (
-            "unknown field",
-            &(|v: &mut serde_json::Value| v["extra"] = 1.into()) as &dyn Fn(&mut serde_json::Value),
+            "missing null field",
+            &(|v: &mut serde_json::Value| {
+                v.as_object_mut().unwrap().remove("kv_separator");
+            }) as &dyn Fn(&mut serde_json::Value),
         ),
-        ("missing null field", &|v| {
-            v.as_object_mut().unwrap().remove("kv_separator");
-        }),
         ("bad total", &|v| v["total_samples"] = 9.into()),
-        ("bad format", &|v| v["format"] = "x".into()),
-        ("kv field in batch", &|v| v["kv_separator"] = "__".into()),
-        ("bad dtype", &|v| v["tensors"]["x"]["dtype"] = "C64".into()),
-        ("null shape in batch", &|v| {
-            v["tensors"]["x"]["sample_shape"] = serde_json::Value::Null
+        ("bad safetensors_version", &|v| {
+            v["safetensors_version"] = "2".into()
         }),
-        ("bad shard name", &|v| {
-            v["shards"][0]["file"] = "a.safetensors".into()
+        ("bad format", &|v| v["format"] = "x".into()),
+        ("version 0", &|v| v["manifest_version"] = 0.into()),
+        ("kv field in batch", &|v| v["kv_separator"] = "__".into()),
+        ("bad dtype", &|v| v["schema"]["x"]["dtype"] = "C64".into()),
+        ("null shape in batch", &|v| {
+            v["schema"]["x"]["shape"] = serde_json::Value::Null
+        }),
+        ("shape without the batch dimension", &|v| {
+            v["schema"]["x"]["shape"] = serde_json::json!([3])
+        }),
+        ("foreign shard name", &|v| {
+            v["shards"][0]["shard_path"] = "a.safetensors".into()
         }),
         ("shard partition", &|v| {
             v["shards"][0]["partition"] = 3.into()
         }),
+        ("missing num_tensors", &|v| {
+            v["shards"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("num_tensors");
+        }),
     ] {
         assert!(with(f).is_err(), "{what}");
     }
-    assert!(parse_manifest(r#"{"format_version":1,"tensors":{"a":{"dtype":"F32","sample_shape":[]},"a":{"dtype":"F32","sample_shape":[]}}}"#).is_err());
+    assert!(parse_manifest(r#"{"format_version":"1.0","safetensors_version":"1.0","total_samples":0,"total_bytes":0,"shards":[],"schema":{"a":{"dtype":"F32","shape":[]},"a":{"dtype":"F32","shape":[]}}}"#).is_err());
     assert!(parse_manifest("nope").is_err());
+    assert!(parse_manifest("[]").is_err());
+}
+
+#[test]
+fn tampered_shard_names_are_refused_by_every_manifest_parse() {
+    for tampered in [
+        "../victim/important.txt",
+        "../victim/x.safetensors",
+        "/etc/x.safetensors",
+        "s3://bucket/x.safetensors",
+        "sub/x.safetensors",
+        "x\u{0}.safetensors",
+    ] {
+        let text = PUBLISHED_ONLY.replace(
+            "\"part-00001-0000-550e8400-e29b-41d4-a716-446655440000.safetensors\"",
+            &serde_json::to_string(tampered).unwrap(),
+        );
+        let e = parse_manifest(&text).unwrap_err();
+        assert!(
+            matches!(e, DatasetError::UnsafeShardPath { .. }),
+            "{tampered:?}: {e}"
+        );
+        assert!(e.to_string().contains("is not a shard file name"), "{e}");
+    }
 }
 
 #[test]

@@ -1,11 +1,10 @@
-//! `_tensor_index.parquet` (spec/dataset.md §6): one Parquet file, one row per tensor per shard,
-//! sorted by `file_name` then `data_start`. Written uncompressed (the parquet crate is built
-//! without codecs) through a temporary sibling and a rename.
+//! `_tensor_index.parquet` (spec/dataset.md §6): a directory holding one Parquet part per
+//! manifest version, one row per tensor per shard, sorted by `file_name` then `data_start`.
+//! Written uncompressed (the parquet crate is built without codecs) through a temporary sibling
+//! and a rename.
 
-use super::manifest::{parse_shard_file_name, SAMPLES_METADATA_KEY};
-use super::{ShardReport, TensorReport, WriteLayout, WritePlan};
+use super::names::check_shard_path;
 use crate::file::temp_sibling;
-use crate::header::Header;
 use crate::Dtype;
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::cast::AsArray;
@@ -20,8 +19,6 @@ use parquet::file::reader::ChunkReader;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-pub const INDEX_FILE_NAME: &str = "_tensor_index.parquet";
 
 /// Rows per record batch / row group chunk when writing.
 const BATCH_ROWS: usize = 64 * 1024;
@@ -41,61 +38,6 @@ pub struct IndexRow {
     pub sample_key: Option<String>,
     /// The column the tensor holds (batch mode: the tensor name).
     pub column: String,
-}
-
-impl IndexRow {
-    /// The rows of one shard, in its report's tensor order.
-    pub fn from_shard(shard: &ShardReport) -> Vec<IndexRow> {
-        shard
-            .tensors
-            .iter()
-            .map(|t| IndexRow {
-                tensor_key: t.name.clone(),
-                file_name: shard.file.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                data_start: t.data_start,
-                data_end: t.data_end,
-                sample_key: t.sample_key.clone(),
-                column: t.column.clone().unwrap_or_else(|| t.name.clone()),
-            })
-            .collect()
-    }
-}
-
-/// Rebuilds the report of a shard written by an earlier write from its validated header, so an
-/// index created by a later append covers it too. KV tensor names are split into key and column
-/// by the longest column of `plan` that ends the name after the separator.
-pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -> ShardReport {
-    let meta = header.metadata.clone().unwrap_or_default();
-    let count = |key: &str| meta.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
-    let (partition, shard) = parse_shard_file_name(file)
-        .map(|(p, s, _)| (p, s))
-        .unwrap_or((0, 0));
-    let mut columns: Vec<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
-    columns.sort_by_key(|c| std::cmp::Reverse(c.len()));
-    let origin = |name: &str| -> (Option<String>, Option<String>) {
-        let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
-            return (None, None);
-        };
-        columns
-            .iter()
-            .find_map(|c| {
-                let key = name.strip_suffix(*c)?.strip_suffix(kv_separator.as_str())?;
-                Some((Some(key.to_string()), Some(c.to_string())))
-            })
-            .unwrap_or((None, None))
-    };
-    ShardReport {
-        file: file.to_string(),
-        local_path: String::new(),
-        partition,
-        shard,
-        samples: count(SAMPLES_METADATA_KEY),
-        padded_samples: count("safetensors_spark.padded_samples"),
-        bytes: header.file_len(),
-        tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -332,9 +274,11 @@ fn read_batch(
         if dims.null_count() != 0 {
             return Err(format!("row {i}: null dimension"));
         }
+        let file_name = file.value(i);
+        check_shard_path(file_name).map_err(|e| format!("row {i}: {e}"))?;
         out.push(IndexRow {
             tensor_key: key.value(i).to_string(),
-            file_name: file.value(i).to_string(),
+            file_name: file_name.to_string(),
             dtype: Dtype::from_name(d).ok_or_else(|| format!("row {i}: unknown dtype '{d}'"))?,
             shape: dims
                 .values()

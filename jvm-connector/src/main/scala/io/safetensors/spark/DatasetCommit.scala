@@ -1,0 +1,186 @@
+package io.safetensors.spark
+
+import java.io.{File, IOException}
+import java.nio.channels.FileChannel
+import java.nio.charset.StandardCharsets
+import java.nio.file.{FileAlreadyExistsException, Files}
+import java.nio.file.StandardCopyOption.ATOMIC_MOVE
+import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, Path}
+
+/**
+ * The commit protocol of a dataset directory (spec/dataset.md §5.3): every commit is one
+ * versioned manifest `_manifest_log/<version, 20 digits>.json`, created only if that version does
+ * not exist yet (hard link on a local file system, rename-without-overwrite elsewhere), so two
+ * writers can never both commit the same version; `dataset_manifest.json` is then replaced by
+ * the latest version's text. A writer whose version was taken re-reads the latest manifest and
+ * tries again on top of it.
+ *
+ * Local destinations go through java.nio (no forked `chmod`, fsync of files and directories);
+ * others through Hadoop's FileContext.
+ */
+private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Configuration,
+    localDest: Option[File]) {
+  import DatasetCommit._
+
+  private val logDir = new Path(dest, LogDir)
+  private val smallFs: FileSystem = fs match {
+    case l: LocalFileSystem => l.getRawFileSystem
+    case other => other
+  }
+
+  /** The latest committed manifest: (version, text), or None when the directory has none. The
+   *  version is the larger of the log's newest entry and `dataset_manifest.json`'s own
+   *  `manifest_version` (0 for a manifest written by another tool, or before the log existed). */
+  def latest(): Option[(Long, String)] = {
+    val published = new Path(dest, ManifestName)
+    val pub: Option[(Long, String)] =
+      if (fs.exists(published)) {
+        val text = readUtf8(published)
+        Some(versionOf(text) -> text)
+      } else None
+    logVersions().lastOption match {
+      case Some(v) if pub.forall(_._1 < v) => Some(v -> readUtf8(new Path(logDir, logName(v))))
+      case _ => pub
+    }
+  }
+
+  /** Versions in the log, ascending. */
+  def logVersions(): Seq[Long] =
+    if (!fs.exists(logDir)) Seq.empty
+    else fs.listStatus(logDir).toSeq.flatMap(s => parseLogName(s.getPath.getName)).sorted
+
+  /**
+   * Tries to commit `text` as `version`: false if that version exists already (another writer
+   * committed first), or if a later version exists (this one was pruned from the log).
+   */
+  def tryCommit(version: Long, text: String, writeId: String): Boolean = {
+    val bytes = text.getBytes(StandardCharsets.UTF_8)
+    val created = localDest match {
+      case Some(d) =>
+        val dir = new File(d, LogDir)
+        Files.createDirectories(dir.toPath)
+        val tmp = new File(dir, s".${logName(version)}.$writeId.tmp")
+        writeSynced(tmp, bytes)
+        try {
+          Files.createLink(new File(dir, logName(version)).toPath, tmp.toPath)
+          syncDir(dir)
+          true
+        } catch {
+          case _: FileAlreadyExistsException => false
+        } finally Files.deleteIfExists(tmp.toPath)
+      case None =>
+        fs.mkdirs(logDir)
+        val tmp = new Path(logDir, s".${logName(version)}.$writeId.tmp")
+        val out = smallFs.create(tmp, true)
+        try out.write(bytes) finally out.close()
+        try {
+          FileContext.getFileContext(dest.toUri, conf)
+            .rename(tmp, new Path(logDir, logName(version)), Options.Rename.NONE)
+          true
+        } catch {
+          case _: org.apache.hadoop.fs.FileAlreadyExistsException | _: FileAlreadyExistsException =>
+            false
+        } finally if (fs.exists(tmp)) fs.delete(tmp, false)
+    }
+    if (created && logVersions().exists(_ > version)) {
+      fs.delete(new Path(logDir, logName(version)), false)
+      false
+    } else created
+  }
+
+  /**
+   * Replaces `dataset_manifest.json` with the latest committed version's text, starting from the
+   * just committed `version`; repeats while a newer version appears, so the last writer to
+   * publish leaves the newest manifest even when publications of two commits overlap.
+   */
+  def publish(version: Long, text: String, writeId: String): Unit = {
+    var (v, t) = (version, text)
+    var done = false
+    while (!done) {
+      replaceManifest(t, writeId)
+      logVersions().lastOption match {
+        case Some(newer) if newer > v =>
+          v = newer
+          t = readUtf8(new Path(logDir, logName(newer)))
+        case _ => done = true
+      }
+    }
+  }
+
+  private def replaceManifest(text: String, writeId: String): Unit = {
+    val bytes = text.getBytes(StandardCharsets.UTF_8)
+    val tmpName = s".$ManifestName.$writeId.tmp"
+    localDest match {
+      case Some(d) =>
+        val tmp = new File(d, tmpName)
+        writeSynced(tmp, bytes)
+        Files.move(tmp.toPath, new File(d, ManifestName).toPath, ATOMIC_MOVE)
+        syncDir(d)
+      case None =>
+        val tmp = new Path(dest, tmpName)
+        val out = smallFs.create(tmp, true)
+        try out.write(bytes) finally out.close()
+        FileContext.getFileContext(dest.toUri, conf)
+          .rename(tmp, new Path(dest, ManifestName), Options.Rename.OVERWRITE)
+    }
+  }
+
+  /** Deletes log entries more than [[KeptVersions]] older than `version` (best effort). */
+  def prune(version: Long): Unit =
+    logVersions().filter(_ <= version - KeptVersions).foreach { v =>
+      try fs.delete(new Path(logDir, logName(v)), false) catch { case _: IOException => }
+    }
+
+  private def readUtf8(p: Path): String = {
+    val in = fs.open(p)
+    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
+  }
+}
+
+private[spark] object DatasetCommit {
+  val ManifestName = "dataset_manifest.json"
+  val LogDir = "_manifest_log"
+  val IndexDir = "_tensor_index.parquet"
+  /** Log entries kept behind the newest (older ones are pruned after a commit). */
+  val KeptVersions = 20
+
+  private val mapper = new ObjectMapper()
+
+  def logName(version: Long): String = f"$version%020d.json"
+
+  def parseLogName(name: String): Option[Long] =
+    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit))
+      Some(name.take(20).toLong)
+    else None
+
+  def indexPartName(version: Long): String = f"part-$version%020d.parquet"
+
+  def parseIndexPartName(name: String): Option[Long] =
+    if (name.length == 33 && name.startsWith("part-") && name.endsWith(".parquet") &&
+        name.slice(5, 25).forall(_.isDigit)) Some(name.slice(5, 25).toLong)
+    else None
+
+  /** `manifest_version` of a manifest's text; 0 when it has none (or is not JSON: its parse
+   *  fails later, with the reason, where it is used). */
+  def versionOf(text: String): Long =
+    try mapper.readTree(text).path("manifest_version").asLong(0L)
+    catch { case _: Exception => 0L }
+
+  def writeSynced(f: File, bytes: Array[Byte]): Unit = {
+    val ch = FileChannel.open(f.toPath, CREATE, TRUNCATE_EXISTING, WRITE)
+    try {
+      val buf = java.nio.ByteBuffer.wrap(bytes)
+      while (buf.hasRemaining) ch.write(buf)
+      ch.force(true)
+    } finally ch.close()
+  }
+
+  def syncDir(dir: File): Unit = {
+    val ch = FileChannel.open(dir.toPath, READ)
+    try ch.force(true) finally ch.close()
+  }
+}

@@ -1,0 +1,192 @@
+package io.safetensors.spark
+
+import java.io.File
+import java.nio.charset.StandardCharsets
+import java.nio.file.{Files, Paths}
+import java.util.concurrent.{Callable, Executors, TimeUnit}
+
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.node.ObjectNode
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.types._
+import org.scalatest.BeforeAndAfterAll
+import org.scalatest.funsuite.AnyFunSuite
+
+/**
+ * A dataset directory shared by many writes (spec/dataset.md §5.3–5.4): concurrent commits, what
+ * an overwrite may delete, and manifests that cannot be trusted.
+ */
+class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
+  import SafetensorsWriteSuite._
+
+  private var spark: SparkSession = _
+  private var base: File = _
+  private var counter = 0
+  private val mapper = new ObjectMapper()
+
+  override def beforeAll(): Unit = {
+    super.beforeAll()
+    spark = TestSessions.local("safetensors-dataset-commit")
+    base = Files.createTempDirectory("safetensors-commit-suite").toFile
+  }
+
+  override def afterAll(): Unit = {
+    try {
+      if (spark != null) spark.stop()
+      if (base != null) WriteTask.deleteLocal(base)
+    } finally super.afterAll()
+  }
+
+  private def freshPath(): String = { counter += 1; new File(base, s"ds$counter").getAbsolutePath }
+
+  private val floatSchema = StructType(Seq(StructField("x", ArrayType(FloatType))))
+
+  /** `n` rows whose single float is `tag * 100000 + i`: every write's rows are recognisable. */
+  private def tagged(n: Int, tag: Int, parts: Int = 2): DataFrame = {
+    val rows = (0 until n).map(i => Row(Seq((tag * 100000 + i).toFloat)))
+    spark.createDataFrame(spark.sparkContext.parallelize(rows, parts), floatSchema)
+  }
+
+  private def manifest(path: String): JsonNode = mapper.readTree(new File(path, "dataset_manifest.json"))
+
+  private def listed(path: String): Set[String] =
+    manifest(path).get("shards").elements().asScala.map(_.get("shard_path").asText()).toSet
+
+  private def onDisk(path: String): Set[String] =
+    shardFiles(path).map(_.getName).toSet
+
+  /** The tags of every row the manifest lists, read back through our reader. */
+  private def tagsRead(path: String): Map[Int, Long] =
+    spark.read.format("safetensors").load(path).collect().toSeq
+      .map(r => (r.getSeq[Float](0).head.toLong / 100000).toInt)
+      .groupBy(identity).map { case (t, s) => t -> s.size.toLong }
+
+  /** Runs the bodies at once on their own threads; returns each one's outcome. */
+  private def concurrently(bodies: Seq[() => Unit]): Seq[Either[Throwable, Unit]] = {
+    val pool = Executors.newFixedThreadPool(bodies.size)
+    try {
+      val start = new java.util.concurrent.CountDownLatch(1)
+      val futures = bodies.map { b =>
+        pool.submit(new Callable[Either[Throwable, Unit]] {
+          def call(): Either[Throwable, Unit] = {
+            start.await()
+            try Right(b()) catch { case t: Throwable => Left(t) }
+          }
+        })
+      }
+      start.countDown()
+      futures.map(_.get(10, TimeUnit.MINUTES))
+    } finally pool.shutdownNow()
+  }
+
+  private def messages(t: Throwable): String =
+    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
+
+  test("4 concurrent appenders, 3 trials: every append that returned is listed, no shard unlisted") {
+    for (trial <- 1 to 3) {
+      val path = freshPath()
+      tagged(1, 0, 1).write.format("safetensors").option("batch_size", "4").save(path)
+      val outcomes = concurrently((1 to 4).map { w => () =>
+        tagged(50, w).write.format("safetensors").option("batch_size", "4").mode("append").save(path)
+      })
+      outcomes.foreach { o => assert(o.isRight, s"trial $trial: ${o.left.map(messages)}") }
+      val m = manifest(path)
+      assert(m.get("total_samples").asLong == 201, s"trial $trial: ${m.get("total_samples")}")
+      assert(m.get("manifest_version").asLong == 5, s"trial $trial: one version per commit")
+      assert(listed(path) == onDisk(path), s"trial $trial: listed ${listed(path)} vs disk ${onDisk(path)}")
+      assert(tagsRead(path) == Map(0 -> 1L, 1 -> 50L, 2 -> 50L, 3 -> 50L, 4 -> 50L), s"trial $trial")
+      // the log holds one manifest per version; the published one is the newest
+      val log = new File(path, "_manifest_log").list().toSeq.sorted
+      assert(log == (1 to 5).map(v => f"$v%020d.json"), log)
+      assert(new String(Files.readAllBytes(Paths.get(path, "_manifest_log", log.last)), StandardCharsets.UTF_8) ==
+        new String(Files.readAllBytes(Paths.get(path, "dataset_manifest.json")), StandardCharsets.UTF_8))
+    }
+  }
+
+  test("an overwrite racing an append: the manifest lists exactly the files on disk, in a serial order") {
+    for (trial <- 1 to 3) {
+      val path = freshPath()
+      tagged(10, 0).write.format("safetensors").option("batch_size", "4").save(path)
+      val outcomes = concurrently(Seq(
+        () => tagged(20, 1).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path),
+        () => tagged(30, 2).write.format("safetensors").option("batch_size", "4").mode("append").save(path)))
+      outcomes.foreach { o => assert(o.isRight, s"trial $trial: ${o.left.map(messages)}") }
+      assert(listed(path) == onDisk(path), s"trial $trial")
+      // append then overwrite: the overwrite's rows only; overwrite then append: both
+      val tags = tagsRead(path)
+      assert(tags == Map(1 -> 20L) || tags == Map(1 -> 20L, 2 -> 30L), s"trial $trial: $tags")
+      assert(manifest(path).get("manifest_version").asLong == 3)
+    }
+  }
+
+  test("overwrite removes only the shards its manifest listed: foreign files stay") {
+    // a directory that is not a dataset: its files are left alone, and not read as the dataset
+    val path = freshPath()
+    new File(path).mkdirs()
+    Files.write(Paths.get(path, "notes.safetensors"), Array[Byte](1, 2, 3))
+    Files.write(Paths.get(path, "README.txt"), "mine".getBytes(StandardCharsets.UTF_8))
+    tagged(8, 1).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path)
+    assert(new File(path, "notes.safetensors").exists() && new File(path, "README.txt").exists())
+    assert(tagsRead(path) == Map(1 -> 8L))
+    // a dataset with a file it does not list: an overwrite keeps that file too
+    val model = Paths.get(path, "my_model.safetensors")
+    Files.copy(shardFiles(path).head.toPath, model)
+    val before = listed(path)
+    tagged(4, 2).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path)
+    assert(Files.exists(model) && new File(path, "notes.safetensors").exists())
+    before.foreach(f => assert(!new File(path, f).exists(), s"$f was listed by the replaced manifest"))
+    assert(tagsRead(path) == Map(2 -> 4L))
+  }
+
+  test("a tampered manifest (../, absolute, scheme, NUL) fails every write and read naming the entry; nothing is deleted") {
+    val victimDir = new File(base, s"victim-${System.nanoTime()}")
+    victimDir.mkdirs()
+    val victim = new File(victimDir, "important.txt")
+    Files.write(victim.toPath, "keep me".getBytes(StandardCharsets.UTF_8))
+    for (entry <- Seq(s"../${victimDir.getName}/important.txt", victim.getAbsolutePath,
+        "s3a://bucket/x.safetensors", "x\u0000.safetensors")) {
+      val path = freshPath()
+      tagged(8, 1).write.format("safetensors").option("batch_size", "4").save(path)
+      val m = manifest(path).asInstanceOf[ObjectNode]
+      m.get("shards").get(0).asInstanceOf[ObjectNode].put("shard_path", entry)
+      Files.write(Paths.get(path, "dataset_manifest.json"), mapper.writeValueAsBytes(m))
+      val before = snapshot(path)
+      for (mode <- Seq("overwrite", "append")) {
+        val e = intercept[Exception] {
+          tagged(4, 2).write.format("safetensors").option("batch_size", "4").mode(mode).save(path)
+        }
+        assert(messages(e).contains("is not a shard file name"), s"$mode $entry: ${messages(e)}")
+        assert(messages(e).contains(entry.replace("\u0000", "\\0")), s"$mode: names the entry: ${messages(e)}")
+        assert(snapshot(path) == before, s"$mode $entry changed the dataset")
+      }
+      val r = intercept[Exception](spark.read.format("safetensors").load(path).count())
+      assert(messages(r).contains("is not a shard file name"), messages(r))
+      assert(victim.exists())
+    }
+  }
+
+  test("a manifest with only the published fields (another writer's) is read, and replaced by an overwrite") {
+    val path = freshPath()
+    tagged(8, 1).write.format("safetensors").option("batch_size", "4").save(path)
+    val m = manifest(path).asInstanceOf[ObjectNode]
+    val published = Seq("format_version", "safetensors_version", "total_samples", "total_bytes", "shards", "schema")
+    m.fieldNames().asScala.toSeq.filterNot(published.contains).foreach(m.remove)
+    m.get("shards").elements().asScala.foreach { s =>
+      val o = s.asInstanceOf[ObjectNode]
+      o.fieldNames().asScala.toSeq.filterNot(Set("shard_path", "samples_count", "bytes")).foreach(o.remove)
+    }
+    Files.write(Paths.get(path, "dataset_manifest.json"), mapper.writeValueAsBytes(m))
+    new File(path, "_manifest_log").listFiles().foreach(_.delete())
+    // the shards carry their own layout: read per sample through the headers
+    assert(spark.read.format("safetensors").load(path).count() == 8)
+    val e = intercept[IllegalArgumentException] {
+      tagged(4, 2).write.format("safetensors").option("batch_size", "4").mode("append").save(path)
+    }
+    assert(e.getMessage.contains("only the published fields"), e.getMessage)
+    tagged(4, 2).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path)
+    assert(tagsRead(path) == Map(2 -> 4L))
+    assert(listed(path) == onDisk(path))
+  }
+}

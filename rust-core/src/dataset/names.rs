@@ -1,0 +1,159 @@
+//! File names of a dataset directory (spec/dataset.md §1) and the trust rule for names read from
+//! a manifest or an index: one check, used by every path that turns such a name into a path
+//! (the write's overwrite and append, the Spark reader, the Python package).
+
+use super::DatasetError;
+
+/// The manifest every reader looks for.
+pub const MANIFEST_FILE_NAME: &str = "dataset_manifest.json";
+/// The versioned manifests (one file per commit) live in this directory.
+pub const MANIFEST_LOG_DIR: &str = "_manifest_log";
+/// The tensor index: a directory of Parquet part files (spec/dataset.md §6).
+pub const INDEX_DIR_NAME: &str = "_tensor_index.parquet";
+/// Shard metadata key holding the number of real rows (keys) in the shard.
+pub const SAMPLES_METADATA_KEY: &str = "safetensors_spark.samples";
+/// Shard metadata key holding the number of padding rows in the shard.
+pub const PADDED_SAMPLES_METADATA_KEY: &str = "safetensors_spark.padded_samples";
+
+/// Shard file name for a partition, a per-task shard counter and the write id.
+pub fn shard_file_name(partition: u32, shard: u32, write_id: &str) -> String {
+    format!("part-{partition:05}-{shard:04}-{write_id}.safetensors")
+}
+
+/// File name of the manifest of commit `version` in [`MANIFEST_LOG_DIR`]: zero-padded so that
+/// name order is version order.
+pub fn manifest_log_file_name(version: u64) -> String {
+    format!("{version:020}.json")
+}
+
+/// The version of a [`manifest_log_file_name`], `None` for any other name.
+pub fn parse_manifest_log_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".json")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// File name of the index part that belongs to manifest version `version`.
+pub fn index_part_file_name(version: u64) -> String {
+    format!("part-{version:020}.parquet")
+}
+
+/// The manifest version of an [`index_part_file_name`], `None` for any other name.
+pub fn parse_index_part_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("part-")?.strip_suffix(".parquet")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Parses the file name `part-{partition}-{shard}-{uuid}.safetensors` this connector writes;
+/// `None` when it is not one (the uuid must be lowercase and hyphenated).
+pub fn parse_shard_file_name(name: &str) -> Option<(u32, u32, &str)> {
+    let rest = name.strip_prefix("part-")?.strip_suffix(".safetensors")?;
+    let (partition, rest) = rest.split_once('-')?;
+    let (shard, uuid) = rest.split_once('-')?;
+    let digits = |s: &str, min: usize| s.len() >= min && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(partition, 5) || !digits(shard, 4) {
+        return None;
+    }
+    let groups: Vec<&str> = uuid.split('-').collect();
+    let lens = [8, 4, 4, 4, 12];
+    let uuid_ok = groups.len() == 5
+        && groups.iter().zip(lens).all(|(g, n)| {
+            g.len() == n
+                && g.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+    if !uuid_ok {
+        return None;
+    }
+    Some((partition.parse().ok()?, shard.parse().ok()?, uuid))
+}
+
+/// The trust rule for a shard name read from a manifest or an index (`shards[].shard_path`,
+/// `file_name`): a plain file name in the dataset directory, ending in `.safetensors`, that a
+/// dataset reader would list as a shard. Refused: empty names, path separators (`/`, `\`), `.`
+/// and `..`, a leading `.` or `_` (hidden and reserved names), a `:` (schemes, drive letters),
+/// control characters (NUL included). Nothing else is ever joined to a dataset path.
+pub fn check_shard_path(name: &str) -> Result<(), DatasetError> {
+    let problem = if name.is_empty() {
+        Some("it is empty")
+    } else if name.contains(['/', '\\']) {
+        Some("it contains a path separator")
+    } else if name.contains(':') {
+        Some("it contains ':' (a scheme or drive)")
+    } else if name.chars().any(char::is_control) {
+        Some("it contains a control character")
+    } else if name.starts_with('.') || name.starts_with('_') {
+        Some("it starts with '.' or '_' (hidden and reserved names are not shards)")
+    } else if !name.ends_with(".safetensors") || name.len() == ".safetensors".len() {
+        Some("it does not end in '.safetensors'")
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(p) => Err(DatasetError::UnsafeShardPath {
+            name: name.escape_debug().to_string(),
+            problem: p,
+        }),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_shard_names_pass() {
+        check_shard_path("part-00000-0000-550e8400-e29b-41d4-a716-446655440000.safetensors")
+            .unwrap();
+        check_shard_path("model-00001-of-00002.safetensors").unwrap();
+    }
+
+    #[test]
+    fn names_that_would_leave_the_directory_or_hide_fail() {
+        for bad in [
+            "",
+            "../victim/important.safetensors",
+            "..",
+            ".",
+            "a/b.safetensors",
+            "a\\b.safetensors",
+            "/etc/passwd.safetensors",
+            "s3://bucket/x.safetensors",
+            "C:x.safetensors",
+            "x\0.safetensors",
+            "x\n.safetensors",
+            ".hidden.safetensors",
+            "_staging.safetensors",
+            "notes.txt",
+            ".safetensors",
+            "dataset_manifest.json",
+        ] {
+            let e = check_shard_path(bad).unwrap_err().to_string();
+            assert!(e.contains("is not a shard file name"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn log_and_index_names_round_trip() {
+        assert_eq!(manifest_log_file_name(7), "00000000000000000007.json");
+        assert_eq!(
+            parse_manifest_log_file_name(&manifest_log_file_name(7)),
+            Some(7)
+        );
+        assert_eq!(parse_manifest_log_file_name("7.json"), None);
+        assert_eq!(
+            parse_manifest_log_file_name(".00000000000000000007.json.tmp"),
+            None
+        );
+        assert_eq!(
+            parse_index_part_file_name(&index_part_file_name(42)),
+            Some(42)
+        );
+        assert_eq!(parse_index_part_file_name("part-00000.parquet"), None);
+    }
+}
