@@ -139,11 +139,33 @@ def test_kv_get_through_the_index_reads_no_shard_header(tmp_path):
     with pytest.raises(KeyNotFoundError, match="key 'zz' not found"):
         ds.get("zz")
     assert all(s.tensors is None for s in ds.shards)
-    # an index that is a directory of parts works the same
+    # a directory of parts (spec/dataset.md §6): only the part of the manifest's version is read
     os.rename(f"{path}/_tensor_index.parquet", f"{path}/part-0.parquet")
     os.mkdir(f"{path}/_tensor_index.parquet")
     os.rename(f"{path}/part-0.parquet", f"{path}/_tensor_index.parquet/part-00000000000000000001.parquet")
-    assert open_dataset(path, check_headers=False).get("a")["emb"].tolist() == values["a"]["emb"].tolist()
+    with open(f"{path}/_tensor_index.parquet/part-00000000000000000000.parquet", "wb") as f:
+        f.write(b"an older part that must not be read")
+    ds = open_dataset(path, check_headers=False)
+    assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
+    assert all(s.tensors is None for s in ds.shards)
+    # no part of this version: the headers answer
+    handmade.write_manifest(path, {**handmade.read_manifest(path), "manifest_version": 2})
+    ds = open_dataset(path, check_headers=False)
+    assert ds.get("b")["emb"].tolist() == values["b"]["emb"].tolist()
+    assert any(s.tensors is not None for s in ds.shards)
+
+
+def test_an_index_naming_an_unlisted_shard_is_an_error(tmp_path):
+    path = str(tmp_path / "kv")
+    handmade.write_kv_dataset(path, [["a"], ["b"]])
+    handmade.write_index(path)
+    m = handmade.read_manifest(path)
+    dropped = m["shards"].pop()
+    m.update(total_samples=1, total_bytes=m["shards"][0]["bytes"])
+    handmade.write_manifest(path, m)
+    with pytest.raises(safetensors_spark.IndexFileError, match=f"names shard {dropped['shard_path']}, which "
+                                                               "dataset_manifest.json does not list"):
+        open_dataset(path).get("a")
 
 
 def test_get_on_a_batch_dataset_and_unknown_columns_are_errors(tmp_path):

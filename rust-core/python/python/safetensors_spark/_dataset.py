@@ -429,16 +429,24 @@ class Dataset:
 
     def _load_index(self):
         """``(key -> [(shard, column, Tensor)], names of the shards it covers)`` from
-        ``_tensor_index.parquet`` (a file or a directory of parts), or None without one."""
+        ``_tensor_index.parquet``, or None without one. A directory of parts (spec/dataset.md §6)
+        is read through the part of the manifest's ``manifest_version`` only (none: no index);
+        without a ``manifest_version`` (published-only), all its parts; a single file as it is."""
         if self._index_loaded:
             return self._index
         self._index_loaded = True
-        if not self._store.exists(INDEX_NAME):
+        name = INDEX_NAME
+        if not self._store.exists(name):
             return None
+        version = self.manifest.get("manifest_version")
+        if version is not None and self._store.isdir(name):
+            name = f"{INDEX_NAME}/part-{version:020d}.parquet"
+            if not self._store.exists(name):
+                return None
         import pyarrow.parquet as pq
 
-        source, fs = self._store.parquet_source(INDEX_NAME)
-        url = self._store.url(INDEX_NAME)
+        source, fs = self._store.parquet_source(name)
+        url = self._store.url(name)
         cols = ["file_name", "tensor_key", "dtype", "shape", "data_start", "data_end", "sample_key", "column"]
         try:
             table = pq.read_table(source, filesystem=fs, columns=cols)

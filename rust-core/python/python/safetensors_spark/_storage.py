@@ -37,6 +37,9 @@ class LocalStore:
     def exists(self, name):
         return os.path.exists(self.url(name))
 
+    def isdir(self, name):
+        return os.path.isdir(self.url(name))
+
     def size(self, name):
         return os.stat(self.url(name)).st_size
 
@@ -85,6 +88,9 @@ class FsspecStore:
     def exists(self, name):
         return self.fs.exists(self.url(name))
 
+    def isdir(self, name):
+        return self.fs.isdir(self.url(name))
+
     def size(self, name):
         return int(self.fs.size(self.url(name)))
 
@@ -126,6 +132,9 @@ class CachedStore(LocalStore):
 
     def exists(self, name):
         return self.remote.exists(name)
+
+    def isdir(self, name):
+        return self.remote.isdir(name)
 
     def size(self, name):
         return self.remote.size(name)
