@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
     (df.write.format("safetensors").option("batch_size", 256).option("columns", "embedding,label")
        .option("dtypes", json.dumps({"embedding": "BF16"})).save(str(batch_dir)))
     manifest = json.loads((batch_dir / "dataset_manifest.json").read_text())
-    print(f"batch mode: {len(manifest['shards'])} shards, {manifest['total_samples']} samples, tensors {manifest['tensors']}")
+    print(f"batch mode: {len(manifest['shards'])} shards, {manifest['total_samples']} samples, schema {manifest['schema']}")
     print(subprocess.run([CLI, "inspect", batch_dir / manifest["shards"][0]["shard_path"]], check=True, capture_output=True, text=True).stdout)
 
     # Read every shard with the reference package and compare with numpy's own BF16 rounding.
