@@ -105,6 +105,21 @@ def test_open_dataset_len_columns_items_and_shards(tmp_path):
     assert [int(s["y"]) for s in ds] == list(range(7))
 
 
+def test_a_dataset_without_shards_opens_empty(tmp_path):
+    path = str(tmp_path / "empty")
+    os.makedirs(path)
+    manifest = handmade._manifest([], {})
+    manifest.update(format="safetensors-spark-dataset", created_by="tests", manifest_version=1, layout="batch",
+                    batch_size=4, tail_strategy="write", kv_separator=None, padded_samples=0, dropped_samples=0)
+    handmade.write_manifest(path, manifest)
+    ds = open_dataset(path)
+    assert (len(ds), ds.columns, list(ds.iter_shards())) == (0, [], [])
+    it = SafetensorsIterableDataset(path, batch_size=2, shuffle=True)
+    assert (len(it), list(loader(it)), it.state_dict()["position"]) == (0, [], 0)
+    with pytest.raises(IndexError, match="out of range for dataset .* with 0 samples"):
+        SafetensorsDataset(path)[0]
+
+
 @pytest.mark.parametrize("metadata", [True, False])
 def test_published_only_manifests_open(tmp_path, metadata):
     """Only the published fields: the layout comes from the shards' __metadata__, else from their
