@@ -252,6 +252,10 @@ def test_arguments_are_checked(data):
         SafetensorsIterableDataset(data, columns=["x", "nope"])
     with pytest.raises(ValueError, match="persistent_workers"):
         loader(SafetensorsIterableDataset(data), num_workers=1, persistent_workers=True)
+    with pytest.raises(ValueError, match="in_order=False"):
+        loader(SafetensorsIterableDataset(data), num_workers=1, in_order=False)
+    with pytest.raises(ValueError, match="do not pass batch_size"):
+        loader(SafetensorsIterableDataset(data), batch_size=4)
 
 
 def test_kv_dataset_batches_stack_rows_and_get(tmp_path):

@@ -337,7 +337,8 @@ def loader(dataset, **kwargs):
     """A ``DataLoader`` over a :class:`SafetensorsIterableDataset` (``batch_size=None``: the
     dataset batches) that counts, in this process, the batches the training loop has taken, so
     ``dataset.state_dict()`` is exact for any ``num_workers``. Other keyword arguments go to
-    ``DataLoader``; ``persistent_workers`` is refused (workers would keep a stale epoch)."""
+    ``DataLoader``; ``persistent_workers`` (workers would keep a stale epoch) and ``in_order=False``
+    are refused."""
     if not isinstance(dataset, SafetensorsIterableDataset):
         raise TypeError(f"loader() takes a SafetensorsIterableDataset, got {type(dataset).__name__}")
     if kwargs.get("batch_size") is not None:
@@ -345,5 +346,8 @@ def loader(dataset, **kwargs):
     if kwargs.get("persistent_workers"):
         raise ValueError("loader(): persistent_workers=True would keep each worker's copy of the dataset, so "
                          "set_epoch() and load_state_dict() would not reach it; leave it False")
+    if kwargs.get("in_order") is False:
+        raise ValueError("loader(): in_order=False returns batches in completion order, which breaks the "
+                         "sample order and the resume count; leave it True")
     kwargs["batch_size"] = None
     return _CountingLoader(dataset, **kwargs)
