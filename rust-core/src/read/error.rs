@@ -103,6 +103,11 @@ pub enum ReadErrorKind {
     #[error("invalid dataset manifest: {0}")]
     Manifest(String),
 
+    /// A shard a dataset's manifest lists is not in the directory (the error's `file` is the
+    /// missing shard).
+    #[error("listed in {manifest} but missing; a dataset whose shards are gone cannot be read whole (set ignoreMissingFiles=true, or spark.sql.files.ignoreMissingFiles, to read what is left)")]
+    MissingShard { manifest: String },
+
     /// A `_tensor_index.parquet` that cannot be read (the message names the index).
     #[error("invalid tensor index: {0}")]
     Index(String),

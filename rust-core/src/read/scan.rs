@@ -154,6 +154,10 @@ pub struct ScanInput {
     pub manifests: Vec<ManifestInput>,
     #[serde(default)]
     pub ignore_corrupt: bool,
+    /// A shard a manifest lists that was not listed: excluded (with the reason) instead of the
+    /// scan's error.
+    #[serde(default)]
+    pub ignore_missing: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -534,6 +538,25 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         .iter()
         .map(|f| (f.file.as_str(), f.length))
         .collect();
+    let mut excluded = Vec::new();
+    for m in &manifests {
+        for s in &m.manifest.shards {
+            let uri = format!("{}/{}", m.dir, s.shard_path);
+            if !lengths.contains_key(uri.as_str()) {
+                let e = ReadErrorKind::MissingShard {
+                    manifest: format!("{}/{MANIFEST_FILE_NAME}", m.dir),
+                }
+                .in_file(&uri);
+                if !input.ignore_missing {
+                    return Err(e);
+                }
+                excluded.push(Excluded {
+                    file: uri,
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
     for m in &mut manifests {
         m.consistent =
             m.manifest.shards.iter().all(|s| {
@@ -544,7 +567,6 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
     sorted.sort_by(|a, b| a.file.cmp(&b.file));
     sorted.dedup_by(|a, b| a.file == b.file);
     let mut files = Vec::with_capacity(sorted.len());
-    let mut excluded = Vec::new();
     for f in sorted {
         let (dir, name) = split_uri(&f.file);
         let mut shard = None;

@@ -240,6 +240,7 @@ pub(crate) fn input(files: &[FileInput], manifests: &[ManifestInput]) -> ScanInp
         files: files.to_vec(),
         manifests: manifests.to_vec(),
         ignore_corrupt: false,
+        ignore_missing: false,
     }
 }
 
@@ -597,6 +598,48 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
     let mut names = field_names(&d.schema);
     names.sort();
     assert_eq!(names, ["x", "y"]);
+}
+
+#[test]
+fn a_listed_shard_that_is_missing_fails_the_scan_naming_it_unless_ignored() {
+    let dir = Dir::new("missing");
+    let (a, b, m) = two_shards(&dir);
+    let req = |ignore_missing| DescribeRequest {
+        layout: LayoutOption::Auto,
+        input: ScanInput {
+            ignore_missing,
+            ..input(std::slice::from_ref(&a), std::slice::from_ref(&m))
+        },
+    };
+    let e = describe(&req(false)).unwrap_err();
+    assert_eq!(e.file, b.file, "{e}");
+    assert!(matches!(e.kind, ReadErrorKind::MissingShard { .. }), "{e}");
+    assert!(e.to_string().contains("dataset_manifest.json"), "{e}");
+    // ignored: left out with the reason, the rest read from its header
+    let bytes = std::fs::read(path_of(&a.file)).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let with_header = FileInput {
+        header: Some(String::from_utf8(bytes[8..8 + n].to_vec()).unwrap()),
+        ..a.clone()
+    };
+    let d = describe(&DescribeRequest {
+        layout: LayoutOption::Auto,
+        input: ScanInput {
+            ignore_missing: true,
+            ..input(&[with_header], std::slice::from_ref(&m))
+        },
+    })
+    .unwrap();
+    let Answer::Ready(d) = d else {
+        panic!("expected a description, got {d:?}")
+    };
+    assert!(
+        d.excluded
+            .iter()
+            .any(|x| x.file == b.file && x.reason.contains("missing")),
+        "{:?}",
+        d.excluded
+    );
 }
 
 #[test]

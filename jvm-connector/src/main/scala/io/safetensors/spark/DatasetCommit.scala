@@ -150,6 +150,10 @@ private[spark] object DatasetCommit {
 
   private val mapper = new ObjectMapper()
 
+  /** Tests only: called with the version a commit attempt is about to create, after the attempt
+   *  read its base (lets a test make concurrent writers race for one version). */
+  @volatile private[spark] var beforeCreate: Long => Unit = null
+
   def logName(version: Long): String = f"$version%020d.json"
 
   def parseLogName(name: String): Option[Long] =

@@ -20,11 +20,13 @@ private[spark] final case class ReadOptions(
     layout: String,
     recursive: Boolean,
     ignoreCorruptFiles: Boolean,
-    batchRows: Long)
+    batchRows: Long,
+    ignoreMissingFiles: Boolean = false)
 
 private[spark] object ReadOptions {
   val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
-  val Keys: Seq[String] = Seq("layout", "recursiveFileLookup", "ignoreCorruptFiles", "read_batch_rows")
+  val Keys: Seq[String] =
+    Seq("layout", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles", "read_batch_rows")
   val BatchBytes: Long = 64L << 20
 
   private val mapper = new ObjectMapper()
@@ -39,7 +41,8 @@ private[spark] object ReadOptions {
     }
 
   /** `options` with case-insensitive keys (Spark's CaseInsensitiveStringMap, lower-cased). */
-  def parse(options: Map[String, String], ignoreCorruptDefault: Boolean): ReadOptions = {
+  def parse(options: Map[String, String], ignoreCorruptDefault: Boolean,
+      ignoreMissingDefault: Boolean = false): ReadOptions = {
     val o = options.map { case (k, v) => k.toLowerCase -> v }
     val unknown = o.keySet -- Keys.map(_.toLowerCase) -- Set("path", "paths")
     if (unknown.nonEmpty) {
@@ -68,7 +71,8 @@ private[spark] object ReadOptions {
       n
     }.getOrElse(4096L)
     ReadOptions(paths, layout, bool(o, "recursivefilelookup", default = true),
-      bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows)
+      bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows,
+      bool(o, "ignoremissingfiles", ignoreMissingDefault))
   }
 }
 
@@ -206,6 +210,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       summaries.get((dir, predicatesJson)).foreach(s => m.set[JsonNode]("index", s))
     }
     node.put("ignore_corrupt", options.ignoreCorruptFiles)
+    node.put("ignore_missing", options.ignoreMissingFiles)
     node
   }
 

@@ -34,7 +34,7 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
   private def readSource(options: Map[String, String]): ReadSource = {
     val spark = SparkSession.active
     val (_, _, ignoreCorrupt) = SparkInternals.filesConf(spark)
-    val read = ReadOptions.parse(options, ignoreCorrupt)
+    val read = ReadOptions.parse(options, ignoreCorrupt, SparkInternals.ignoreMissingFiles(spark))
     new ReadSource(read, SparkInternals.hadoopConf(spark, options))
   }
 

@@ -155,6 +155,7 @@ private[spark] object SafetensorsWriter {
         attempts += 1
         base = commits.latest()
         next = mapper.readTree(NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append))
+        Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
         committed = commits.tryCommit(next.get("version").asLong(), next.get("manifest").asText(), writeId)
       }
       val version = next.get("version").asLong()

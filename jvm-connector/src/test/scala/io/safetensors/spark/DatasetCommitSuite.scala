@@ -81,6 +81,24 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
     } finally pool.shutdownNow()
   }
 
+  /** Runs `body` with every writer's first commit attempt held until `writers` attempts have read
+   *  their base: they all try to create the same version, so all but one must retry. */
+  private def racingForOneVersion[T](writers: Int)(body: => T): T = {
+    val barrier = new java.util.concurrent.CyclicBarrier(writers)
+    val first = ThreadLocal.withInitial[java.lang.Boolean](() => true)
+    val versions = new java.util.concurrent.ConcurrentLinkedQueue[Long]()
+    DatasetCommit.beforeCreate = v => {
+      versions.add(v)
+      if (first.get()) { first.set(false); barrier.await(2, TimeUnit.MINUTES) }
+    }
+    try {
+      val out = body
+      val tried = versions.asScala.toSeq
+      assert(tried.count(_ == tried.min) == writers, s"every writer first tried the same version: $tried")
+      out
+    } finally DatasetCommit.beforeCreate = null
+  }
+
   private def messages(t: Throwable): String =
     Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
 
@@ -88,9 +106,11 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
     for (trial <- 1 to 3) {
       val path = freshPath()
       tagged(1, 0, 1).write.format("safetensors").option("batch_size", "4").save(path)
-      val outcomes = concurrently((1 to 4).map { w => () =>
-        tagged(50, w).write.format("safetensors").option("batch_size", "4").mode("append").save(path)
-      })
+      val outcomes = racingForOneVersion(4) {
+        concurrently((1 to 4).map { w => () =>
+          tagged(50, w).write.format("safetensors").option("batch_size", "4").mode("append").save(path)
+        })
+      }
       outcomes.foreach { o => assert(o.isRight, s"trial $trial: ${o.left.map(messages)}") }
       val m = manifest(path)
       assert(m.get("total_samples").asLong == 201, s"trial $trial: ${m.get("total_samples")}")
@@ -109,9 +129,11 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
     for (trial <- 1 to 3) {
       val path = freshPath()
       tagged(10, 0).write.format("safetensors").option("batch_size", "4").save(path)
-      val outcomes = concurrently(Seq(
-        () => tagged(20, 1).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path),
-        () => tagged(30, 2).write.format("safetensors").option("batch_size", "4").mode("append").save(path)))
+      val outcomes = racingForOneVersion(2) {
+        concurrently(Seq(
+          () => tagged(20, 1).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path),
+          () => tagged(30, 2).write.format("safetensors").option("batch_size", "4").mode("append").save(path)))
+      }
       outcomes.foreach { o => assert(o.isRight, s"trial $trial: ${o.left.map(messages)}") }
       assert(listed(path) == onDisk(path), s"trial $trial")
       // append then overwrite: the overwrite's rows only; overwrite then append: both

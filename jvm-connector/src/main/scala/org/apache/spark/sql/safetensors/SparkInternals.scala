@@ -22,6 +22,10 @@ object SparkInternals {
     spark.asInstanceOf[ClassicSession].sessionState.newHadoopConfWithOptions(options)
 
   /** `spark.sql.files.maxPartitionBytes`, `openCostInBytes`, `ignoreCorruptFiles`. */
+  /** `spark.sql.files.ignoreMissingFiles` of the session. */
+  def ignoreMissingFiles(spark: org.apache.spark.sql.SparkSession): Boolean =
+    spark.asInstanceOf[ClassicSession].sessionState.conf.ignoreMissingFiles
+
   def filesConf(spark: org.apache.spark.sql.SparkSession): (Long, Long, Boolean) = {
     val c = spark.asInstanceOf[ClassicSession].sessionState.conf
     (c.filesMaxPartitionBytes, c.filesOpenCostInBytes, c.ignoreCorruptFiles)
