@@ -8,7 +8,8 @@
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
 //! * [`forensics`] — model-lake forensics: per-file and per-checkpoint reports (hashes, flags,
 //!   model information from `__metadata__`).
-//! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
+//! * `jni` — the JNI bridge to the JVM connector (the only module using the `jni` crate); behind
+//!   the default cargo feature `jni`, which the Python extension (`rust-core/python`) turns off.
 //! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
 //!   row layouts as Arrow record batches.
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
@@ -20,6 +21,7 @@ pub mod error;
 pub mod file;
 pub mod forensics;
 pub mod header;
+#[cfg(feature = "jni")]
 pub mod jni;
 pub mod read;
 pub mod write;
