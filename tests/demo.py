@@ -11,6 +11,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import safetensors.numpy
+import torch
 from pyspark.sql import SparkSession
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
     (df.write.format("safetensors").option("batch_size", 256).option("columns", "embedding,label")
        .option("dtypes", json.dumps({"embedding": "BF16"})).save(str(batch_dir)))
     manifest = json.loads((batch_dir / "dataset_manifest.json").read_text())
-    print(f"batch mode: {len(manifest['shards'])} shards, {manifest['total_samples']} samples, tensors {manifest['tensors']}")
+    print(f"batch mode: {len(manifest['shards'])} shards, {manifest['total_samples']} samples, schema {manifest['schema']}")
     print(subprocess.run([CLI, "inspect", batch_dir / manifest["shards"][0]["shard_path"]], check=True, capture_output=True, text=True).stdout)
 
     # Read every shard with the reference package and compare with numpy's own BF16 rounding.
@@ -70,6 +71,14 @@ with tempfile.TemporaryDirectory() as tmp:
     hit = spark.read.format("safetensors").load(str(kv_dir)).where("key = 'item42__embedding'").select("dtype", "shape", "decoded").collect()
     assert len(hit) == 1 and np.array_equal(np.array(hit[0].decoded, dtype=np.float32), emb[42])
     print(f"spark.read per tensor: item42__embedding -> {hit[0].dtype} {hit[0].shape}, values equal")
+
+    # PyTorch: the three-line training loop over the batch dataset (package safetensors_spark).
+    from safetensors_spark.torch import SafetensorsIterableDataset, loader
+    ds = SafetensorsIterableDataset(str(batch_dir), batch_size=100, shuffle=True, seed=0)
+    batches = [batch for batch in loader(ds, num_workers=2)]
+    got = {(int(l), e.view(torch.int16).numpy().tobytes()) for b in batches for l, e in zip(b["label"], b["embedding"])}
+    assert batches[0]["embedding"].dtype == torch.bfloat16 and got == want
+    print(f"PyTorch: {len(batches)} shuffled batches of {list(batches[0]['embedding'].shape)} bfloat16, every row once")
 
 spark.stop()
 print("demo ok")

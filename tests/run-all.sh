@@ -8,6 +8,8 @@ echo "== Rust: format, lints, tests"
 cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked
+# the Python extension crate (not a default member: maturin builds it in setup-env.sh)
+cargo clippy --locked -p safetensors-spark-python --all-targets -- -D warnings
 
 if [ -f jvm-connector/pom.xml ]; then
   echo "== JVM connector: build, jar, ScalaTest"

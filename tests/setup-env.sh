@@ -15,6 +15,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 PYTHON=$VENV/bin/python
+# The Python package safetensors_spark (rust-core/python: a PyO3 extension + pure Python),
+# installed editable into the venv with maturin; rebuilt when the Rust sources, the crate files or
+# this checkout's location change (Python edits need no rebuild: the install points at the source).
+ext_stamp="$VENV/.safetensors_spark.sha256"
+ext_want=$( (cd "$ROOT" && echo "$ROOT" && find Cargo.toml Cargo.lock rust-core/Cargo.toml rust-core/src \
+  rust-core/python/Cargo.toml rust-core/python/pyproject.toml rust-core/python/src -type f -print0 \
+  | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$ext_stamp" 2>/dev/null)" != "$ext_want" ] \
+  || ! ls "$ROOT"/rust-core/python/python/safetensors_spark/_native*.so >/dev/null 2>&1; then
+  VIRTUAL_ENV=$VENV "$VENV/bin/maturin" develop --release --locked -q -m "$ROOT/rust-core/python/Cargo.toml"
+  echo "$ext_want" > "$ext_stamp"
+fi
 export SPARK_LOCAL_IP=127.0.0.1
 export PYSPARK_PYTHON=$PYTHON
 export PYSPARK_DRIVER_PYTHON=$PYTHON

@@ -143,6 +143,69 @@ pub fn parse_file_bytes(bytes: &[u8]) -> Result<Header, FormatError> {
 /// `file_len` bytes.
 pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let header_len = json.len() as u64;
+    let items = parse_header_items(json)?;
+    let mut metadata = None;
+    let mut tensors = Vec::with_capacity(items.len());
+    for item in items {
+        match item? {
+            HeaderItem::Metadata(m) => metadata = m?,
+            HeaderItem::Tensor(parts) => tensors.push((*parts).into_tensor()?),
+        }
+    }
+    let data_len = validate_layout(&mut tensors)?;
+    check_coverage(header_len, data_len, file_len)?;
+    Ok(Header::new(metadata, tensors, header_len, data_len))
+}
+
+/// One top-level entry of a header, parsed as far as its own rules allow (rules 7–8).
+#[derive(Debug)]
+pub enum HeaderItem {
+    /// The `__metadata__` entry: its map (`None` for `null`) or why it is invalid (rule 7).
+    Metadata(Result<Option<BTreeMap<String, String>>, FormatError>),
+    /// A tensor entry, each field parsed on its own.
+    Tensor(Box<TensorParts>),
+}
+
+/// A tensor entry with each of its fields parsed on its own, so that one bad field does not hide
+/// the others. [`TensorParts::into_tensor`] is the strict reading: the first error, in the order
+/// of format.md §3.2.
+#[derive(Debug)]
+pub struct TensorParts {
+    pub name: String,
+    /// The first structural problem of the entry, in field order: not an object (rule 8a), an
+    /// unknown field (8b) or a field given twice (6).
+    pub entry_error: Option<FormatError>,
+    /// Rule 8c (or 8f when missing).
+    pub dtype: Result<Dtype, FormatError>,
+    /// Rule 8d (or 8f when missing).
+    pub shape: Result<Vec<u64>, FormatError>,
+    /// Rule 8e (or 8f when missing).
+    pub data_offsets: Result<[u64; 2], FormatError>,
+}
+
+impl TensorParts {
+    /// The tensor, or the first rule it breaks.
+    pub fn into_tensor(self) -> Result<TensorInfo, FormatError> {
+        if let Some(e) = self.entry_error {
+            return Err(e);
+        }
+        Ok(TensorInfo {
+            dtype: self.dtype?,
+            shape: self.shape?,
+            data_offsets: self.data_offsets?,
+            name: self.name,
+        })
+    }
+}
+
+/// Rules 4–8 without stopping at the first broken one: the header's top-level entries in JSON
+/// order, each parsed on its own. The outer error is a header that is not UTF-8, not JSON or not
+/// an object (nothing else can be read from it); an inner `Err` is a duplicate top-level key
+/// (rule 6), whose entry is not parsed. [`parse_header`] stops at the first error of this list;
+/// the forensic report (`crate::forensics`) collects them all.
+pub fn parse_header_items(
+    json: &[u8],
+) -> Result<Vec<Result<HeaderItem, FormatError>>, FormatError> {
     let text = std::str::from_utf8(json).map_err(|e| FormatError::HeaderNotUtf8 {
         valid_up_to: e.valid_up_to(),
     })?;
@@ -157,33 +220,31 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
             })
         }
     };
-
-    let mut metadata = None;
     let mut seen_metadata = false;
     let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
-    let mut tensors = Vec::with_capacity(entries.len());
+    let mut items = Vec::with_capacity(entries.len());
     for (key, value) in &entries {
-        if key == METADATA_KEY {
-            if seen_metadata {
-                return Err(FormatError::DuplicateKey {
-                    key: key.clone(),
-                    context: "the header".into(),
-                });
-            }
-            seen_metadata = true;
-            metadata = parse_metadata(value)?;
+        let first = if key == METADATA_KEY {
+            !std::mem::replace(&mut seen_metadata, true)
         } else {
-            if !names.insert(key) {
-                return Err(FormatError::DuplicateKey {
-                    key: key.clone(),
-                    context: "the header".into(),
-                });
-            }
-            tensors.push(parse_tensor(key, value)?);
-        }
+            names.insert(key)
+        };
+        items.push(if !first {
+            Err(FormatError::DuplicateKey {
+                key: key.clone(),
+                context: "the header".into(),
+            })
+        } else if key == METADATA_KEY {
+            Ok(HeaderItem::Metadata(parse_metadata(value)))
+        } else {
+            Ok(HeaderItem::Tensor(Box::new(parse_tensor(key, value))))
+        });
     }
+    Ok(items)
+}
 
-    let data_len = validate_layout(&mut tensors)?;
+/// Rule 14: the prefix, the header and the data section make up the whole file.
+pub fn check_coverage(header_len: u64, data_len: u64, file_len: u64) -> Result<(), FormatError> {
     let expected = PREFIX_LEN
         .checked_add(header_len)
         .and_then(|n| n.checked_add(data_len))
@@ -199,7 +260,7 @@ pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
             file_len,
         });
     }
-    Ok(Header::new(metadata, tensors, header_len, data_len))
+    Ok(())
 }
 
 fn parse_metadata(value: &Json) -> Result<Option<BTreeMap<String, String>>, FormatError> {
@@ -230,13 +291,24 @@ fn parse_metadata(value: &Json) -> Result<Option<BTreeMap<String, String>>, Form
     Ok(Some(map))
 }
 
-fn parse_tensor(name: &str, value: &Json) -> Result<TensorInfo, FormatError> {
-    let Json::Object(fields) = value else {
-        return Err(FormatError::TensorNotObject {
-            name: name.into(),
-            found: value.kind(),
-        });
+fn parse_tensor(name: &str, value: &Json) -> TensorParts {
+    let missing = |field| FormatError::MissingField {
+        name: name.into(),
+        field,
     };
+    let Json::Object(fields) = value else {
+        return TensorParts {
+            name: name.into(),
+            entry_error: Some(FormatError::TensorNotObject {
+                name: name.into(),
+                found: value.kind(),
+            }),
+            dtype: Err(missing("dtype")),
+            shape: Err(missing("shape")),
+            data_offsets: Err(missing("data_offsets")),
+        };
+    };
+    let mut entry_error = None;
     let (mut dtype, mut shape, mut offsets) = (None, None, None);
     for (field, v) in fields {
         let slot = match field.as_str() {
@@ -244,63 +316,61 @@ fn parse_tensor(name: &str, value: &Json) -> Result<TensorInfo, FormatError> {
             "shape" => &mut shape,
             "data_offsets" => &mut offsets,
             _ => {
-                return Err(FormatError::UnknownField {
+                entry_error.get_or_insert(FormatError::UnknownField {
                     name: name.into(),
                     field: field.clone(),
-                })
+                });
+                continue;
             }
         };
-        if slot.replace(v).is_some() {
-            return Err(FormatError::DuplicateKey {
+        if slot.is_some() {
+            entry_error.get_or_insert(FormatError::DuplicateKey {
                 key: field.clone(),
                 context: format!("tensor `{name}`"),
             });
+        } else {
+            *slot = Some(v);
         }
     }
-    let missing = |field| FormatError::MissingField {
-        name: name.into(),
-        field,
-    };
-    let dtype = match dtype.ok_or_else(|| missing("dtype"))? {
-        Json::String(s) => Dtype::from_name(s).ok_or_else(|| FormatError::UnknownDtype {
+    let dtype = match dtype {
+        None => Err(missing("dtype")),
+        Some(Json::String(s)) => Dtype::from_name(s).ok_or_else(|| FormatError::UnknownDtype {
             name: name.into(),
             dtype: s.clone(),
-        })?,
-        other => {
-            return Err(FormatError::DtypeNotString {
-                name: name.into(),
-                found: other.kind(),
-            })
-        }
+        }),
+        Some(other) => Err(FormatError::DtypeNotString {
+            name: name.into(),
+            found: other.kind(),
+        }),
     };
-    let shape = unsigned_array(shape.ok_or_else(|| missing("shape"))?).map_err(|problem| {
-        FormatError::InvalidShape {
+    let shape = match shape {
+        None => Err(missing("shape")),
+        Some(v) => unsigned_array(v).map_err(|problem| FormatError::InvalidShape {
             name: name.into(),
             problem,
-        }
-    })?;
-    let offsets = unsigned_array(offsets.ok_or_else(|| missing("data_offsets"))?);
-    let data_offsets = match offsets {
-        Ok(v) if v.len() == 2 => [v[0], v[1]],
-        Ok(v) => {
-            return Err(FormatError::InvalidOffsets {
+        }),
+    };
+    let data_offsets = match offsets.map(unsigned_array) {
+        None => Err(missing("data_offsets")),
+        Some(Ok(v)) => match v.as_slice() {
+            &[begin, end] => Ok([begin, end]),
+            _ => Err(FormatError::InvalidOffsets {
                 name: name.into(),
                 problem: format!("found {} integers", v.len()),
-            })
-        }
-        Err(problem) => {
-            return Err(FormatError::InvalidOffsets {
-                name: name.into(),
-                problem,
-            })
-        }
+            }),
+        },
+        Some(Err(problem)) => Err(FormatError::InvalidOffsets {
+            name: name.into(),
+            problem,
+        }),
     };
-    Ok(TensorInfo {
+    TensorParts {
         name: name.into(),
+        entry_error,
         dtype,
         shape,
         data_offsets,
-    })
+    }
 }
 
 fn unsigned_array(value: &Json) -> Result<Vec<u64>, String> {
@@ -325,43 +395,59 @@ fn validate_layout(tensors: &mut [TensorInfo]) -> Result<u64, FormatError> {
     tensors.sort_by_key(|t| t.data_offsets);
     let mut cursor = 0u64;
     for t in tensors.iter() {
-        let [begin, end] = t.data_offsets;
-        if begin > cursor {
-            return Err(FormatError::OffsetHole {
-                name: t.name.clone(),
-                begin,
-                end,
-                expected: cursor,
-            });
-        }
-        if begin < cursor {
-            return Err(FormatError::OffsetOverlap {
-                name: t.name.clone(),
-                begin,
-                end,
-                expected: cursor,
-            });
-        }
-        if end < begin {
-            return Err(FormatError::ReversedOffsets {
-                name: t.name.clone(),
-                begin,
-                end,
-            });
-        }
-        let expected = tensor_byte_len(&t.name, t.dtype, &t.shape)?;
-        if end - begin != expected {
-            return Err(FormatError::SizeMismatch {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                expected,
-                actual: end - begin,
-            });
-        }
-        cursor = end;
+        check_placement(&t.name, t.data_offsets, cursor)?;
+        check_size(t)?;
+        cursor = t.data_offsets[1];
     }
     Ok(cursor)
+}
+
+/// Rules 9–10 for one tensor taken in data order: it begins exactly where the previous one
+/// ended (`cursor`) and does not end before it begins.
+pub fn check_placement(name: &str, offsets: [u64; 2], cursor: u64) -> Result<(), FormatError> {
+    let [begin, end] = offsets;
+    if begin > cursor {
+        return Err(FormatError::OffsetHole {
+            name: name.into(),
+            begin,
+            end,
+            expected: cursor,
+        });
+    }
+    if begin < cursor {
+        return Err(FormatError::OffsetOverlap {
+            name: name.into(),
+            begin,
+            end,
+            expected: cursor,
+        });
+    }
+    if end < begin {
+        return Err(FormatError::ReversedOffsets {
+            name: name.into(),
+            begin,
+            end,
+        });
+    }
+    Ok(())
+}
+
+/// Rules 11–13 for one tensor: its shape and dtype give exactly the bytes its offsets span.
+/// Returns that byte count.
+pub fn check_size(t: &TensorInfo) -> Result<u64, FormatError> {
+    let [begin, end] = t.data_offsets;
+    let expected = tensor_byte_len(&t.name, t.dtype, &t.shape)?;
+    let actual = end.wrapping_sub(begin);
+    if end < begin || actual != expected {
+        return Err(FormatError::SizeMismatch {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            expected,
+            actual,
+        });
+    }
+    Ok(expected)
 }
 
 /// Byte size of a tensor of `shape` and `dtype`, with checked arithmetic and the sub-byte rule.

@@ -6,7 +6,10 @@
 //! * [`dataset`] — the dataset layout: file names, `dataset_manifest.json`, the tensor index;
 //!   used by the write path, the read path and the Python package.
 //! * [`file`] — writing files (temp file + rename) and reading them through a memory map.
-//! * [`jni`] — the JNI bridge to the JVM connector (the only module using the `jni` crate).
+//! * [`forensics`] — model-lake forensics: per-file and per-checkpoint reports (hashes, flags,
+//!   model information from `__metadata__`).
+//! * `jni` — the JNI bridge to the JVM connector (the only module using the `jni` crate); behind
+//!   the default cargo feature `jni`, which the Python extension (`rust-core/python`) turns off.
 //! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
 //!   row layouts as Arrow record batches.
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
@@ -16,7 +19,9 @@ pub mod dataset;
 pub mod dtype;
 pub mod error;
 pub mod file;
+pub mod forensics;
 pub mod header;
+#[cfg(feature = "jni")]
 pub mod jni;
 pub mod read;
 pub mod write;

@@ -3,21 +3,29 @@
 //! ```text
 //! safetensors-spark inspect FILE...   per file, JSON: metadata and each tensor's dtype, shape, offsets
 //! safetensors-spark validate FILE...  exit 0 if every file is valid, else 1; prints `FILE: <error>`
+//! safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
+//!                                     forensic report per file and per sharded checkpoint
+//!                                     (spec/forensics.md); exit 0 clean, 1 warnings, 2 errors
 //! ```
+
+#[path = "safetensors-spark/report.rs"]
+mod report;
 
 use safetensors_spark::file::read_header;
 use safetensors_spark::header::Header;
 use serde_json::{json, Value};
 use std::process::ExitCode;
 
-const USAGE: &str =
-    "usage: safetensors-spark inspect FILE...\n       safetensors-spark validate FILE...";
+const USAGE: &str = "usage: safetensors-spark inspect FILE...
+       safetensors-spark validate FILE...
+       safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
         Some((cmd, files)) if cmd == "inspect" && !files.is_empty() => inspect(files),
         Some((cmd, files)) if cmd == "validate" && !files.is_empty() => validate(files),
+        Some((cmd, rest)) if cmd == "report" => report::run(rest, USAGE),
         Some((cmd, _)) if cmd == "--help" || cmd == "-h" => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -24,7 +24,8 @@ use crate::dataset::manifest::{next_manifest, parse_manifest, superseded_shards}
 use crate::dataset::names::MANIFEST_FILE_NAME;
 use crate::dataset::DatasetError;
 use crate::write::commit::{
-    commit_manifest, index_rows, rewrite_shard_without, shard_report_from_header,
+    check_keys_against_dataset, commit_manifest, index_rows, rewrite_shard_without,
+    shard_report_from_header,
 };
 use crate::write::plan::{check_append, plan_write};
 use crate::write::task::{import_batch, TaskWriter};
@@ -504,6 +505,36 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_writeIndex<'lo
     })
 }
 
+/// One shard the dataset already lists, for [`check_keys_against_dataset_json`].
+#[derive(serde::Deserialize)]
+struct ExistingShard {
+    file: String,
+    /// The N header bytes after the 8-byte prefix, as text.
+    header: String,
+    length: u64,
+}
+
+/// `checkKeysAgainstDataset`: a KV append's keys (this write's task reports) against the
+/// dataset's existing shards (`[{"file", "header", "length"}]`); a key stored again is a
+/// `SafetensorsException` naming it and both shards.
+pub fn check_keys_against_dataset_json(
+    plan_json: &str,
+    reports_json: &str,
+    existing_json: &str,
+) -> Result<(), JniError> {
+    let plan = parse_plan(plan_json)?;
+    let reports: Vec<TaskReport> = parse_json(reports_json, "task reports")?;
+    let existing: Vec<ExistingShard> = parse_json(existing_json, "existing shards")?;
+    let shards: Vec<ShardReport> = reports.into_iter().flat_map(|r| r.shards).collect();
+    let mut headers = Vec::with_capacity(existing.len());
+    for e in &existing {
+        let h = crate::header::parse_header(e.header.as_bytes(), e.length)
+            .map_err(|err| failed(format!("{}: {err}", e.file)))?;
+        headers.push((e.file.as_str(), h));
+    }
+    check_keys_against_dataset(&plan, &shards, headers.iter().map(|(f, h)| (*f, h))).map_err(failed)
+}
+
 pub fn shard_report_from_header_json(
     file: &str,
     header_json: &str,
@@ -514,6 +545,25 @@ pub fn shard_report_from_header_json(
     let header = crate::header::parse_header(header_json.as_bytes(), file_len)
         .map_err(|e| failed(format!("{file}: {e}")))?;
     to_json(&shard_report_from_header(file, &header, &plan))
+}
+
+/// `static native void checkKeysAgainstDataset(String planJson, String taskReportsJsonArray, String existingShardsJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkKeysAgainstDataset<
+    'local,
+>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    reports: JString<'local>,
+    existing: JString<'local>,
+) {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let reports = arg(env, &reports, "taskReportsJsonArray")?;
+        let existing = arg(env, &existing, "existingShardsJson")?;
+        check_keys_against_dataset_json(&plan, &reports, &existing)
+    })
 }
 
 /// `static native String shardReportFromHeader(String fileName, String headerJson, long fileLength, String planJson)`

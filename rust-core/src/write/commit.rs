@@ -53,6 +53,17 @@ pub enum CommitError {
         second_file: String,
     },
 
+    #[error("key '{key}' is already in the dataset (shard {existing_file}) and this append writes it again (shard {new_file}); {}", match strategy {
+        DuplicatesStrategy::Fail => "duplicatesStrategy=fail forbids a key twice in a dataset",
+        DuplicatesStrategy::LastWin => "duplicatesStrategy=lastWin replaces keys within one write only; replacing a key an earlier write stored is not supported yet (overwrite the dataset, or leave the key out of this write)",
+    })]
+    KeyInDataset {
+        key: String,
+        existing_file: String,
+        new_file: String,
+        strategy: DuplicatesStrategy,
+    },
+
     #[error("task report of partition {partition} is invalid: {problem}")]
     BadReport { partition: u32, problem: String },
 
@@ -121,28 +132,82 @@ pub fn index_rows(shard: &ShardReport) -> Vec<IndexRow> {
         .collect()
 }
 
+/// `(key, column)` of a KV tensor name `<key><separator><column>`: the one written column of
+/// `plan` that ends the name after the separator (one at most, by the plan's rule,
+/// spec/dataset.md §3); `None` when no column does.
+pub fn split_kv_name<'a>(
+    name: &'a str,
+    separator: &str,
+    plan: &'a WritePlan,
+) -> Option<(&'a str, &'a str)> {
+    plan.columns.iter().find_map(|c| {
+        let key = name
+            .strip_suffix(c.name.as_str())?
+            .strip_suffix(separator)?;
+        Some((key, c.name.as_str()))
+    })
+}
+
+/// KV append: the keys this write stores against the shards the dataset already lists
+/// (`existing`: their names and validated headers). A key stored again fails the commit naming
+/// the key and both shards (spec/dataset.md §3): with `fail` by definition; with `lastWin`
+/// because replacing a key of an earlier write is not supported yet. Memory: this write's keys,
+/// plus one existing header at a time in the caller's hands.
+pub fn check_keys_against_dataset<'h>(
+    plan: &WritePlan,
+    shards: &[ShardReport],
+    existing: impl IntoIterator<Item = (&'h str, &'h Header)>,
+) -> Result<(), CommitError> {
+    let WriteLayout::Kv {
+        kv_separator,
+        duplicates,
+        ..
+    } = &plan.layout
+    else {
+        return Ok(());
+    };
+    let new: HashMap<&str, &str> = shards
+        .iter()
+        .flat_map(|s| {
+            s.tensors
+                .iter()
+                .filter_map(move |t| t.sample_key.as_deref().map(|k| (k, s.file.as_str())))
+        })
+        .collect();
+    for (file, header) in existing {
+        for t in &header.tensors {
+            let Some((key, _)) = split_kv_name(&t.name, kv_separator, plan) else {
+                continue;
+            };
+            if let Some(new_file) = new.get(key) {
+                return Err(CommitError::KeyInDataset {
+                    key: key.to_string(),
+                    existing_file: file.to_string(),
+                    new_file: new_file.to_string(),
+                    strategy: *duplicates,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Rebuilds the report of a shard written by an earlier write from its validated header, so an
 /// index created by a later append covers it too. KV tensor names are split into key and column
-/// by the longest column of `plan` that ends the name after the separator.
+/// by [`split_kv_name`].
 pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -> ShardReport {
     let meta = header.metadata.clone().unwrap_or_default();
     let count = |key: &str| meta.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
     let (partition, shard) = parse_shard_file_name(file)
         .map(|(p, s, _)| (p, s))
         .unwrap_or((0, 0));
-    let mut columns: Vec<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
-    columns.sort_by_key(|c| std::cmp::Reverse(c.len()));
     let origin = |name: &str| -> (Option<String>, Option<String>) {
         let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
             return (None, None);
         };
-        columns
-            .iter()
-            .find_map(|c| {
-                let key = name.strip_suffix(*c)?.strip_suffix(kv_separator.as_str())?;
-                Some((Some(key.to_string()), Some(c.to_string())))
-            })
-            .unwrap_or((None, None))
+        split_kv_name(name, kv_separator, plan).map_or((None, None), |(k, c)| {
+            (Some(k.to_string()), Some(c.to_string()))
+        })
     };
     ShardReport {
         file: file.to_string(),

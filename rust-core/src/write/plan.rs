@@ -128,6 +128,16 @@ pub enum PlanError {
     #[error("the schema has two columns named '{name}'; written columns must have distinct names")]
     DuplicateSchemaColumn { name: String },
 
+    #[error("columns '{a}' and '{b}' cannot both be written with kv_separator '{separator}': a tensor named <key>{separator}{b} could also be key <…> with column '{a}', so names would not split into key and column one way; rename one, choose another kv_separator, or leave one out with the columns option")]
+    AmbiguousKvColumns {
+        a: String,
+        b: String,
+        separator: String,
+    },
+
+    #[error("column '{name}' cannot be written in batch mode: {reason}; rename it (e.g. df.withColumnRenamed) or leave it out with the columns option")]
+    ReservedColumnName { name: String, reason: &'static str },
+
     #[error("no columns to write: {reason}")]
     NoColumns { reason: &'static str },
 
@@ -605,6 +615,82 @@ fn parse_shape(name: &str, v: &Value, raw: &str) -> Result<Vec<u64>, PlanError> 
 }
 
 /// Validates the DataFrame schema and the options; see the module docs.
+/// KV tensor names `<key><sep><column>` split into key and column one way only when no
+/// `<sep><column>` ends another `<sep><column>` (dataset.md §3): then exactly one written column
+/// ends any tensor name, whatever the keys are.
+fn check_kv_columns_split_one_way(
+    separator: &str,
+    columns: &[ColumnPlan],
+) -> Result<(), PlanError> {
+    for a in columns {
+        for b in columns {
+            if a.name != b.name
+                && format!("{separator}{}", b.name).ends_with(&format!("{separator}{}", a.name))
+            {
+                return Err(PlanError::AmbiguousKvColumns {
+                    a: a.name.clone(),
+                    b: b.name.clone(),
+                    separator: separator.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Largest `batch_size`: a shard's row count is a Spark array index and a tensor dimension.
+pub const MAX_BATCH_SIZE: u64 = i32::MAX as u64;
+
+/// Names a batch-mode column cannot have: they would collide with what the read layouts add
+/// (`_file`, `_metadata` per sample; `file`, `metadata` per file) or with the header's metadata
+/// key.
+const RESERVED_BATCH_COLUMNS: [(&str, &str); 5] = [
+    (
+        "__metadata__",
+        "it is the safetensors header's metadata key",
+    ),
+    (
+        "_file",
+        "the per-sample read layout adds a column of that name (the shard's URI)",
+    ),
+    (
+        "_metadata",
+        "the per-sample read layout adds a column of that name (the shard's __metadata__)",
+    ),
+    (
+        "file",
+        "the per-file read layout adds a column of that name (the shard's URI)",
+    ),
+    (
+        "metadata",
+        "the per-file read layout adds a column of that name (the shard's __metadata__)",
+    ),
+];
+
+/// The `columns` option: a comma-separated list (names trimmed), or a JSON array of names for
+/// names that contain commas or surrounding spaces (`["a,b", " c"]`).
+fn column_list(value: &str) -> Result<Vec<String>, PlanError> {
+    let names: Vec<String> = if value.trim_start().starts_with('[') {
+        serde_json::from_str(value).map_err(|e| {
+            invalid_value(
+                "columns",
+                value,
+                format!("a JSON array of column names ({e})"),
+            )
+        })?
+    } else {
+        value.split(',').map(|p| p.trim().to_string()).collect()
+    };
+    if names.iter().any(String::is_empty) {
+        return Err(invalid_value(
+            "columns",
+            value,
+            "a comma-separated list (or a JSON array) of column names (found an empty name)",
+        ));
+    }
+    Ok(names)
+}
+
 pub fn plan_write(
     spark_schema_json: &str,
     options: &BTreeMap<String, String>,
@@ -635,7 +721,8 @@ pub fn plan_write(
 
     let mut name_field: Option<usize> = None;
     let layout = if let Some(v) = opts.get("batch_size") {
-        let batch_size = parse_u64_in("batch_size", v, 1..=u64::MAX)?;
+        // A shard's rows are one tensor dimension and a Spark array index: at most 2^31 - 1.
+        let batch_size = parse_u64_in("batch_size", v, 1..=MAX_BATCH_SIZE)?;
         let tail_strategy = match opts.get("tail_strategy") {
             None => TailStrategy::Write,
             Some(v) => parse_choice(
@@ -696,15 +783,8 @@ pub fn plan_write(
     let selected: Vec<usize> = match opts.get("columns") {
         Some(list) => {
             let mut out = Vec::new();
-            for part in list.split(',') {
-                let part = part.trim();
-                if part.is_empty() {
-                    return Err(invalid_value(
-                        "columns",
-                        list,
-                        "a comma-separated list of column names (found an empty name)",
-                    ));
-                }
+            for part in column_list(list)? {
+                let part = part.as_str();
                 let idx = resolver.resolve("columns", part)?;
                 if Some(idx) == name_field {
                     return Err(PlanError::NameColInColumns {
@@ -740,6 +820,17 @@ pub fn plan_write(
             return Err(PlanError::DuplicateSchemaColumn {
                 name: fields[*i].0.clone(),
             });
+        }
+        if name_field.is_none() {
+            if let Some((name, reason)) = RESERVED_BATCH_COLUMNS
+                .iter()
+                .find(|(n, _)| *n == fields[*i].0)
+            {
+                return Err(PlanError::ReservedColumnName {
+                    name: name.to_string(),
+                    reason,
+                });
+            }
         }
     }
     let mut columns: Vec<ColumnPlan> = selected
@@ -880,6 +971,9 @@ pub fn plan_write(
         }
     }
 
+    if let WriteLayout::Kv { kv_separator, .. } = &layout {
+        check_kv_columns_split_one_way(kv_separator, &columns)?;
+    }
     Ok(WritePlan {
         write_id: uuid::Uuid::new_v4().hyphenated().to_string(),
         layout,

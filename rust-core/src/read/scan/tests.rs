@@ -572,8 +572,9 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
         array_of(array_of(json!("float")))
     );
 
-    // A listed shard missing from the listing, or with another length: the manifest is not
-    // trusted, so its (listed, present) files need headers.
+    // A listed shard missing from the listing (read with ignoreMissingFiles; otherwise that is
+    // the scan's error) or with another length: the manifest is not trusted, so its (listed,
+    // present) files need headers.
     for files in [
         vec![a.clone()],
         vec![
@@ -586,13 +587,22 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
     ] {
         let r = describe(&DescribeRequest {
             layout: LayoutOption::Auto,
-            input: input(&files, std::slice::from_ref(&m)),
+            input: ScanInput {
+                ignore_missing: true,
+                ..input(&files, std::slice::from_ref(&m))
+            },
         })
         .unwrap();
         let files_needed: Vec<String> = files.iter().map(|f| f.file.clone()).collect();
         assert_eq!(r, Answer::NeedHeaders(files_needed));
     }
-    let d = describe_ok(LayoutOption::Auto, input(&[with_header(&a)], &[m]));
+    let d = describe_ok(
+        LayoutOption::Auto,
+        ScanInput {
+            ignore_missing: true,
+            ..input(&[with_header(&a)], &[m])
+        },
+    );
     assert_eq!(d.layout, Layout::Sample);
     // Untrusted manifest: the header's (data) order.
     let mut names = field_names(&d.schema);
@@ -1276,10 +1286,14 @@ fn describe_per_tensor_from_a_consistent_manifest_needs_no_header() {
     assert_eq!(d.schema, from_headers.schema);
     assert_eq!(d.schema["fields"][6]["name"], json!("decoded"));
     assert_eq!(d.schema["fields"][6]["type"], array_of(json!("float")));
-    // An inconsistent manifest is not trusted: headers.
+    // An inconsistent manifest (a listed shard gone, read with ignoreMissingFiles) is not
+    // trusted: headers.
     let r = describe(&DescribeRequest {
         layout: LayoutOption::Tensor,
-        input: input(&files[..2], &[m]),
+        input: ScanInput {
+            ignore_missing: true,
+            ..input(&files[..2], &[m])
+        },
     })
     .unwrap();
     assert_eq!(

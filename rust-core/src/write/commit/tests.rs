@@ -893,3 +893,45 @@ fn shard_file_names_parse() {
         assert_eq!(parse_shard_file_name(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn kv_keys_of_an_append_are_checked_against_the_datasets_shards() {
+    let p = kv_plan("fail");
+    let new = kv_shard(&p, 0, 0, &["n1", "dup"]);
+    let json = r#"{"old__x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"dup__y":{"dtype":"I64","shape":[2],"data_offsets":[8,24]}}"#;
+    let header = crate::header::parse_header(json.as_bytes(), 8 + json.len() as u64 + 24).unwrap();
+    let e = check_keys_against_dataset(
+        &p,
+        std::slice::from_ref(&new),
+        [("old.safetensors", &header)],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CommitError::KeyInDataset { key, existing_file, new_file, .. }
+            if key == "dup" && existing_file == "old.safetensors" && *new_file == new.file),
+        "{e}"
+    );
+    assert!(e.to_string().contains("duplicatesStrategy=fail"), "{e}");
+    let lw = kv_plan("lastWin");
+    let e = check_keys_against_dataset(
+        &lw,
+        &[kv_shard(&lw, 0, 0, &["dup"])],
+        [("old.safetensors", &header)],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not supported yet"), "{e}");
+    // other keys pass; batch plans have nothing to check
+    check_keys_against_dataset(
+        &p,
+        &[kv_shard(&p, 0, 0, &["n1", "n2"])],
+        [("old.safetensors", &header)],
+    )
+    .unwrap();
+    let b = batch_plan("write");
+    check_keys_against_dataset(
+        &b,
+        &[batch_shard(&b, 0, 0, 2, 0)],
+        [("old.safetensors", &header)],
+    )
+    .unwrap();
+}

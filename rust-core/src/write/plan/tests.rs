@@ -348,10 +348,18 @@ fn bad_enum_and_number_values() {
             vec![("batch_size", "1"), ("generate_index", "yes")],
             "option generate_index: 'yes' is not one of true, false",
         ),
-        (vec![("batch_size", "0")], "option batch_size: '0' is not an integer ≥ 1"),
-        (vec![("batch_size", "-1")], "option batch_size: '-1' is not an integer ≥ 1"),
-        (vec![("batch_size", "abc")], "option batch_size: 'abc' is not an integer ≥ 1"),
-        (vec![("batch_size", "2.5")], "option batch_size: '2.5' is not an integer ≥ 1"),
+        (vec![("batch_size", "0")], "option batch_size: '0' is not an integer from 1 to 2147483647"),
+        (vec![("batch_size", "-1")], "option batch_size: '-1' is not an integer from 1 to 2147483647"),
+        (vec![("batch_size", "abc")], "option batch_size: 'abc' is not an integer from 1 to 2147483647"),
+        (vec![("batch_size", "2.5")], "option batch_size: '2.5' is not an integer from 1 to 2147483647"),
+        (
+            vec![("batch_size", "2147483648")],
+            "option batch_size: '2147483648' is not an integer from 1 to 2147483647",
+        ),
+        (
+            vec![("batch_size", "18446744073709551615")],
+            "option batch_size: '18446744073709551615' is not an integer from 1 to 2147483647",
+        ),
     ];
     for (pairs, expected) in cases {
         assert_eq!(msg(&xs(), &pairs), expected);
@@ -508,6 +516,83 @@ fn columns_select_and_order() {
         err(&empty, &[("batch_size", "1")]),
         PlanError::NoColumns { .. }
     ));
+}
+
+#[test]
+fn kv_columns_must_split_tensor_names_one_way() {
+    let s = schema(vec![
+        field("k", json!("string")),
+        field("c", arr(json!("float"))),
+        field("b__c", arr(json!("float"))),
+        field("_c", arr(json!("float"))),
+    ]);
+    // `x__b__c`: key x__b + column c, or key x + column b__c
+    assert!(matches!(
+        err(&s, &[("name_col", "k"), ("columns", "c,b__c")]),
+        PlanError::AmbiguousKvColumns { .. }
+    ));
+    // `x___c`: key x_ + column c, or key x + column _c
+    assert!(matches!(
+        err(&s, &[("name_col", "k"), ("columns", "_c,c")]),
+        PlanError::AmbiguousKvColumns { .. }
+    ));
+    plan(
+        &s,
+        &[
+            ("name_col", "k"),
+            ("columns", "c,b__c"),
+            ("kv_separator", "::"),
+        ],
+    )
+    .unwrap();
+    plan(&s, &[("name_col", "k"), ("columns", "b__c,_c")]).unwrap();
+    // batch mode names tensors by column alone
+    plan(&s, &[("batch_size", "1"), ("columns", "c,b__c,_c")]).unwrap();
+}
+
+#[test]
+fn columns_as_a_json_array_name_any_column() {
+    let s = schema(vec![
+        field("a,b", arr(json!("float"))),
+        field(" c", arr(json!("float"))),
+        field("d", arr(json!("float"))),
+    ]);
+    let p = plan(&s, &[("batch_size", "1"), ("columns", r#"["a,b", " c"]"#)]).unwrap();
+    assert_eq!(names(&p), ["a,b", " c"]);
+    // the comma form cannot name them
+    assert!(matches!(
+        err(&s, &[("batch_size", "1"), ("columns", "a,b")]),
+        PlanError::UnknownColumn { .. }
+    ));
+    for bad in [r#"["d""#, r#"["d", 1]"#, r#"["d", ""]"#] {
+        assert!(
+            matches!(
+                err(&s, &[("batch_size", "1"), ("columns", bad)]),
+                PlanError::InvalidValue { .. }
+            ),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn batch_columns_that_would_collide_with_read_columns_are_refused_at_plan_time() {
+    for name in ["_file", "_metadata", "file", "metadata", "__metadata__"] {
+        let s = schema(vec![field(name, arr(json!("float")))]);
+        let e = msg(&s, &[("batch_size", "1")]);
+        assert!(
+            e.starts_with(&format!("column '{name}' cannot be written in batch mode")),
+            "{e}"
+        );
+        // not selected: fine; in KV mode the column name is only a tensor name suffix
+        let s2 = schema(vec![
+            field(name, arr(json!("float"))),
+            field("x", arr(json!("float"))),
+            field("k", json!("string")),
+        ]);
+        plan(&s2, &[("batch_size", "1"), ("columns", "x")]).unwrap();
+        plan(&s2, &[("name_col", "k")]).unwrap();
+    }
 }
 
 #[test]

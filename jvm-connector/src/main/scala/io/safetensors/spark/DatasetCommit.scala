@@ -54,12 +54,17 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     else fs.listStatus(logDir).toSeq.flatMap(s => parseLogName(s.getPath.getName)).sorted
 
   /**
-   * Tries to commit `text` as `version`: false if that version exists already (another writer
-   * committed first), or if a later version exists (this one was pruned from the log).
+   * Tries to commit `text` as `version`, built on `baseVersion`: false if that version exists
+   * already (another writer committed first), or if the base's log entry is gone (pruned: far
+   * behind, so read the latest again). A created version is never removed: other writers may
+   * already have built on it.
    */
-  def tryCommit(version: Long, text: String, writeId: String): Boolean = {
+  def tryCommit(version: Long, baseVersion: Long, text: String, writeId: String): Boolean = {
+    if (baseVersion > 0 && logVersions().nonEmpty && !fs.exists(new Path(logDir, logName(baseVersion)))) {
+      return false
+    }
     val bytes = text.getBytes(StandardCharsets.UTF_8)
-    val created = localDest match {
+    localDest match {
       case Some(d) =>
         val dir = new File(d, LogDir)
         Files.createDirectories(dir.toPath)
@@ -86,10 +91,6 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
             false
         } finally if (fs.exists(tmp)) fs.delete(tmp, false)
     }
-    if (created && logVersions().exists(_ > version)) {
-      fs.delete(new Path(logDir, logName(version)), false)
-      false
-    } else created
   }
 
   /**
@@ -129,11 +130,17 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     }
   }
 
-  /** Deletes log entries more than [[KeptVersions]] older than `version` (best effort). */
-  def prune(version: Long): Unit =
+  /** Deletes log entries more than [[KeptVersions]] versions behind `version` and older than
+   *  [[PruneAfterMillis]] (best effort): a writer that read one of them as its base long ago
+   *  finds it gone and reads the latest again, instead of re-creating a pruned version. */
+  def prune(version: Long): Unit = {
+    val cutoff = System.currentTimeMillis() - PruneAfterMillis
     logVersions().filter(_ <= version - KeptVersions).foreach { v =>
-      try fs.delete(new Path(logDir, logName(v)), false) catch { case _: IOException => }
+      val p = new Path(logDir, logName(v))
+      try if (fs.getFileStatus(p).getModificationTime < cutoff) fs.delete(p, false)
+      catch { case _: IOException => }
     }
+  }
 
   private def readUtf8(p: Path): String = {
     val in = fs.open(p)
@@ -147,6 +154,8 @@ private[spark] object DatasetCommit {
   val IndexDir = "_tensor_index.parquet"
   /** Log entries kept behind the newest (older ones are pruned after a commit). */
   val KeptVersions = 20
+  /** A log entry is pruned only once it is at least this old. */
+  val PruneAfterMillis: Long = 60L * 60 * 1000
 
   private val mapper = new ObjectMapper()
 

@@ -101,7 +101,8 @@ private[spark] object SafetensorsWriter {
       // become JSON trees here only when a rewrite must edit them or the index lists their tensors.
       val reportTexts: Array[String] = results.sortBy(_.partition).map(r => readUtf8(fs, new Path(r.reportFile)))
       lazy val reports: Array[ObjectNode] = reportTexts.map(t => mapper.readTree(t).asInstanceOf[ObjectNode])
-      var commit = mapper.readTree(NativeWriter.commitJob(planJson, reportTexts.mkString("[", ",", "]")))
+      var finalReports = reportTexts.mkString("[", ",", "]")
+      var commit = mapper.readTree(NativeWriter.commitJob(planJson, finalReports))
       val rewrites = commit.get("rewrites").elements().asScala.toSeq
       if (rewrites.nonEmpty) {
         rewrites.foreach { rw =>
@@ -124,7 +125,8 @@ private[spark] object SafetensorsWriter {
               })
           }
         }
-        commit = mapper.readTree(NativeWriter.commitJob(planJson, arrayJson(reports.toSeq)))
+        finalReports = arrayJson(reports.toSeq)
+        commit = mapper.readTree(NativeWriter.commitJob(planJson, finalReports))
         if (commit.get("rewrites").size() != 0) {
           throw new IllegalStateException("safetensors: internal error: shard rewrites did not converge")
         }
@@ -147,6 +149,8 @@ private[spark] object SafetensorsWriter {
       var base: Option[(Long, String)] = None
       var next: JsonNode = null
       var attempts = 0
+      val kvAppend = append && mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
+      val keysChecked = mutable.Set[String]()
       while (!committed) {
         if (attempts == MaxCommitAttempts) {
           throw new IOException(s"safetensors: could not commit to $dest: $attempts attempts " +
@@ -154,9 +158,26 @@ private[spark] object SafetensorsWriter {
         }
         attempts += 1
         base = commits.latest()
+        if (kvAppend) {
+          // KV keys hold across the whole dataset: this write's against every listed shard's
+          // (each shard's header read once, whichever attempt first sees it)
+          val unchecked = base.toSeq.flatMap { case (_, text) =>
+            mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
+          }.filterNot(keysChecked)
+          if (unchecked.nonEmpty) {
+            val existing = mapper.createArrayNode()
+            unchecked.foreach { f =>
+              val (header, len) = readHeaderJson(fs, new Path(dest, f))
+              existing.addObject().put("file", f).put("header", header).put("length", len)
+            }
+            NativeWriter.checkKeysAgainstDataset(planJson, finalReports, mapper.writeValueAsString(existing))
+            keysChecked ++= unchecked
+          }
+        }
         next = mapper.readTree(NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append))
         Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
-        committed = commits.tryCommit(next.get("version").asLong(), next.get("manifest").asText(), writeId)
+        committed = commits.tryCommit(next.get("version").asLong(), base.map(_._1).getOrElse(0L),
+          next.get("manifest").asText(), writeId)
       }
       val version = next.get("version").asLong()
       // after the commit: best effort, the new dataset is already consistent for readers that

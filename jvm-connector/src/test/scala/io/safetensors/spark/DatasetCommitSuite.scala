@@ -189,6 +189,47 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
     }
   }
 
+  private def kv(keys: Seq[String], value: Float, parts: Int = 2): DataFrame = {
+    val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
+    spark.createDataFrame(spark.sparkContext.parallelize(keys.map(k => Row(k, Seq(value))), parts), schema)
+  }
+
+  test("KV keys hold across appends: a key stored again fails naming it and both shards, nothing is listed") {
+    for (strategy <- Seq("fail", "lastWin")) {
+      val path = freshPath()
+      kv(Seq("a", "b__x", "c"), 1f).write.format("safetensors").option("name_col", "k").save(path)
+      kv(Seq("d", "e"), 2f).write.format("safetensors").option("name_col", "k").mode("append").save(path)
+      val before = snapshot(path)
+      val oldHolder = listed(path).find { f =>
+        readShard(new File(path, f)).tensors.contains("b__x__v")
+      }.get
+      val e = intercept[Exception] {
+        kv(Seq("f", "b__x"), 3f).write.format("safetensors").option("name_col", "k")
+          .option("duplicatesStrategy", strategy).mode("append").save(path)
+      }
+      val msg = messages(e)
+      assert(msg.contains("key 'b__x' is already in the dataset") && msg.contains(oldHolder), msg)
+      assert(msg.contains(s"duplicatesStrategy=$strategy"), msg)
+      assert(snapshot(path) == before, s"$strategy: the failed append changed the dataset")
+      assert(spark.read.format("safetensors").load(path).count() == 5)
+    }
+  }
+
+  test("KV columns whose names would split two ways are refused at plan time") {
+    val schema = StructType(Seq(StructField("k", StringType), StructField("c", ArrayType(FloatType)),
+      StructField("b__c", ArrayType(FloatType))))
+    val df = spark.createDataFrame(spark.sparkContext.parallelize(Seq(Row("x", Seq(1f), Seq(2f)))), schema)
+    val path = freshPath()
+    val e = intercept[IllegalArgumentException] {
+      df.write.format("safetensors").option("name_col", "k").save(path)
+    }
+    assert(e.getMessage.contains("columns 'c' and 'b__c' cannot both be written with kv_separator '__'"), e.getMessage)
+    assert(!new File(path).exists())
+    // another separator splits them one way
+    df.write.format("safetensors").option("name_col", "k").option("kv_separator", "::").save(path)
+    assert(readShard(shardFiles(path).head).tensors.keySet == Set("x::c", "x::b__c"))
+  }
+
   test("a manifest with only the published fields (another writer's) is read, and replaced by an overwrite") {
     val path = freshPath()
     tagged(8, 1).write.format("safetensors").option("batch_size", "4").save(path)

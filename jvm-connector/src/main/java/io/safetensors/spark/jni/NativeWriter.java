@@ -44,6 +44,12 @@ public final class NativeWriter {
    *  write's manifest (its own shards only) and the lastWin shard rewrites to apply first. */
   public static native String commitJob(String planJson, String taskReportsJsonArray);
 
+  /** Driver, KV append: throws SafetensorsException if a key of this write (its task reports) is
+   *  already stored in one of the dataset's shards ({@code existingShardsJson}: a JSON array of
+   *  {"file", "header" (the N header bytes as text), "length"}), naming the key and both shards. */
+  public static native void checkKeysAgainstDataset(String planJson, String taskReportsJsonArray,
+      String existingShardsJson);
+
   /** Driver: throws SafetensorsException unless {@code manifestJson} is a valid manifest whose
    *  every shard name passes the trust rule (spec/dataset.md §5.4). */
   public static native void checkManifest(String manifestJson);

@@ -1,0 +1,44 @@
+"""Train PyTorch models from datasets written by ``df.write.format("safetensors")``.
+
+* :func:`open_dataset` — the dataset: ``len``, ``columns``, ``manifest``, ``ds[i]``, ``ds.get(key)``.
+* :mod:`safetensors_spark.torch` — ``SafetensorsDataset``, ``SafetensorsIterableDataset``, ``loader``
+  (imports torch; imported on first use of the attribute).
+* :mod:`safetensors_spark.spark` — ``configure(SparkSession.builder)`` with the connector jar.
+
+The format rules (header validation, manifest fields, shard names) are the Rust engine's, in the
+native module ``safetensors_spark._native``; see spec/python.md.
+"""
+
+import importlib
+
+from ._dataset import Dataset, open_dataset
+from ._errors import (
+    ColumnNotFoundError,
+    IndexFileError,
+    KeyNotFoundError,
+    ManifestError,
+    SafetensorsSparkError,
+    ShardError,
+    StateError,
+)
+from ._native import VERSION as __version__
+
+__all__ = [
+    "open_dataset",
+    "Dataset",
+    "SafetensorsSparkError",
+    "ManifestError",
+    "ShardError",
+    "IndexFileError",
+    "KeyNotFoundError",
+    "ColumnNotFoundError",
+    "StateError",
+    "__version__",
+]
+
+
+def __getattr__(name):
+    # `safetensors_spark.torch` / `.spark` without importing torch or pyspark at package import.
+    if name in ("torch", "spark"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'safetensors_spark' has no attribute '{name}'")

@@ -1,0 +1,178 @@
+"""Where the bytes come from: local files (memory-mapped), fsspec range reads, or a local cache.
+
+A *store* is rooted at the dataset directory and knows only plain file names in it (the caller has
+checked them with the Rust trust rule). No thread, pool or open file survives pickling: a store
+pickles as its URL pieces and reopens files lazily in the process that uses it.
+"""
+
+import hashlib
+import mmap
+import os
+
+import numpy as np
+
+HEADER_READ_AHEAD = 64 * 1024
+
+
+class LocalStore:
+    """A dataset directory on the local file system. Shards are memory-mapped copy-on-write
+    (``MAP_PRIVATE``): arrays over them are writable, writes never reach the file."""
+
+    is_local = True
+
+    def __init__(self, root):
+        self.root = root
+        self._maps = {}
+
+    def __getstate__(self):
+        return {"root": self.root}
+
+    def __setstate__(self, state):
+        self.root = state["root"]
+        self._maps = {}
+
+    def url(self, name):
+        return os.path.join(self.root, name)
+
+    def exists(self, name):
+        return os.path.exists(self.url(name))
+
+    def isdir(self, name):
+        return os.path.isdir(self.url(name))
+
+    def size(self, name):
+        return os.stat(self.url(name)).st_size
+
+    def read(self, name, start, end):
+        with open(self.url(name), "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def read_text(self, name):
+        with open(self.url(name), "rb") as f:
+            return f.read()
+
+    def buffer(self, name):
+        """The whole file as a private memory map (one per file and process)."""
+        m = self._maps.get(name)
+        if m is None:
+            with open(self.url(name), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
+            self._maps[name] = m
+        return m
+
+    def array(self, name, start, end, dtype, shape):
+        """A zero-copy view of bytes ``[start, end)`` of file ``name``."""
+        buf = self.buffer(name)
+        count = (end - start) // np.dtype(dtype).itemsize
+        return np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    def parquet_source(self, name):
+        return self.url(name), None
+
+
+class FsspecStore:
+    """A dataset directory behind an fsspec file system (``s3://``, ``gs://``, ``hdfs://``,
+    ``memory://``...): only byte ranges are read, never whole shards."""
+
+    is_local = False
+
+    def __init__(self, fs, root):
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    def url(self, name):
+        return f"{self.root}/{name}"
+
+    def exists(self, name):
+        return self.fs.exists(self.url(name))
+
+    def isdir(self, name):
+        return self.fs.isdir(self.url(name))
+
+    def size(self, name):
+        return int(self.fs.size(self.url(name)))
+
+    def read(self, name, start, end):
+        if end <= start:
+            return b""
+        return self.fs.cat_file(self.url(name), start=start, end=end)
+
+    def read_text(self, name):
+        return self.fs.cat_file(self.url(name))
+
+    def array(self, name, start, end, dtype, shape):
+        """Bytes ``[start, end)`` read into a fresh writable array."""
+        data = bytearray(self.read(name, start, end))
+        if len(data) != end - start:
+            raise OSError(f"{self.url(name)}: asked for bytes [{start}, {end}), got {len(data)}")
+        count = (end - start) // np.dtype(dtype).itemsize
+        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+
+    def parquet_source(self, name):
+        return self.url(name), self.fs
+
+
+class CachedStore(LocalStore):
+    """Whole shards of a remote dataset copied once into ``cache_dir``, then memory-mapped; the
+    manifest and the index are still read from the remote store."""
+
+    def __init__(self, remote, cache_dir):
+        digest = hashlib.sha256(f"{remote.fs.protocol}:{remote.root}".encode()).hexdigest()[:16]
+        super().__init__(os.path.join(os.fspath(cache_dir), digest))
+        self.remote = remote
+
+    def __getstate__(self):
+        return {"root": self.root, "remote": self.remote}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.remote = state["remote"]
+
+    def exists(self, name):
+        return self.remote.exists(name)
+
+    def isdir(self, name):
+        return self.remote.isdir(name)
+
+    def size(self, name):
+        return self.remote.size(name)
+
+    def read(self, name, start, end):
+        return self.remote.read(name, start, end)
+
+    def read_text(self, name):
+        return self.remote.read_text(name)
+
+    def fetch(self, name, size):
+        """Copies shard ``name`` (``size`` bytes) into the cache unless it is there already."""
+        local = super().url(name)
+        if os.path.exists(local) and os.stat(local).st_size == size:
+            return
+        os.makedirs(self.root, exist_ok=True)
+        tmp = f"{local}.{os.getpid()}.tmp"
+        self.remote.fs.get_file(self.remote.url(name), tmp)
+        got = os.stat(tmp).st_size
+        if got != size:
+            os.unlink(tmp)
+            raise OSError(f"{self.remote.url(name)}: copied {got} bytes into the cache, expected {size}")
+        os.replace(tmp, local)
+
+    def parquet_source(self, name):
+        return self.remote.parquet_source(name)
+
+
+def open_store(path, storage_options=None, cache_dir=None):
+    """A store for a dataset path or URL."""
+    path = os.fspath(path)
+    if "://" not in path and not storage_options:
+        return LocalStore(os.path.abspath(path))
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    if isinstance(fs, LocalFileSystem):
+        return LocalStore(os.path.abspath(root))
+    store = FsspecStore(fs, root)
+    return CachedStore(store, cache_dir) if cache_dir is not None else store

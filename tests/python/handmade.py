@@ -1,0 +1,137 @@
+"""Datasets written by hand (safetensors + a manifest of the published shape plus ours), for the
+Python package's tests that need exact control of shards, padding and broken files."""
+
+import json
+import os
+import uuid
+
+import numpy as np
+from safetensors.numpy import save_file
+
+WRITE_ID = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+def shard_name(partition, shard=0):
+    return f"part-{partition:05d}-{shard:04d}-{WRITE_ID}.safetensors"
+
+
+def write_batch_dataset(path, shard_sizes, *, batch_size=None, padded=None, columns=("x", "y"),
+                        published_only=False, metadata=True):
+    """Batch layout: shard k holds samples with ids offset..offset+n-1; column x = [id, id*10]
+    (F32), y = id (I64). ``padded[k]`` zero rows follow the real ones. Returns all ids in order."""
+    os.makedirs(path, exist_ok=True)
+    padded = padded or [0] * len(shard_sizes)
+    batch_size = batch_size or max(n + p for n, p in zip(shard_sizes, padded))
+    shards, offset = [], 0
+    for k, (n, p) in enumerate(zip(shard_sizes, padded)):
+        ids = np.arange(offset, offset + n)
+        tensors = {}
+        if "x" in columns:
+            x = np.stack([ids, ids * 10], axis=1).astype(np.float32)
+            tensors["x"] = np.concatenate([x, np.zeros((p, 2), np.float32)])
+        if "y" in columns:
+            tensors["y"] = np.concatenate([ids.astype(np.int64), np.zeros(p, np.int64)])
+        meta = {"safetensors_spark.layout": "batch", "safetensors_spark.samples": str(n),
+                "safetensors_spark.padded_samples": str(p)} if metadata else None
+        name = shard_name(k)
+        save_file(tensors, os.path.join(path, name), metadata=meta)
+        entry = {"shard_path": name, "samples_count": n, "bytes": os.path.getsize(os.path.join(path, name))}
+        if not published_only:
+            entry.update(partition=k, padded_samples=p, num_tensors=len(tensors))
+        shards.append(entry)
+        offset += n
+    schema = {}
+    if "x" in columns:
+        schema["x"] = {"dtype": "F32", "shape": [batch_size, 2]}
+    if "y" in columns:
+        schema["y"] = {"dtype": "I64", "shape": [batch_size]}
+    manifest = _manifest(shards, schema)
+    if not published_only:
+        manifest.update(format="safetensors-spark-dataset", created_by="tests", manifest_version=1,
+                        layout="batch", batch_size=batch_size, tail_strategy="pad" if any(padded) else "write",
+                        kv_separator=None, padded_samples=sum(padded), dropped_samples=0)
+    write_manifest(path, manifest)
+    return list(range(offset))
+
+
+def write_kv_dataset(path, shard_keys, *, published_only=False, separator="__", metadata=True):
+    """KV layout: key k gets emb = [len(k), hash] (F32, shape [2]) and label = index (I32)."""
+    os.makedirs(path, exist_ok=True)
+    shards, i = [], 0
+    values = {}
+    for k, keys in enumerate(shard_keys):
+        tensors = {}
+        for key in keys:
+            emb = np.array([len(key), i], np.float32)
+            label = np.array(i, np.int32)
+            tensors[f"{key}{separator}emb"] = emb
+            tensors[f"{key}{separator}label"] = label
+            values[key] = {"emb": emb, "label": label}
+            i += 1
+        meta = {"safetensors_spark.layout": "kv", "safetensors_spark.samples": str(len(keys)),
+                "safetensors_spark.padded_samples": "0", "safetensors_spark.kv_separator": separator} \
+            if metadata else None
+        name = shard_name(k)
+        save_file(tensors, os.path.join(path, name), metadata=meta)
+        entry = {"shard_path": name, "samples_count": len(keys), "bytes": os.path.getsize(os.path.join(path, name))}
+        if not published_only:
+            entry.update(partition=k, padded_samples=0, num_tensors=len(tensors))
+        shards.append(entry)
+    schema = {"emb": {"dtype": "F32", "shape": [2]}, "label": {"dtype": "I32", "shape": []}}
+    manifest = _manifest(shards, schema)
+    if not published_only:
+        manifest.update(format="safetensors-spark-dataset", created_by="tests", manifest_version=1,
+                        layout="kv", batch_size=None, tail_strategy=None, kv_separator=separator,
+                        padded_samples=0, dropped_samples=0)
+    write_manifest(path, manifest)
+    return values
+
+
+def write_index(path):
+    """``_tensor_index.parquet`` (one file) from the shards' headers, as the engine writes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = read_manifest(path)
+    rows = {c: [] for c in ("tensor_key", "file_name", "dtype", "shape", "data_start", "data_end",
+                            "sample_key", "column")}
+    for s in manifest["shards"]:
+        file = os.path.join(path, s["shard_path"])
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            key, column = name.rsplit("__", 1)
+            rows["tensor_key"].append(name)
+            rows["file_name"].append(s["shard_path"])
+            rows["dtype"].append(info["dtype"])
+            rows["shape"].append(info["shape"])
+            rows["data_start"].append(8 + n + info["data_offsets"][0])
+            rows["data_end"].append(8 + n + info["data_offsets"][1])
+            rows["sample_key"].append(key)
+            rows["column"].append(column)
+    table = pa.table({**rows, "shape": pa.array(rows["shape"], pa.list_(pa.int64()))})
+    pq.write_table(table, os.path.join(path, "_tensor_index.parquet"))
+    return table
+
+
+def _manifest(shards, schema):
+    return {"format_version": "1.0", "safetensors_version": "1.0",
+            "total_samples": sum(s["samples_count"] for s in shards),
+            "total_bytes": sum(s["bytes"] for s in shards), "shards": shards, "schema": schema}
+
+
+def read_manifest(path):
+    with open(os.path.join(path, "dataset_manifest.json")) as f:
+        return json.load(f)
+
+
+def write_manifest(path, manifest):
+    with open(os.path.join(path, "dataset_manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def random_name():
+    return uuid.uuid4().hex
