@@ -262,7 +262,7 @@ fn run(index_path: Option<&str>) -> Res<()> {
     let more = commit_manifest(&b2, &[batch_task(5, vec![batch_shard(&b2, 5, 0, 2, 0)], 0)])?;
     appended.push((
         "batch_appended".into(),
-        next_manifest(Some(&batch.manifest), &more.manifest, true)?,
+        next_manifest(Some(&batch.manifest), &more.manifest, true, &[])?,
     ));
     let k2 = plan(&[("name_col", "key")])?;
     let more = commit_manifest(
@@ -271,7 +271,7 @@ fn run(index_path: Option<&str>) -> Res<()> {
     )?;
     appended.push((
         "kv_appended".into(),
-        next_manifest(Some(&kv.manifest), &more.manifest, true)?,
+        next_manifest(Some(&kv.manifest), &more.manifest, true, &[])?,
     ));
     let e2 = plan(&[
         ("batch_size", "4"),
@@ -286,6 +286,7 @@ fn run(index_path: Option<&str>) -> Res<()> {
             Some(&commit_manifest(&e2, &[])?.manifest),
             &more.manifest,
             true,
+            &[],
         )?,
     ));
     out.extend(appended);

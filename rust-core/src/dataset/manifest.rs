@@ -505,11 +505,13 @@ fn shape_str(s: &Option<Vec<u64>>) -> String {
 /// `base`, the latest committed manifest of the directory (`None`: there is none). An append
 /// merges the shards (layout, options and columns must agree, spec/dataset.md §5.2); an
 /// overwrite keeps only `new`'s. Either way the result's `manifest_version` is one more than
-/// `base`'s.
+/// `base`'s. `replacements` (appends only) swap shards of `base` for rewritten copies, or drop
+/// them (`None`): a KV append with `lastWin` that replaces keys an earlier write stored.
 pub fn next_manifest(
     base: Option<&Manifest>,
     new: &Manifest,
     append: bool,
+    replacements: &[ShardReplacement],
 ) -> Result<Manifest, DatasetError> {
     let Some(new_ext) = &new.ext else {
         return Err(invalid("a write's manifest must be this connector's"));
@@ -519,6 +521,33 @@ pub fn next_manifest(
         Some(old) if append => merge_append(old, new, new_ext)?,
         _ => new.clone(),
     };
+    if !replacements.is_empty() {
+        let Some(old) = base.filter(|_| append) else {
+            return Err(invalid("shard replacements need an append to a dataset"));
+        };
+        for r in replacements {
+            let at = out
+                .shards
+                .iter()
+                .position(|s| s.shard_path == r.old)
+                .filter(|_| old.shards.iter().any(|s| s.shard_path == r.old))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "replaced shard {} is not in the dataset's manifest",
+                        r.old
+                    ))
+                })?;
+            out.shards.remove(at);
+            if let Some(n) = &r.new {
+                if out.shards.iter().any(|s| s.shard_path == n.shard_path) {
+                    return Err(invalid(format!("shard {} is listed twice", n.shard_path)));
+                }
+                out.shards.push(n.clone());
+            }
+        }
+        out.shards
+            .sort_by(|a, b| a.shard_path.as_bytes().cmp(b.shard_path.as_bytes()));
+    }
     if let Some(x) = &mut out.ext {
         x.manifest_version = version;
     }
@@ -608,7 +637,15 @@ fn merge_append(
     })
 }
 
-/// The shards `base` lists that `next` does not: what a committed overwrite removes.
+/// A shard of the base manifest replaced by a commit: by a rewritten copy, or by nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardReplacement {
+    pub old: String,
+    pub new: Option<ManifestShard>,
+}
+
+/// The shards `base` lists that `next` does not: what a committed overwrite (or a replacing
+/// append) removes.
 pub fn superseded_shards<'a>(base: &'a Manifest, next: &Manifest) -> Vec<&'a str> {
     let keep: BTreeSet<&str> = next.shards.iter().map(|s| s.shard_path.as_str()).collect();
     base.shards

@@ -20,7 +20,9 @@ use super::{
 use crate::write::{ShardReport, TaskReport, TensorReport, WritePlan};
 
 use crate::dataset::index::{read_index, write_index, IndexRow};
-use crate::dataset::manifest::{next_manifest, parse_manifest, superseded_shards};
+use crate::dataset::manifest::{
+    next_manifest, parse_manifest, superseded_shards, ShardReplacement,
+};
 use crate::dataset::names::MANIFEST_FILE_NAME;
 use crate::dataset::DatasetError;
 use crate::write::commit::{
@@ -227,14 +229,19 @@ pub fn next_manifest_json(
     base_json: Option<&str>,
     write_manifest_json: &str,
     append: bool,
+    replacements_json: Option<&str>,
 ) -> Result<String, JniError> {
+    let replacements: Vec<ShardReplacement> = match replacements_json {
+        Some(j) => parse_json(j, "shard replacements")?,
+        None => Vec::new(),
+    };
     let base = base_json
         .map(parse_manifest)
         .transpose()
         .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| failed(format!("this write's manifest: {e}")))?;
-    let next = next_manifest(base.as_ref(), &new, append).map_err(|e| match e {
+    let next = next_manifest(base.as_ref(), &new, append, &replacements).map_err(|e| match e {
         DatasetError::AppendMismatch { .. } => JniError::invalid_argument(e.to_string()),
         other => failed(other),
     })?;
@@ -461,11 +468,18 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'
     base: JString<'local>,
     write_manifest: JString<'local>,
     append: jboolean,
+    replacements: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
-        let json = next_manifest_json(base.as_deref(), &write_manifest, append)?;
+        let replacements = opt_arg(env, &replacements)?;
+        let json = next_manifest_json(
+            base.as_deref(),
+            &write_manifest,
+            append,
+            replacements.as_deref(),
+        )?;
         new_string(env, &json)
     })
 }
@@ -515,13 +529,15 @@ struct ExistingShard {
 }
 
 /// `checkKeysAgainstDataset`: a KV append's keys (this write's task reports) against the
-/// dataset's existing shards (`[{"file", "header", "length"}]`); a key stored again is a
-/// `SafetensorsException` naming it and both shards.
+/// dataset's existing shards (`[{"file", "header", "length"}]`). With `fail`, a key stored again
+/// is a `SafetensorsException` naming it and both shards; with `lastWin`, the answer lists the
+/// existing shards to rewrite without the keys, each in `rewriteShard`'s request form
+/// (`{"file", "drop", "samples_after", "delete", "shard": ShardReport}`).
 pub fn check_keys_against_dataset_json(
     plan_json: &str,
     reports_json: &str,
     existing_json: &str,
-) -> Result<(), JniError> {
+) -> Result<String, JniError> {
     let plan = parse_plan(plan_json)?;
     let reports: Vec<TaskReport> = parse_json(reports_json, "task reports")?;
     let existing: Vec<ExistingShard> = parse_json(existing_json, "existing shards")?;
@@ -532,7 +548,24 @@ pub fn check_keys_against_dataset_json(
             .map_err(|err| failed(format!("{}: {err}", e.file)))?;
         headers.push((e.file.as_str(), h));
     }
-    check_keys_against_dataset(&plan, &shards, headers.iter().map(|(f, h)| (*f, h))).map_err(failed)
+    let rewrites = check_keys_against_dataset(&plan, &shards, headers.iter().map(|(f, h)| (*f, h)))
+        .map_err(failed)?;
+    let mut out = Vec::with_capacity(rewrites.len());
+    for r in rewrites {
+        let header = headers
+            .iter()
+            .find(|(f, _)| *f == r.file)
+            .map(|(_, h)| h)
+            .ok_or_else(|| failed(format!("rewrite of unknown shard {}", r.file)))?;
+        out.push(json!({
+            "file": r.file,
+            "drop": r.drop_tensors,
+            "samples_after": r.samples_after,
+            "delete": r.delete,
+            "shard": shard_report_from_header(&r.file, header, &plan),
+        }));
+    }
+    to_json(&out)
 }
 
 pub fn shard_report_from_header_json(
@@ -557,12 +590,13 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkKeysAgain
     plan: JString<'local>,
     reports: JString<'local>,
     existing: JString<'local>,
-) {
+) -> JString<'local> {
     guard(&mut env, |env| {
         let plan = arg(env, &plan, "planJson")?;
         let reports = arg(env, &reports, "taskReportsJsonArray")?;
         let existing = arg(env, &existing, "existingShardsJson")?;
-        check_keys_against_dataset_json(&plan, &reports, &existing)
+        let json = check_keys_against_dataset_json(&plan, &reports, &existing)?;
+        new_string(env, &json)
     })
 }
 

@@ -53,15 +53,11 @@ pub enum CommitError {
         second_file: String,
     },
 
-    #[error("key '{key}' is already in the dataset (shard {existing_file}) and this append writes it again (shard {new_file}); {}", match strategy {
-        DuplicatesStrategy::Fail => "duplicatesStrategy=fail forbids a key twice in a dataset",
-        DuplicatesStrategy::LastWin => "duplicatesStrategy=lastWin replaces keys within one write only; replacing a key an earlier write stored is not supported yet (overwrite the dataset, or leave the key out of this write)",
-    })]
+    #[error("key '{key}' is already in the dataset (shard {existing_file}) and this append writes it again (shard {new_file}); duplicatesStrategy=fail forbids a key twice in a dataset (set duplicatesStrategy=lastWin to replace it)")]
     KeyInDataset {
         key: String,
         existing_file: String,
         new_file: String,
-        strategy: DuplicatesStrategy,
     },
 
     #[error("task report of partition {partition} is invalid: {problem}")]
@@ -148,24 +144,38 @@ pub fn split_kv_name<'a>(
     })
 }
 
+/// A shard of the dataset that a KV append with `lastWin` takes keys out of: copied without
+/// [`DatasetShardRewrite::drop_tensors`] under a new name, or (nothing left) dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatasetShardRewrite {
+    pub file: String,
+    pub drop_tensors: BTreeSet<String>,
+    pub drop_keys: BTreeSet<String>,
+    /// `safetensors_spark.samples` after the rewrite.
+    pub samples_after: u64,
+    /// Every tensor goes: the shard is dropped from the manifest instead of rewritten.
+    pub delete: bool,
+}
+
 /// KV append: the keys this write stores against the shards the dataset already lists
-/// (`existing`: their names and validated headers). A key stored again fails the commit naming
-/// the key and both shards (spec/dataset.md §3): with `fail` by definition; with `lastWin`
-/// because replacing a key of an earlier write is not supported yet. Memory: this write's keys,
-/// plus one existing header at a time in the caller's hands.
+/// (`existing`: their names and validated headers), spec/dataset.md §3. A key stored again fails
+/// the commit naming the key and both shards with `fail`; with `lastWin` this write's copy wins,
+/// and the returned rewrites take the key's tensors out of the older shards. Memory: this
+/// write's keys, plus the existing headers the caller hands over.
 pub fn check_keys_against_dataset<'h>(
     plan: &WritePlan,
     shards: &[ShardReport],
     existing: impl IntoIterator<Item = (&'h str, &'h Header)>,
-) -> Result<(), CommitError> {
+) -> Result<Vec<DatasetShardRewrite>, CommitError> {
     let WriteLayout::Kv {
         kv_separator,
         duplicates,
         ..
     } = &plan.layout
     else {
-        return Ok(());
+        return Ok(Vec::new());
     };
+    let mut rewrites = Vec::new();
     let new: HashMap<&str, &str> = shards
         .iter()
         .flat_map(|s| {
@@ -175,21 +185,47 @@ pub fn check_keys_against_dataset<'h>(
         })
         .collect();
     for (file, header) in existing {
+        let mut drop_tensors = BTreeSet::new();
+        let mut drop_keys = BTreeSet::new();
         for t in &header.tensors {
             let Some((key, _)) = split_kv_name(&t.name, kv_separator, plan) else {
                 continue;
             };
             if let Some(new_file) = new.get(key) {
-                return Err(CommitError::KeyInDataset {
-                    key: key.to_string(),
-                    existing_file: file.to_string(),
-                    new_file: new_file.to_string(),
-                    strategy: *duplicates,
-                });
+                if *duplicates == DuplicatesStrategy::Fail {
+                    return Err(CommitError::KeyInDataset {
+                        key: key.to_string(),
+                        existing_file: file.to_string(),
+                        new_file: new_file.to_string(),
+                    });
+                }
+                drop_tensors.insert(t.name.clone());
+                drop_keys.insert(key.to_string());
             }
         }
+        if drop_tensors.is_empty() {
+            continue;
+        }
+        let samples: u64 = header
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(SAMPLES_METADATA_KEY))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let delete = drop_tensors.len() == header.tensors.len();
+        rewrites.push(DatasetShardRewrite {
+            file: file.to_string(),
+            samples_after: if delete {
+                0
+            } else {
+                samples.saturating_sub(drop_keys.len() as u64)
+            },
+            drop_tensors,
+            drop_keys,
+            delete,
+        });
     }
-    Ok(())
+    Ok(rewrites)
 }
 
 /// Rebuilds the report of a shard written by an earlier write from its validated header, so an

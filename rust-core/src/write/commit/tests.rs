@@ -624,7 +624,7 @@ fn append_merge() {
     let first = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 1)])
         .unwrap()
         .manifest;
-    let first = next_manifest(None, &first, true).unwrap();
+    let first = next_manifest(None, &first, true, &[]).unwrap();
     assert_eq!(ext(&first).manifest_version, 1);
     let mut p2 = batch_plan("drop");
     p2.write_id = "00000000-0000-4000-8000-000000000000".into();
@@ -638,7 +638,7 @@ fn append_merge() {
     )
     .unwrap()
     .manifest;
-    let second = next_manifest(Some(&first), &write2, true).unwrap();
+    let second = next_manifest(Some(&first), &write2, true, &[]).unwrap();
     assert_eq!(ext(&second).manifest_version, 2);
     assert_eq!(second.shards.len(), 3);
     assert_eq!(second.total_samples, 6);
@@ -653,7 +653,7 @@ fn append_merge() {
     );
     second.validate().unwrap();
     // The same write as an overwrite: only its shards, the next version, the old ones superseded.
-    let replaced = next_manifest(Some(&first), &write2, false).unwrap();
+    let replaced = next_manifest(Some(&first), &write2, false, &[]).unwrap();
     assert_eq!(replaced.shards.len(), 2);
     assert_eq!(ext(&replaced).manifest_version, 2);
     assert_eq!(
@@ -664,7 +664,7 @@ fn append_merge() {
     let mut p3 = batch_plan("drop");
     p3.write_id = "ffffffff-0000-4000-8000-000000000000".into();
     let nothing = commit_manifest(&p3, &[]).unwrap().manifest;
-    let third = next_manifest(Some(&second), &nothing, true).unwrap();
+    let third = next_manifest(Some(&second), &nothing, true, &[]).unwrap();
     assert_eq!((third.shards.len(), third.total_samples), (3, 6));
     assert_eq!(third.schema, second.schema);
 
@@ -673,7 +673,7 @@ fn append_merge() {
     bad.columns
         .insert("x".into(), col(Dtype::F32, Some(vec![7])));
     let bad = commit_manifest(&p3, &[bad]).unwrap().manifest;
-    let e = next_manifest(Some(&second), &bad, true).unwrap_err();
+    let e = next_manifest(Some(&second), &bad, true, &[]).unwrap_err();
     assert!(
         e.to_string()
             .contains("column 'x' has shape [2, 3], this write has [2, 7]"),
@@ -684,6 +684,7 @@ fn append_merge() {
         Some(&second),
         &commit_manifest(&pw, &[]).unwrap().manifest,
         true,
+        &[],
     )
     .unwrap_err();
     assert!(matches!(e, DatasetError::AppendMismatch { .. }));
@@ -691,7 +692,7 @@ fn append_merge() {
     let again = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)])
         .unwrap()
         .manifest;
-    let e = next_manifest(Some(&second), &again, true).unwrap_err();
+    let e = next_manifest(Some(&second), &again, true, &[]).unwrap_err();
     assert!(e.to_string().contains("is already in the dataset"), "{e}");
 
     // KV: differing common shapes become null.
@@ -710,7 +711,7 @@ fn append_merge() {
     )
     .unwrap()
     .manifest;
-    let m2 = next_manifest(Some(&m1), &w2, true).unwrap();
+    let m2 = next_manifest(Some(&m1), &w2, true, &[]).unwrap();
     assert_eq!(m2.schema.get("x").unwrap().shape, None);
     assert_eq!(m2.schema.get("y").unwrap().shape, Some(vec![2]));
     assert_eq!(m2.total_samples, 2);
@@ -750,13 +751,13 @@ fn published_only_manifests_parse_and_cannot_be_appended_to() {
     let w = commit_manifest(&p, &[batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)])
         .unwrap()
         .manifest;
-    let next = next_manifest(Some(&m), &w, false).unwrap();
+    let next = next_manifest(Some(&m), &w, false, &[]).unwrap();
     assert_eq!(ext(&next).manifest_version, 1);
     assert_eq!(
         crate::dataset::manifest::superseded_shards(&m, &next).len(),
         2
     );
-    let e = next_manifest(Some(&m), &w, true).unwrap_err();
+    let e = next_manifest(Some(&m), &w, true, &[]).unwrap_err();
     assert!(e.to_string().contains("only the published fields"), "{e}");
     // The published field rules still hold.
     let broken = PUBLISHED_ONLY.replace("\"total_samples\" : 6", "\"total_samples\" : 7");
@@ -898,7 +899,7 @@ fn shard_file_names_parse() {
 fn kv_keys_of_an_append_are_checked_against_the_datasets_shards() {
     let p = kv_plan("fail");
     let new = kv_shard(&p, 0, 0, &["n1", "dup"]);
-    let json = r#"{"old__x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"dup__y":{"dtype":"I64","shape":[2],"data_offsets":[8,24]}}"#;
+    let json = r#"{"__metadata__":{"safetensors_spark.samples":"2"},"old__x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"dup__y":{"dtype":"I64","shape":[2],"data_offsets":[8,24]}}"#;
     let header = crate::header::parse_header(json.as_bytes(), 8 + json.len() as u64 + 24).unwrap();
     let e = check_keys_against_dataset(
         &p,
@@ -912,14 +913,31 @@ fn kv_keys_of_an_append_are_checked_against_the_datasets_shards() {
         "{e}"
     );
     assert!(e.to_string().contains("duplicatesStrategy=fail"), "{e}");
+    // lastWin: the older shard loses the key's tensors (and is dropped once nothing is left)
     let lw = kv_plan("lastWin");
-    let e = check_keys_against_dataset(
+    let rw = check_keys_against_dataset(
         &lw,
         &[kv_shard(&lw, 0, 0, &["dup"])],
         [("old.safetensors", &header)],
     )
-    .unwrap_err();
-    assert!(e.to_string().contains("not supported yet"), "{e}");
+    .unwrap();
+    assert_eq!(
+        rw,
+        [DatasetShardRewrite {
+            file: "old.safetensors".into(),
+            drop_tensors: ["dup__y".to_string()].into(),
+            drop_keys: ["dup".to_string()].into(),
+            samples_after: 1,
+            delete: false,
+        }]
+    );
+    let rw = check_keys_against_dataset(
+        &lw,
+        &[kv_shard(&lw, 0, 0, &["dup", "old"])],
+        [("old.safetensors", &header)],
+    )
+    .unwrap();
+    assert!(rw[0].delete && rw[0].samples_after == 0 && rw[0].drop_tensors.len() == 2);
     // other keys pass; batch plans have nothing to check
     check_keys_against_dataset(
         &p,

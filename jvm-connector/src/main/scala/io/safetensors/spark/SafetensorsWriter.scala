@@ -150,7 +150,11 @@ private[spark] object SafetensorsWriter {
       var next: JsonNode = null
       var attempts = 0
       val kvAppend = append && mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
-      val keysChecked = mutable.Set[String]()
+      // shards of the dataset known to hold none of this write's keys (their content never changes)
+      val keysClean = mutable.Set[String]()
+      // lastWin across writes: this attempt's rewritten copies of older shards (new name -> report)
+      var rewritten = Seq.empty[(Path, JsonNode)]
+      var replacements = mapper.createArrayNode()
       while (!committed) {
         if (attempts == MaxCommitAttempts) {
           throw new IOException(s"safetensors: could not commit to $dest: $attempts attempts " +
@@ -158,23 +162,50 @@ private[spark] object SafetensorsWriter {
         }
         attempts += 1
         base = commits.latest()
+        // a previous attempt's rewrites were made against another base: start over
+        rewritten.foreach { case (p, _) => fs.delete(p, false); promoted -= p }
+        rewritten = Seq.empty
+        replacements = mapper.createArrayNode()
         if (kvAppend) {
-          // KV keys hold across the whole dataset: this write's against every listed shard's
-          // (each shard's header read once, whichever attempt first sees it)
+          // KV keys hold across the whole dataset: this write's against every listed shard
+          // (dataset.md §3); fail throws, lastWin answers which older shards lose which keys
           val unchecked = base.toSeq.flatMap { case (_, text) =>
             mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
-          }.filterNot(keysChecked)
+          }.filterNot(keysClean)
           if (unchecked.nonEmpty) {
             val existing = mapper.createArrayNode()
             unchecked.foreach { f =>
               val (header, len) = readHeaderJson(fs, new Path(dest, f))
               existing.addObject().put("file", f).put("header", header).put("length", len)
             }
-            NativeWriter.checkKeysAgainstDataset(planJson, finalReports, mapper.writeValueAsString(existing))
-            keysChecked ++= unchecked
+            val rewrites = mapper.readTree(
+              NativeWriter.checkKeysAgainstDataset(planJson, finalReports, mapper.writeValueAsString(existing)))
+              .elements().asScala.toSeq
+            val hit = rewrites.map(_.get("file").asText()).toSet
+            keysClean ++= unchecked.filterNot(hit)
+            val copyId = java.util.UUID.randomUUID().toString
+            rewrites.foreach { rw =>
+              val old = rw.get("file").asText()
+              val entry = replacements.addObject().put("old", old)
+              if (rw.get("delete").asBoolean()) entry.putNull("new")
+              else {
+                val newName = old.replaceFirst("^(part-[0-9]{5,}-[0-9]{4,})-.*$", "$1-" + copyId + ".safetensors")
+                val (target, report) = rewriteExisting(fs, dest, staging, old, newName,
+                  mapper.writeValueAsString(rw), localTemps)
+                promoted += target
+                rewritten :+= target -> report
+                entry.putObject("new").put("shard_path", newName)
+                  .put("samples_count", report.get("samples").asLong())
+                  .put("bytes", report.get("bytes").asLong())
+                  .put("partition", report.get("partition").asLong())
+                  .put("padded_samples", 0)
+                  .put("num_tensors", report.get("tensors").size())
+              }
+            }
           }
         }
-        next = mapper.readTree(NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append))
+        next = mapper.readTree(NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append,
+          if (replacements.isEmpty) null else mapper.writeValueAsString(replacements)))
         Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
         committed = commits.tryCommit(next.get("version").asLong(), base.map(_._1).getOrElse(0L),
           next.get("manifest").asText(), writeId)
@@ -184,8 +215,9 @@ private[spark] object SafetensorsWriter {
       // go through the manifest
       commits.publish(version, next.get("manifest").asText(), writeId)
       if (planGeneratesIndex(planJson)) {
-        writeIndex(fs, dest, localDest, planJson, version, if (append) base else None, newShards,
-          localTemps)
+        val replaced = replacements.elements().asScala.map(_.get("old").asText()).toSet
+        writeIndex(fs, dest, localDest, planJson, version, if (append) base else None, replaced,
+          newShards ++ rewritten.map(_._2), localTemps)
       } else {
         removeIndexParts(fs, dest, version)
       }
@@ -220,17 +252,18 @@ private[spark] object SafetensorsWriter {
    * base version's part, or rebuilds the earlier shards' rows from their headers.
    */
   private def writeIndex(fs: FileSystem, dest: Path, localDest: Option[File], planJson: String,
-      version: Long, base: Option[(Long, String)], newShards: Seq[JsonNode],
+      version: Long, base: Option[(Long, String)], replaced: Set[String], newShards: Seq[JsonNode],
       localTemps: mutable.ArrayBuffer[File]): Unit = {
     val indexDir = new Path(dest, DatasetCommit.IndexDir)
     val local = Files.createTempFile("safetensors-index-", ".parquet").toFile
     localTemps += local
     val baseShards: Seq[String] = base.toSeq.flatMap { case (_, text) =>
       mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
-    }
+    }.filterNot(replaced)
     val basePart: Option[File] = base.flatMap { case (v, _) =>
       val p = new Path(indexDir, DatasetCommit.indexPartName(v))
-      if (baseShards.nonEmpty && fs.exists(p)) {
+      // the base's part lists the replaced shards' rows: rebuilt from headers instead
+      if (baseShards.nonEmpty && replaced.isEmpty && fs.exists(p)) {
         val f = Files.createTempFile("safetensors-old-index-", ".parquet").toFile
         localTemps += f
         f.delete()
@@ -333,6 +366,35 @@ private[spark] object SafetensorsWriter {
     fs.delete(src, false)
     staged(file) = out
     mapper.readTree(report)
+  }
+
+  /** Copies the dataset's shard `old` without the tensors `rewriteJson` (a checkKeysAgainstDataset
+   *  entry) drops, as `newName` in the dataset directory; returns (its path, its ShardReport). */
+  private def rewriteExisting(fs: FileSystem, dest: Path, staging: Path, old: String, newName: String,
+      rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): (Path, JsonNode) = {
+    val src = new Path(dest, old)
+    val target = new Path(dest, newName)
+    val out = new Path(new Path(staging, "rewritten"), newName)
+    val report = (WriteTask.localFile(fs, src), WriteTask.localFile(fs, out)) match {
+      case (Some(in), Some(o)) =>
+        o.getParentFile.mkdirs()
+        NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
+      case _ =>
+        val dir = Files.createTempDirectory("safetensors-rewrite-").toFile
+        localTemps += dir
+        val in = new File(dir, "in-" + old)
+        val o = new File(dir, newName)
+        localTemps += in
+        localTemps += o
+        fs.copyToLocalFile(false, src, new Path(in.getAbsolutePath), true)
+        val r = NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
+        fs.copyFromLocalFile(true, true, new Path(o.getAbsolutePath), out)
+        r
+    }
+    if (!fs.rename(out, target)) throw new IOException(s"safetensors: cannot rename $out to $target")
+    val node = mapper.readTree(report).asInstanceOf[ObjectNode]
+    node.put("file", newName)
+    (target, node)
   }
 
   /** The header text of a shard (ranged reads: the 8-byte prefix, then N bytes) and its length.

@@ -194,24 +194,48 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
     spark.createDataFrame(spark.sparkContext.parallelize(keys.map(k => Row(k, Seq(value))), parts), schema)
   }
 
-  test("KV keys hold across appends: a key stored again fails naming it and both shards, nothing is listed") {
-    for (strategy <- Seq("fail", "lastWin")) {
+  test("KV keys hold across appends with fail: a key stored again fails naming it and both shards, nothing is listed") {
+    val path = freshPath()
+    kv(Seq("a", "b__x", "c"), 1f).write.format("safetensors").option("name_col", "k").save(path)
+    kv(Seq("d", "e"), 2f).write.format("safetensors").option("name_col", "k").mode("append").save(path)
+    val before = snapshot(path)
+    val oldHolder = listed(path).find(f => readShard(new File(path, f)).tensors.contains("b__x__v")).get
+    val e = intercept[Exception] {
+      kv(Seq("f", "b__x"), 3f).write.format("safetensors").option("name_col", "k").mode("append").save(path)
+    }
+    val msg = messages(e)
+    assert(msg.contains("key 'b__x' is already in the dataset") && msg.contains(oldHolder), msg)
+    assert(msg.contains("duplicatesStrategy=fail"), msg)
+    assert(snapshot(path) == before, "the failed append changed the dataset")
+    assert(spark.read.format("safetensors").load(path).count() == 5)
+  }
+
+  test("KV lastWin across appends: the appended copy replaces the stored one for every reader") {
+    for (index <- Seq(false, true)) {
       val path = freshPath()
-      kv(Seq("a", "b__x", "c"), 1f).write.format("safetensors").option("name_col", "k").save(path)
-      kv(Seq("d", "e"), 2f).write.format("safetensors").option("name_col", "k").mode("append").save(path)
-      val before = snapshot(path)
-      val oldHolder = listed(path).find { f =>
-        readShard(new File(path, f)).tensors.contains("b__x__v")
-      }.get
-      val e = intercept[Exception] {
-        kv(Seq("f", "b__x"), 3f).write.format("safetensors").option("name_col", "k")
-          .option("duplicatesStrategy", strategy).mode("append").save(path)
+      val w = (df: DataFrame) => df.write.format("safetensors").option("name_col", "k")
+        .option("duplicatesStrategy", "lastWin").option("generate_index", index.toString)
+      w(kv(Seq("a", "b__x", "c"), 1f, parts = 1)).save(path)
+      w(kv(Seq("d"), 2f, parts = 1)).mode("append").save(path)
+      val firstShard = listed(path).find(f => readShard(new File(path, f)).tensors.contains("a__v")).get
+      val dShard = listed(path).find(f => readShard(new File(path, f)).tensors.contains("d__v")).get
+      // replaces b__x and c of the first write, and d (its shard is left empty: dropped)
+      w(kv(Seq("c", "d", "b__x", "z"), 3f)).mode("append").save(path)
+      val m = manifest(path)
+      assert(m.get("total_samples").asLong == 5, m) // a, b__x, c, d, z
+      assert(listed(path) == onDisk(path))
+      assert(!new File(path, firstShard).exists() && !new File(path, dShard).exists())
+      val values = spark.read.format("safetensors").load(path).collect()
+        .map(r => r.getAs[String]("key") -> r.getAs[Seq[Float]]("decoded").head).toMap
+      assert(values == Map("a__v" -> 1f, "b__x__v" -> 3f, "c__v" -> 3f, "d__v" -> 3f, "z__v" -> 3f), values)
+      val rewritten = listed(path).find(f => readShard(new File(path, f)).tensors.contains("a__v")).get
+      assert(readShard(new File(path, rewritten)).metadata("safetensors_spark.samples") == "1")
+      if (index) {
+        val rows = spark.read.parquet(new File(path, "_tensor_index.parquet").getAbsolutePath)
+          .select("tensor_key", "file_name").collect().map(r => r.getString(0) -> r.getString(1)).toSet
+        assert(rows.map(_._1) == values.keySet && rows.map(_._2) == listed(path), rows)
+        assert(spark.read.format("safetensors").load(path).where("key = 'c__v'").count() == 1)
       }
-      val msg = messages(e)
-      assert(msg.contains("key 'b__x' is already in the dataset") && msg.contains(oldHolder), msg)
-      assert(msg.contains(s"duplicatesStrategy=$strategy"), msg)
-      assert(snapshot(path) == before, s"$strategy: the failed append changed the dataset")
-      assert(spark.read.format("safetensors").load(path).count() == 5)
     }
   }
 

@@ -44,10 +44,13 @@ public final class NativeWriter {
    *  write's manifest (its own shards only) and the lastWin shard rewrites to apply first. */
   public static native String commitJob(String planJson, String taskReportsJsonArray);
 
-  /** Driver, KV append: throws SafetensorsException if a key of this write (its task reports) is
-   *  already stored in one of the dataset's shards ({@code existingShardsJson}: a JSON array of
-   *  {"file", "header" (the N header bytes as text), "length"}), naming the key and both shards. */
-  public static native void checkKeysAgainstDataset(String planJson, String taskReportsJsonArray,
+  /** Driver, KV append: this write's keys (its task reports) against the dataset's shards
+   *  ({@code existingShardsJson}: a JSON array of {"file", "header" (the N header bytes as text),
+   *  "length"}). With duplicatesStrategy=fail a key stored again throws SafetensorsException
+   *  naming the key and both shards; with lastWin the answer is a JSON array of rewriteShard
+   *  requests ({"file", "drop", "samples_after", "delete", "shard"}) for the existing shards that
+   *  hold such keys. */
+  public static native String checkKeysAgainstDataset(String planJson, String taskReportsJsonArray,
       String existingShardsJson);
 
   /** Driver: throws SafetensorsException unless {@code manifestJson} is a valid manifest whose
@@ -57,9 +60,11 @@ public final class NativeWriter {
   /** Driver, each commit attempt: this write's manifest (from commitJob) on top of the
    *  directory's latest committed one (null: none), appended or replacing it. JSON
    *  {"manifest": "<text to write>", "version": n, "superseded": ["shard names", ...]}.
+   *  {@code replacementsJsonOrNull}: [{"old": shard name, "new": manifest shard entry or null}]:
+   *  shards of the base an append replaces (lastWin across writes).
    *  An append that no longer fits the dataset throws IllegalArgumentException. */
   public static native String nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
-      boolean append);
+      boolean append, String replacementsJsonOrNull);
 
   /** Driver: writes {@code outputPath} = input without the tensors a commitJob rewrite entry
    *  ({@code rewriteJson}) drops; returns the new file's ShardReport JSON. */
