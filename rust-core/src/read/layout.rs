@@ -7,8 +7,13 @@
 
 use super::decode::{decode_values, spark_element, widen};
 use super::error::{ReadError, ReadErrorKind};
+use super::forensic::{
+    flags_column, flags_of, flags_type, model_info_column, model_info_of, model_info_type,
+};
 use super::{tensor_bytes, TensorSource};
 use crate::dtype::Dtype;
+use crate::forensics::flags::Flag;
+use crate::forensics::metadata::ModelInfo;
 use crate::header::{Header, TensorInfo};
 use arrow_array::builder::{
     BinaryBuilder, Int64Builder, ListBuilder, MapBuilder, MapFieldNames, StringBuilder,
@@ -506,6 +511,10 @@ pub enum TensorColumn {
     Decoded(DataType),
     /// `metadata`: the file's `__metadata__`.
     Metadata,
+    /// `flags`: the file's forensic flags, cut to these fields (see [`super::forensic`]).
+    Flags(Vec<String>),
+    /// `model_info`: the file's model information, cut to these fields.
+    ModelInfo(Vec<String>),
 }
 
 impl TensorColumn {
@@ -520,6 +529,8 @@ impl TensorColumn {
             TensorColumn::Data => "data",
             TensorColumn::Decoded(_) => "decoded",
             TensorColumn::Metadata => "metadata",
+            TensorColumn::Flags(_) => "flags",
+            TensorColumn::ModelInfo(_) => "model_info",
         }
     }
 
@@ -536,6 +547,10 @@ impl TensorColumn {
                 Field::new(self.name(), list_of(element.clone()), true)
             }
             TensorColumn::Metadata => metadata_field(),
+            TensorColumn::Flags(fields) => Field::new(self.name(), flags_type(fields), false),
+            TensorColumn::ModelInfo(fields) => {
+                Field::new(self.name(), model_info_type(fields), false)
+            }
         }
     }
 
@@ -630,10 +645,39 @@ pub fn tensor_columns(
                 metadata_column(rows.iter().map(|(s, _)| s.header().metadata.as_ref()))
                     .map_err(batch_err)?
             }
+            TensorColumn::Flags(fields) => {
+                let per_file = per_file(rows, flags_of);
+                let refs: Vec<&[Flag]> = per_file.iter().map(|f| f.as_slice()).collect();
+                flags_column(&refs, fields).map_err(batch_err)?
+            }
+            TensorColumn::ModelInfo(fields) => {
+                let per_file = per_file(rows, model_info_of);
+                let refs: Vec<&ModelInfo> = per_file.iter().map(|m| &**m).collect();
+                model_info_column(&refs, fields).map_err(batch_err)?
+            }
         };
         arrays.push(array);
     }
     Ok(arrays)
+}
+
+/// `of` of each row's file header, computed once per run of rows from the same header.
+fn per_file<T>(rows: &[(&dyn TensorSource, &TensorInfo)], of: fn(&Header) -> T) -> Vec<Arc<T>> {
+    let mut out: Vec<Arc<T>> = Vec::with_capacity(rows.len());
+    let mut last: Option<(*const Header, Arc<T>)> = None;
+    for (src, _) in rows {
+        let h = src.header();
+        let value = match &last {
+            Some((p, v)) if std::ptr::eq(*p, h) => v.clone(),
+            _ => {
+                let v = Arc::new(of(h));
+                last = Some((h as *const Header, v.clone()));
+                v
+            }
+        };
+        out.push(value);
+    }
+    out
 }
 
 fn shape_column<'a>(shapes: impl Iterator<Item = Option<&'a [u64]>>) -> ArrayRef {
@@ -776,6 +820,10 @@ pub enum FileColumn<'a> {
     File,
     /// `metadata`: the file's `__metadata__`.
     Metadata,
+    /// `flags`: the file's forensic flags, cut to these fields.
+    Flags(&'a [String]),
+    /// `model_info`: the file's model information, cut to these fields.
+    ModelInfo(&'a [String]),
     /// A Tensor Struct (nullable: null when the file has no tensor `key`) with `fields`.
     Tensor {
         key: &'a str,
@@ -789,6 +837,10 @@ impl FileColumn<'_> {
         match self {
             FileColumn::File => Field::new("file", DataType::Utf8, false),
             FileColumn::Metadata => metadata_field(),
+            FileColumn::Flags(fields) => Field::new("flags", flags_type(fields), false),
+            FileColumn::ModelInfo(fields) => {
+                Field::new("model_info", model_info_type(fields), false)
+            }
             FileColumn::Tensor { key, fields } => Field::new(
                 *key,
                 DataType::Struct(tensor_struct_fields_of(fields)),
@@ -831,6 +883,16 @@ pub fn file_columns(
             FileColumn::Metadata => {
                 metadata_column(files.iter().map(|s| s.header().metadata.as_ref()))
                     .map_err(|e| e.in_file(&first))?
+            }
+            FileColumn::Flags(fields) => {
+                let all: Vec<Vec<Flag>> = files.iter().map(|s| flags_of(s.header())).collect();
+                let refs: Vec<&[Flag]> = all.iter().map(Vec::as_slice).collect();
+                flags_column(&refs, fields).map_err(|e| e.in_file(&first))?
+            }
+            FileColumn::ModelInfo(fields) => {
+                let all: Vec<ModelInfo> = files.iter().map(|s| model_info_of(s.header())).collect();
+                let refs: Vec<&ModelInfo> = all.iter().collect();
+                model_info_column(&refs, fields).map_err(|e| e.in_file(&first))?
             }
             FileColumn::Tensor { key, fields } => {
                 let infos: Vec<Option<&TensorInfo>> =

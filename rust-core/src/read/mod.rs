@@ -35,6 +35,7 @@
 
 pub mod decode;
 pub mod error;
+pub mod forensic;
 pub mod layout;
 pub mod scan;
 pub mod task;

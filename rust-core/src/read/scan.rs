@@ -47,6 +47,7 @@
 
 use super::decode::{common_element, spark_element};
 use super::error::{ReadError, ReadErrorKind};
+use super::forensic;
 use super::layout::{
     batch_samples, metadata_type, sample_target_type, FileColumn, SampleTarget, TensorColumn,
     TensorField, LAYOUT_KEY,
@@ -302,6 +303,10 @@ pub enum ColumnSource {
     File,
     /// The file's `__metadata__` (`_metadata` / `metadata`): `Map<Utf8, Utf8>`, nullable.
     Metadata,
+    /// `flags` (per tensor and per file): the file's forensic flags, cut to `fields`.
+    Flags { fields: Vec<String> },
+    /// `model_info` (per tensor and per file): the file's model information, cut to `fields`.
+    ModelInfo { fields: Vec<String> },
     /// Per tensor: `key`.
     Key,
     /// Per tensor: `dtype`.
@@ -422,6 +427,8 @@ impl ColumnSource {
             ColumnSource::ByteSize => TensorColumn::ByteSize,
             ColumnSource::Data => TensorColumn::Data,
             ColumnSource::Decoded { element } => TensorColumn::Decoded(element.arrow()),
+            ColumnSource::Flags { fields } => TensorColumn::Flags(fields.clone()),
+            ColumnSource::ModelInfo { fields } => TensorColumn::ModelInfo(fields.clone()),
             ColumnSource::Sample { .. } | ColumnSource::Tensor { .. } => return None,
         })
     }
@@ -949,7 +956,7 @@ fn scan_schema<'a>(
             for (e, h) in &files {
                 for t in &h.tensors {
                     if seen.insert(t.name.as_str()) {
-                        if t.name == "file" || t.name == "metadata" {
+                        if ["file", "metadata", "flags", "model_info"].contains(&t.name.as_str()) {
                             return Err(ReadErrorKind::Invalid(format!(
                                 "tensor `{}` has the name of the per-file layout's `{}` column",
                                 t.name, t.name
@@ -1004,6 +1011,7 @@ impl ScanSchema<'_> {
                     out.push(col("decoded", ColumnSource::Decoded { element: e }));
                 }
                 out.push(col("metadata", ColumnSource::Metadata));
+                out.extend(forensic_columns());
                 out
             }
             ScanSchema::File { keys, .. } => {
@@ -1018,6 +1026,7 @@ impl ScanSchema<'_> {
                     )
                 }));
                 out.push(col("metadata", ColumnSource::Metadata));
+                out.extend(forensic_columns());
                 out
             }
         }
@@ -1086,6 +1095,24 @@ fn layout_name(layout: Layout) -> &'static str {
     }
 }
 
+/// The forensic report's columns of the per-tensor and per-file layouts, every field.
+fn forensic_columns() -> [OutputColumn; 2] {
+    [
+        OutputColumn {
+            name: "flags".to_owned(),
+            source: ColumnSource::Flags {
+                fields: forensic::all_fields(&forensic::FLAG_FIELDS),
+            },
+        },
+        OutputColumn {
+            name: "model_info".to_owned(),
+            source: ColumnSource::ModelInfo {
+                fields: forensic::all_fields(&forensic::MODEL_INFO_FIELDS),
+            },
+        },
+    ]
+}
+
 fn output_column(
     layout: Layout,
     all: &[OutputColumn],
@@ -1116,6 +1143,16 @@ fn output_column(
                 })
             })
             .collect::<Result<_, _>>()?;
+    }
+    let struct_fields = match &mut out.source {
+        ColumnSource::Flags { fields } => Some((fields, &forensic::FLAG_FIELDS[..])),
+        ColumnSource::ModelInfo { fields } => Some((fields, &forensic::MODEL_INFO_FIELDS[..])),
+        _ => None,
+    };
+    if let (Some((fields, all)), Some(wanted)) = (struct_fields, &rc.fields) {
+        forensic::check_fields(&rc.name, wanted, all)
+            .map_err(|m| ReadError::new("", Some(&rc.name), ReadErrorKind::Invalid(m)))?;
+        *fields = wanted.clone();
     }
     Ok(out)
 }

@@ -30,6 +30,7 @@
 //!   taken, bytes supplied) — the metric tests use to show pruning.
 
 use super::error::{ReadError, ReadErrorKind};
+use super::forensic;
 use super::layout::{
     batch_samples, file_columns, metadata_column, row_byte_range, sample_column_as, tensor_columns,
     FileColumn, SampleTarget, TensorColumn, TensorField,
@@ -558,8 +559,17 @@ impl ReadTask {
                     has(|c| matches!(c, TensorColumn::Dtype)),
                     has(|c| matches!(c, TensorColumn::Metadata)),
                 );
-                // Totals per 32-bit-offset column: data, decoded, file, key, dtype, shape, metadata.
-                let mut totals = [0u64; 7];
+                // The file's flags and model information repeat on every row: their text,
+                // computed once per batch.
+                let forensic_size =
+                    if has(|c| matches!(c, TensorColumn::Flags(_) | TensorColumn::ModelInfo(_))) {
+                        forensic::text_size(&forensic::flags_of(h), &forensic::model_info_of(h))
+                    } else {
+                        0
+                    };
+                // Totals per 32-bit-offset column: data, decoded, file, key, dtype, shape,
+                // metadata, flags and model information.
+                let mut totals = [0u64; 8];
                 let mut bytes = 0u64;
                 let mut to = from;
                 while to < open.end && to - from < batch_rows {
@@ -587,6 +597,7 @@ impl ReadTask {
                         },
                         info.shape.len() as u64,
                         if meta_col { metadata_size(h) } else { 0 },
+                        forensic_size,
                     ];
                     let mut one = u64::MAX;
                     for c in costs {
@@ -797,6 +808,8 @@ impl ReadTask {
                     .map(|c| match &c.source {
                         ColumnSource::File => Ok(FileColumn::File),
                         ColumnSource::Metadata => Ok(FileColumn::Metadata),
+                        ColumnSource::Flags { fields } => Ok(FileColumn::Flags(fields)),
+                        ColumnSource::ModelInfo { fields } => Ok(FileColumn::ModelInfo(fields)),
                         ColumnSource::Tensor { key, fields } => Ok(FileColumn::Tensor {
                             key,
                             fields: fields.as_slice(),

@@ -453,7 +453,9 @@ fn describe_auto_asks_for_headers_then_resolves() {
             "shape",
             "byte_size",
             "data",
-            "metadata"
+            "metadata",
+            "flags",
+            "model_info"
         ]
     );
     assert_eq!(d.metadata_columns, json!({"type": "struct", "fields": []}));
@@ -497,8 +499,11 @@ fn describe_tensor_and_file_layouts() {
     // Keys: first appearance over files sorted by URI (a: w, b by data order; then b: v).
     let names = field_names(&d.schema);
     assert_eq!(names[0], "file");
-    assert_eq!(names.last().unwrap(), "metadata");
-    let mut keys = names[1..names.len() - 1].to_vec();
+    assert_eq!(
+        names[names.len() - 3..],
+        ["metadata", "flags", "model_info"]
+    );
+    let mut keys = names[1..names.len() - 3].to_vec();
     assert_eq!(keys.len(), 3);
     assert_eq!(keys.pop().unwrap(), "v");
     let t = &d.schema["fields"][1];
@@ -529,13 +534,26 @@ fn describe_tensor_and_file_layouts() {
     assert_eq!(r, Answer::NeedHeaders(vec![b.file]));
 }
 
+/// The per-tensor scan's fields: the layout's rows, then the forensic columns, every field.
 fn tensor_rows_schema_fields(decoded: Option<DataType>) -> Fields {
-    super::super::layout::tensor_rows_schema(&super::super::layout::TensorRowOptions {
-        data: true,
-        decoded,
-    })
-    .fields()
-    .clone()
+    use super::super::forensic::{all_fields, FLAG_FIELDS, MODEL_INFO_FIELDS};
+    use super::super::layout::TensorColumn;
+    let mut fields: Vec<_> =
+        super::super::layout::tensor_rows_schema(&super::super::layout::TensorRowOptions {
+            data: true,
+            decoded,
+        })
+        .fields()
+        .iter()
+        .cloned()
+        .collect();
+    fields.push(Arc::new(
+        TensorColumn::Flags(all_fields(&FLAG_FIELDS)).field(),
+    ));
+    fields.push(Arc::new(
+        TensorColumn::ModelInfo(all_fields(&MODEL_INFO_FIELDS)).field(),
+    ));
+    Fields::from(fields)
 }
 
 #[test]

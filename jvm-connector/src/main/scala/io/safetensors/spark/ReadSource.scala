@@ -12,7 +12,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.jni.{NativeLib, NativeReader}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
-import org.apache.spark.sql.types.{DataType, StructType}
+import org.apache.spark.sql.types.{ArrayType, DataType, StructType}
 
 /** The read options (spec/options.md, "Read options"). */
 private[spark] final case class ReadOptions(
@@ -273,7 +273,12 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       required.fields.foreach { f =>
         val c = r.addObject().put("name", f.name)
         f.dataType match {
+          // A struct column (Tensor Struct, model_info) or an array of structs (flags) that
+          // Spark's nested-column pruning cut to some fields: those fields.
           case s: StructType =>
+            val fs = c.putArray("fields")
+            s.fieldNames.foreach(fs.add)
+          case ArrayType(s: StructType, _) =>
             val fs = c.putArray("fields")
             s.fieldNames.foreach(fs.add)
           case _ =>

@@ -154,7 +154,8 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
 
     val df = spark.read.format("safetensors").load(path)
     assert(df.schema.fieldNames.toSeq ==
-      Seq("file", "key", "dtype", "shape", "byte_size", "data", "decoded", "metadata"))
+      Seq("file", "key", "dtype", "shape", "byte_size", "data", "decoded", "metadata", "flags",
+        "model_info"))
 
     val one = df.where(col("key") === "k0042__v").select("key", "dtype", "shape", "decoded")
     // The key filter reaches the scan (Spark's IsNotNull(key) is not used, so not listed).
@@ -277,7 +278,8 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
 
     for (uri <- Seq(dir.getAbsolutePath, remote(dir.getAbsolutePath))) {
       val df = spark.read.format("safetensors").option("layout", "file").load(uri)
-      assert(df.schema.fieldNames.toSeq == Seq("file", "w", "b", "metadata"), df.schema)
+      assert(df.schema.fieldNames.toSeq == Seq("file", "w", "b", "metadata", "flags", "model_info"),
+        df.schema)
       val (shapes, shapeBytes) = collectMeasured(df.select("file", "w.shape", "w.dtype", "b.dtype"))
       assert(shapes.map(r => (r.getString(0).split('/').last, r.getSeq[Long](1), r.getString(2),
         Option(r.getString(3)))).sortBy(_._1).toSeq ==
@@ -290,6 +292,44 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
       assert(data.flatMap(r => Option(r.getMap[String, String](1))).flatMap(_.get("trigger")).toSeq
         == Seq("cat"))
       assert(dataBytes == headers + 48L)
+    }
+  }
+
+  test("forensic columns per file and per tensor: flags and model_info read headers only") {
+    val dir = new File(freshPath())
+    dir.mkdirs()
+    val w = Array.tabulate[Byte](24)(_.toByte)
+    writeFile(new File(dir, "lora.safetensors"),
+      Seq(("q.weight", "U8", Seq(4L), Array[Byte](1, 2, 3, 4)), ("w", "F32", Seq(2L, 3L), w)),
+      Map("ss_output_name" -> "inkwash", "ss_steps" -> "2400"))
+    writeFile(new File(dir, "plain.safetensors"), Seq(("w", "F32", Seq(6L), w)), Map.empty)
+    val headers = Seq("lora", "plain").map(n => headerBytes(new File(dir, s"$n.safetensors"))).sum
+
+    for (uri <- Seq(dir.getAbsolutePath, remote(dir.getAbsolutePath))) {
+      val files = spark.read.format("safetensors").option("layout", "file").load(uri)
+      assert(files.schema.fieldNames.toSeq == Seq("file", "q.weight", "w", "metadata", "flags",
+        "model_info"), files.schema)
+      // Warnings only: the headers are not padded, so the data may also be misaligned (an info).
+      val warnings = "filter(flags, f -> f.level = 'warning')"
+      val (rows, bytes) = collectMeasured(files.selectExpr("file", s"transform($warnings, f -> f.code)",
+        s"get($warnings, 0).tensor", "model_info.name", "model_info.training_steps", "model_info.training_tool"))
+      assert(rows.map(r => (r.getString(0).split('/').last, r.getSeq[String](1), Option(r.getString(2)),
+        Option(r.getString(3)), Option(r.get(4)), Option(r.getString(5)))).sortBy(_._1).toSeq ==
+        Seq(("lora.safetensors", Seq("integer_float_weights"), Some("q.weight"), Some("inkwash"),
+          Some(2400L), Some("kohya-ss sd-scripts")),
+          ("plain.safetensors", Seq(), None, None, None, None)), uri)
+      assert(bytes == headers, s"flags and model_info read no data ($uri)")
+
+      val (withData, dataBytes) = collectMeasured(files.select("w.data", "flags", "model_info"))
+      assert(withData.length == 2)
+      assert(dataBytes == headers + 48L)
+
+      val tensors = spark.read.format("safetensors").option("layout", "tensor").load(uri)
+      val (trows, tbytes) = collectMeasured(tensors.selectExpr("key", s"size($warnings)",
+        "model_info.name", "model_info"))
+      assert(trows.map(r => (r.getString(0), r.getInt(1), Option(r.getString(2)))).sorted.toSeq ==
+        Seq(("q.weight", 1, Some("inkwash")), ("w", 0, None), ("w", 1, Some("inkwash"))), uri)
+      assert(tbytes == headers, s"flags and model_info read no data per tensor ($uri)")
     }
   }
 
