@@ -347,22 +347,7 @@ private[spark] object SafetensorsWriter {
       file: String, rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): JsonNode = {
     val src = staged(file)
     val out = new Path(new Path(staging, "rewritten"), file)
-    val report = (WriteTask.localFile(fs, src), WriteTask.localFile(fs, out)) match {
-      case (Some(in), Some(o)) =>
-        o.getParentFile.mkdirs()
-        NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
-      case _ =>
-        val dir = Files.createTempDirectory("safetensors-rewrite-").toFile
-        localTemps += dir
-        val in = new File(dir, "in-" + file)
-        val o = new File(dir, file)
-        localTemps += in
-        localTemps += o
-        fs.copyToLocalFile(false, src, new Path(in.getAbsolutePath), true)
-        val r = NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
-        fs.copyFromLocalFile(true, true, new Path(o.getAbsolutePath), out)
-        r
-    }
+    val report = rewriteShardTo(fs, src, out, rewriteJson, localTemps)
     fs.delete(src, false)
     staged(file) = out
     mapper.readTree(report)
@@ -372,18 +357,29 @@ private[spark] object SafetensorsWriter {
    *  entry) drops, as `newName` in the dataset directory; returns (its path, its ShardReport). */
   private def rewriteExisting(fs: FileSystem, dest: Path, staging: Path, old: String, newName: String,
       rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): (Path, JsonNode) = {
-    val src = new Path(dest, old)
     val target = new Path(dest, newName)
     val out = new Path(new Path(staging, "rewritten"), newName)
-    val report = (WriteTask.localFile(fs, src), WriteTask.localFile(fs, out)) match {
+    val report = rewriteShardTo(fs, new Path(dest, old), out, rewriteJson, localTemps)
+    if (!fs.rename(out, target)) throw new IOException(s"safetensors: cannot rename $out to $target")
+    val node = mapper.readTree(report).asInstanceOf[ObjectNode]
+    node.put("file", out.getName)
+    (target, node)
+  }
+
+  /** Writes `out` = `src` without the tensors `rewriteJson` drops (`rewriteShard`): directly when
+   *  both are local files, else through local copies (download, rewrite, upload). Returns the new
+   *  file's ShardReport text. */
+  private def rewriteShardTo(fs: FileSystem, src: Path, out: Path, rewriteJson: String,
+      localTemps: mutable.ArrayBuffer[File]): String =
+    (WriteTask.localFile(fs, src), WriteTask.localFile(fs, out)) match {
       case (Some(in), Some(o)) =>
         o.getParentFile.mkdirs()
         NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
       case _ =>
         val dir = Files.createTempDirectory("safetensors-rewrite-").toFile
         localTemps += dir
-        val in = new File(dir, "in-" + old)
-        val o = new File(dir, newName)
+        val in = new File(dir, "in-" + src.getName)
+        val o = new File(dir, out.getName)
         localTemps += in
         localTemps += o
         fs.copyToLocalFile(false, src, new Path(in.getAbsolutePath), true)
@@ -391,11 +387,6 @@ private[spark] object SafetensorsWriter {
         fs.copyFromLocalFile(true, true, new Path(o.getAbsolutePath), out)
         r
     }
-    if (!fs.rename(out, target)) throw new IOException(s"safetensors: cannot rename $out to $target")
-    val node = mapper.readTree(report).asInstanceOf[ObjectNode]
-    node.put("file", newName)
-    (target, node)
-  }
 
   /** The header text of a shard (ranged reads: the 8-byte prefix, then N bytes) and its length.
    *  N is checked against the format's cap and the file length before anything is allocated. */
