@@ -91,16 +91,9 @@ fn tag_count_fields() -> Fields {
     ])
 }
 
+/// `model_info.sources`: key → source key, the same map type as the `metadata` column.
 fn sources_type() -> DataType {
-    let entries = Field::new(
-        "entries",
-        DataType::Struct(Fields::from(vec![
-            Field::new("key", DataType::Utf8, false),
-            Field::new("value", DataType::Utf8, false),
-        ])),
-        false,
-    );
-    DataType::Map(Arc::new(entries), false)
+    super::layout::metadata_type()
 }
 
 fn model_info_struct_fields() -> Fields {
