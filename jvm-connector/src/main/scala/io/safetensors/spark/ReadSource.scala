@@ -12,6 +12,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.jni.{NativeLib, NativeReader}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.spark.sql.sources.Filter
 import org.apache.spark.sql.types.{ArrayType, DataType, StructType}
 
 /** The read options (spec/options.md, "Read options"). */
@@ -76,6 +77,24 @@ private[spark] object ReadOptions {
   }
 }
 
+/**
+ * What a table reads: one dataset tree ([[ReadSource]]) or the Hive-style partition directories
+ * under a root ([[PartitionedSource]]).
+ */
+private[spark] trait TableSource {
+  def options: ReadOptions
+  def conf: Configuration
+  /** Layout, schema (partition columns last), metadata columns, excluded files. */
+  def description: Description
+  /** The partition columns (the last columns of `description.schema`); empty when none. */
+  def partitionSchema: StructType = new StructType()
+  /** For the scan's description, e.g. `files=3`. */
+  def summary: String
+  /** The input partitions of a scan of `required` (`partitionFilters` name partition columns only). */
+  def plan(required: StructType, predicates: Seq[ReadPredicate], partitionFilters: Seq[Filter],
+      maxPartitionBytes: Long, openCostBytes: Long, minPartitions: Int): Seq[SafetensorsInputPartition]
+}
+
 /** A listed file. `header` is filled in when read. */
 private[spark] final case class ListedFile(uri: String, length: Long)
 
@@ -84,8 +103,18 @@ private[spark] final case class ListedFile(uri: String, length: Long)
  * (which answers `need_headers` until it has every header it wants, and `need_index` when a
  * dataset's `_tensor_index.parquet` can serve a key lookup instead of its headers).
  */
-private[spark] final class ReadSource(val options: ReadOptions, val conf: Configuration) {
+private[spark] final class ReadSource(val options: ReadOptions, val conf: Configuration)
+    extends TableSource {
   import ReadSource._
+
+  override def summary: String = s"files=${files.size}"
+
+  override def plan(required: StructType, predicates: Seq[ReadPredicate],
+      partitionFilters: Seq[Filter], maxPartitionBytes: Long, openCostBytes: Long,
+      minPartitions: Int): Seq[SafetensorsInputPartition] =
+    planSpecs(required, predicates, maxPartitionBytes, openCostBytes, minPartitions).map {
+      case (json, bytes) => SafetensorsInputPartition(json, bytes)
+    }
 
   val (files: Seq[ListedFile], manifests: Seq[(String, String)], indexes: Map[String, String]) =
     list()
@@ -260,7 +289,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
   }
 
   /** Partition specs (JSON each) and their data bytes. */
-  def plan(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
+  def planSpecs(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
       openCostBytes: Long, minPartitions: Int): Seq[(String, Long)] = {
     val preds = mapper.createArrayNode()
     predicates.foreach { p =>

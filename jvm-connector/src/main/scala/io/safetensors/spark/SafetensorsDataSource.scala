@@ -25,17 +25,21 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
     with CreatableRelationProvider {
 
   /** The source [[inferSchema]] listed, reused by [[getTable]] for the same options. */
-  private var inferred: Option[(Map[String, String], ReadSource)] = None
+  private var inferred: Option[(Map[String, String], TableSource)] = None
 
   override def shortName(): String = "safetensors"
 
   override def supportsExternalMetadata(): Boolean = true
 
-  private def readSource(options: Map[String, String]): ReadSource = {
+  /** The partition directories under the path when it has them (reading.md §6), else the tree. */
+  private def readSource(options: Map[String, String]): TableSource = {
     val spark = SparkSession.active
     val (_, _, ignoreCorrupt) = SparkInternals.filesConf(spark)
     val read = ReadOptions.parse(options, ignoreCorrupt, SparkInternals.ignoreMissingFiles(spark))
-    new ReadSource(read, SparkInternals.hadoopConf(spark, options))
+    val conf = SparkInternals.hadoopConf(spark, options)
+    val inferTypes =
+      spark.conf.get("spark.sql.sources.partitionColumnTypeInference.enabled", "true").toBoolean
+    PartitionedSource.discover(read, conf, inferTypes).getOrElse(new ReadSource(read, conf))
   }
 
   override def inferSchema(options: CaseInsensitiveStringMap): StructType = synchronized {
@@ -47,10 +51,12 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
 
   override def getTable(schema: StructType, partitioning: Array[Transform],
       properties: util.Map[String, String]): Table = synchronized {
-    if (partitioning.nonEmpty) {
+    // partitionBy(...) arrives as identity transforms (the write itself gets the columns through
+    // the V1 route's options, SafetensorsWriter); bucketing and other transforms are not supported
+    partitioning.find(_.name() != "identity").foreach { t =>
       throw new IllegalArgumentException(
-        "safetensors: partitionBy/bucketBy is not supported (got " +
-          partitioning.map(_.describe()).mkString(", ") + ")")
+        "safetensors: bucketBy and partition transforms are not supported (got " + t.describe() +
+          "); partitionBy(column, ...) is")
     }
     val opts = properties.asScala.toMap
     inferred.filter(_._1 == opts) match {
@@ -62,5 +68,8 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
 
   override def createRelation(sqlContext: SQLContext, mode: SaveMode,
       parameters: Map[String, String], data: DataFrame): BaseRelation =
-    SafetensorsWriter.write(sqlContext, mode, parameters, data)
+    PartitionedWriter.columns(parameters) match {
+      case Some(columns) => PartitionedWriter.write(sqlContext, mode, parameters, data, columns)
+      case None => SafetensorsWriter.write(sqlContext, mode, parameters, data)
+    }
 }

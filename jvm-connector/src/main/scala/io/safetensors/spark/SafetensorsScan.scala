@@ -16,6 +16,7 @@ import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.connector.catalog.{MetadataColumn, SupportsMetadataColumns, SupportsRead, Table, TableCapability}
 import org.apache.spark.sql.connector.metric.{CustomMetric, CustomSumMetric, CustomTaskMetric}
+import org.apache.spark.sql.execution.vectorized.{ColumnVectorUtils, ConstantColumnVector}
 import org.apache.spark.sql.connector.read.{Batch, InputPartition, PartitionReader, PartitionReaderFactory, Scan, ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns}
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.sources._
@@ -29,7 +30,7 @@ import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
  * ([[SafetensorsDataSource.createRelation]]). `source` is `None` for a write (nothing is listed).
  */
 private[spark] final class SafetensorsTable(tableSchema: StructType, userSchema: Boolean,
-    source: => ReadSource) extends Table with SupportsRead with SupportsMetadataColumns {
+    source: => TableSource) extends Table with SupportsRead with SupportsMetadataColumns {
   private lazy val src = source
 
   override def name(): String = "safetensors"
@@ -55,7 +56,7 @@ private[spark] final class SafetensorsTable(tableSchema: StructType, userSchema:
 
 private[spark] object SafetensorsTable {
   /** An explicit `.schema(...)` must name columns the files have, with the types they have. */
-  def checkUserSchema(user: StructType, src: ReadSource): Unit = {
+  def checkUserSchema(user: StructType, src: TableSource): Unit = {
     val inferred = src.description.schema
     val problems = user.fields.flatMap { f =>
       inferred.fields.find(_.name == f.name) match {
@@ -86,11 +87,12 @@ private[spark] object SafetensorsTable {
   }
 }
 
-private[spark] final class SafetensorsScanBuilder(src: ReadSource, tableSchema: StructType)
+private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema: StructType)
     extends ScanBuilder with SupportsPushDownRequiredColumns with SupportsPushDownFilters {
   private var required: StructType = tableSchema
   private var pushed: Array[Filter] = Array.empty
   private var predicates: Seq[ReadPredicate] = Seq.empty
+  private var partitionFilters: Seq[Filter] = Seq.empty
 
   override def pruneColumns(requiredSchema: StructType): Unit = required = requiredSchema
 
@@ -117,7 +119,10 @@ private[spark] final class SafetensorsScanBuilder(src: ReadSource, tableSchema: 
       case _ => false
     }
     filters.foreach(f => if (translate(f)) used += f)
-    pushed = used.toArray
+    // filters on partition columns alone choose the partition directories a scan lists
+    val partitionColumns = src.partitionSchema.fieldNames.toSet
+    partitionFilters = filters.toSeq.filter(f => f.references.nonEmpty && f.references.forall(partitionColumns))
+    pushed = (used ++ partitionFilters).distinct.toArray
     predicates = preds.toSeq
     filters
   }
@@ -126,25 +131,24 @@ private[spark] final class SafetensorsScanBuilder(src: ReadSource, tableSchema: 
 
   override def pushedFilters(): Array[Filter] = pushed
 
-  override def build(): Scan = new SafetensorsScan(src, required, predicates, pushed)
+  override def build(): Scan = new SafetensorsScan(src, required, predicates, partitionFilters, pushed)
 }
 
-private[spark] final class SafetensorsScan(src: ReadSource, required: StructType,
-    predicates: Seq[ReadPredicate], pushed: Array[Filter]) extends Scan with Batch {
+private[spark] final class SafetensorsScan(src: TableSource, required: StructType,
+    predicates: Seq[ReadPredicate], partitionFilters: Seq[Filter], pushed: Array[Filter])
+    extends Scan with Batch {
   override def readSchema(): StructType = required
   override def toBatch: Batch = this
 
   override def description(): String =
-    s"SafetensorsScan[layout=${src.description.layout}, files=${src.files.size}, " +
+    s"SafetensorsScan[layout=${src.description.layout}, ${src.summary}, " +
       s"pushed=${pushed.mkString("[", ", ", "]")}, columns=${required.fieldNames.mkString(",")}]"
 
   override def planInputPartitions(): Array[InputPartition] = {
     val spark = SparkSession.active
     val (maxBytes, openCost, _) = SparkInternals.filesConf(spark)
     val minPartitions = SparkInternals.filesMinPartitionNum(spark)
-    src.plan(required, predicates, maxBytes, openCost, minPartitions).map { case (json, bytes) =>
-      SafetensorsInputPartition(json, bytes): InputPartition
-    }.toArray
+    src.plan(required, predicates, partitionFilters, maxBytes, openCost, minPartitions).toArray
   }
 
   /**
@@ -155,14 +159,16 @@ private[spark] final class SafetensorsScan(src: ReadSource, required: StructType
   override def createReaderFactory(): PartitionReaderFactory =
     new SafetensorsReaderFactory(
       SparkSession.active.sparkContext.broadcast(new SerializableConf(src.conf)), required,
+      src.partitionSchema,
       src.options.ignoreCorruptFiles)
 
   override def supportedCustomMetrics(): Array[CustomMetric] =
     Array(new BytesReadMetric, new UnitsSkippedMetric)
 }
 
-private[spark] final case class SafetensorsInputPartition(specJson: String, bytes: Long)
-    extends InputPartition
+/** A Rust read spec; `partitionValues`: the partition directory's values (partition columns). */
+private[spark] final case class SafetensorsInputPartition(specJson: String, bytes: Long,
+    partitionValues: InternalRow = InternalRow.empty) extends InputPartition
 
 private[spark] final class BytesReadMetric extends CustomSumMetric {
   override def name(): String = BytesReadMetric.Name
@@ -179,15 +185,18 @@ private[spark] final class UnitsSkippedMetric extends CustomSumMetric {
 private[spark] object UnitsSkippedMetric { val Name = "safetensorsCorruptFilesSkipped" }
 
 private[spark] final class SafetensorsReaderFactory(conf: Broadcast[SerializableConf],
-    schema: StructType, ignoreCorrupt: Boolean) extends PartitionReaderFactory {
+    schema: StructType, partitionSchema: StructType, ignoreCorrupt: Boolean)
+    extends PartitionReaderFactory {
   override def supportColumnarReads(partition: InputPartition): Boolean = true
 
   override def createReader(partition: InputPartition): PartitionReader[InternalRow] =
     throw new UnsupportedOperationException("safetensors: only columnar reads")
 
-  override def createColumnarReader(partition: InputPartition): PartitionReader[ColumnarBatch] =
-    new SafetensorsPartitionReader(partition.asInstanceOf[SafetensorsInputPartition].specJson,
-      conf.value, schema, ignoreCorrupt)
+  override def createColumnarReader(partition: InputPartition): PartitionReader[ColumnarBatch] = {
+    val p = partition.asInstanceOf[SafetensorsInputPartition]
+    new SafetensorsPartitionReader(p.specJson, conf.value, schema, partitionSchema,
+      p.partitionValues, ignoreCorrupt)
+  }
 }
 
 /**
@@ -196,8 +205,10 @@ private[spark] final class SafetensorsReaderFactory(conf: Broadcast[Serializable
  * Arrow C Data interface; the vectors are wrapped ([[ArrowBufferColumnVector]]), not copied.
  */
 private[spark] final class SafetensorsPartitionReader(specJson: String, conf: SerializableConf,
-    schema: StructType, ignoreCorrupt: Boolean)
-    extends PartitionReader[ColumnarBatch] with Logging {
+    schema: StructType, partitionSchema: StructType, partitionValues: InternalRow,
+    ignoreCorrupt: Boolean) extends PartitionReader[ColumnarBatch] with Logging {
+  /** The columns Rust reads: `schema` without the partition columns (which are constants here). */
+  private val dataSchema = StructType(schema.fields.filterNot(f => partitionSchema.fieldNames.contains(f.name)))
   NativeLib.ensureLoaded()
   private val allocator: BufferAllocator = WriteTask.rootAllocator.newChildAllocator(
     s"safetensors-read-${Option(TaskContext.get()).map(_.taskAttemptId()).getOrElse(-1L)}",
@@ -262,16 +273,14 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
           val rows = NativeReader.nextBatch(handle, array.memoryAddress(), arrowSchema.memoryAddress())
           if (rows < 0) closeUnit()
           else {
-            batch = if (schema.isEmpty) {
-              new ColumnarBatch(Array.empty[ColumnVector], rows.toInt)
-            } else {
+            val data: Array[ColumnVector] = if (dataSchema.isEmpty) Array.empty else {
               root = Data.importVectorSchemaRoot(allocator, array, arrowSchema, null)
               val fields = root.getFieldVectors
-              val vectors: Array[ColumnVector] = schema.fields.indices.map { i =>
-                ArrowBufferColumnVector.wrap(fields.get(i), schema.fields(i).dataType): ColumnVector
+              dataSchema.fields.indices.map { i =>
+                ArrowBufferColumnVector.wrap(fields.get(i), dataSchema.fields(i).dataType): ColumnVector
               }.toArray
-              new ColumnarBatch(vectors, rows.toInt)
             }
+            batch = new ColumnarBatch(withPartitionColumns(data, rows.toInt), rows.toInt)
             return true
           }
         } finally {
@@ -290,6 +299,22 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
   }
 
   override def get(): ColumnarBatch = batch
+
+  /** `data` (the columns of `dataSchema`) with the partition columns put where `schema` has them. */
+  private def withPartitionColumns(data: Array[ColumnVector], rows: Int): Array[ColumnVector] =
+    if (partitionSchema.isEmpty) data
+    else {
+      val next = data.iterator
+      schema.fields.map { f =>
+        partitionSchema.fieldNames.indexOf(f.name) match {
+          case i if i >= 0 =>
+            val v = new ConstantColumnVector(rows, f.dataType)
+            ColumnVectorUtils.populate(v, partitionValues, i)
+            v: ColumnVector
+          case _ => next.next()
+        }
+      }
+    }
 
   override def currentMetricsValues(): Array[CustomTaskMetric] = {
     if (handle != 0L) {
