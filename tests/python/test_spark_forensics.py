@@ -73,3 +73,25 @@ def test_pruned_struct_fields_and_filters_on_them(spark, cli, lake):
     assert got == want
     warned = df.where("size(flags) > 0").select("file").collect()
     assert sorted(name(r.file) for r in warned) == ["modelspec.safetensors", "warnings.safetensors"]
+
+
+def test_sha256_columns_equal_the_cli_json_and_hashlib(spark, cli, lake):
+    import hashlib
+    from safetensors.numpy import load_file
+
+    docs = reports(cli, lake)
+    files = spark.read.format("safetensors").option("layout", "file").load(str(lake))
+    got = {name(r.file): r.sha256 for r in files.select("file", "sha256").collect()}
+    assert got == {n: d["sha256"] for n, d in docs.items()}
+    assert got == {n: hashlib.sha256((lake / n).read_bytes()).hexdigest() for n in docs}
+    tensors = spark.read.format("safetensors").option("layout", "tensor").load(str(lake))
+    rows = tensors.select("file", "key", "sha256").collect()
+    want = {(n, t["name"]): t["sha256"] for n, d in docs.items() for t in d["tensors"]}
+    assert {(name(r.file), r.key): r.sha256 for r in rows} == want
+    for n in docs:  # and the bytes themselves, as the safetensors package loads them
+        for k, v in load_file(str(lake / n)).items():
+            assert want[(n, k)] == hashlib.sha256(v.tobytes()).hexdigest(), (n, k)
+    # a filter on the digest column: the file whose tensor it is
+    some = want[("clean.safetensors", "a.weight")]
+    assert [(name(r.file), r.key) for r in tensors.where(f"sha256 = '{some}'").select("file", "key").collect()] == [
+        ("clean.safetensors", "a.weight")]

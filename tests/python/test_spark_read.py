@@ -327,9 +327,9 @@ def test_tensor_layout_rows_of_a_model_file_with_every_dtype(spark, tmp_path):
     path = save_model(tmp_path / "model.safetensors", arrays, metadata={"format": "pt", "note": "read test"})
     df = read(spark, path, layout="tensor")
     # BOOL, I64/U64 and floats have no common element type: no decoded column.
-    assert df.columns == TENSOR_COLUMNS + ["metadata", "flags", "model_info"]
-    # (flags and model_info: test_spark_forensics.py)
-    types = {f.name: f.dataType.simpleString() for f in df.schema.fields if f.name not in ("flags", "model_info")}
+    assert df.columns == TENSOR_COLUMNS + ["metadata", "flags", "model_info", "sha256"]
+    # (flags, model_info and sha256: test_spark_forensics.py)
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields if f.name not in ("flags", "model_info", "sha256")}
     assert types == {"file": "string", "key": "string", "dtype": "string", "shape": "array<bigint>",
                      "byte_size": "bigint", "data": "binary", "metadata": "map<string,string>"}
     rows = {r["key"]: r for r in df.collect()}
@@ -366,7 +366,7 @@ def test_tensor_layout_decoded_values_of_each_dtype(spark, tmp_path, np_dtype):
     want = {"bool": "boolean", "uint8": "smallint", "int8": "tinyint", "uint16": "int", "int16": "smallint",
             "uint32": "bigint", "int32": "int", "uint64": "bigint", "int64": "bigint", "float16": "float",
             "bfloat16": "float", "float32": "float", "float64": "double"}[dt.name]
-    assert df.columns == TENSOR_COLUMNS + ["decoded", "metadata", "flags", "model_info"]
+    assert df.columns == TENSOR_COLUMNS + ["decoded", "metadata", "flags", "model_info", "sha256"]
     assert df.schema["decoded"].dataType.simpleString() == f"array<{want}>"
     rows = {r["key"]: r for r in df.collect()}
     assert sorted(rows) == ["s", "t", "z"]
@@ -445,7 +445,7 @@ def test_tensor_layout_of_a_kv_dataset_with_key_filters(spark, tmp_path):
     (spark.createDataFrame(rows, "name string, v array<double>, n array<int>").repartition(2)
         .write.format("safetensors").option("name_col", "name").option("dtype", "F32").save(str(out)))
     df = read(spark, out)  # auto: a KV dataset is read per tensor
-    assert df.columns == TENSOR_COLUMNS + ["decoded", "metadata", "flags", "model_info"]
+    assert df.columns == TENSOR_COLUMNS + ["decoded", "metadata", "flags", "model_info", "sha256"]
     assert df.count() == 40
 
     k7 = df.where(F.col("key").startswith("k7__")).collect()
@@ -476,8 +476,8 @@ def test_file_layout_one_row_per_file_one_struct_per_key(spark, tmp_path):
     save_model(tmp_path / "m" / "a.safetensors", {"w": w_a, "b": b_a}, metadata={"m": "a"})
     save_model(tmp_path / "m" / "b.safetensors", {"w": w_b})
     df = read(spark, tmp_path / "m", layout="file")
-    assert df.columns[0] == "file" and df.columns[-3:] == ["metadata", "flags", "model_info"]
-    assert sorted(df.columns[1:-3]) == ["b", "w"]
+    assert df.columns[0] == "file" and df.columns[-4:] == ["metadata", "flags", "model_info", "sha256"]
+    assert sorted(df.columns[1:-4]) == ["b", "w"]
     struct = "struct<data:binary,shape:array<bigint>,dtype:string>"
     assert df.schema["w"].dataType.simpleString() == struct and df.schema["b"].dataType.simpleString() == struct
     rows = {basename(r["file"]): r for r in df.collect()}

@@ -13,6 +13,7 @@ use super::forensic::{
 use super::{tensor_bytes, TensorSource};
 use crate::dtype::Dtype;
 use crate::forensics::flags::Flag;
+use crate::forensics::hash;
 use crate::forensics::metadata::ModelInfo;
 use crate::header::{Header, TensorInfo};
 use arrow_array::builder::{
@@ -27,6 +28,7 @@ use arrow_buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_data::transform::MutableArrayData;
 use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -515,6 +517,8 @@ pub enum TensorColumn {
     Flags(Vec<String>),
     /// `model_info`: the file's model information, cut to these fields.
     ModelInfo(Vec<String>),
+    /// `sha256` (Utf8): lower-case hex SHA-256 of the tensor's data bytes (as the report's).
+    Sha256,
 }
 
 impl TensorColumn {
@@ -531,13 +535,14 @@ impl TensorColumn {
             TensorColumn::Metadata => "metadata",
             TensorColumn::Flags(_) => "flags",
             TensorColumn::ModelInfo(_) => "model_info",
+            TensorColumn::Sha256 => "sha256",
         }
     }
 
     /// The column's Arrow field, named [`Self::name`].
     pub fn field(&self) -> Field {
         match self {
-            TensorColumn::File | TensorColumn::Key | TensorColumn::Dtype => {
+            TensorColumn::File | TensorColumn::Key | TensorColumn::Dtype | TensorColumn::Sha256 => {
                 Field::new(self.name(), DataType::Utf8, false)
             }
             TensorColumn::Shape => Field::new(self.name(), shape_type(), false),
@@ -557,7 +562,7 @@ impl TensorColumn {
     /// Whether building this column reads the data bytes of a tensor of `dtype`.
     pub fn reads_data(&self, dtype: Dtype) -> bool {
         match self {
-            TensorColumn::Data => true,
+            TensorColumn::Data | TensorColumn::Sha256 => true,
             TensorColumn::Decoded(_) => spark_element(dtype).is_some(),
             _ => false,
         }
@@ -654,6 +659,13 @@ pub fn tensor_columns(
                 let per_file = per_file(rows, model_info_of);
                 let refs: Vec<&ModelInfo> = per_file.iter().map(|m| &**m).collect();
                 model_info_column(&refs, fields).map_err(batch_err)?
+            }
+            TensorColumn::Sha256 => {
+                let mut b = StringBuilder::with_capacity(rows.len(), rows.len() * 64);
+                for (src, t) in rows {
+                    b.append_value(hash::hex(&Sha256::digest(tensor_bytes(*src, t)?)));
+                }
+                Arc::new(b.finish())
             }
         };
         arrays.push(array);
@@ -824,6 +836,9 @@ pub enum FileColumn<'a> {
     Flags(&'a [String]),
     /// `model_info`: the file's model information, cut to these fields.
     ModelInfo(&'a [String]),
+    /// `sha256`: of each whole file, lower-case hex, computed by the caller (one per file:
+    /// the bytes are streamed, never held; see `read::task`).
+    Sha256(&'a [String]),
     /// A Tensor Struct (nullable: null when the file has no tensor `key`) with `fields`.
     Tensor {
         key: &'a str,
@@ -841,6 +856,7 @@ impl FileColumn<'_> {
             FileColumn::ModelInfo(fields) => {
                 Field::new("model_info", model_info_type(fields), false)
             }
+            FileColumn::Sha256(_) => Field::new("sha256", DataType::Utf8, false),
             FileColumn::Tensor { key, fields } => Field::new(
                 *key,
                 DataType::Struct(tensor_struct_fields_of(fields)),
@@ -893,6 +909,17 @@ pub fn file_columns(
                 let all: Vec<ModelInfo> = files.iter().map(|s| model_info_of(s.header())).collect();
                 let refs: Vec<&ModelInfo> = all.iter().collect();
                 model_info_column(&refs, fields).map_err(|e| e.in_file(&first))?
+            }
+            FileColumn::Sha256(digests) => {
+                if digests.len() != files.len() {
+                    return Err(ReadErrorKind::Invalid(format!(
+                        "{} file digests for {} files",
+                        digests.len(),
+                        files.len()
+                    ))
+                    .in_file(&first));
+                }
+                Arc::new(StringArray::from_iter_values(digests.iter()))
             }
             FileColumn::Tensor { key, fields } => {
                 let infos: Vec<Option<&TensorInfo>> =

@@ -307,6 +307,9 @@ pub enum ColumnSource {
     Flags { fields: Vec<String> },
     /// `model_info` (per tensor and per file): the file's model information, cut to `fields`.
     ModelInfo { fields: Vec<String> },
+    /// `sha256` (per tensor: of the tensor's data bytes; per file: of the whole file), computed
+    /// only when selected: the only forensic column that reads data bytes.
+    Sha256,
     /// Per tensor: `key`.
     Key,
     /// Per tensor: `dtype`.
@@ -429,6 +432,7 @@ impl ColumnSource {
             ColumnSource::Decoded { element } => TensorColumn::Decoded(element.arrow()),
             ColumnSource::Flags { fields } => TensorColumn::Flags(fields.clone()),
             ColumnSource::ModelInfo { fields } => TensorColumn::ModelInfo(fields.clone()),
+            ColumnSource::Sha256 => TensorColumn::Sha256,
             ColumnSource::Sample { .. } | ColumnSource::Tensor { .. } => return None,
         })
     }
@@ -956,7 +960,9 @@ fn scan_schema<'a>(
             for (e, h) in &files {
                 for t in &h.tensors {
                     if seen.insert(t.name.as_str()) {
-                        if ["file", "metadata", "flags", "model_info"].contains(&t.name.as_str()) {
+                        if ["file", "metadata", "flags", "model_info", "sha256"]
+                            .contains(&t.name.as_str())
+                        {
                             return Err(ReadErrorKind::Invalid(format!(
                                 "tensor `{}` has the name of the per-file layout's `{}` column",
                                 t.name, t.name
@@ -1096,7 +1102,7 @@ fn layout_name(layout: Layout) -> &'static str {
 }
 
 /// The forensic report's columns of the per-tensor and per-file layouts, every field.
-fn forensic_columns() -> [OutputColumn; 2] {
+fn forensic_columns() -> [OutputColumn; 3] {
     [
         OutputColumn {
             name: "flags".to_owned(),
@@ -1109,6 +1115,10 @@ fn forensic_columns() -> [OutputColumn; 2] {
             source: ColumnSource::ModelInfo {
                 fields: forensic::all_fields(&forensic::MODEL_INFO_FIELDS),
             },
+        },
+        OutputColumn {
+            name: "sha256".to_owned(),
+            source: ColumnSource::Sha256,
         },
     ]
 }
@@ -1317,7 +1327,12 @@ fn units(
                     continue;
                 }
                 let mut tensors = Vec::new();
-                let mut bytes = 0u64;
+                // the file's digest reads every byte of it
+                let mut bytes = if columns.iter().any(|c| c.source == ColumnSource::Sha256) {
+                    e.input.length
+                } else {
+                    0
+                };
                 for c in columns {
                     if let ColumnSource::Tensor { key, fields } = &c.source {
                         if let Some(t) = h.tensor(key) {

@@ -40,9 +40,11 @@ use super::scan::{
 };
 use super::TensorSource;
 use crate::file::SafetensorsFile;
+use crate::forensics::hash;
 use crate::header::{self, Header, TensorInfo, PREFIX_LEN};
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use arrow_schema::{Schema, SchemaRef};
+use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -83,13 +85,26 @@ struct Remote {
     header: Header,
     length: u64,
     segments: BTreeMap<u64, Vec<u8>>,
+    /// The whole-file digest (`sha256` of the per-file layout), fed as bytes are supplied in
+    /// order from offset 0; supplied bytes no other column needs are hashed and dropped.
+    whole: Option<StreamedDigest>,
+}
+
+/// SHA-256 of a file's bytes supplied in order.
+struct StreamedDigest {
+    hasher: Sha256,
+    pos: u64,
+    digest: Option<String>,
 }
 
 /// One batch's extent (`from..to` in the unit's cursor space) and the file bytes it reads.
 struct Step {
     from: u64,
     to: u64,
+    /// Bytes the batch's columns read (kept in memory until the batch is built).
     ranges: Vec<Range<u64>>,
+    /// The batch needs the digest of the whole file (per-file `sha256`).
+    whole_file_digest: bool,
 }
 
 impl Source {
@@ -189,6 +204,29 @@ impl TensorSource for View<'_> {
             }
             Source::Remote(r) => r.read(abs).map_err(|e| e.at(self.name, &info.name)),
         }
+    }
+}
+
+/// The whole file's SHA-256 (hex): a local file is read once more in fixed buffers (the
+/// report's [`hash::hash_file`]); a remote one's was streamed through `supply`.
+fn whole_file_digest(unit: &Unit, source: &Source) -> Result<String, ReadError> {
+    match source {
+        Source::Local(f) => hash::hash_file(f.path(), &[], unit.length)
+            .map(|h| h.file)
+            .map_err(|e| {
+                ReadErrorKind::Invalid(format!("hashing the file: {e}")).in_file(&unit.file)
+            }),
+        Source::Remote(r) => r
+            .whole
+            .as_ref()
+            .and_then(|d| d.digest.clone())
+            .ok_or_else(|| {
+                ReadErrorKind::NotSupplied {
+                    start: r.whole.as_ref().map_or(0, |d| d.pos),
+                    end: r.length,
+                }
+                .in_file(&unit.file)
+            }),
     }
 }
 
@@ -325,6 +363,7 @@ impl ReadTask {
                     header,
                     length,
                     segments: BTreeMap::new(),
+                    whole: None,
                 })
             }),
         )
@@ -479,6 +518,7 @@ impl ReadTask {
         let from = open.cursor;
         let batch_rows = self.spec.batch_rows.max(1);
         let mut ranges = Vec::new();
+        let mut whole_file_digest = false;
         let to = match self.spec.layout {
             Layout::Sample => {
                 let mut max = batch_rows;
@@ -622,6 +662,11 @@ impl ReadTask {
                 to
             }
             Layout::File => {
+                whole_file_digest = self
+                    .spec
+                    .columns
+                    .iter()
+                    .any(|c| c.source == ColumnSource::Sha256);
                 for c in &self.spec.columns {
                     if let ColumnSource::Tensor { key, fields } = &c.source {
                         if let Some(info) = h.tensor(key) {
@@ -640,6 +685,7 @@ impl ReadTask {
             from,
             to,
             ranges: coalesce(ranges),
+            whole_file_digest,
         }))
     }
 
@@ -649,7 +695,15 @@ impl ReadTask {
         let Some(open) = &self.open else {
             return Ok(Vec::new());
         };
+        let whole = open.pending.as_ref().is_some_and(|s| s.whole_file_digest);
         match (&open.source, step) {
+            // the file's digest streams every byte once, in order; the batch's other columns
+            // keep what they need of them (`supply`)
+            (Some(Source::Remote(r)), Some(_)) if whole => Ok(match &r.whole {
+                Some(d) if d.digest.is_some() => Vec::new(),
+                Some(d) => std::iter::once(d.pos..r.length).collect(),
+                None => std::iter::once(0..r.length).collect(),
+            }),
             (Some(Source::Remote(r)), Some(ranges)) => {
                 Ok(ranges.iter().flat_map(|x| r.uncovered(x)).collect())
             }
@@ -683,6 +737,7 @@ impl ReadTask {
             .unwrap_or_default();
         let Some(Open {
             source: Some(Source::Remote(r)),
+            pending,
             ..
         }) = &mut self.open
         else {
@@ -698,10 +753,34 @@ impl ReadTask {
             .in_file(&uri));
         }
         self.bytes_read += bytes.len() as u64;
-        let keep = r
-            .segments
-            .get(&start)
-            .is_none_or(|old| old.len() < bytes.len());
+        let end = start + bytes.len() as u64;
+        let mut needed = true;
+        if let Some(step) = pending.as_ref().filter(|s| s.whole_file_digest) {
+            let d = r.whole.get_or_insert_with(|| StreamedDigest {
+                hasher: Sha256::new(),
+                pos: 0,
+                digest: None,
+            });
+            if d.digest.is_none() {
+                if start != d.pos {
+                    return Err(ReadErrorKind::Invalid(format!(
+                        "bytes supplied at offset {start}; the file's digest needs offset {} next",
+                        d.pos
+                    ))
+                    .in_file(&uri));
+                }
+                d.hasher.update(&bytes);
+                d.pos = end;
+                if d.pos == r.length {
+                    d.digest = Some(hash::hex(&std::mem::take(&mut d.hasher).finalize()));
+                }
+            }
+            needed = step.ranges.iter().any(|x| x.start < end && start < x.end);
+        }
+        let keep = needed
+            && r.segments
+                .get(&start)
+                .is_none_or(|old| old.len() < bytes.len());
         if keep {
             r.segments.insert(start, bytes);
         }
@@ -727,13 +806,20 @@ impl ReadTask {
                 return Ok(None);
             };
             let unit = self.unit(*unit)?;
+            let digest = if step.whole_file_digest {
+                Some(whole_file_digest(unit, source)?)
+            } else {
+                None
+            };
             let view = View {
                 name: &unit.file,
                 source,
                 reads: RefCell::new(Vec::new()),
             };
-            let batch = self.build(unit, &view, &step)?;
+            let batch = self.build(unit, &view, &step, digest.as_deref())?;
             let taken = match source {
+                // the digest of a local file read it all
+                Source::Local(_) if digest.is_some() => unit.length,
                 Source::Local(_) => total(&coalesce(view.reads.into_inner())),
                 Source::Remote(_) => 0, // counted when supplied
             };
@@ -749,7 +835,13 @@ impl ReadTask {
         Ok(Some(batch))
     }
 
-    fn build(&self, unit: &Unit, view: &View<'_>, step: &Step) -> Result<RecordBatch, ReadError> {
+    fn build(
+        &self,
+        unit: &Unit,
+        view: &View<'_>,
+        step: &Step,
+        file_digest: Option<&str>,
+    ) -> Result<RecordBatch, ReadError> {
         let uri = unit.file.as_str();
         let h = view.header();
         let not_for = |name: &str| {
@@ -801,6 +893,7 @@ impl ReadTask {
                 (rows.len() as u64, tensor_columns(&rows, &cols)?)
             }
             (UnitPart::File { .. }, Layout::File) => {
+                let digests: Vec<String> = file_digest.map(str::to_owned).into_iter().collect();
                 let cols = self
                     .spec
                     .columns
@@ -810,6 +903,7 @@ impl ReadTask {
                         ColumnSource::Metadata => Ok(FileColumn::Metadata),
                         ColumnSource::Flags { fields } => Ok(FileColumn::Flags(fields)),
                         ColumnSource::ModelInfo { fields } => Ok(FileColumn::ModelInfo(fields)),
+                        ColumnSource::Sha256 => Ok(FileColumn::Sha256(&digests)),
                         ColumnSource::Tensor { key, fields } => Ok(FileColumn::Tensor {
                             key,
                             fields: fields.as_slice(),

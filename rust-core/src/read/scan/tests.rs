@@ -455,7 +455,8 @@ fn describe_auto_asks_for_headers_then_resolves() {
             "data",
             "metadata",
             "flags",
-            "model_info"
+            "model_info",
+            "sha256"
         ]
     );
     assert_eq!(d.metadata_columns, json!({"type": "struct", "fields": []}));
@@ -500,10 +501,10 @@ fn describe_tensor_and_file_layouts() {
     let names = field_names(&d.schema);
     assert_eq!(names[0], "file");
     assert_eq!(
-        names[names.len() - 3..],
-        ["metadata", "flags", "model_info"]
+        names[names.len() - 4..],
+        ["metadata", "flags", "model_info", "sha256"]
     );
-    let mut keys = names[1..names.len() - 3].to_vec();
+    let mut keys = names[1..names.len() - 4].to_vec();
     assert_eq!(keys.len(), 3);
     assert_eq!(keys.pop().unwrap(), "v");
     let t = &d.schema["fields"][1];
@@ -553,6 +554,7 @@ fn tensor_rows_schema_fields(decoded: Option<DataType>) -> Fields {
     fields.push(Arc::new(
         TensorColumn::ModelInfo(all_fields(&MODEL_INFO_FIELDS)).field(),
     ));
+    fields.push(Arc::new(TensorColumn::Sha256.field()));
     Fields::from(fields)
 }
 

@@ -505,6 +505,7 @@ fn coalesce_merges_adjacent_and_overlapping_ranges() {
         segments: [(10u64, vec![0u8; 5]), (20u64, vec![0u8; 5])]
             .into_iter()
             .collect(),
+        whole: None,
     };
     assert_eq!(r.uncovered(&(0..30)), vec![0..10, 15..20, 25..30]);
     assert_eq!(r.uncovered(&(11..14)), Vec::<Range<u64>>::new());

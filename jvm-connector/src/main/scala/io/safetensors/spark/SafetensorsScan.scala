@@ -244,14 +244,23 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
     opened = true
   }
 
+  /**
+   * Reads the ranges the next batch needs, in order, in pieces of at most
+   * [[SafetensorsPartitionReader.SupplyChunk]] bytes: a file's digest streams through them
+   * without the file in memory, and no range is limited to a Java array's 2 GiB.
+   */
   private def supplyRanges(): Unit = {
     val ranges = NativeReader.neededRanges(handle)
     var i = 0
     while (i < ranges.length) {
-      val (start, end) = (ranges(i), ranges(i + 1))
-      val buf = new Array[Byte](Math.toIntExact(end - start))
-      stream.readFully(start, buf)
-      NativeReader.supply(handle, start, buf)
+      var start = ranges(i)
+      val end = ranges(i + 1)
+      while (start < end) {
+        val buf = new Array[Byte](math.min(end - start, SafetensorsPartitionReader.SupplyChunk).toInt)
+        stream.readFully(start, buf)
+        NativeReader.supply(handle, start, buf)
+        start += buf.length
+      }
       i += 2
     }
   }
@@ -344,4 +353,9 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
       allocator.close()
     }
   }
+}
+
+private[spark] object SafetensorsPartitionReader {
+  /** Largest piece of a range read at once through a non-local file system. */
+  val SupplyChunk: Long = 16L << 20
 }

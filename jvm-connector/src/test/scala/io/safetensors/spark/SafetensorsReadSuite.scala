@@ -155,7 +155,7 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
     val df = spark.read.format("safetensors").load(path)
     assert(df.schema.fieldNames.toSeq ==
       Seq("file", "key", "dtype", "shape", "byte_size", "data", "decoded", "metadata", "flags",
-        "model_info"))
+        "model_info", "sha256"))
 
     val one = df.where(col("key") === "k0042__v").select("key", "dtype", "shape", "decoded")
     // The key filter reaches the scan (Spark's IsNotNull(key) is not used, so not listed).
@@ -278,7 +278,8 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
 
     for (uri <- Seq(dir.getAbsolutePath, remote(dir.getAbsolutePath))) {
       val df = spark.read.format("safetensors").option("layout", "file").load(uri)
-      assert(df.schema.fieldNames.toSeq == Seq("file", "w", "b", "metadata", "flags", "model_info"),
+      assert(df.schema.fieldNames.toSeq == Seq("file", "w", "b", "metadata", "flags", "model_info",
+        "sha256"),
         df.schema)
       val (shapes, shapeBytes) = collectMeasured(df.select("file", "w.shape", "w.dtype", "b.dtype"))
       assert(shapes.map(r => (r.getString(0).split('/').last, r.getSeq[Long](1), r.getString(2),
@@ -308,7 +309,7 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
     for (uri <- Seq(dir.getAbsolutePath, remote(dir.getAbsolutePath))) {
       val files = spark.read.format("safetensors").option("layout", "file").load(uri)
       assert(files.schema.fieldNames.toSeq == Seq("file", "q.weight", "w", "metadata", "flags",
-        "model_info"), files.schema)
+        "model_info", "sha256"), files.schema)
       // Warnings only: the headers are not padded, so the data may also be misaligned (an info).
       val warnings = "filter(flags, f -> f.level = 'warning')"
       val (rows, bytes) = collectMeasured(files.selectExpr("file", s"transform($warnings, f -> f.code)",
@@ -330,6 +331,53 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
       assert(trows.map(r => (r.getString(0), r.getInt(1), Option(r.getString(2)))).sorted.toSeq ==
         Seq(("q.weight", 1, Some("inkwash")), ("w", 0, None), ("w", 1, Some("inkwash"))), uri)
       assert(tbytes == headers, s"flags and model_info read no data per tensor ($uri)")
+    }
+  }
+
+  test("sha256 per file and per tensor: the bytes' digest, read only when selected, streamed in pieces") {
+    val dir = new File(freshPath())
+    dir.mkdirs()
+    // 20 MiB of data: more than one piece of a non-local read (SupplyChunk)
+    val big = Array.tabulate[Byte](20 << 20)(i => (i * 31 + (i >> 12)).toByte)
+    val small = Array.tabulate[Byte](24)(i => (i * 7).toByte)
+    writeFile(new File(dir, "big.safetensors"),
+      Seq(("a", "U8", Seq(big.length.toLong), big), ("w", "F32", Seq(6L), small)), Map("k" -> "v"))
+    writeFile(new File(dir, "small.safetensors"), Seq(("w", "F32", Seq(2L, 3L), small)), Map.empty)
+    assert(SafetensorsPartitionReader.SupplyChunk < big.length)
+    def sha(b: Array[Byte]): String =
+      java.security.MessageDigest.getInstance("SHA-256").digest(b).map(x => f"$x%02x").mkString
+    val names = Seq("big", "small")
+    val files = names.map(n => new File(dir, s"$n.safetensors"))
+    val headers = files.map(headerBytes).sum
+    val lengths = files.map(_.length()).sum
+    val fileSha = names.zip(files.map(f => sha(Files.readAllBytes(f.toPath)))).toMap
+
+    for (uri <- Seq(dir.getAbsolutePath, remote(dir.getAbsolutePath))) {
+      val perFile = spark.read.format("safetensors").option("layout", "file").load(uri)
+      assert(perFile.schema.fieldNames.toSeq == Seq("file", "a", "w", "metadata", "flags", "model_info",
+        "sha256"), perFile.schema)
+      val (rows, bytes) = collectMeasured(perFile.select("file", "sha256"))
+      assert(rows.map(r => r.getString(0).split('/').last.stripSuffix(".safetensors") -> r.getString(1))
+        .toMap == fileSha, uri)
+      assert(bytes == headers + lengths, s"the file digest reads every byte once ($uri)")
+      val (_, without) = collectMeasured(perFile.select("file", "flags", "w.shape"))
+      assert(without == headers, s"no sha256, no data bytes ($uri)")
+      val (both, bothBytes) = collectMeasured(perFile.select("w.data", "sha256"))
+      assert(both.forall(_.getAs[Array[Byte]](0).toSeq == small.toSeq) && bothBytes == headers + lengths)
+
+      val perTensor = spark.read.format("safetensors").option("layout", "tensor").load(uri)
+      val (trows, tbytes) = collectMeasured(perTensor.select("file", "key", "sha256"))
+      assert(trows.map(r => (r.getString(0).split('/').last, r.getString(1), r.getString(2))).sorted.toSeq ==
+        Seq(("big.safetensors", "a", sha(big)), ("big.safetensors", "w", sha(small)),
+          ("small.safetensors", "w", sha(small))), uri)
+      // the planner spreads big.safetensors' two tensors over the two cores: its header is
+      // opened by both partitions
+      assert(tbytes == headers + headerBytes(files.head) + big.length + 2L * small.length, uri)
+      val (one, oneBytes) = collectMeasured(perTensor.where("key = 'w'").select("sha256"))
+      assert(one.map(_.getString(0)).toSeq == Seq(sha(small), sha(small)))
+      assert(oneBytes == headers + 2L * small.length, s"only the selected tensors are hashed ($uri)")
+      val (_, noSha) = collectMeasured(perTensor.select("key", "dtype", "flags"))
+      assert(noSha == headers, uri)
     }
   }
 
