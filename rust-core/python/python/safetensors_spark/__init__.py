@@ -4,6 +4,7 @@
 * :mod:`safetensors_spark.torch` — ``SafetensorsDataset``, ``SafetensorsIterableDataset``, ``loader``
   (imports torch; imported on first use of the attribute).
 * :mod:`safetensors_spark.spark` — ``configure(SparkSession.builder)`` with the connector jar.
+* :mod:`safetensors_spark.mlflow` — ``log_input(path)``: the dataset as an MLflow dataset input.
 
 The format rules (header validation, manifest fields, shard names) are the Rust engine's, in the
 native module ``safetensors_spark._native``; see spec/python.md.
@@ -38,7 +39,8 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `safetensors_spark.torch` / `.spark` without importing torch or pyspark at package import.
-    if name in ("torch", "spark"):
+    # `safetensors_spark.torch` / `.spark` / `.mlflow` without importing torch, pyspark or mlflow
+    # at package import.
+    if name in ("torch", "spark", "mlflow"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'safetensors_spark' has no attribute '{name}'")
