@@ -192,6 +192,13 @@ private[spark] object DatasetCommit {
     } finally ch.close()
   }
 
+  /** Moves a local file to `dest` on `fs` (one upload on an object store). The source is passed as
+   *  a qualified `file:` URI: S3A's `copyFromLocalFile` (Hadoop 3.4.1, `CopyFromLocalOperation`)
+   *  relativizes the listed `file:/…` source against the path it was given and fails with
+   *  "Cannot get relative path" when that path has no scheme. */
+  def uploadLocal(fs: FileSystem, local: File, dest: Path): Unit =
+    fs.copyFromLocalFile(true, true, new Path(local.getAbsoluteFile.toURI), dest)
+
   def syncDir(dir: File): Unit = {
     val ch = FileChannel.open(dir.toPath, READ)
     try ch.force(true) finally ch.close()

@@ -298,7 +298,7 @@ private[spark] object SafetensorsWriter {
       case None =>
         fs.mkdirs(indexDir)
         val tmp = new Path(indexDir, tmpName)
-        fs.copyFromLocalFile(true, true, new Path(local.getAbsolutePath), tmp)
+        DatasetCommit.uploadLocal(fs, local, tmp)
         removeIndexParts(fs, dest, version)
         FileContext.getFileContext(dest.toUri, fs.getConf)
           .rename(tmp, new Path(indexDir, part), Options.Rename.OVERWRITE)
@@ -384,7 +384,7 @@ private[spark] object SafetensorsWriter {
         localTemps += o
         fs.copyToLocalFile(false, src, new Path(in.getAbsolutePath), true)
         val r = NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
-        fs.copyFromLocalFile(true, true, new Path(o.getAbsolutePath), out)
+        DatasetCommit.uploadLocal(fs, o, out)
         r
     }
 

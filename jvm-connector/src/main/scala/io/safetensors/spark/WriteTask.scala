@@ -120,7 +120,7 @@ private[spark] object WriteTask {
     def stage(f: JsonNode): Path = {
       val dest = new Path(attemptDir, f.get("file").asText())
       if (direct.isEmpty) {
-        fs.copyFromLocalFile(true, true, new Path(f.get("local_path").asText()), dest)
+        DatasetCommit.uploadLocal(fs, new File(f.get("local_path").asText()), dest)
       }
       dest
     }
