@@ -13,83 +13,15 @@
 use arrow_array::types::Float32Type;
 use arrow_array::{ArrayRef, ListArray, StringArray, StructArray};
 use arrow_schema::Field;
+use safetensors_spark::alloc_stats::{allocations, live_bytes as current, peak_bytes, track_peak};
 use safetensors_spark::write::task::{read_report, TaskWriter};
 use safetensors_spark::write::{
     ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
 };
 use safetensors_spark::Dtype;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(by: usize) {
-    let now = CURRENT.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-            grew(layout.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-            grew(layout.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) };
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-            if new_size >= layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-            }
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn current() -> usize {
-    CURRENT.load(Ordering::Relaxed)
-}
-
-/// Resets the peak to the current heap.
-fn reset_peak() {
-    PEAK.store(current(), Ordering::Relaxed);
-}
-
-fn peak() -> usize {
-    PEAK.load(Ordering::Relaxed)
-}
 
 fn mib(b: usize) -> String {
     format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
@@ -167,8 +99,8 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let base = current();
-    let allocs0 = ALLOCS.load(Ordering::Relaxed);
-    reset_peak();
+    let allocs0 = allocations();
+    track_peak(true);
     let mut writer = TaskWriter::open(plan, 0, dir.clone()).unwrap();
     let mut batch_peak = 0usize;
     let mut batch_bytes = 0usize;
@@ -180,26 +112,26 @@ fn main() {
         let batch = make_batch(kv, from, n);
         let this_batch = current() - before;
         batch_bytes = batch_bytes.max(this_batch);
-        reset_peak();
+        track_peak(true);
         let sealed = writer.write_batch(&batch).unwrap();
         // What the JNI `writeBatch` returns.
         sealed_json += serde_json::to_string(&sealed).unwrap().len();
         drop(sealed);
-        batch_peak = batch_peak.max(peak() - base - this_batch);
+        batch_peak = batch_peak.max(peak_bytes() - base - this_batch);
         drop(batch);
         from += n;
     }
     let retained = current() - base;
-    reset_peak();
+    track_peak(true);
     let done = writer.finish().unwrap();
-    let finish_peak = peak() - base;
+    let finish_peak = peak_bytes() - base;
     let after_finish = current() - base;
     // What the JNI `finish` returns is small (file names); the report is in its file.
     let report_bytes = std::fs::metadata(&done.report_path).unwrap().len() as usize;
     let report = read_report(&done.report_path).unwrap();
     let tensors: usize = report.shards.iter().map(|s| s.tensors.len()).sum();
     drop((done, report));
-    let allocs = ALLOCS.load(Ordering::Relaxed) - allocs0;
+    let allocs = allocations() - allocs0;
     let _ = std::fs::remove_dir_all(&dir);
 
     println!(

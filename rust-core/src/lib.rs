@@ -1,5 +1,6 @@
 //! Rust engine of the safetensors Spark data source.
 //!
+//! * [`alloc_stats`] — the counted global allocator: live native bytes for leak soaks.
 //! * [`dtype`] — the one dtype table.
 //! * [`header`] — strict header parsing/validation and reference-compatible serialisation.
 //! * [`convert`] — bulk conversions from Spark's value types to every writable dtype.
@@ -14,6 +15,7 @@
 //!   row layouts as Arrow record batches.
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
 
+pub mod alloc_stats;
 pub mod convert;
 pub mod dataset;
 pub mod dtype;

@@ -18,70 +18,15 @@
 use arrow_array::types::Float32Type;
 use arrow_array::{ArrayRef, ListArray, StringArray, StructArray};
 use arrow_schema::Field;
+use safetensors_spark::alloc_stats::{live_bytes as current, peak_bytes, track_peak};
 use safetensors_spark::write::task::{read_report, TaskWriter};
 use safetensors_spark::write::{
     ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, WriteLayout, WritePlan,
 };
 use safetensors_spark::Dtype;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(by: usize) {
-    let now = CURRENT.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) };
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: same contract as the caller's.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            if new_size >= layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-            }
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn current() -> usize {
-    CURRENT.load(Ordering::Relaxed)
-}
 
 const DIM: usize = 64;
 const BATCH_ROWS: usize = 4096;
@@ -150,17 +95,17 @@ fn write_rows(rows: usize, dir: &Path) -> Measured {
         let before = current();
         let b = batch(from, n);
         let batch_bytes = current() - before;
-        PEAK.store(current(), Ordering::Relaxed);
+        track_peak(true);
         let sealed = writer.write_batch(&b).unwrap();
         assert!(sealed.is_empty(), "no shard is sealed below the target");
-        batch_peak = batch_peak.max(PEAK.load(Ordering::Relaxed) - base - batch_bytes);
+        batch_peak = batch_peak.max(peak_bytes() - base - batch_bytes);
         drop(b);
         from += n;
     }
     let held = current() - base;
-    PEAK.store(current(), Ordering::Relaxed);
+    track_peak(true);
     let done = writer.finish().unwrap();
-    let finish_peak = PEAK.load(Ordering::Relaxed) - base;
+    let finish_peak = peak_bytes() - base;
     // The write is complete: every row is one tensor of the one shard.
     let report = read_report(&done.report_path).unwrap();
     assert_eq!(report.shards.len(), 1);

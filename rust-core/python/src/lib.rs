@@ -72,6 +72,13 @@ fn parse_manifest(py: Python<'_>, text: &str) -> PyResult<String> {
 
 /// Refuses a shard name from a manifest or an index that is not a plain shard file name of the
 /// dataset directory (no separator, scheme, `..`, control character; ends in `.safetensors`).
+/// Bytes the Rust engine has allocated and not freed in this process (its counted global
+/// allocator), for leak soaks and monitoring.
+#[pyfunction]
+fn live_bytes() -> usize {
+    safetensors_spark::alloc_stats::live_bytes()
+}
+
 #[pyfunction]
 fn check_shard_path(name: &str) -> PyResult<()> {
     dataset::check_shard_path(name).map_err(|e| ManifestError::new_err(e.to_string()))
@@ -86,5 +93,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_header, m)?)?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
+    m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
     Ok(())
 }

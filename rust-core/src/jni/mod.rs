@@ -295,6 +295,18 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLib_version<'local>(
     guard(&mut env, |env| Ok(env.new_string(crate::VERSION)?))
 }
 
+/// `static native long nativeLiveBytes()`: bytes the Rust engine has allocated and not freed in
+/// this process (`crate::alloc_stats`), for leak soaks and monitoring.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLib_nativeLiveBytes<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+) -> jlong {
+    guard(&mut env, |_env| {
+        Ok(jlong::try_from(crate::alloc_stats::live_bytes()).unwrap_or(jlong::MAX))
+    })
+}
+
 /// `static native int selfTest(int mode)`: test hook for the error path.
 /// 0 returns [`SELF_TEST_OK`], 1 fails with an invalid-argument error, 2 panics.
 #[no_mangle]

@@ -66,6 +66,12 @@ public final class NativeLib {
   public static native String version();
 
   /**
+   * Bytes the Rust engine has allocated and not freed in this JVM (its global allocator counts
+   * them; spec/jni.md). Flat over a long run of writes and reads means no native leak.
+   */
+  public static native long nativeLiveBytes();
+
+  /**
    * Test hook for the JNI error path: 0 returns {@link #SELF_TEST_OK}; 1 throws {@link
    * IllegalArgumentException}; 2 makes Rust panic, which must arrive as {@link
    * SafetensorsException}; any other mode throws {@link IllegalArgumentException}.
