@@ -30,7 +30,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let kv = mode & 1 == 1;
     let mut options = BTreeMap::new();
-    options.insert("dtype".to_owned(), DTYPES[*dtype as usize % DTYPES.len()].to_owned());
+    options.insert(
+        "dtype".to_owned(),
+        DTYPES[*dtype as usize % DTYPES.len()].to_owned(),
+    );
     if kv {
         options.insert("name_col".to_owned(), "k".to_owned());
         let dup = if mode & 8 != 0 { "lastWin" } else { "fail" };

@@ -12,7 +12,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(h) = &parsed {
         for t in &h.tensors {
             let end = h.data_start() + t.data_offsets[1];
-            assert!(end <= data.len() as u64, "tensor {} ends past the file", t.name);
+            assert!(
+                end <= data.len() as u64,
+                "tensor {} ends past the file",
+                t.name
+            );
         }
         let _ = forensics::header_flags(h);
         if let Some(meta) = &h.metadata {

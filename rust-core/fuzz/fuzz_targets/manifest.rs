@@ -16,7 +16,10 @@ fuzz_target!(|data: &[u8]| {
     for s in &m.shards {
         if check_shard_path(&s.shard_path).is_ok() {
             let p = s.shard_path.as_str();
-            assert!(!p.contains('/') && !p.contains('\\') && !p.contains('\0'), "{p:?}");
+            assert!(
+                !p.contains('/') && !p.contains('\\') && !p.contains('\0'),
+                "{p:?}"
+            );
             assert!(p != "." && p != ".." && !p.contains(':'), "{p:?}");
         }
     }
