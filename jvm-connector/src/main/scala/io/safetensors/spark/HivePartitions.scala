@@ -113,14 +113,18 @@ private[spark] object HivePartitions {
   /** A directory's values as a row of `schema`'s types. */
   def row(dir: Dir, schema: StructType): InternalRow =
     new GenericInternalRow(schema.fields.zip(dir.values).map { case (f, (_, v)) =>
-      v.map { s =>
-        f.dataType match {
-          case IntegerType => s.toInt
-          case LongType => s.toLong
-          case _ => UTF8String.fromString(s)
-        }
+      v.map(typed(_, f.dataType)).map {
+        case s: String => UTF8String.fromString(s)
+        case other => other
       }.orNull: Any
     })
+
+  /** A directory value as the partition column's type gives it: Int, Long or String. */
+  private def typed(value: String, dataType: DataType): Any = dataType match {
+    case IntegerType => value.toInt
+    case LongType => value.toLong
+    case _ => value
+  }
 
   /**
    * Whether `filter` can hold for a row of `dir` (`schema` its partition columns): false only
@@ -133,13 +137,7 @@ private[spark] object HivePartitions {
   private def eval(f: Filter, dir: Dir, schema: StructType): Option[Boolean] = {
     def value(c: String): Option[Option[Any]] = schema.fieldNames.indexOf(c) match {
       case -1 => None
-      case i => Some(dir.values(i)._2.map { s =>
-        schema.fields(i).dataType match {
-          case IntegerType => s.toInt: Any
-          case LongType => s.toLong: Any
-          case _ => s: Any
-        }
-      })
+      case i => Some(dir.values(i)._2.map(typed(_, schema.fields(i).dataType)))
     }
     def cmp(c: String, v: Any)(ok: Int => Boolean): Option[Boolean] = value(c).map {
       case None => false

@@ -71,15 +71,9 @@ private[spark] object PartitionedWriter {
     val fs = root.getFileSystem(conf)
     val dest = fs.makeQualified(root)
     val exists = fs.exists(dest)
-    val relation = new BaseRelation {
-      override def sqlContext: SQLContext = spark.sqlContext
-      override def schema: StructType = data.schema
-    }
+    val relation = new SafetensorsWriter.WrittenRelation(sqlContext, data.schema)
     mode match {
-      case SaveMode.ErrorIfExists if exists =>
-        throw new IllegalArgumentException(
-          s"safetensors: path $dest already exists (SaveMode ErrorIfExists, the default); " +
-            "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
+      case SaveMode.ErrorIfExists if exists => throw SafetensorsWriter.pathExists(dest)
       case SaveMode.Ignore if exists => return relation
       case _ =>
     }

@@ -24,8 +24,15 @@ private[spark] object SafetensorsWriter {
 
   private val mapper = new ObjectMapper()
 
-  private final class WrittenRelation(val sqlContext: SQLContext, val schema: StructType)
+  /** What a write returns to Spark's V1 route: the written DataFrame's schema. */
+  final class WrittenRelation(val sqlContext: SQLContext, val schema: StructType)
     extends BaseRelation
+
+  /** The error of `SaveMode.ErrorIfExists` on an existing path (a dataset or a partitioned root). */
+  def pathExists(dest: Path): IllegalArgumentException =
+    new IllegalArgumentException(
+      s"safetensors: path $dest already exists (SaveMode ErrorIfExists, the default); " +
+        "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
 
   def write(sqlContext: SQLContext, mode: SaveMode, parameters: Map[String, String],
       data: DataFrame): BaseRelation = {
@@ -58,10 +65,7 @@ private[spark] object SafetensorsWriter {
     val commits = new DatasetCommit(fs, dest, conf, localDest)
     val exists = fs.exists(dest)
     mode match {
-      case SaveMode.ErrorIfExists if exists =>
-        throw new IllegalArgumentException(
-          s"safetensors: path $dest already exists (SaveMode ErrorIfExists, the default); " +
-            "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
+      case SaveMode.ErrorIfExists if exists => throw pathExists(dest)
       case SaveMode.Ignore if exists =>
         return relation
       case _ =>
