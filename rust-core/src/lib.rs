@@ -13,6 +13,7 @@
 //!   the default cargo feature `jni`, which the Python extension (`rust-core/python`) turns off.
 //! * [`read`] — the Spark read path: dtype decoding and the per-sample, per-tensor and per-file
 //!   row layouts as Arrow record batches.
+//! * [`tensor_fn`] — the value rules of the SQL functions `arr_to_st` / `st_to_array`.
 //! * [`write`] — the Spark write path: plan, per-task shard writers, manifest and index.
 
 pub mod alloc_stats;
@@ -26,6 +27,7 @@ pub mod header;
 #[cfg(feature = "jni")]
 pub mod jni;
 pub mod read;
+pub mod tensor_fn;
 pub mod write;
 
 pub use convert::ConvertError;

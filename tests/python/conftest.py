@@ -50,6 +50,7 @@ def spark(connector_jar):
         SparkSession.builder.master("local[2]")
         .appName("safetensors-spark-tests")
         .config("spark.jars", str(connector_jar))
+        .config("spark.sql.extensions", "io.safetensors.spark.SafetensorsExtensions")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")

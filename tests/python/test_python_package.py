@@ -377,6 +377,12 @@ def test_spark_configure_adds_the_connector_jar(connector_jar, monkeypatch):
     assert os.path.samefile(sspark.find_jar(), connector_jar)
     builder = sspark.configure(SparkSession.builder.config("spark.jars", "/opt/other.jar"))
     assert builder._options["spark.jars"] == f"/opt/other.jar,{sspark.find_jar()}"
+    # the SQL functions' extensions class is added to what is configured, once
+    builder = sspark.configure(SparkSession.builder.config("spark.sql.extensions", "com.example.Ext"))
+    assert builder._options["spark.sql.extensions"] == "com.example.Ext,io.safetensors.spark.SafetensorsExtensions"
+    builder = sspark.configure(builder)
+    assert builder._options["spark.sql.extensions"] == "com.example.Ext,io.safetensors.spark.SafetensorsExtensions"
+    builder._options.pop("spark.sql.extensions", None)  # Builder options are shared by every builder
     monkeypatch.setattr(sspark, "_JAR_PATTERN", "no-such-*.jar")
     with pytest.raises(SafetensorsSparkError, match="no safetensors-spark connector jar found"):
         sspark.configure(SparkSession.builder)

@@ -27,6 +27,7 @@ use ::jni::{jni_str, Env, EnvUnowned};
 
 use crate::{ConvertError, FormatError};
 
+mod functions_api;
 mod reader_api;
 mod writer_api;
 

@@ -32,9 +32,14 @@ def find_jar():
         "safetensors-spark wheel that bundles it, or pass jar=<path>")
 
 
+EXTENSIONS_CLASS = "io.safetensors.spark.SafetensorsExtensions"
+
+
 def configure(builder, jar=None):
-    """Returns ``builder`` with the connector jar added to ``spark.jars`` (kept: jars already
-    configured there), e.g. ``configure(SparkSession.builder).master("local[2]").getOrCreate()``."""
+    """Returns ``builder`` with the connector jar added to ``spark.jars`` and the connector's
+    ``spark.sql.extensions`` class (the SQL functions ``arr_to_st``/``st_to_array``) added to that
+    setting (both keep what is already configured there), e.g.
+    ``configure(SparkSession.builder).master("local[2]").getOrCreate()``."""
     jar = os.fspath(jar) if jar is not None else find_jar()
     if not os.path.isfile(jar):
         raise SafetensorsSparkError(f"connector jar {jar} does not exist")
@@ -42,4 +47,7 @@ def configure(builder, jar=None):
     jars = [j for j in (existing or "").split(",") if j]
     if jar not in jars:
         jars.append(jar)
-    return builder.config("spark.jars", ",".join(jars))
+    exts = [e for e in (getattr(builder, "_options", {}).get("spark.sql.extensions") or "").split(",") if e]
+    if EXTENSIONS_CLASS not in exts:
+        exts.append(EXTENSIONS_CLASS)
+    return builder.config("spark.jars", ",".join(jars)).config("spark.sql.extensions", ",".join(exts))

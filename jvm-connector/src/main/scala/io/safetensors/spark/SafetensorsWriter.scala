@@ -94,7 +94,8 @@ private[spark] object SafetensorsWriter {
         case None => if (!fs.mkdirs(staging)) throw new IOException(s"safetensors: cannot create $staging")
       }
       // (6) the job
-      val job = TaskJob(planJson, data.schema, staging.toString, new SerializableConf(conf))
+      val job = TaskJob(planJson, data.schema, staging.toString, new SerializableConf(conf),
+        WriteMetrics(sqlContext.sparkContext))
       val rdd = SparkInternals.internalRows(data)
       val results: Array[TaskResult] = sqlContext.sparkContext.runJob(rdd,
         (ctx: TaskContext, it: Iterator[InternalRow]) => WriteTask.run(ctx, it, job))

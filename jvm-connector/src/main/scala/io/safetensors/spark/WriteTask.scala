@@ -11,9 +11,11 @@ import org.apache.arrow.memory.{AllocationListener, BufferAllocator, RootAllocat
 import org.apache.arrow.memory.rounding.SegmentRoundingPolicy
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
-import org.apache.spark.TaskContext
+import org.apache.spark.{SparkContext, TaskContext}
 import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.safetensors.TaskOutput
 import org.apache.spark.sql.types.StructType
+import org.apache.spark.util.LongAccumulator
 
 /** Hadoop Configuration shipped to tasks (it is Writable, not Serializable). */
 private[spark] final class SerializableConf(@transient var value: Configuration) extends Serializable {
@@ -30,7 +32,21 @@ private[spark] final class SerializableConf(@transient var value: Configuration)
 
 /** What the driver ships to every task. */
 private[spark] final case class TaskJob(planJson: String, schema: StructType, stagingDir: String,
-    conf: SerializableConf)
+    conf: SerializableConf, metrics: WriteMetrics = null)
+
+/**
+ * Named accumulators of a write, registered on the driver: the stage page's "Accumulators"
+ * table and `SparkListener` task/stage accumulables (bytes and rows are the tasks' output
+ * metrics, [[org.apache.spark.sql.safetensors.TaskOutput]]).
+ */
+private[spark] final case class WriteMetrics(shards: LongAccumulator, writeNanos: LongAccumulator)
+
+private[spark] object WriteMetrics {
+  val ShardsName = "safetensors shards written"
+  val WriteTimeName = "safetensors conversion + shard write time (ns)"
+  def apply(sc: SparkContext): WriteMetrics =
+    WriteMetrics(sc.longAccumulator(ShardsName), sc.longAccumulator(WriteTimeName))
+}
 
 /**
  * A task's result: where its task report file (TaskReport JSON, written by the native writer;
@@ -124,18 +140,27 @@ private[spark] object WriteTask {
       }
       dest
     }
+    var records, bytes, sealedCount, nanos = 0L // the task's output metrics and WriteMetrics
+    def timed[T](f: => T): T = { val t0 = System.nanoTime(); try f finally nanos += System.nanoTime() - t0 }
     def place(shards: JsonNode): Unit =
-      shards.elements().asScala.foreach(s => staged(s.get("file").asText()) = stage(s).toString)
+      shards.elements().asScala.foreach { s =>
+        bytes += new File(s.get("local_path").asText()).length()
+        sealedCount += 1
+        staged(s.get("file").asText()) = stage(s).toString
+      }
     try {
       if (direct.isEmpty) fs.mkdirs(attemptDir)
       writer = new NativeTaskWriter(job.planJson, partition, workDir.getAbsolutePath)
       while (rows.hasNext) {
         builder.add(rows.next())
-        if (builder.isFull) place(mapper.readTree(builder.flush(writer.writeBatch)))
+        records += 1
+        if (builder.isFull) place(mapper.readTree(timed(builder.flush(writer.writeBatch))))
       }
-      if (builder.rowCount > 0) place(mapper.readTree(builder.flush(writer.writeBatch)))
-      val done = mapper.readTree(writer.finish())
+      if (builder.rowCount > 0) place(mapper.readTree(timed(builder.flush(writer.writeBatch))))
+      val done = mapper.readTree(timed(writer.finish()))
       place(done.get("sealed"))
+      TaskOutput.add(ctx, bytes, records)
+      Option(job.metrics).foreach { m => m.shards.add(sealedCount); m.writeNanos.add(nanos) }
       TaskResult(partition, stage(done.get("report_file")).toString, staged.toMap)
     } catch {
       case t: Throwable =>
