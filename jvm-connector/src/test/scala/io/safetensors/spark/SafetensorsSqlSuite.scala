@@ -200,8 +200,13 @@ class SafetensorsSqlSuite extends AnyFunSuite with BeforeAndAfterAll {
       val path = freshPath()
       rows(2).write.format("safetensors").option("batch_size", "2").option("path", path).saveAsTable("sat_ext")
       assert(onDisk(path) == expected(0 until 2))
+      // overwrite replaces the external table: its old files are overwritten, not appended to
+      rows(1, from = 30).write.format("safetensors").mode("overwrite").option("batch_size", "2")
+        .option("path", path).saveAsTable("sat_ext")
+      assert(onDisk(path) == expected(30 until 31))
+      assert(selected(spark.table("sat_ext")) == expected(30 until 31))
       sql("DROP TABLE sat_ext")
-      assert(onDisk(path) == expected(0 until 2)) // an external table's data stays
+      assert(onDisk(path) == expected(30 until 31)) // an external table's data stays
     }
   }
 
