@@ -82,6 +82,11 @@ class SafetensorsSqlSuite extends AnyFunSuite with BeforeAndAfterAll {
     // a join of the path with itself, in a subquery
     assert(sql(s"SELECT count(*) FROM safetensors.`$path` a JOIN " +
       s"(SELECT id FROM safetensors.`$path` WHERE id < 2) b ON a.id = b.id").head().getLong(0) == 2)
+    // read options in Spark's WITH clause
+    val tensors = sql(s"SELECT * FROM safetensors.`$path` WITH ('layout' = 'tensor')")
+    assert(tensors.columns.contains("key"))
+    assert(tensors.count() == spark.read.format("safetensors").option("layout", "tensor").load(path).count())
+    assert(tensors.count() == 2L * shardFiles(path).size)
     // the same errors as load(path)
     val missing = intercept[Exception](sql(s"SELECT * FROM safetensors.`${path}_nope`").collect())
     assert(messages(missing).contains("path does not exist"), messages(missing))
