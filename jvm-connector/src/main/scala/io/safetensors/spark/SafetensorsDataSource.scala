@@ -53,7 +53,7 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
     val opts = table.read
     val src = readSource(opts)
     inferred = Some(opts -> src)
-    // a catalog table's columns take writes too: nullable, as Spark's file tables (a null is
+    // a catalog table's columns take writes too: nullable, as Spark's file tables (a null value
     // fails the write, spec/sql.md §2)
     if (table.catalog) SparkInternals.asNullable(src.description.schema) else src.description.schema
   }
