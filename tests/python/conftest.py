@@ -1,6 +1,7 @@
 """Shared fixtures: the repository root and the release build of the Rust tools."""
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,9 @@ def spark(connector_jar):
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
+        # SQL on files (spec/sql.md §1); catalog tables' managed data under a temp directory
+        .config("spark.sql.extensions", "io.safetensors.spark.SafetensorsExtensions")
+        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="safetensors-warehouse-"))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -460,6 +460,19 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkManifest<
     })
 }
 
+/// `static native String writeOptionNames()`: the writer's user options, a JSON array of names
+/// as the docs spell them (catalog tables sort their options into read and write ones with it).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_writeOptionNames<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let json = to_json(&crate::write::plan::WRITE_OPTIONS)?;
+        new_string(env, &json)
+    })
+}
+
 /// `static native String nextManifest(String baseManifestJson, String writeManifestJson, boolean append)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'local>(

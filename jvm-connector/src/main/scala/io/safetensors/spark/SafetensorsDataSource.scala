@@ -7,7 +7,7 @@ import scala.jdk.CollectionConverters._
 import org.apache.spark.sql.{DataFrame, SQLContext, SaveMode, SparkSession}
 import org.apache.spark.sql.connector.catalog.{Table, TableProvider}
 import org.apache.spark.sql.safetensors.SparkInternals
-import org.apache.spark.sql.connector.expressions.Transform
+import org.apache.spark.sql.connector.expressions.{Expressions, Transform}
 import org.apache.spark.sql.sources.{BaseRelation, CreatableRelationProvider, DataSourceRegister}
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
@@ -19,7 +19,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap
  * ([[ReadSource]]); the table scans through [[SafetensorsScanBuilder]]. Writes: the table declares
  * no BATCH_WRITE, so Spark 4.0's `DataFrameWriter.save(path)` sends every SaveMode
  * (errorifexists, ignore, overwrite, append) to the V1 route, [[createRelation]], which runs the
- * whole write ([[SafetensorsWriter]]).
+ * whole write ([[SafetensorsWriter]]). A table from a catalog (CREATE TABLE, saveAsTable,
+ * writeTo) is a [[SafetensorsCatalogTable]], which takes INSERTs (spec/sql.md).
  */
 class SafetensorsDataSource extends TableProvider with DataSourceRegister
     with CreatableRelationProvider {
@@ -43,10 +44,26 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
   }
 
   override def inferSchema(options: CaseInsensitiveStringMap): StructType = synchronized {
-    val opts = options.asCaseSensitiveMap().asScala.toMap
+    val table = TableOptions(options.asCaseSensitiveMap().asScala.toMap)
+    if (table.catalog && table.path.isEmpty) {
+      throw new IllegalArgumentException(
+        "safetensors: CREATE TABLE ... USING safetensors needs a schema, or a LOCATION holding a " +
+          "dataset to take the schema from")
+    }
+    val opts = table.read
     val src = readSource(opts)
     inferred = Some(opts -> src)
-    src.description.schema
+    // a catalog table's columns take writes too: nullable, as Spark's file tables (a null value
+    // fails the write, spec/sql.md §2)
+    if (table.catalog) SparkInternals.asNullable(src.description.schema) else src.description.schema
+  }
+
+  /** A partitioned root's partition columns (identity transforms), so a catalog table has them. */
+  override def inferPartitioning(options: CaseInsensitiveStringMap): Array[Transform] = synchronized {
+    val opts = TableOptions(options.asCaseSensitiveMap().asScala.toMap).read
+    inferred.filter(_._1 == opts).map(_._2.partitionSchema.fieldNames.map { n =>
+      Expressions.identity(n): Transform
+    }).getOrElse(Array.empty)
   }
 
   override def getTable(schema: StructType, partitioning: Array[Transform],
@@ -58,7 +75,20 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
         "safetensors: bucketBy and partition transforms are not supported (got " + t.describe() +
           "); partitionBy(column, ...) is")
     }
-    val opts = properties.asScala.toMap
+    val table = TableOptions(properties.asScala.toMap)
+    val opts = table.read
+    if (table.catalog) {
+      // CREATE TABLE / saveAsTable / writeTo, and every later use of the table (spec/sql.md)
+      val columns = partitioning.map(_.references().head.fieldNames().mkString("."))
+      if (!schema.fieldNames.takeRight(columns.length).sameElements(columns)) {
+        throw new IllegalArgumentException(
+          s"safetensors: a partitioned table's partition columns (${columns.mkString(", ")}) must " +
+            s"be its last columns, in that order (its columns: ${schema.fieldNames.mkString(", ")})")
+      }
+      val src = inferred.filter(_._1 == opts).map(_._2)
+      return new SafetensorsCatalogTable(schema, columns.toSeq, table, properties.asScala.toMap,
+        src.getOrElse(readSource(opts)))
+    }
     inferred.filter(_._1 == opts) match {
       case Some((_, src)) => new SafetensorsTable(schema, userSchema = false, src)
       // A user-given schema (checked against the files when scanned), or a write.

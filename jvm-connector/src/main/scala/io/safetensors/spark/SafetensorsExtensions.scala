@@ -5,11 +5,14 @@ import org.apache.spark.sql.SparkSessionExtensions
 /**
  * The connector's `spark.sql.extensions` class:
  * `.config("spark.sql.extensions", "io.safetensors.spark.SafetensorsExtensions")`
- * (`safetensors_spark.spark.configure` sets it). Reads and writes work without it; it adds the
- * SQL functions `arr_to_st` and `st_to_array` ([[TensorFunctions]], spec/functions.md).
+ * (`safetensors_spark.spark.configure` sets it). Reads and writes through the DataFrame API work
+ * without it; it adds the SQL functions `arr_to_st` and `st_to_array` ([[TensorFunctions]],
+ * spec/functions.md) and SQL on files, `SELECT … FROM safetensors.`path`` ([[SqlOnFiles]],
+ * spec/sql.md).
  */
 class SafetensorsExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(extensions: SparkSessionExtensions): Unit = {
     TensorFunctions.inject(extensions)
+    SqlOnFiles.inject(extensions)
   }
 }

@@ -29,7 +29,7 @@ import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
  * Writes: no BATCH_WRITE, so `DataFrameWriter.save` takes the V1 route
  * ([[SafetensorsDataSource.createRelation]]). `source` is `None` for a write (nothing is listed).
  */
-private[spark] final class SafetensorsTable(tableSchema: StructType, userSchema: Boolean,
+private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boolean,
     source: => TableSource) extends Table with SupportsRead with SupportsMetadataColumns {
   private lazy val src = source
 

@@ -17,6 +17,12 @@ public final class NativeWriter {
   public static native String planWrite(String sparkSchemaJson, String optionsJson,
       boolean caseSensitive);
 
+  /**
+   * Driver: the writer's user option names (a JSON array, spelled as in spec/options.md); a
+   * catalog table sorts its options into read and write ones with it.
+   */
+  public static native String writeOptionNames();
+
   /** Driver: throws IllegalArgumentException if the plan cannot append to the dataset. */
   public static native void checkAppend(String planJson, String existingManifestJson);
 

@@ -44,6 +44,22 @@ object SparkInternals {
   def caseSensitive(sqlContext: SQLContext): Boolean =
     session(sqlContext).sessionState.conf.caseSensitiveAnalysis
 
+  /** The analyzed plan of a DataFrame (SQL on files puts it in place of a table name). */
+  def logicalPlan(data: DataFrame): org.apache.spark.sql.catalyst.plans.logical.LogicalPlan =
+    data.asInstanceOf[ClassicDataset[_]].logicalPlan
+
+  /** Whether the session catalog has this table or view (SQL on files must not shadow one). */
+  def tableExists(spark: org.apache.spark.sql.SparkSession,
+      ident: org.apache.spark.sql.catalyst.TableIdentifier): Boolean =
+  {
+    val catalog = spark.asInstanceOf[ClassicSession].sessionState.catalog
+    ident.database.forall(catalog.databaseExists) && catalog.tableExists(ident)
+  }
+
+  /** The schema with every column, element and field nullable (`StructType.asNullable`). */
+  def asNullable(schema: org.apache.spark.sql.types.StructType): org.apache.spark.sql.types.StructType =
+    schema.asNullable
+
   def internalRows(data: DataFrame): RDD[InternalRow] =
     data.asInstanceOf[ClassicDataset[_]].queryExecution.toRdd
 }
