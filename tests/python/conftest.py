@@ -51,11 +51,11 @@ def spark(connector_jar):
         SparkSession.builder.master("local[2]")
         .appName("safetensors-spark-tests")
         .config("spark.jars", str(connector_jar))
-        .config("spark.sql.extensions", "io.safetensors.spark.SafetensorsExtensions")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
-        # SQL on files (spec/sql.md §1); catalog tables' managed data under a temp directory
+        # the tensor functions and SQL on files (spec/functions.md, spec/sql.md §1); catalog
+        # tables' managed data under a temp directory
         .config("spark.sql.extensions", "io.safetensors.spark.SafetensorsExtensions")
         .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="safetensors-warehouse-"))
         .getOrCreate()
