@@ -14,6 +14,9 @@ cargo clippy --locked -p safetensors-spark-python --all-targets -- -D warnings
 if [ -f jvm-connector/pom.xml ]; then
   echo "== JVM connector: build, jar, ScalaTest"
   mvn -B -q -f jvm-connector/pom.xml verify
+  echo "== Spark lines: the Spark 3.5 / Scala 2.12 jar, then both jars on every line's pyspark"
+  mvn -B -q -f jvm-connector/pom.xml -P spark-3.5 package -DskipNative
+  PYTHON=$PYTHON VENV=$VENV bash tests/spark-lines/run.sh
 fi
 
 echo "== Cross-language tests (pytest)"

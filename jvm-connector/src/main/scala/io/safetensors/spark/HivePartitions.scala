@@ -103,8 +103,8 @@ private[spark] object HivePartitions {
       val values = dirs.flatMap(_.values(i)._2)
       val t: DataType =
         if (!inferTypes) StringType
-        else if (values.forall(v => v.toIntOption.isDefined)) IntegerType
-        else if (values.forall(v => v.toLongOption.isDefined)) LongType
+        else if (values.forall(v => scala.util.Try(v.toInt).isSuccess)) IntegerType
+        else if (values.forall(v => scala.util.Try(v.toLong).isSuccess)) LongType
         else StringType
       StructField(columns(i), t, nullable = true)
     })

@@ -92,7 +92,7 @@ private[spark] object WriteTask {
    * 4 MiB of data plus its validity bits would otherwise take, zero and keep 8 MiB.
    */
   lazy val rootAllocator: BufferAllocator =
-    new RootAllocator(AllocationListener.NOOP, Long.MaxValue, new SegmentRoundingPolicy(1024L))
+    new RootAllocator(AllocationListener.NOOP, Long.MaxValue, new SegmentRoundingPolicy(1024))
 
   /** Test hook: when set, called with each task's allocator just before it is closed. */
   @volatile var onAllocatorClose: BufferAllocator => Unit = null

@@ -4,11 +4,16 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.{DataFrame, SQLContext}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
+import org.apache.spark.sql.safetensors.SparkLine.{ClassicDataset, ClassicSession}
 
 /**
  * The few Spark internals the connector needs on the DRIVER (package `org.apache.spark.sql` so
  * that `private[sql]` members are reachable). Never call from a task.
+ *
+ * Compiled for Spark 4.x (Scala 2.13) and Spark 3.5 (Scala 2.12) alike: the classes that moved
+ * between the lines (`org.apache.spark.sql.classic.*` in 4.x) are named through the per-line shim
+ * [[SparkLine]]; use `ClassicSession`/`ClassicDataset` from it, never `org.apache.spark.sql.classic`
+ * directly (spec/jni.md §6 has the rules every connector source follows to build on both lines).
  */
 object SparkInternals {
   private def session(sqlContext: SQLContext): ClassicSession =

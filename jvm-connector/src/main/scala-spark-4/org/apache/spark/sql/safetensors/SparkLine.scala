@@ -1,0 +1,19 @@
+package org.apache.spark.sql.safetensors
+
+/**
+ * The Spark-line shim for Spark 4.x (Scala 2.13): the ONE source file that differs between the
+ * connector's two builds (its twin for Spark 3.5 / Scala 2.12 is
+ * src/main/scala-spark-3.5/.../SparkLine.scala; pom.xml picks one, spec/jni.md §6). Everything
+ * else compiles unchanged on both lines, calling Spark internals only through SparkInternals,
+ * which reaches them through these names. Keep both files' members identical.
+ */
+object SparkLine {
+  /** The session class that holds `sessionState` (4.x: `org.apache.spark.sql.classic`). */
+  type ClassicSession = org.apache.spark.sql.classic.SparkSession
+
+  /** The Dataset class that holds `queryExecution`. */
+  type ClassicDataset[T] = org.apache.spark.sql.classic.Dataset[T]
+
+  /** The line this build is for (shown in errors and checked by the smoke run). */
+  val name: String = "4.x"
+}

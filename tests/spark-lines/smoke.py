@@ -1,0 +1,126 @@
+"""Smoke run of one connector jar on one Spark line: write (batch and KV mode) and read back.
+
+Usage: python smoke.py JAR SPARK_LINE WORK_DIR    (e.g. `smoke.py …/safetensors-spark-0.1.0.jar 4.2 /tmp/x`)
+
+Run by tests/spark-lines/run.sh with the pyspark of the line under test on sys.path. Exits
+non-zero (with the error) when the running Spark is not of SPARK_LINE, when the jar does not load,
+or when a write or read fails or gives back other values than were written; every value is
+checked both through Spark's read path and in the shards themselves with the `safetensors` package.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyspark
+import safetensors.numpy
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+ROWS = 10
+
+
+def fail(msg):
+    raise SystemExit(f"spark-lines smoke FAILED: {msg}")
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def expected_rows():
+    """id (long), x (3 floats, exact in F32), y (int), k (the KV key)."""
+    return [(i, [i * 0.5, -i * 1.25, i + 0.125], i * 7 - 20, f"key{i:02d}") for i in range(ROWS)]
+
+
+def shards(path):
+    manifest = json.loads((path / "dataset_manifest.json").read_text())
+    files = [path / s["shard_path"] for s in manifest["shards"]]
+    check(files, f"{path}: the manifest lists no shard")
+    check(all(f.is_file() for f in files), f"{path}: a listed shard is missing: {files}")
+    return manifest, files
+
+
+def batch_mode(spark, df, out):
+    df.select("id", "x", "y").write.format("safetensors").option("batch_size", 4).save(str(out))
+    # Spark's read path: the rows written come back (per-sample layout).
+    back = spark.read.format("safetensors").load(str(out))
+    check(back.columns == ["id", "x", "y"], f"batch read: columns {back.columns}")
+    got = sorted((r.id, list(r.x), r.y) for r in back.collect())
+    want = [(i, x, y) for i, x, y, _ in expected_rows()]
+    check(got == want, f"batch read: rows differ\n got  {got}\n want {want}")
+    # The shards, opened by the reference package, hold the same values.
+    manifest, files = shards(out)
+    ids, xs, ys = [], [], []
+    for f in files:
+        t = safetensors.numpy.load_file(str(f))
+        check(t["id"].dtype == np.int64 and t["x"].dtype == np.float32 and t["y"].dtype == np.int32,
+              f"{f.name}: dtypes {[(k, v.dtype) for k, v in t.items()]}")
+        ids += t["id"].tolist()
+        xs += t["x"].tolist()
+        ys += t["y"].tolist()
+    check(sum(s["samples_count"] for s in manifest["shards"]) == ROWS, "batch: manifest samples_count")
+    check(sorted(zip(ids, xs, ys)) == want, "batch: shard contents differ from the rows written")
+    return len(files)
+
+
+def kv_mode(spark, df, out):
+    df.select("k", "x", "y").write.format("safetensors").option("name_col", "k").save(str(out))
+    # Spark's read path (per-tensor layout): one row per key and column, raw bytes and shape.
+    back = spark.read.format("safetensors").load(str(out)).select("key", "dtype", "shape", "data")
+    got = {r.key: (r.dtype, list(r.shape), bytes(r.data)) for r in back.collect()}
+    want = {}
+    for _, x, y, k in expected_rows():
+        want[f"{k}__x"] = ("F32", [3], np.array(x, dtype="<f4").tobytes())
+        want[f"{k}__y"] = ("I32", [], np.array(y, dtype="<i4").tobytes())
+    check(got == want, f"KV read: tensors differ\n got  {sorted(got)}\n want {sorted(want)}")
+    # The shards, opened by the reference package.
+    _, files = shards(out)
+    loaded = {}
+    for f in files:
+        loaded.update(safetensors.numpy.load_file(str(f)))
+    check(sorted(loaded) == sorted(want), f"KV shards: keys {sorted(loaded)}")
+    for name, (_, shape, raw) in want.items():
+        check(list(loaded[name].shape) == shape and loaded[name].tobytes() == raw, f"KV shards: {name} differs")
+    return len(files)
+
+
+def main():
+    jar, line, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    check(Path(jar).is_file(), f"no jar at {jar}")
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"safetensors-spark-smoke-{line}")
+        .config("spark.jars", jar)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        version = spark.version
+        check(version == line or version.startswith(line + "."),
+              f"running Spark {version} (pyspark {pyspark.__version__} from {pyspark.__file__}), expected line {line}")
+        schema = T.StructType([
+            T.StructField("id", T.LongType(), False),
+            T.StructField("x", T.ArrayType(T.FloatType(), False), False),
+            T.StructField("y", T.IntegerType(), False),
+            T.StructField("k", T.StringType(), False),
+        ])
+        df = spark.createDataFrame(expected_rows(), schema).repartition(2)
+        n_batch = batch_mode(spark, df, work / "batch")
+        n_kv = kv_mode(spark, df, work / "kv")
+        print(f"spark-lines smoke: Spark {version}, jar {Path(jar).name}: "
+              f"batch write+read ({n_batch} shards) and KV write+read ({n_kv} shards) OK")
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
