@@ -9,7 +9,7 @@ import org.apache.spark.sql.catalyst.TableIdentifier
 import org.apache.spark.sql.catalyst.analysis.UnresolvedRelation
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
 import org.apache.spark.sql.catalyst.rules.Rule
-import org.apache.spark.sql.safetensors.SparkInternals
+import org.apache.spark.sql.safetensors.{SparkInternals, SparkLine}
 
 /**
  * SQL on files: ``SELECT ... FROM safetensors.`/path/to/dataset` `` (spec/sql.md §1).
@@ -25,8 +25,9 @@ import org.apache.spark.sql.safetensors.SparkInternals
 object SqlOnFiles {
   val Prefix = "safetensors"
 
+  /** Adds the rule where the Spark line allows it (4.x; not 3.5: SparkLine). */
   def inject(extensions: SparkSessionExtensions): Unit =
-    extensions.injectHintResolutionRule(spark => new FileRule(spark))
+    SparkLine.injectPreResolutionRule(extensions, spark => new FileRule(spark))
 
   final class FileRule(spark: SparkSession) extends Rule[LogicalPlan] {
     override def apply(plan: LogicalPlan): LogicalPlan =

@@ -1,5 +1,9 @@
 package org.apache.spark.sql.safetensors
 
+import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
+import org.apache.spark.sql.catalyst.rules.Rule
+
 /**
  * The Spark-line shim for Spark 3.5 (Scala 2.12): the ONE source file that differs between the
  * connector's two builds (its twin for Spark 4.x / Scala 2.13 is
@@ -13,6 +17,13 @@ object SparkLine {
 
   /** The Dataset class that holds `queryExecution`. */
   type ClassicDataset[T] = org.apache.spark.sql.Dataset[T]
+
+  /**
+   * Spark 3.5 has no analyzer hook that runs before its ResolveSQLOnFile (which refuses V2
+   * sources), so SQL on files is not available on this line: nothing is injected (spec/sql.md §1).
+   */
+  def injectPreResolutionRule(extensions: SparkSessionExtensions,
+      rule: SparkSession => Rule[LogicalPlan]): Boolean = false
 
   /** The line this build is for (shown in errors and checked by the smoke run). */
   val name: String = "3.5"

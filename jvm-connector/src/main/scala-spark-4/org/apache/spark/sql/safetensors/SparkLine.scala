@@ -1,5 +1,9 @@
 package org.apache.spark.sql.safetensors
 
+import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
+import org.apache.spark.sql.catalyst.rules.Rule
+
 /**
  * The Spark-line shim for Spark 4.x (Scala 2.13): the ONE source file that differs between the
  * connector's two builds (its twin for Spark 3.5 / Scala 2.12 is
@@ -13,6 +17,16 @@ object SparkLine {
 
   /** The Dataset class that holds `queryExecution`. */
   type ClassicDataset[T] = org.apache.spark.sql.classic.Dataset[T]
+
+  /**
+   * Adds a rule to the analyzer batch that runs before Resolution (Spark 4.x's "Hints" batch),
+   * where SQL on files must be resolved before Spark's own ResolveSQLOnFile refuses a V2 source.
+   */
+  def injectPreResolutionRule(extensions: SparkSessionExtensions,
+      rule: SparkSession => Rule[LogicalPlan]): Boolean = {
+    extensions.injectHintResolutionRule(rule)
+    true
+  }
 
   /** The line this build is for (shown in errors and checked by the smoke run). */
   val name: String = "4.x"
