@@ -45,6 +45,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir)
         self.columns = self.dataset.check_columns(columns)
+        self._reader = None  # _BatchReader of __getitems__, made in the process that reads
 
     def __len__(self):
         return len(self.dataset)
@@ -54,6 +55,27 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         shard, row = ds.locate(i)
         sample = ds.sample(shard, row, self.columns)
         return {c: _to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
+
+    def __getitems__(self, indices):
+        """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
+        fetcher calls this with the sampler's batch instead of ``ds[i]`` per index. Batch-layout
+        rows are gathered per column in one pass (a slice or ``take`` per shard run, or a row copy
+        per sample when the rows are scattered over many shards) and handed out as views of the
+        gathered tensors, which the collate function stacks (spec/python.md §4)."""
+        ds = self.dataset
+        if ds.layout != "batch" or len(indices) == 0:
+            return [self[i] for i in indices]
+        shards, rows = ds.locate_many(indices)
+        if self._reader is None:
+            self._reader = _BatchReader(ds, self.columns, cache_shards=8)
+        batch = self._reader.batch(shards, rows)
+        views = [batch[c].unbind(0) for c in self.columns]
+        return [dict(zip(self.columns, v)) for v in zip(*views)]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_reader"] = None  # maps and arrays of this process stay here
+        return state
 
     def get(self, key):
         """KV datasets: ``{column: tensor}`` of the row with this key."""
@@ -263,10 +285,11 @@ class _BatchReader:
         a = self._full.get(key)
         if a is None:
             a = self.ds.tensor_array(shard, self.ds._header(shard)[column])
-            if not self.ds._store.is_local:
-                if len(self._full) >= self.cache_shards * len(self.columns):
-                    self._full.pop(next(iter(self._full)))
-                self._full[key] = a
+            # local: a view of the process's map of the shard, kept (costs no memory of its own);
+            # remote: a fresh read, kept for the last `cache_shards` shards
+            if not self.ds._store.is_local and len(self._full) >= self.cache_shards * len(self.columns):
+                self._full.pop(next(iter(self._full)))
+            self._full[key] = a
         return a
 
     def _torch(self, arrays):
@@ -301,9 +324,22 @@ class _BatchReader:
                 return self._torch(runs[0])
             return self._torch({c: np.concatenate([r[c] for r in runs]) for c in self.columns})
         out = {}
+        uniq = np.unique(shards).tolist()
+        if len(uniq) * 4 > n:
+            # scattered over many shards (a random sampler over the whole dataset): one row copy
+            # per sample and column beats a mask and a take per shard
+            cols = [(c, {s: self._column(ds.shards[s], c) for s in uniq}) for c in self.columns]
+            where = list(zip(shards.tolist(), rows.tolist()))
+            for c, arrays in cols:
+                first = arrays[uniq[0]]
+                buf = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+                for k, (s, r) in enumerate(where):
+                    buf[k] = arrays[s][r]
+                out[c] = buf
+            return self._torch(out)
         for c in self.columns:
             buf = None
-            for s in np.unique(shards).tolist():
+            for s in uniq:
                 m = shards == s
                 part = self._column(ds.shards[s], c).take(rows[m], axis=0)
                 if buf is None:
