@@ -314,39 +314,65 @@ class _BatchReader:
         n = len(rows)
         cut = np.flatnonzero((np.diff(shards) != 0) | (np.diff(rows) != 1)) + 1
         bounds = [0, *cut.tolist(), n]
-        if len(bounds) - 1 <= 4:  # a few contiguous runs: slices (one run: a zero-copy view)
+        shared = torch.utils.data.get_worker_info() is not None
+        if len(bounds) - 1 <= 4:  # a few contiguous runs: slices
             runs = []
             for a, b in zip(bounds[:-1], bounds[1:]):
                 shard = ds.shards[int(shards[a])]
                 r0 = int(rows[a])
-                runs.append({c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns})
-            if len(runs) == 1:
-                return self._torch(runs[0])
-            return self._torch({c: np.concatenate([r[c] for r in runs]) for c in self.columns})
-        out = {}
+                runs.append((a, b, {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns}))
+            if len(runs) == 1 and not shared:
+                return self._torch(runs[0][2])  # one run, in this process: a zero-copy view of the map
+            arrays, tensors = self._alloc(n, runs[0][2], shared)
+            for a, b, run in runs:
+                for c in self.columns:
+                    arrays[c][a:b] = run[c]
+            return tensors
         uniq = np.unique(shards).tolist()
         if len(uniq) * 4 > n:
             # scattered over many shards (a random sampler over the whole dataset): one row copy
             # per sample and column beats a mask and a take per shard
-            cols = [(c, {s: self._column(ds.shards[s], c) for s in uniq}) for c in self.columns]
+            cols = {c: {s: self._column(ds.shards[s], c) for s in uniq} for c in self.columns}
+            arrays, tensors = self._alloc(n, {c: cols[c][uniq[0]] for c in self.columns}, shared)
             where = list(zip(shards.tolist(), rows.tolist()))
-            for c, arrays in cols:
-                first = arrays[uniq[0]]
-                buf = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+            for c in self.columns:
+                buf, src = arrays[c], cols[c]
                 for k, (s, r) in enumerate(where):
-                    buf[k] = arrays[s][r]
-                out[c] = buf
-            return self._torch(out)
+                    buf[k] = src[s][r]
+            return tensors
+        first = {c: self._column(ds.shards[uniq[0]], c) for c in self.columns}
+        arrays, tensors = self._alloc(n, first, shared)
+        for s in uniq:
+            m = shards == s
+            for c in self.columns:
+                arrays[c][m] = self._column(ds.shards[s], c).take(rows[m], axis=0)
+        return tensors
+
+    def _alloc(self, n, like, shared):
+        """Output buffers for a batch of ``n`` rows shaped like the arrays ``like`` (column →
+        rows): ``(column → numpy array to fill, column → tensor of the same memory)``.
+
+        In a DataLoader worker all columns share one block of shared memory (what torch's own
+        collate does for its stacked batches): sending the batch to the training process then
+        passes one handle instead of copying every tensor into shared memory of its own."""
+        specs, total = [], 0
         for c in self.columns:
-            buf = None
-            for s in uniq:
-                m = shards == s
-                part = self._column(ds.shards[s], c).take(rows[m], axis=0)
-                if buf is None:
-                    buf = np.empty((n, *part.shape[1:]), dtype=part.dtype)
-                buf[m] = part
-            out[c] = buf
-        return self._torch(out)
+            a = like[c]
+            shape = (n, *a.shape[1:])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * a.dtype.itemsize
+            specs.append((c, a.dtype, shape, total, nbytes))
+            total += -(-nbytes // 64) * 64  # each column 64-byte aligned
+        if not shared:
+            arrays = {c: np.empty(shape, dtype=dt) for c, dt, shape, _, _ in specs}
+            return arrays, self._torch(arrays)
+        block = torch.empty(0, dtype=torch.uint8)
+        block = block.new(block._typed_storage()._new_shared(max(total, 1)))
+        arrays, tensors = {}, {}
+        for c, dt, shape, off, nbytes in specs:
+            t = self._torch({c: np.empty((0,), dtype=dt)})[c]  # the column's torch dtype
+            tensors[c] = block[off: off + nbytes].view(t.dtype).view(shape)
+            arrays[c] = tensors[c].view(torch.uint8).numpy().view(dt).reshape(shape) if nbytes else np.empty(shape, dt)
+        return arrays, tensors
 
 
 class _CountingLoader(torch.utils.data.DataLoader):
