@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -357,7 +358,10 @@ def epoch_parquet(path, width):
         perm = np.random.default_rng([0, k]).permutation(table.num_rows)
         for lo in range(0, table.num_rows, BATCH):
             col = table.take(perm[lo: lo + BATCH]).column("xf").combine_chunks()
-            t = torch.from_numpy(col.values.to_numpy().reshape(len(col), width))
+            values = col.flatten().to_numpy()  # read-only Arrow memory; the step only reads it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch: "not writable"
+                t = torch.from_numpy(values.reshape(len(col), width))
             total += word_sum(t)
             n += len(col)
     return n, total % (1 << 64)
