@@ -4,7 +4,8 @@ One generated, cached DataFrame (`rows` x `width`, an array<float> column `xf`, 
 column `xd` with the same values, and a string key `key = concat('k', id)`) is written by every
 variant in round-robin order, `reps` times (the starting variant rotates each repetition);
 medians are reported. Then the outputs of the last repetition are read back (Spark reads, and
-the consumer side: numpy / torch loading). Optionally the Rust criterion benches run too.
+the consumer side: one shuffled epoch of our loader and of pyarrow over the Parquet output, into
+torch). Optionally the Rust criterion benches run too.
 
 What every number means is in spec/performance.md.
 """
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,64 +319,71 @@ def read_variants(spark, kept):
     return out
 
 
-def load_st_numpy(path):
+BATCH = 256  # the consumer side: batches of a shuffled epoch, as a training loop takes them
+
+
+def word_sum(t):
+    """Reads every byte of a tensor: the wrapping sum of its bytes as 64-bit words (the rows of
+    this DataFrame are 4·width bytes, a multiple of 8), order-independent across batches."""
+    import torch
+
+    return int(t.contiguous().reshape(-1).view(torch.uint8).view(torch.int64).sum())
+
+
+def epoch_st(path):
+    """One shuffled epoch of our loader (safetensors_spark.torch.SafetensorsIterableDataset,
+    batch 256), iterated in this process; returns (samples, checksum)."""
+    from safetensors_spark.torch import SafetensorsIterableDataset
+
+    n = total = 0
+    for b in SafetensorsIterableDataset(str(path), batch_size=BATCH, shuffle=True, seed=0):
+        total += word_sum(b["xf"])
+        n += b["xf"].shape[0]
+    return n, total % (1 << 64)
+
+
+def epoch_parquet(path, width):
+    """One shuffled epoch of Spark's Parquet output as users read it with pyarrow: row groups in a
+    seeded random order, rows permuted inside each, batches of 256 → torch (list<float> values →
+    [B, width], no per-row Python); returns (samples, checksum)."""
     import numpy as np
-    import safetensors.numpy
-
-    parts = {}
-    files, _ = shards_of(path)
-    for p in files:
-        for k, v in safetensors.numpy.load_file(str(p)).items():
-            parts.setdefault(k, []).append(v)
-    return {k: np.concatenate(v) for k, v in parts.items()}
-
-
-def load_parquet_numpy(path, column, width):
     import pyarrow.parquet as pq
-
-    col = pq.read_table(str(path), columns=[column]).column(column).combine_chunks()
-    return {column: col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)}
-
-
-def load_st_torch(path):
-    import torch
-    import safetensors.torch
-
-    parts = {}
-    files, _ = shards_of(path)
-    for p in files:
-        for k, v in safetensors.torch.load_file(str(p)).items():
-            parts.setdefault(k, []).append(v)
-    return {k: torch.cat(v) for k, v in parts.items()}
-
-
-def load_parquet_torch(path, column, width):
     import torch
 
-    return {column: torch.from_numpy(load_parquet_numpy(path, column, width)[column])}
+    groups = [(f, g) for f in sorted(Path(path).glob("*.parquet")) for g in range(pq.ParquetFile(f).num_row_groups)]
+    n = total = 0
+    for k in np.random.default_rng(0).permutation(len(groups)).tolist():
+        f, g = groups[k]
+        table = pq.ParquetFile(f).read_row_group(g, columns=["xf"])
+        perm = np.random.default_rng([0, k]).permutation(table.num_rows)
+        for lo in range(0, table.num_rows, BATCH):
+            col = table.take(perm[lo: lo + BATCH]).column("xf").combine_chunks()
+            values = col.flatten().to_numpy()  # read-only Arrow memory; the step only reads it
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch: "not writable"
+                t = torch.from_numpy(values.reshape(len(col), width))
+            total += word_sum(t)
+            n += len(col)
+    return n, total % (1 << 64)
 
 
 def consumer_variants(kept, width):
+    """The consumer side: one shuffled epoch of batches into torch (the loaders of
+    jvm-connector/bench/epoch.py, in this process, without DataLoader workers)."""
     out = {}
+    try:
+        import safetensors_spark.torch  # noqa: F401
+    except ImportError:
+        return out
     if "st_batch_f32" in kept:
-        out["load_numpy_st_batch_f32"] = lambda: load_st_numpy(kept["st_batch_f32"])
+        out["epoch_st_batch_f32"] = lambda: epoch_st(kept["st_batch_f32"])
     for pq_name in ("parquet_uncompressed", "parquet_snappy"):
         if pq_name in kept:
-            out[f"load_numpy_{pq_name}"] = (lambda p: lambda: load_parquet_numpy(p, "xf", width))(kept[pq_name])
-    try:
-        import torch  # noqa: F401
-
-        if "st_batch_f32" in kept:
-            out["load_torch_st_batch_f32"] = lambda: load_st_torch(kept["st_batch_f32"])
-        for pq_name in ("parquet_uncompressed", "parquet_snappy"):
-            if pq_name in kept:
-                out[f"load_torch_{pq_name}"] = (lambda p: lambda: load_parquet_torch(p, "xf", width))(kept[pq_name])
-    except ImportError:
-        pass
+            out[f"epoch_{pq_name}"] = (lambda p: lambda: epoch_parquet(p, width))(kept[pq_name])
     return out
 
 
-def run_timed_round_robin(variants, reps, label):
+def run_timed_round_robin(variants, reps, label, results=None):
     times = {n: [] for n in variants}
     errors = {}
     names = list(variants)
@@ -387,6 +396,8 @@ def run_timed_round_robin(variants, reps, label):
                 t0 = time.perf_counter()
                 result = variants[name]()
                 times[name].append(time.perf_counter() - t0)
+                if results is not None:
+                    results[name] = result
                 del result
                 log(f"{label} rep {rep + 1}/{reps} {name}: {times[name][-1]:.3f} s")
             except Exception as e:  # noqa: BLE001 - a failing variant is reported, not fatal
@@ -396,15 +407,11 @@ def run_timed_round_robin(variants, reps, label):
     return times, errors
 
 
-def check_consumer_equal(kept, width):
-    """The numpy arrays of the safetensors and parquet outputs must be the same rows."""
-    import numpy as np
-
-    if "st_batch_f32" not in kept or "parquet_uncompressed" not in kept:
+def check_consumer_equal(results):
+    """Every loader must have delivered the same samples: equal counts and checksums."""
+    if len(results) < 2:
         return None
-    a = load_st_numpy(kept["st_batch_f32"])["xf"]
-    b = load_parquet_numpy(kept["parquet_uncompressed"], "xf", width)["xf"]
-    return bool(a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b))
+    return len(set(results.values())) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,13 +644,17 @@ def main():
             floor = floors(w_times, out_bytes, plain_sizes, proj)
 
             import pyarrow.parquet  # noqa: F401 - imported before timing, not inside the first load
-            import safetensors.numpy  # noqa: F401
+            try:
+                import safetensors_spark.torch  # noqa: F401 - imported before timing, like pyarrow
+            except ImportError:
+                pass
 
             r_times, r_errors = run_timed_round_robin(read_variants(spark, kept), args.reps, "read")
             c_variants = consumer_variants(kept, args.width)
-            c_times, c_errors = run_timed_round_robin(c_variants, args.reps, "consumer")
-            consumer_equal = check_consumer_equal(kept, args.width)
-            torch_available = any(n.startswith("load_torch") for n in c_variants)
+            c_results = {}
+            c_times, c_errors = run_timed_round_robin(c_variants, args.reps, "consumer", c_results)
+            consumer_equal = check_consumer_equal(c_results)
+            torch_available = bool(c_variants)
         finally:
             spark.stop()
         probe = run_memory_probe(args, work)  # after the main session is stopped
@@ -704,7 +715,7 @@ def main():
     cmed = {k: median(v) for k, v in c_times.items()}
     cons_rows = [[n, fmt(cmed[n]) if n not in c_errors else "error: " + c_errors[n]] for n in c_times]
     if not torch_available:
-        cons_rows.append(["load_torch_*", "skipped (torch not importable)"])
+        cons_rows.append(["epoch_*", "skipped (safetensors_spark.torch not importable)"])
 
     crit_rows = []
     if criterion:
@@ -733,7 +744,7 @@ def main():
         print_table("KV memory probe (a fresh local-cluster executor JVM after a small warm-up write: noop_kv, then st_kv_f32 three times; the target is judged on the largest), MiB", ["variant", "time s", "peak RSS growth", "RssAnon growth", "VmHWM before → after"], [[n, fmt(r["time_s"]), fmt(r["peak_growth"] / 2**20, ".1f"), fmt(r["anon_peak_growth"] / 2**20, ".1f"), f"{r['hwm_before'] / 2**20:.0f} → {r['hwm_after'] / 2**20:.0f}"] for n, r in probe.items() if n.startswith(("noop_kv", "st_kv_f32"))])
     print(f"  KV Arrow batch: {kv_batch_rows} rows × {kv_row_bytes:.0f} B = {kv_batch / 2**20:.2f} MiB per task; {concurrent} concurrent task(s)")
     print_table("Reads (Spark: sum over all elements of xf)", ["variant", "median s", "", ""], read_rows)
-    print_table(f"Consumer side (all rows into one array per column; outputs of the last rep, warm page cache; equal arrays: {consumer_equal})", ["variant", "median s"], cons_rows)
+    print_table(f"Consumer side (one shuffled epoch, batches of {BATCH} into torch, in-process; outputs of the last rep, warm page cache; same samples: {consumer_equal}; with DataLoader workers and other loaders: epoch.sh)", ["variant", "median s"], cons_rows)
     if criterion:
         print_table("Rust microbenchmarks (criterion median, one thread; GB/s = 10^9 bytes of input per s)", ["bench", "convert GB/s", "memcpy GB/s (same bytes)", "target", "result"], crit_rows)
     print_table("Targets", ["target", "observed", "result"], [[t["target"], t.get("observed_text") or fmt(t["observed"], ".3g"), t["result"]] for t in targets])
@@ -746,7 +757,7 @@ def main():
         "constants": {"arrow_max_rows": ARROW_MAX_ROWS, "arrow_max_bytes": ARROW_MAX_BYTES, "plain_write_chunk": PLAIN_CHUNK},
         "writes": {n: {"times_s": w_times[n], "median_s": med[n], "output_bytes": out_bytes.get(n) or plain_sizes.get(n), "floor": floor.get(n), "rss": w_rss.get(n)} for n in w_times},
         "reads": {n: {"times_s": r_times[n], "median_s": rmed.get(n), "error": r_errors.get(n)} for n in r_times},
-        "consumer": {"torch_available": torch_available, "arrays_equal": consumer_equal, **{n: {"times_s": c_times[n], "median_s": cmed.get(n), "error": c_errors.get(n)} for n in c_times}},
+        "consumer": {"torch_available": torch_available, "same_samples": consumer_equal, **{n: {"times_s": c_times[n], "median_s": cmed.get(n), "error": c_errors.get(n)} for n in c_times}},
         "criterion": criterion,
         "kv_memory_probe": probe,
         "targets": targets,

@@ -79,6 +79,46 @@ def test_map_style_values_zero_copy_and_no_pad_rows(data):
     assert list(only_x[0]) == ["x"]
 
 
+def test_map_style_batch_fetch_equals_reading_each_index(data):
+    import pickle
+
+    ds = SafetensorsDataset(data)
+    cases = [
+        [29, 0, 7, 7, 12, 3, -1, 15, 16, 17],  # scattered over every shard, a repeat, a negative index
+        [6, 0, 5, 1, 4, 2, 3, 11, 7, 10, 8, 9],  # two shards, shuffled: a take per shard
+        [7, 8, 9, 10, 11],  # one contiguous run: views of the map
+        [1, 2, 3, 12, 13],  # two runs
+    ]
+    for idx in cases:
+        got = ds.__getitems__(idx)
+        want = [ds[i] for i in idx]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert list(g) == list(w)
+            for c in g:
+                assert g[c].dtype == w[c].dtype and g[c].shape == w[c].shape and torch.equal(g[c], w[c]), (idx, c)
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, N])
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([-N - 1])
+    # a DataLoader with a random sampler fetches through __getitems__: the same batches as one
+    # that reads index by index (torch skips a __getitems__ that is None)
+    class PerIndex(SafetensorsDataset):
+        __getitems__ = None
+
+    def epoch(d):
+        return list(DataLoader(d, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)))
+
+    fast, slow = epoch(ds), epoch(PerIndex(data))
+    assert sorted(torch.cat([b["y"] for b in fast]).tolist()) == list(range(N))
+    assert len(fast) == len(slow) == 4
+    for f, w in zip(fast, slow):
+        assert torch.equal(f["y"], w["y"]) and torch.equal(f["x"], w["x"]) and f["x"].dtype == torch.float32
+    # the maps of this process are not pickled (DataLoader workers under spawn get a fresh copy)
+    again = pickle.loads(pickle.dumps(ds))
+    assert again[5]["y"].item() == 5 and again.__getitems__([5, 28])[1]["y"].item() == 28
+
+
 @pytest.mark.parametrize("workers", [0, 2, 3])
 def test_unshuffled_epoch_is_manifest_order_without_pad_rows(data, workers):
     batches, ds = run(data, workers=workers, batch_size=4)

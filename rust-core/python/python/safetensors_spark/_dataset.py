@@ -332,6 +332,28 @@ class Dataset:
         k = bisect.bisect_right(self._starts, j) - 1
         return self.shards[k], j - self.shards[k].offset
 
+    def locate_many(self, indices):
+        """``(shard indices, rows)`` (int64 arrays) of samples ``indices``, checked as ``locate``."""
+        n = self.total_samples
+        try:
+            v = np.asarray(indices)
+        except Exception:  # noqa: BLE001 - a ragged or odd sequence: the per-index rule decides
+            v = None
+        if v is None or v.ndim != 1 or v.dtype.kind not in "iu":
+            pairs = [self.locate(i) for i in indices]
+            return (np.array([s.index for s, _ in pairs], dtype=np.int64),
+                    np.array([r for _, r in pairs], dtype=np.int64))
+        v = v.astype(np.int64)
+        bad = (v < -n) | (v >= n)
+        if bad.any():
+            i = v[bad][0]
+            raise IndexError(f"sample index {i} is out of range for dataset {self.path} with {n} samples")
+        v = np.where(v < 0, v + n, v)
+        # the last shard starting at or before j (never an empty one: see locate)
+        k = np.searchsorted(np.asarray(self._starts, dtype=np.int64), v, side="right") - 1
+        offsets = np.asarray([s.offset for s in self.shards], dtype=np.int64)
+        return k, v - offsets[k]
+
     def tensor_array(self, shard, tensor):
         """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
         store = self._store

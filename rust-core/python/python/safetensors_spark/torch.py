@@ -45,6 +45,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir)
         self.columns = self.dataset.check_columns(columns)
+        self._reader = None  # _BatchReader of __getitems__, made in the process that reads
 
     def __len__(self):
         return len(self.dataset)
@@ -54,6 +55,27 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         shard, row = ds.locate(i)
         sample = ds.sample(shard, row, self.columns)
         return {c: _to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
+
+    def __getitems__(self, indices):
+        """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
+        fetcher calls this with the sampler's batch instead of ``ds[i]`` per index. Batch-layout
+        rows are gathered per column in one pass (a slice or ``take`` per shard run, or a row copy
+        per sample when the rows are scattered over many shards) and handed out as views of the
+        gathered tensors, which the collate function stacks (spec/python.md §4)."""
+        ds = self.dataset
+        if ds.layout != "batch" or len(indices) == 0:
+            return [self[i] for i in indices]
+        shards, rows = ds.locate_many(indices)
+        if self._reader is None:
+            self._reader = _BatchReader(ds, self.columns, cache_shards=8)
+        batch = self._reader.batch(shards, rows)
+        views = [batch[c].unbind(0) for c in self.columns]
+        return [dict(zip(self.columns, v)) for v in zip(*views)]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_reader"] = None  # maps and arrays of this process stay here
+        return state
 
     def get(self, key):
         """KV datasets: ``{column: tensor}`` of the row with this key."""
@@ -263,10 +285,11 @@ class _BatchReader:
         a = self._full.get(key)
         if a is None:
             a = self.ds.tensor_array(shard, self.ds._header(shard)[column])
-            if not self.ds._store.is_local:
-                if len(self._full) >= self.cache_shards * len(self.columns):
-                    self._full.pop(next(iter(self._full)))
-                self._full[key] = a
+            # local: a view of the process's map of the shard, kept (costs no memory of its own);
+            # remote: a fresh read, kept for the last `cache_shards` shards
+            if not self.ds._store.is_local and len(self._full) >= self.cache_shards * len(self.columns):
+                self._full.pop(next(iter(self._full)))
+            self._full[key] = a
         return a
 
     def _torch(self, arrays):
@@ -291,26 +314,65 @@ class _BatchReader:
         n = len(rows)
         cut = np.flatnonzero((np.diff(shards) != 0) | (np.diff(rows) != 1)) + 1
         bounds = [0, *cut.tolist(), n]
-        if len(bounds) - 1 <= 4:  # a few contiguous runs: slices (one run: a zero-copy view)
+        shared = torch.utils.data.get_worker_info() is not None
+        if len(bounds) - 1 <= 4:  # a few contiguous runs: slices
             runs = []
             for a, b in zip(bounds[:-1], bounds[1:]):
                 shard = ds.shards[int(shards[a])]
                 r0 = int(rows[a])
-                runs.append({c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns})
-            if len(runs) == 1:
-                return self._torch(runs[0])
-            return self._torch({c: np.concatenate([r[c] for r in runs]) for c in self.columns})
-        out = {}
+                runs.append((a, b, {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns}))
+            if len(runs) == 1 and not shared:
+                return self._torch(runs[0][2])  # one run, in this process: a zero-copy view of the map
+            arrays, tensors = self._alloc(n, runs[0][2], shared)
+            for a, b, run in runs:
+                for c in self.columns:
+                    arrays[c][a:b] = run[c]
+            return tensors
+        uniq = np.unique(shards).tolist()
+        if len(uniq) * 4 > n:
+            # scattered over many shards (a random sampler over the whole dataset): one row copy
+            # per sample and column beats a mask and a take per shard
+            cols = {c: {s: self._column(ds.shards[s], c) for s in uniq} for c in self.columns}
+            arrays, tensors = self._alloc(n, {c: cols[c][uniq[0]] for c in self.columns}, shared)
+            where = list(zip(shards.tolist(), rows.tolist()))
+            for c in self.columns:
+                buf, src = arrays[c], cols[c]
+                for k, (s, r) in enumerate(where):
+                    buf[k] = src[s][r]
+            return tensors
+        first = {c: self._column(ds.shards[uniq[0]], c) for c in self.columns}
+        arrays, tensors = self._alloc(n, first, shared)
+        for s in uniq:
+            m = shards == s
+            for c in self.columns:
+                arrays[c][m] = self._column(ds.shards[s], c).take(rows[m], axis=0)
+        return tensors
+
+    def _alloc(self, n, like, shared):
+        """Output buffers for a batch of ``n`` rows shaped like the arrays ``like`` (column →
+        rows): ``(column → numpy array to fill, column → tensor of the same memory)``.
+
+        In a DataLoader worker all columns share one block of shared memory (what torch's own
+        collate does for its stacked batches): sending the batch to the training process then
+        passes one handle instead of copying every tensor into shared memory of its own."""
+        specs, total = [], 0
         for c in self.columns:
-            buf = None
-            for s in np.unique(shards).tolist():
-                m = shards == s
-                part = self._column(ds.shards[s], c).take(rows[m], axis=0)
-                if buf is None:
-                    buf = np.empty((n, *part.shape[1:]), dtype=part.dtype)
-                buf[m] = part
-            out[c] = buf
-        return self._torch(out)
+            a = like[c]
+            shape = (n, *a.shape[1:])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * a.dtype.itemsize
+            specs.append((c, a.dtype, shape, total, nbytes))
+            total += -(-nbytes // 64) * 64  # each column 64-byte aligned
+        if not shared:
+            arrays = {c: np.empty(shape, dtype=dt) for c, dt, shape, _, _ in specs}
+            return arrays, self._torch(arrays)
+        block = torch.empty(0, dtype=torch.uint8)
+        block = block.new(block._typed_storage()._new_shared(max(total, 1)))
+        arrays, tensors = {}, {}
+        for c, dt, shape, off, nbytes in specs:
+            t = self._torch({c: np.empty((0,), dtype=dt)})[c]  # the column's torch dtype
+            tensors[c] = block[off: off + nbytes].view(t.dtype).view(shape)
+            arrays[c] = tensors[c].view(torch.uint8).numpy().view(dt).reshape(shape) if nbytes else np.empty(shape, dt)
+        return arrays, tensors
 
 
 class _CountingLoader(torch.utils.data.DataLoader):

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Spark DataFrame → one shuffled PyTorch epoch, ours against Petastorm, MosaicML Streaming,
+# HF datasets and Spark Parquet + pyarrow (jvm-connector/bench/epoch.py; spec/performance.md §10).
+#
+#   bash jvm-connector/bench/epoch.sh [--rows N] [--reps R] [--paths ours,parquet,...] [--out F.json]
+#
+# Defaults: 1,000,000 rows (4,104 bytes each), 3 repetitions, every path, epoch-results.json.
+# The project's venv (tests/setup-env.sh) runs ours and Parquet. The other loaders conflict with
+# it or with each other (petastorm needs pyarrow < 16 hence numpy < 2; Streaming pins numpy
+# < 2.2 and huggingface_hub < 1; datasets needs huggingface_hub 2), so each gets its own venv,
+# made here, under jvm-connector/bench/.venv/<name> (ignored by git): an overlay whose own
+# packages (jvm-connector/bench/loaders/<name>.txt, pinned) come first and whose base is the
+# project's venv (torch and pyspark are not installed twice). A venv that cannot be made is
+# reported by the benchmark with pip's reason; nothing of this touches the test venv.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../../tests/setup-env.sh"
+if ! ls "$ROOT"/jvm-connector/target/safetensors-spark-*.jar >/dev/null 2>&1; then
+  echo "== building the connector jar (cargo + maven)" >&2
+  (cd "$ROOT" && mvn -B -q -f jvm-connector/pom.xml package -DskipTests)
+fi
+base_site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$HERE/.venv"
+for name in petastorm streaming hf; do
+  dir=$HERE/.venv/$name
+  req=$HERE/loaders/$name.txt
+  want=$( (echo "$base_site"; sha256sum "$req") | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$dir/.stamp" 2>/dev/null)" = "$want" ]; then continue; fi
+  echo "== making the $name venv ($dir)" >&2
+  rm -rf "$dir" "$HERE/.venv/$name.unavailable"
+  "$PYTHON" -m venv --without-pip "$dir" 2>/dev/null || python3 -m venv --without-pip "$dir"
+  site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base_site" > "$site/zz_project_venv.pth"   # after the overlay's own site-packages
+  if ! "$dir/bin/python" -m pip install -q --disable-pip-version-check -r "$req" > "$dir.pip.log" 2>&1; then
+    { echo "pip could not install $req:"; grep -E 'ERROR|error' "$dir.pip.log" | tail -3; } > "$HERE/.venv/$name.unavailable"
+    cat "$HERE/.venv/$name.unavailable" >&2
+    continue
+  fi
+  echo "$want" > "$dir/.stamp"
+done
+exec "$PYTHON" "$HERE/epoch.py" run "$@"
