@@ -257,6 +257,109 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
     }
 }
 
+/// One sorted run of [`merge_key_runs`]: a shard's index part (spec/dataset.md §6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRunInput {
+    /// The shard the part describes.
+    pub file: String,
+    /// The part, a local file.
+    pub part: PathBuf,
+    /// A shard the dataset already lists (loses to every shard of this write).
+    pub existing: bool,
+    /// Among this write's shards, the higher rank wins (`(partition << 32) | shard`).
+    pub rank: u64,
+}
+
+/// KV keys across shards, by a streaming merge of their index parts (each sorted by
+/// `tensor_key`): memory is one record batch per run plus the keys that lose, never the keys
+/// that are only stored once. Equal tensor names in two runs are either the same key
+/// (`duplicatesStrategy`: `fail` is an error naming the key and both shards — [`KeyInDataset`]
+/// when one is an existing shard, else [`DuplicateKey`]; `lastWin` keeps the copy of the new
+/// shard, then of the highest rank, and the others lose the key) or two keys whose names
+/// collide ([`TensorNameCollision`], whatever the strategy). Returns, per losing shard, the
+/// keys it loses.
+///
+/// [`KeyInDataset`]: CommitError::KeyInDataset
+/// [`DuplicateKey`]: CommitError::DuplicateKey
+/// [`TensorNameCollision`]: CommitError::TensorNameCollision
+pub fn merge_key_runs(
+    inputs: &[KeyRunInput],
+    duplicates: DuplicatesStrategy,
+) -> Result<BTreeMap<String, BTreeSet<String>>, CommitError> {
+    use crate::dataset::index::KeyRun;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let index_err = |file: &str, e: crate::dataset::index::IndexError| CommitError::Rewrite {
+        file: file.to_string(),
+        problem: format!("index part: {e}"),
+    };
+    let mut runs = Vec::with_capacity(inputs.len());
+    for i in inputs {
+        runs.push(KeyRun::open(&i.part).map_err(|e| index_err(&i.file, e))?);
+    }
+    // (name, run) of every run's current row; the smallest name first.
+    let mut heap: BinaryHeap<Reverse<(Vec<u8>, usize)>> = BinaryHeap::new();
+    for (i, r) in runs.iter().enumerate() {
+        if let Some((name, _)) = r.current() {
+            heap.push(Reverse((name.as_bytes().to_vec(), i)));
+        }
+    }
+    let mut losers: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut group: Vec<usize> = Vec::new();
+    while let Some(Reverse((name, first))) = heap.pop() {
+        group.clear();
+        group.push(first);
+        while heap.peek().is_some_and(|Reverse((n, _))| *n == name) {
+            if let Some(Reverse((_, i))) = heap.pop() {
+                group.push(i);
+            }
+        }
+        if group.len() > 1 {
+            // the winner first: a new shard before an existing one, then the highest rank
+            group.sort_by_key(|&i| Reverse((!inputs[i].existing, inputs[i].rank)));
+            let key_of = |i: usize| runs[i].current().and_then(|(_, k)| k).map(str::to_string);
+            let win = group[0];
+            let win_key = key_of(win);
+            for &lose in &group[1..] {
+                let lose_key = key_of(lose);
+                let (a, b) = (&inputs[lose].file, &inputs[win].file);
+                let Some(key) = lose_key.filter(|k| Some(k) == win_key.as_ref()) else {
+                    return Err(CommitError::TensorNameCollision {
+                        name: String::from_utf8_lossy(&name).into_owned(),
+                        first_file: a.clone(),
+                        second_file: b.clone(),
+                    });
+                };
+                if duplicates == DuplicatesStrategy::Fail {
+                    return Err(if inputs[lose].existing {
+                        CommitError::KeyInDataset {
+                            key,
+                            existing_file: a.clone(),
+                            new_file: b.clone(),
+                        }
+                    } else {
+                        CommitError::DuplicateKey {
+                            key,
+                            first_file: a.clone(),
+                            second_file: b.clone(),
+                        }
+                    });
+                }
+                losers.entry(a.clone()).or_default().insert(key);
+            }
+        }
+        for &i in &group {
+            runs[i]
+                .advance()
+                .map_err(|e| index_err(&inputs[i].file, e))?;
+            if let Some((n, _)) = runs[i].current() {
+                heap.push(Reverse((n.as_bytes().to_vec(), i)));
+            }
+        }
+    }
+    Ok(losers)
+}
+
 /// Tensors to remove from one shard of this write (`duplicatesStrategy=lastWin`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardRewrite {
