@@ -254,6 +254,7 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
         padded_samples: count(PADDED_SAMPLES_METADATA_KEY),
         bytes: header.file_len(),
         tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
+        num_tensors: None,
     }
 }
 
@@ -358,6 +359,93 @@ pub fn merge_key_runs(
         }
     }
     Ok(losers)
+}
+
+/// What [`rewrite_shard_without_keys`] did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeysRewritten {
+    /// Every key of the shard went: nothing was written, the shard is to be dropped.
+    pub delete: bool,
+    pub bytes: u64,
+    pub samples: u64,
+    pub num_tensors: u64,
+}
+
+/// `duplicatesStrategy=lastWin` after [`merge_key_runs`]: copies the KV shard `input` (named
+/// `file`) to `output` without the tensors of `keys` (split as [`split_kv_name`]), with
+/// `safetensors_spark.samples` lowered by the keys it held, and writes the index part of the
+/// copy at `part` (named as `output_file`). Nothing is written when no key is left. Memory: one
+/// shard's header.
+pub fn rewrite_shard_without_keys(
+    plan: &WritePlan,
+    input: &Path,
+    output: &Path,
+    output_file: &str,
+    part: Option<&Path>,
+    keys: &HashSet<String>,
+) -> Result<KeysRewritten, CommitError> {
+    let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
+        return Err(CommitError::Rewrite {
+            file: output_file.to_string(),
+            problem: "keys are dropped in KV mode only".to_string(),
+        });
+    };
+    let header = SafetensorsFile::open(input)?.header().clone();
+    let mut drop = HashSet::new();
+    let mut dropped_keys = HashSet::new();
+    for t in &header.tensors {
+        if let Some((key, _)) = split_kv_name(&t.name, kv_separator, plan) {
+            if keys.contains(key) {
+                drop.insert(t.name.clone());
+                dropped_keys.insert(key.to_string());
+            }
+        }
+    }
+    let samples: u64 = header
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get(SAMPLES_METADATA_KEY))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let samples = samples.saturating_sub(dropped_keys.len() as u64);
+    if drop.len() == header.tensors.len() {
+        return Ok(KeysRewritten {
+            delete: true,
+            bytes: 0,
+            samples: 0,
+            num_tensors: 0,
+        });
+    }
+    let done = rewrite_shard_without(input, output, &drop, samples)?;
+    let num_tensors = done.tensors.len() as u64;
+    if let Some(part) = part {
+        let copy = SafetensorsFile::open(output)?;
+        write_shard_index_part(plan, output_file, copy.header(), part)?;
+    }
+    Ok(KeysRewritten {
+        delete: false,
+        bytes: done.bytes,
+        samples,
+        num_tensors,
+    })
+}
+
+/// Writes the index part (spec/dataset.md §6.1) of the shard `file` with the validated header
+/// `header` at `part`: for a shard written before parts existed, or a rewritten copy. Memory: one
+/// shard's rows.
+pub fn write_shard_index_part(
+    plan: &WritePlan,
+    file: &str,
+    header: &Header,
+    part: &Path,
+) -> Result<u64, CommitError> {
+    let report = shard_report_from_header(file, header, plan);
+    crate::dataset::index::write_index_part(part, index_rows(&report)).map_err(|e| {
+        CommitError::Rewrite {
+            file: file.to_string(),
+            problem: format!("index part: {e}"),
+        }
+    })
 }
 
 /// Tensors to remove from one shard of this write (`duplicatesStrategy=lastWin`).
@@ -618,7 +706,7 @@ pub fn commit_manifest(
             bytes: s.bytes,
             partition: Some(s.partition),
             padded_samples: Some(s.padded_samples),
-            num_tensors: Some(s.tensors.len() as u64),
+            num_tensors: Some(s.tensor_count()),
         })
         .collect();
     manifest.recompute_totals();
@@ -700,7 +788,7 @@ fn check_report(
         if !seen.insert(s.shard) {
             return Err(bad_report(p, format!("shard {} is reported twice", s.file)));
         }
-        if s.samples == 0 || s.tensors.is_empty() {
+        if s.samples == 0 || s.tensor_count() == 0 {
             return Err(bad_report(p, format!("shard {} is empty", s.file)));
         }
         if s.padded_samples != 0 && tail != Some(TailStrategy::Pad) {
@@ -797,7 +885,8 @@ fn dedup_keys(
             delete,
         });
     }
-    shards.retain(|s| !s.tensors.is_empty());
+    // a shard reported with its tensor count only (KV, keys merged from index parts) never loses any here
+    shards.retain(|s| !s.tensors.is_empty() || s.num_tensors.is_some());
     Ok(rewrites)
 }
 

@@ -27,6 +27,7 @@ fn shard(file: &str, tensors: Vec<TensorReport>) -> ShardReport {
         padded_samples: 0,
         bytes: 0,
         tensors,
+        num_tensors: None,
     }
 }
 

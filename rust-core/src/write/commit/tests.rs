@@ -84,6 +84,7 @@ fn batch_shard(plan: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64
                 column: None,
             },
         ],
+        num_tensors: None,
     }
 }
 
@@ -124,6 +125,7 @@ fn kv_shard(plan: &WritePlan, partition: u32, shard: u32, keys: &[&str]) -> Shar
         padded_samples: 0,
         bytes: 1000,
         tensors,
+        num_tensors: None,
     }
 }
 
