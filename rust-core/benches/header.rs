@@ -1,5 +1,6 @@
 //! Header parse + validate (`header::parse_header`: JSON, every rule of format.md §3, the layout
-//! check against the file length) for headers of 10 and 100,000 tensors, as written by our own
+//! check against the file length) for headers of 10 and 100,000 tensors (tensors/s), and of
+//! 100,000 and 1,000,000 tensors (bytes/s), as written by our own
 //! serialiser (`plan_layout`). `parse_file_bytes` on the whole file is checked once per size.
 //!
 //! `cargo bench -p safetensors-spark-core --bench header`; results in `target/criterion/header_parse/`.
@@ -45,6 +46,20 @@ fn headers(c: &mut Criterion) {
         let json = &file[8..8 + header.header_len as usize];
         let file_len = file.len() as u64;
         group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
+            b.iter(|| parse_header(black_box(json), file_len).unwrap())
+        });
+    }
+    group.finish();
+    // Bytes per second of large KV headers (spec/performance.md: ≥ 200 MB/s).
+    let mut group = c.benchmark_group("header_parse_bytes");
+    group.sample_size(10);
+    for n in [100_000usize, 1_000_000] {
+        let file = file_with(n);
+        let header = parse_file_bytes(&file).unwrap();
+        let json = &file[8..8 + header.header_len as usize];
+        let file_len = file.len() as u64;
+        group.throughput(Throughput::Bytes(json.len() as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
             b.iter(|| parse_header(black_box(json), file_len).unwrap())
         });

@@ -88,8 +88,10 @@ def write_kv_dataset(path, shard_keys, *, published_only=False, separator="__", 
 
 
 def write_index(path):
-    """``_tensor_index.parquet`` (one file) from the shards' headers, as the engine writes it."""
+    """``_tensor_index.parquet/<shard stem>.parquet``: one part per shard, from its header, rows
+    sorted by tensor_key (spec/dataset.md §6.1), as the engine writes it. Returns all rows."""
     import pyarrow as pa
+    import pyarrow.compute  # noqa: F401 (pa.compute)
     import pyarrow.parquet as pq
 
     manifest = read_manifest(path)
@@ -113,7 +115,11 @@ def write_index(path):
             rows["sample_key"].append(key)
             rows["column"].append(column)
     table = pa.table({**rows, "shape": pa.array(rows["shape"], pa.list_(pa.int64()))})
-    pq.write_table(table, os.path.join(path, "_tensor_index.parquet"))
+    os.makedirs(os.path.join(path, "_tensor_index.parquet"), exist_ok=True)
+    for s in manifest["shards"]:
+        part = table.filter(pa.compute.equal(table["file_name"], s["shard_path"])).sort_by("tensor_key")
+        stem = s["shard_path"][: -len(".safetensors")]
+        pq.write_table(part, os.path.join(path, "_tensor_index.parquet", stem + ".parquet"))
     return table
 
 

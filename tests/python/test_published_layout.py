@@ -137,6 +137,7 @@ def test_index_is_read_by_duckdb_and_polars(indexed):
     assert set(got) == expected_rows(indexed) and len(got) == len(expected_rows(indexed))
     df = pl.read_parquet(parts)
     assert set(zip(df["tensor_key"].to_list(), df["file_name"].to_list())) == expected_rows(indexed)
-    # the index part of the manifest's version, and only that one
-    version = json.loads((indexed / "dataset_manifest.json").read_text())["manifest_version"]
-    assert [p.name for p in (indexed / "_tensor_index.parquet").iterdir()] == [f"part-{version:020d}.parquet"]
+    # one part per listed shard, named after it (spec/dataset.md §6.1), and nothing else
+    shards = [s["shard_path"] for s in json.loads((indexed / "dataset_manifest.json").read_text())["shards"]]
+    assert sorted(p.name for p in (indexed / "_tensor_index.parquet").iterdir()) == \
+        sorted(s[: -len(".safetensors")] + ".parquet" for s in shards)

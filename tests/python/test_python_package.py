@@ -154,32 +154,36 @@ def test_kv_get_through_the_index_reads_no_shard_header(tmp_path):
     with pytest.raises(KeyNotFoundError, match="key 'zz' not found"):
         ds.get("zz")
     assert all(s.tensors is None for s in ds.shards)
-    # a directory of parts (spec/dataset.md §6): only the part of the manifest's version is read
-    os.rename(f"{path}/_tensor_index.parquet", f"{path}/part-0.parquet")
-    os.mkdir(f"{path}/_tensor_index.parquet")
-    os.rename(f"{path}/part-0.parquet", f"{path}/_tensor_index.parquet/part-00000000000000000001.parquet")
+    # one part per listed shard (spec/dataset.md §6.1): other files in the directory are not read
     with open(f"{path}/_tensor_index.parquet/part-00000000000000000000.parquet", "wb") as f:
-        f.write(b"an older part that must not be read")
+        f.write(b"a part of the earlier layout that must not be read")
     ds = open_dataset(path, check_headers=False)
     assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
     assert all(s.tensors is None for s in ds.shards)
-    # no part of this version: the headers answer
-    handmade.write_manifest(path, {**handmade.read_manifest(path), "manifest_version": 2})
+    # a shard without its part is not covered: its header answers for its keys
+    m = handmade.read_manifest(path)
+    second = m["shards"][1]["shard_path"]
+    os.remove(f"{path}/_tensor_index.parquet/{second[:-len('.safetensors')]}.parquet")
     ds = open_dataset(path, check_headers=False)
-    assert ds.get("b")["emb"].tolist() == values["b"]["emb"].tolist()
-    assert any(s.tensors is not None for s in ds.shards)
+    assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
+    assert all(s.tensors is None for s in ds.shards)
+    assert ds.get("e")["emb"].tolist() == values["e"]["emb"].tolist()
+    assert [s.tensors is not None for s in ds.shards] == [False, True]
 
 
-def test_an_index_naming_an_unlisted_shard_is_an_error(tmp_path):
+def test_an_index_part_with_rows_of_another_shard_is_an_error(tmp_path):
+    import pyarrow.parquet as pq
+
     path = str(tmp_path / "kv")
     handmade.write_kv_dataset(path, [["a"], ["b"]])
     handmade.write_index(path)
     m = handmade.read_manifest(path)
-    dropped = m["shards"].pop()
-    m.update(total_samples=1, total_bytes=m["shards"][0]["bytes"])
-    handmade.write_manifest(path, m)
-    with pytest.raises(safetensors_spark.IndexFileError, match=f"names shard {dropped['shard_path']}, which "
-                                                               "dataset_manifest.json does not list"):
+    first, second = (s["shard_path"][: -len(".safetensors")] for s in m["shards"])
+    # the second shard's part replaced by the first's (rows naming the first shard)
+    os.replace(f"{path}/_tensor_index.parquet/{first}.parquet", f"{path}/_tensor_index.parquet/{second}.parquet")
+    assert pq.read_table(f"{path}/_tensor_index.parquet/{second}.parquet").num_rows > 0
+    with pytest.raises(safetensors_spark.IndexFileError,
+                       match=f"the index part of {second}.safetensors has a row for tensor 'a__.*' of shard {first}"):
         open_dataset(path).get("a")
 
 

@@ -84,6 +84,13 @@ fn check_shard_path(name: &str) -> PyResult<()> {
     dataset::check_shard_path(name).map_err(|e| ManifestError::new_err(e.to_string()))
 }
 
+/// The index part's file name of a shard (spec/dataset.md §6.1).
+#[pyfunction]
+fn index_part_name(shard: &str) -> PyResult<String> {
+    dataset::names::shard_index_part_file_name(shard)
+        .ok_or_else(|| ManifestError::new_err(format!("'{shard}' is not a shard file name")))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", m.py().get_type::<FormatError>())?;
@@ -93,6 +100,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_header, m)?)?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
+    m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
     Ok(())
 }

@@ -47,6 +47,14 @@ pub fn parse_index_part_file_name(name: &str) -> Option<u64> {
         .flatten()
 }
 
+/// File name of the index part of shard `shard` in [`INDEX_DIR_NAME`] (spec/dataset.md §6.1): the
+/// shard's name with `.parquet` for `.safetensors`; `None` for a name that does not pass
+/// [`check_shard_path`].
+pub fn shard_index_part_file_name(shard: &str) -> Option<String> {
+    check_shard_path(shard).ok()?;
+    Some(format!("{}.parquet", shard.strip_suffix(".safetensors")?))
+}
+
 /// Parses the file name `part-{partition}-{shard}-{uuid}.safetensors` this connector writes;
 /// `None` when it is not one (the uuid must be lowercase and hyphenated).
 pub fn parse_shard_file_name(name: &str) -> Option<(u32, u32, &str)> {

@@ -73,6 +73,42 @@ pub fn index_entries_json(
     to_json(&summary)
 }
 
+/// `indexPartLookup`: one step of a key lookup in the index part of `shard` (spec/dataset.md
+/// §6.1): `ranges_json` (`[[start, length], ...]`) says where the bytes of `data` (concatenated)
+/// lie in the part of `file_len` bytes. Answers `{"need": [[start, length], ...]}` (fetch those
+/// too and ask again) or `{"summary": IndexSummary}`.
+pub fn index_part_lookup_json(
+    dir: &str,
+    shard: &str,
+    file_len: u64,
+    ranges_json: &str,
+    data: Vec<u8>,
+    predicates: &str,
+) -> Result<String, JniError> {
+    let predicates: Vec<Predicate> = parse_json(predicates, "predicates")?;
+    let ranges: Vec<(u64, u64)> = parse_json(ranges_json, "byte ranges")?;
+    let data = bytes::Bytes::from(data);
+    let mut file = crate::dataset::index::SparseFile::new(file_len);
+    let mut at = 0usize;
+    for (start, len) in ranges {
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| at.checked_add(l))
+            .filter(|&e| e <= data.len())
+            .ok_or_else(|| JniError::invalid_argument("byte ranges exceed the data given"))?;
+        file.add(start, data.slice(at..end));
+        at = end;
+    }
+    let answer = scan::index_part_summary(dir, shard, &file, &predicates).map_err(read_failed)?;
+    to_json(&answer)
+}
+
+/// `indexPartName`: the index part's file name of shard `shard` (spec/dataset.md §6.1).
+pub fn index_part_name(shard: &str) -> Result<String, JniError> {
+    crate::dataset::names::shard_index_part_file_name(shard)
+        .ok_or_else(|| JniError::invalid_argument(format!("'{shard}' is not a shard file name")))
+}
+
 /// The native state behind a `NativeReader` handle.
 pub struct ReaderHandle {
     task: ReadTask,
@@ -224,6 +260,46 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_indexEntries<'
         let predicates = arg(env, &predicates, "predicatesJson")?;
         let answer = index_entries_json(&dir, parquet, &predicates)?;
         Ok(env.new_string(answer)?)
+    })
+}
+
+/// `static native String indexPartLookup(String dir, String shard, long fileLength,
+/// String rangesJson, byte[] data, String predicatesJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_indexPartLookup<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    dir: JString<'local>,
+    shard: JString<'local>,
+    file_len: jlong,
+    ranges: JString<'local>,
+    data: JByteArray<'local>,
+    predicates: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let dir = arg(env, &dir, "dir")?;
+        let shard = arg(env, &shard, "shard")?;
+        let ranges = arg(env, &ranges, "rangesJson")?;
+        let data = bytes_arg(env, &data, "data")?;
+        let predicates = arg(env, &predicates, "predicatesJson")?;
+        let file_len = u64::try_from(file_len)
+            .map_err(|_| JniError::invalid_argument(format!("{shard}: negative file length")))?;
+        let answer = index_part_lookup_json(&dir, &shard, file_len, &ranges, data, &predicates)?;
+        Ok(env.new_string(answer)?)
+    })
+}
+
+/// `static native String indexPartName(String shard)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_indexPartName<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    shard: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let shard = arg(env, &shard, "shard")?;
+        let name = index_part_name(&shard)?;
+        Ok(env.new_string(name)?)
     })
 }
 

@@ -17,7 +17,7 @@ use serde_json::json;
 use super::{
     arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
 };
-use crate::write::{ShardReport, TaskReport, TensorReport, WritePlan};
+use crate::write::{ShardReport, TaskReport, TensorReport, WriteLayout, WritePlan};
 
 use crate::dataset::index::{read_index, write_index, IndexRow};
 use crate::dataset::manifest::{
@@ -26,8 +26,8 @@ use crate::dataset::manifest::{
 use crate::dataset::names::MANIFEST_FILE_NAME;
 use crate::dataset::DatasetError;
 use crate::write::commit::{
-    check_keys_against_dataset, commit_manifest, index_rows, rewrite_shard_without,
-    shard_report_from_header,
+    check_keys_against_dataset, commit_manifest, index_rows, merge_key_runs, rewrite_shard_without,
+    rewrite_shard_without_keys, shard_report_from_header, write_shard_index_part, KeyRunInput,
 };
 use crate::write::plan::{check_append, plan_write};
 use crate::write::task::{import_batch, TaskWriter};
@@ -154,11 +154,18 @@ pub unsafe fn finish_json(handle: jlong) -> Result<String, JniError> {
     #[derive(serde::Serialize)]
     struct Finished<'a> {
         sealed: Vec<SealedFile<'a>>,
+        /// `{"shard", "file" (the part's name), "local_path"}` per index part.
+        index_parts: Vec<serde_json::Value>,
         report_file: SealedFile<'a>,
     }
     let report_path = done.report_path.to_string_lossy();
     to_json(&Finished {
         sealed: sealed_files(&done.sealed),
+        index_parts: done
+            .index_parts
+            .iter()
+            .map(|(shard, file, p)| json!({"shard": shard, "file": file, "local_path": p.to_string_lossy()}))
+            .collect(),
         report_file: SealedFile {
             file: &done.report_file,
             local_path: &report_path,
@@ -329,7 +336,167 @@ pub fn write_index_json(
     Ok(())
 }
 
+/// One run of `mergeKeys`: a shard and its index part (a local file).
+#[derive(serde::Deserialize)]
+struct RunRequest {
+    file: String,
+    part: String,
+    #[serde(default)]
+    existing: bool,
+    #[serde(default)]
+    partition: u32,
+    #[serde(default)]
+    shard: u32,
+}
+
+/// `mergeKeys`: KV keys across the shards of `runs_json` (`[{"file", "part", "existing",
+/// "partition", "shard"}]`), merged from their sorted index parts (spec/dataset.md §3, §6.1).
+/// With `fail` a key twice is a `SafetensorsException` naming it and both shards (as is a tensor
+/// name collision, whatever the strategy). With `lastWin` returns the shards that lose keys,
+/// `[{"file", "keys", "count"}]`, each loser's keys written as a JSON array to the file `keys`
+/// in `work_dir` (they are never in JVM memory).
+pub fn merge_keys_json(
+    plan_json: &str,
+    runs_json: &str,
+    work_dir: &str,
+) -> Result<String, JniError> {
+    let plan = parse_plan(plan_json)?;
+    let WriteLayout::Kv { duplicates, .. } = &plan.layout else {
+        return to_json(&Vec::<()>::new());
+    };
+    let runs: Vec<RunRequest> = parse_json(runs_json, "key runs")?;
+    let inputs: Vec<KeyRunInput> = runs
+        .into_iter()
+        .map(|r| KeyRunInput {
+            file: r.file,
+            part: PathBuf::from(r.part),
+            existing: r.existing,
+            rank: (u64::from(r.partition) << 32) | u64::from(r.shard),
+        })
+        .collect();
+    let losers = merge_key_runs(&inputs, *duplicates).map_err(failed)?;
+    let mut out = Vec::with_capacity(losers.len());
+    for (i, (file, keys)) in losers.into_iter().enumerate() {
+        let path = Path::new(work_dir).join(format!("lost-keys-{i}.json"));
+        let text = serde_json::to_vec(&keys).map_err(failed)?;
+        std::fs::write(&path, text).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        out.push(json!({"file": file, "keys": path.to_string_lossy(), "count": keys.len()}));
+    }
+    to_json(&out)
+}
+
+/// `rewriteShardKeys`: [`rewrite_shard_without_keys`] with the keys of a `mergeKeys` answer
+/// (`keys_path`); the new index part goes to `part_path` (null: none). Returns
+/// `{"delete", "bytes", "samples", "num_tensors"}`.
+pub fn rewrite_shard_keys_json(
+    plan_json: &str,
+    input: &str,
+    output: &str,
+    output_file: &str,
+    part: Option<&str>,
+    keys_path: &str,
+) -> Result<String, JniError> {
+    let plan = parse_plan(plan_json)?;
+    let text = std::fs::read(keys_path).map_err(|e| failed(format!("{keys_path}: {e}")))?;
+    let keys: HashSet<String> =
+        serde_json::from_slice(&text).map_err(|e| failed(format!("{keys_path}: {e}")))?;
+    let done = rewrite_shard_without_keys(
+        &plan,
+        Path::new(input),
+        Path::new(output),
+        output_file,
+        part.map(Path::new),
+        &keys,
+    )
+    .map_err(failed)?;
+    to_json(&done)
+}
+
+/// `indexPartFromHeader`: writes the index part of the dataset's shard `file` (its header text
+/// and file length) at `part_path`. Returns the row count.
+pub fn index_part_from_header_json(
+    plan_json: &str,
+    file: &str,
+    header_json: &str,
+    file_len: u64,
+    part: &str,
+) -> Result<u64, JniError> {
+    let plan = parse_plan(plan_json)?;
+    let header = crate::header::parse_header(header_json.as_bytes(), file_len)
+        .map_err(|e| failed(format!("{file}: {e}")))?;
+    write_shard_index_part(&plan, file, &header, Path::new(part)).map_err(failed)
+}
+
 // ---- exports ---------------------------------------------------------------------------------
+
+/// `static native String mergeKeys(String planJson, String runsJson, String workDir)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_mergeKeys<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    runs: JString<'local>,
+    work_dir: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let runs = arg(env, &runs, "runsJson")?;
+        let work_dir = arg(env, &work_dir, "workDir")?;
+        let json = merge_keys_json(&plan, &runs, &work_dir)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native String rewriteShardKeys(String planJson, String inputPath, String outputPath,
+/// String outputFileName, String partPathOrNull, String keysPath)`
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_rewriteShardKeys<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    input: JString<'local>,
+    output: JString<'local>,
+    output_file: JString<'local>,
+    part: JString<'local>,
+    keys: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let input = arg(env, &input, "inputPath")?;
+        let output = arg(env, &output, "outputPath")?;
+        let output_file = arg(env, &output_file, "outputFileName")?;
+        let part = opt_arg(env, &part)?;
+        let keys = arg(env, &keys, "keysPath")?;
+        let json =
+            rewrite_shard_keys_json(&plan, &input, &output, &output_file, part.as_deref(), &keys)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native long indexPartFromHeader(String planJson, String fileName, String headerJson,
+/// long fileLength, String partPath)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_indexPartFromHeader<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    plan: JString<'local>,
+    file: JString<'local>,
+    header_json: JString<'local>,
+    file_len: jlong,
+    part: JString<'local>,
+) -> jlong {
+    guard(&mut env, |env| {
+        let plan = arg(env, &plan, "planJson")?;
+        let file = arg(env, &file, "fileName")?;
+        let header_json = arg(env, &header_json, "headerJson")?;
+        let part = arg(env, &part, "partPath")?;
+        let file_len = u64::try_from(file_len)
+            .map_err(|_| JniError::invalid_argument(format!("{file}: negative file length")))?;
+        let n = index_part_from_header_json(&plan, &file, &header_json, file_len, &part)?;
+        Ok(n as jlong)
+    })
+}
 
 /// `static native String planWrite(String sparkSchemaJson, String optionsJson, boolean caseSensitive)`
 #[no_mangle]

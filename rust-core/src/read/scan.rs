@@ -52,7 +52,7 @@ use super::layout::{
     batch_samples, metadata_type, sample_target_type, FileColumn, SampleTarget, TensorColumn,
     TensorField, LAYOUT_KEY,
 };
-use crate::dataset::index::read_index_from;
+use crate::dataset::index::{lookup_sparse, read_index_from, KeyFilter, SparseFile, SparseLookup};
 use crate::dataset::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME};
 use crate::dataset::{parse_manifest, LayoutKind, Manifest};
 use crate::dtype::Dtype;
@@ -1516,6 +1516,82 @@ pub fn index_summary<R: ChunkReader + 'static>(
             })
             .collect(),
         error: None,
+    })
+}
+
+/// The answer of [`index_part_summary`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartAnswer {
+    /// Fetch these `[start, length]` byte ranges of the part too and ask again.
+    Need(Vec<(u64, u64)>),
+    /// The part's summary: its shard's row count and the rows the predicates keep.
+    Summary(IndexSummary),
+}
+
+/// A key lookup in the index part of shard `shard` of the dataset directory `dir`
+/// (spec/dataset.md §6.1) of which the JVM fetched some byte ranges (`file`): asks for the
+/// footer, then for the row groups whose `tensor_key` statistics can hold a key the `key`
+/// predicates want (all of them without a `key` predicate), then summarises those rows like
+/// [`index_summary`]. Every row must name `shard`.
+pub fn index_part_summary(
+    dir: &str,
+    shard: &str,
+    file: &SparseFile,
+    predicates: &[Predicate],
+) -> Result<PartAnswer, ReadError> {
+    let f = filters(Layout::Tensor, predicates)?;
+    let name = format!("{dir}/{INDEX_DIR_NAME}/{shard}");
+    let bad = |e: String| ReadErrorKind::Index(e).in_scan();
+    // the key tests all hold (AND): any one of them bounds the row groups; an exact one best
+    let key_test = f
+        .key
+        .iter()
+        .find(|t| matches!(t, PredicateTest::In(_)))
+        .or_else(|| f.key.first());
+    let filter = match key_test {
+        Some(PredicateTest::In(v)) => KeyFilter {
+            exact: v.iter().map(String::as_str).collect(),
+            prefixes: Vec::new(),
+        },
+        Some(PredicateTest::Prefix(v)) => KeyFilter {
+            exact: Vec::new(),
+            prefixes: v.iter().map(String::as_str).collect(),
+        },
+        None => KeyFilter::default(),
+    };
+    let mut other_file = None;
+    let answer = lookup_sparse(file, Path::new(&name), &filter, |r| {
+        if r.file_name != shard && other_file.is_none() {
+            other_file = Some(r.file_name.to_string());
+        }
+        passes(&f.key, r.tensor_key)
+            && passes(&f.dtype, r.dtype)
+            && (f.file.is_empty() || passes(&f.file, &format!("{dir}/{}", r.file_name)))
+    })
+    .map_err(|e| bad(e.to_string()))?;
+    if let Some(other) = other_file {
+        return Err(bad(format!(
+            "{name}: the index part of {shard} lists rows of {other}"
+        )));
+    }
+    Ok(match answer {
+        SparseLookup::NeedRanges(r) => PartAnswer::Need(r),
+        SparseLookup::Ready(total, rows) => PartAnswer::Summary(IndexSummary {
+            files: BTreeMap::from([(shard.to_string(), total)]),
+            rows: rows
+                .into_iter()
+                .map(|r| IndexEntry {
+                    file_name: r.file_name,
+                    tensor_key: r.tensor_key,
+                    dtype: r.dtype,
+                    shape: r.shape,
+                    data_start: r.data_start,
+                    data_end: r.data_end,
+                })
+                .collect(),
+            error: None,
+        }),
     })
 }
 

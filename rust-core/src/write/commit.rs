@@ -254,7 +254,198 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
         padded_samples: count(PADDED_SAMPLES_METADATA_KEY),
         bytes: header.file_len(),
         tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
+        num_tensors: None,
     }
+}
+
+/// One sorted run of [`merge_key_runs`]: a shard's index part (spec/dataset.md §6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRunInput {
+    /// The shard the part describes.
+    pub file: String,
+    /// The part, a local file.
+    pub part: PathBuf,
+    /// A shard the dataset already lists (loses to every shard of this write).
+    pub existing: bool,
+    /// Among this write's shards, the higher rank wins (`(partition << 32) | shard`).
+    pub rank: u64,
+}
+
+/// KV keys across shards, by a streaming merge of their index parts (each sorted by
+/// `tensor_key`): memory is one record batch per run plus the keys that lose, never the keys
+/// that are only stored once. Equal tensor names in two runs are either the same key
+/// (`duplicatesStrategy`: `fail` is an error naming the key and both shards — [`KeyInDataset`]
+/// when one is an existing shard, else [`DuplicateKey`]; `lastWin` keeps the copy of the new
+/// shard, then of the highest rank, and the others lose the key) or two keys whose names
+/// collide ([`TensorNameCollision`], whatever the strategy). Returns, per losing shard, the
+/// keys it loses.
+///
+/// [`KeyInDataset`]: CommitError::KeyInDataset
+/// [`DuplicateKey`]: CommitError::DuplicateKey
+/// [`TensorNameCollision`]: CommitError::TensorNameCollision
+pub fn merge_key_runs(
+    inputs: &[KeyRunInput],
+    duplicates: DuplicatesStrategy,
+) -> Result<BTreeMap<String, BTreeSet<String>>, CommitError> {
+    use crate::dataset::index::KeyRun;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let index_err = |file: &str, e: crate::dataset::index::IndexError| CommitError::Rewrite {
+        file: file.to_string(),
+        problem: format!("index part: {e}"),
+    };
+    let mut runs = Vec::with_capacity(inputs.len());
+    for i in inputs {
+        runs.push(KeyRun::open(&i.part).map_err(|e| index_err(&i.file, e))?);
+    }
+    // (name, run) of every run's current row; the smallest name first.
+    let mut heap: BinaryHeap<Reverse<(Vec<u8>, usize)>> = BinaryHeap::new();
+    for (i, r) in runs.iter().enumerate() {
+        if let Some((name, _)) = r.current() {
+            heap.push(Reverse((name.as_bytes().to_vec(), i)));
+        }
+    }
+    let mut losers: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut group: Vec<usize> = Vec::new();
+    while let Some(Reverse((name, first))) = heap.pop() {
+        group.clear();
+        group.push(first);
+        while heap.peek().is_some_and(|Reverse((n, _))| *n == name) {
+            if let Some(Reverse((_, i))) = heap.pop() {
+                group.push(i);
+            }
+        }
+        if group.len() > 1 {
+            // the winner first: a new shard before an existing one, then the highest rank
+            group.sort_by_key(|&i| Reverse((!inputs[i].existing, inputs[i].rank)));
+            let key_of = |i: usize| runs[i].current().and_then(|(_, k)| k).map(str::to_string);
+            let win = group[0];
+            let win_key = key_of(win);
+            for &lose in &group[1..] {
+                let lose_key = key_of(lose);
+                let (a, b) = (&inputs[lose].file, &inputs[win].file);
+                let Some(key) = lose_key.filter(|k| Some(k) == win_key.as_ref()) else {
+                    return Err(CommitError::TensorNameCollision {
+                        name: String::from_utf8_lossy(&name).into_owned(),
+                        first_file: a.clone(),
+                        second_file: b.clone(),
+                    });
+                };
+                if duplicates == DuplicatesStrategy::Fail {
+                    return Err(if inputs[lose].existing {
+                        CommitError::KeyInDataset {
+                            key,
+                            existing_file: a.clone(),
+                            new_file: b.clone(),
+                        }
+                    } else {
+                        CommitError::DuplicateKey {
+                            key,
+                            first_file: a.clone(),
+                            second_file: b.clone(),
+                        }
+                    });
+                }
+                losers.entry(a.clone()).or_default().insert(key);
+            }
+        }
+        for &i in &group {
+            runs[i]
+                .advance()
+                .map_err(|e| index_err(&inputs[i].file, e))?;
+            if let Some((n, _)) = runs[i].current() {
+                heap.push(Reverse((n.as_bytes().to_vec(), i)));
+            }
+        }
+    }
+    Ok(losers)
+}
+
+/// What [`rewrite_shard_without_keys`] did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeysRewritten {
+    /// Every key of the shard went: nothing was written, the shard is to be dropped.
+    pub delete: bool,
+    pub bytes: u64,
+    pub samples: u64,
+    pub num_tensors: u64,
+}
+
+/// `duplicatesStrategy=lastWin` after [`merge_key_runs`]: copies the KV shard `input` (named
+/// `file`) to `output` without the tensors of `keys` (split as [`split_kv_name`]), with
+/// `safetensors_spark.samples` lowered by the keys it held, and writes the index part of the
+/// copy at `part` (named as `output_file`). Nothing is written when no key is left. Memory: one
+/// shard's header.
+pub fn rewrite_shard_without_keys(
+    plan: &WritePlan,
+    input: &Path,
+    output: &Path,
+    output_file: &str,
+    part: Option<&Path>,
+    keys: &HashSet<String>,
+) -> Result<KeysRewritten, CommitError> {
+    let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
+        return Err(CommitError::Rewrite {
+            file: output_file.to_string(),
+            problem: "keys are dropped in KV mode only".to_string(),
+        });
+    };
+    let header = SafetensorsFile::open(input)?.header().clone();
+    let mut drop = HashSet::new();
+    let mut dropped_keys = HashSet::new();
+    for t in &header.tensors {
+        if let Some((key, _)) = split_kv_name(&t.name, kv_separator, plan) {
+            if keys.contains(key) {
+                drop.insert(t.name.clone());
+                dropped_keys.insert(key.to_string());
+            }
+        }
+    }
+    let samples: u64 = header
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get(SAMPLES_METADATA_KEY))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let samples = samples.saturating_sub(dropped_keys.len() as u64);
+    if drop.len() == header.tensors.len() {
+        return Ok(KeysRewritten {
+            delete: true,
+            bytes: 0,
+            samples: 0,
+            num_tensors: 0,
+        });
+    }
+    let done = rewrite_shard_without(input, output, &drop, samples)?;
+    let num_tensors = done.tensors.len() as u64;
+    if let Some(part) = part {
+        let copy = SafetensorsFile::open(output)?;
+        write_shard_index_part(plan, output_file, copy.header(), part)?;
+    }
+    Ok(KeysRewritten {
+        delete: false,
+        bytes: done.bytes,
+        samples,
+        num_tensors,
+    })
+}
+
+/// Writes the index part (spec/dataset.md §6.1) of the shard `file` with the validated header
+/// `header` at `part`: for a shard written before parts existed, or a rewritten copy. Memory: one
+/// shard's rows.
+pub fn write_shard_index_part(
+    plan: &WritePlan,
+    file: &str,
+    header: &Header,
+    part: &Path,
+) -> Result<u64, CommitError> {
+    let report = shard_report_from_header(file, header, plan);
+    crate::dataset::index::write_index_part(part, index_rows(&report)).map_err(|e| {
+        CommitError::Rewrite {
+            file: file.to_string(),
+            problem: format!("index part: {e}"),
+        }
+    })
 }
 
 /// Tensors to remove from one shard of this write (`duplicatesStrategy=lastWin`).
@@ -515,7 +706,7 @@ pub fn commit_manifest(
             bytes: s.bytes,
             partition: Some(s.partition),
             padded_samples: Some(s.padded_samples),
-            num_tensors: Some(s.tensors.len() as u64),
+            num_tensors: Some(s.tensor_count()),
         })
         .collect();
     manifest.recompute_totals();
@@ -597,7 +788,7 @@ fn check_report(
         if !seen.insert(s.shard) {
             return Err(bad_report(p, format!("shard {} is reported twice", s.file)));
         }
-        if s.samples == 0 || s.tensors.is_empty() {
+        if s.samples == 0 || s.tensor_count() == 0 {
             return Err(bad_report(p, format!("shard {} is empty", s.file)));
         }
         if s.padded_samples != 0 && tail != Some(TailStrategy::Pad) {
@@ -694,7 +885,8 @@ fn dedup_keys(
             delete,
         });
     }
-    shards.retain(|s| !s.tensors.is_empty());
+    // a shard reported with its tensor count only (KV, keys merged from index parts) never loses any here
+    shards.retain(|s| !s.tensors.is_empty() || s.num_tensors.is_some());
     Ok(rewrites)
 }
 

@@ -212,6 +212,17 @@ pub struct ShardReport {
     /// fields, serialised one at a time from compact records (see `task::write_report`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensors: Vec<TensorReport>,
+    /// KV shards: the tensor count, reported instead of `tensors` (the shard's index part lists
+    /// them, spec/dataset.md §6.1). `None`: `tensors` lists every tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_tensors: Option<u64>,
+}
+
+impl ShardReport {
+    /// Tensors in the shard: `num_tensors` when reported, else the listed tensors.
+    pub fn tensor_count(&self) -> u64 {
+        self.num_tensors.unwrap_or(self.tensors.len() as u64)
+    }
 }
 
 /// What a task reports when it finishes: every shard it sealed, and what the job-level checks

@@ -31,9 +31,12 @@ mod rows;
 mod sealer;
 
 use crate::convert::ConvertError;
+use crate::dataset::index::write_index_part;
+use crate::dataset::names::shard_index_part_file_name;
 use crate::error::FormatError;
 use crate::file::{FileWriter, PendingFile};
 use crate::header::TensorEntry;
+use crate::write::commit::index_rows;
 use crate::write::{
     shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport,
     WriteLayout, WritePlan,
@@ -121,6 +124,9 @@ pub struct Finished {
     /// Shards sealed or rewritten by `finish` itself (KV: without their tensors, which only the
     /// report file lists).
     pub sealed: Vec<ShardReport>,
+    /// The index parts (spec/dataset.md §6.1) of every shard of the task: `(shard file name,
+    /// part file name, part path in the work directory)`; staged and placed like the shards.
+    pub index_parts: Vec<(String, String, PathBuf)>,
     /// The task report file: its name and its path in the work directory. It holds one
     /// [`TaskReport`] as JSON; [`read_report`] reads it back.
     pub report_file: String,
@@ -134,59 +140,18 @@ pub fn read_report(path: &Path) -> Result<TaskReport, WriteError> {
         .map_err(|e| WriteError::io(path, std::io::Error::other(e)))
 }
 
-/// Writes the task report file: `task` plus `shards`; in KV mode each shard's tensors are
-/// serialised from the task's records one at a time (the shards' own `tensors` are empty).
+/// Writes the task report file: `task` plus `shards` (KV shards without their tensors, which
+/// their index parts list).
 fn write_report(
     path: &Path,
     mut task: TaskReport,
     shards: Vec<ShardReport>,
-    kv: Option<&kv::KvState>,
 ) -> Result<(), WriteError> {
-    /// A shard whose tensors come from the KV records (`shard.tensors` is empty and so omitted).
-    #[derive(serde::Serialize)]
-    struct KvShard<'a> {
-        #[serde(flatten)]
-        shard: &'a ShardReport,
-        tensors: kv::ShardTensors<'a>,
-    }
-    /// `task.shards` is empty and so omitted.
-    #[derive(serde::Serialize)]
-    struct KvTask<'a> {
-        #[serde(flatten)]
-        task: &'a TaskReport,
-        shards: Vec<KvShard<'a>>,
-    }
     let file = fs::File::create(path).map_err(|e| WriteError::io(path, e))?;
     let mut out = BufWriter::with_capacity(1 << 16, file);
-    let written = match kv {
-        Some(k) => {
-            if let Some(s) = shards.iter().find(|s| !s.tensors.is_empty()) {
-                return Err(WriteError::Batch(format!(
-                    "KV shard {} carries its own tensor reports",
-                    s.file
-                )));
-            }
-            let shards = shards
-                .iter()
-                .map(|shard| KvShard {
-                    shard,
-                    tensors: k.shard_tensors(shard.shard),
-                })
-                .collect();
-            serde_json::to_writer(
-                &mut out,
-                &KvTask {
-                    task: &task,
-                    shards,
-                },
-            )
-        }
-        None => {
-            task.shards = shards;
-            serde_json::to_writer(&mut out, &task)
-        }
-    };
-    written.map_err(|e| WriteError::io(path, std::io::Error::other(e)))?;
+    task.shards = shards;
+    serde_json::to_writer(&mut out, &task)
+        .map_err(|e| WriteError::io(path, std::io::Error::other(e)))?;
     out.flush().map_err(|e| WriteError::io(path, e))
 }
 
@@ -384,16 +349,51 @@ impl TaskWriter {
         );
         let report_path = self.work_dir.join(&report_file);
         self.created.push(report_path.clone());
+        let mut shards = shards;
+        let index_parts = self.write_index_parts(&mut shards)?;
+        write_report(&report_path, task, shards)?;
+        Ok(Finished {
+            sealed,
+            index_parts,
+            report_file,
+            report_path,
+        })
+    }
+
+    /// Writes the index part of every shard (spec/dataset.md §6.1) into the work directory: in KV
+    /// mode always (the job commit checks keys across shards by merging them), in batch mode with
+    /// `generate_index`. A KV shard's report then carries its tensor count instead of its
+    /// tensors, so the task report holds O(shards). Returns `(file name, path)` of each part.
+    fn write_index_parts(
+        &mut self,
+        shards: &mut [ShardReport],
+    ) -> Result<Vec<(String, String, PathBuf)>, WriteError> {
         let kv = match &self.mode {
             Mode::Kv(k) => Some(&**k),
             Mode::Batch(_) => None,
         };
-        write_report(&report_path, task, shards, kv)?;
-        Ok(Finished {
-            sealed,
-            report_file,
-            report_path,
-        })
+        if kv.is_none() && !self.plan.generate_index {
+            return Ok(Vec::new());
+        }
+        let mut parts = Vec::with_capacity(shards.len());
+        for s in shards.iter_mut() {
+            let name = shard_index_part_file_name(&s.file).ok_or_else(|| {
+                WriteError::Batch(format!("shard name {} has no index part", s.file))
+            })?;
+            let path = self.work_dir.join(&name);
+            let rows = match kv {
+                Some(k) => k.index_rows(s.shard, &s.file)?,
+                None => index_rows(s),
+            };
+            self.created.push(path.clone());
+            let n = write_index_part(&path, rows)
+                .map_err(|e| WriteError::io(&path, std::io::Error::other(e.to_string())))?;
+            if kv.is_some() {
+                s.num_tensors = Some(n);
+            }
+            parts.push((s.file.clone(), name, path));
+        }
+        Ok(parts)
     }
 
     /// Deletes every file this writer created in the work directory (sealed shards and
@@ -579,6 +579,7 @@ impl TaskWriter {
             tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |_| {
                 (None, None)
             }),
+            num_tensors: None,
         };
         self.shards.push(report.clone());
         self.seal_in_background(pending, report)

@@ -451,50 +451,48 @@ class Dataset:
 
     def _load_index(self):
         """``(key -> [(shard, column, Tensor)], names of the shards it covers)`` from
-        ``_tensor_index.parquet``, or None without one. A directory of parts (spec/dataset.md §6)
-        is read through the part of the manifest's ``manifest_version`` only (none: no index);
-        without a ``manifest_version`` (published-only), all its parts; a single file as it is."""
+        ``_tensor_index.parquet``, or None without one. The index is a directory of one part per
+        shard (spec/dataset.md §6.1): only the parts of the shards the manifest lists are read; a
+        listed shard without a part is not covered (``get`` reads its header instead)."""
         if self._index_loaded:
             return self._index
         self._index_loaded = True
-        name = INDEX_NAME
-        if not self._store.exists(name):
+        if not self._store.exists(INDEX_NAME) or not self._store.isdir(INDEX_NAME):
             return None
-        version = self.manifest.get("manifest_version")
-        if version is not None and self._store.isdir(name):
-            name = f"{INDEX_NAME}/part-{version:020d}.parquet"
-            if not self._store.exists(name):
-                return None
         import pyarrow.parquet as pq
 
-        source, fs = self._store.parquet_source(name)
-        url = self._store.url(name)
         cols = ["file_name", "tensor_key", "dtype", "shape", "data_start", "data_end", "sample_key", "column"]
-        try:
-            table = pq.read_table(source, filesystem=fs, columns=cols)
-        except Exception as e:  # pyarrow raises several types for unreadable or foreign files
-            raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
-        by_name = {s.name: s for s in self.shards}
         found, covered = {}, set()
-        data = table.to_pydict()
-        for file_name, name, dtype, shape, start, end, key, column in zip(*(data[c] for c in cols)):
+        for shard in self.shards:
+            name = f"{INDEX_NAME}/{_native.index_part_name(shard.name)}"
+            if not self._store.exists(name):
+                continue
+            source, fs = self._store.parquet_source(name)
+            url = self._store.url(name)
             try:
-                _native.check_shard_path(file_name)
-            except _native.ManifestError as e:
-                raise IndexFileError(f"{url}: file_name {e}") from None
-            shard = by_name.get(file_name)
-            if shard is None:
-                raise IndexFileError(f"{url}: row for tensor '{name}' names shard {file_name}, which "
-                                     f"{MANIFEST_FILE_NAME} does not list (stale index)")
-            if column not in self.schema:
-                raise IndexFileError(f"{url}: tensor '{name}' has column '{column}', not in the schema {self.columns}")
-            t = Tensor(name, dtype, shape, start, end)
-            need = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype, url).itemsize
-            if not 0 <= start <= end <= shard.size or end - start != need:
-                raise IndexFileError(f"{url}: tensor '{name}' of {file_name}: byte range [{start}, {end}) does "
-                                     f"not fit its {dtype} shape {shape} inside the {shard.size}-byte shard")
-            covered.add(file_name)
-            found.setdefault(key, []).append((shard, column, t))
+                table = pq.read_table(source, filesystem=fs, columns=cols)
+            except Exception as e:  # pyarrow raises several types for unreadable or foreign files
+                raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
+            data = table.to_pydict()
+            for file_name, tname, dtype, shape, start, end, key, column in zip(*(data[c] for c in cols)):
+                try:
+                    _native.check_shard_path(file_name)
+                except _native.ManifestError as e:
+                    raise IndexFileError(f"{url}: file_name {e}") from None
+                if file_name != shard.name:
+                    raise IndexFileError(f"{url}: the index part of {shard.name} has a row for tensor '{tname}' "
+                                         f"of shard {file_name} (stale or misplaced index part)")
+                if column not in self.schema:
+                    raise IndexFileError(f"{url}: tensor '{tname}' has column '{column}', not in the schema {self.columns}")
+                t = Tensor(tname, dtype, shape, start, end)
+                need = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype, url).itemsize
+                if not 0 <= start <= end <= shard.size or end - start != need:
+                    raise IndexFileError(f"{url}: tensor '{tname}' of {file_name}: byte range [{start}, {end}) does "
+                                         f"not fit its {dtype} shape {shape} inside the {shard.size}-byte shard")
+                found.setdefault(key, []).append((shard, column, t))
+            covered.add(shard.name)
+        if not covered:
+            return None
         self._index = (found, covered)
         return self._index
 

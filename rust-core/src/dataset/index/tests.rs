@@ -27,6 +27,7 @@ fn shard(file: &str, tensors: Vec<TensorReport>) -> ShardReport {
         padded_samples: 0,
         bytes: 0,
         tensors,
+        num_tensors: None,
     }
 }
 
@@ -211,4 +212,232 @@ fn earlier_kv_shard_is_rebuilt_from_its_header_with_keys_and_columns() {
             ("b_x__v", Some("b_x"), Some("v"), start + 12),
         ]
     );
+}
+
+/// `n` KV rows `k{i:08}__x` of one shard, in a scrambled order.
+fn kv_rows(file: &str, n: u64) -> Vec<IndexRow> {
+    (0..n)
+        .map(|i| (i * 7919) % n)
+        .map(|i| IndexRow {
+            tensor_key: format!("k{i:08}__x"),
+            file_name: file.into(),
+            dtype: Dtype::F32,
+            shape: vec![8],
+            data_start: 100 + 32 * i,
+            data_end: 132 + 32 * i,
+            sample_key: Some(format!("k{i:08}")),
+            column: "x".into(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_shard_part_is_sorted_by_name_in_small_row_groups_with_name_statistics() {
+    let dir = tempdir();
+    let path = dir.join("p.parquet");
+    let n = 3 * PART_ROW_GROUP_ROWS as u64 + 5;
+    assert_eq!(
+        write_index_part(&path, kv_rows("s.safetensors", n)).unwrap(),
+        n
+    );
+    let back = read_index(&path).unwrap();
+    assert_eq!(back.len() as u64, n);
+    assert!(back.windows(2).all(|w| w[0].tensor_key < w[1].tensor_key));
+    let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+    let md = builder.metadata();
+    assert_eq!(md.num_row_groups(), 4);
+    let rg = md.row_group(1);
+    match rg.column(0).statistics() {
+        Some(parquet::file::statistics::Statistics::ByteArray(s)) => {
+            assert_eq!(s.min_opt().unwrap().data(), b"k00008192__x");
+            assert_eq!(s.max_opt().unwrap().data(), b"k00016383__x");
+        }
+        other => panic!("no tensor_key statistics: {other:?}"),
+    }
+    assert!(rg.column(6).statistics().is_some(), "sample_key statistics");
+    assert!(rg.column(4).statistics().is_none(), "data_start has none");
+}
+
+#[test]
+fn a_shard_part_refuses_rows_of_two_shards_and_a_name_twice() {
+    let dir = tempdir();
+    let mut rows = kv_rows("a.safetensors", 3);
+    rows[1].file_name = "b.safetensors".into();
+    let e = write_index_part(&dir.join("p.parquet"), rows).unwrap_err();
+    assert!(
+        e.to_string().contains("also has rows of a.safetensors"),
+        "{e}"
+    );
+    let mut rows = kv_rows("a.safetensors", 3);
+    rows[2].tensor_key = rows[0].tensor_key.clone();
+    let e = write_index_part(&dir.join("p.parquet"), rows).unwrap_err();
+    assert!(
+        e.to_string().contains("two rows for the same tensor"),
+        "{e}"
+    );
+    assert!(!dir.join("p.parquet").exists());
+}
+
+#[test]
+fn row_group_selection_by_name_statistics() {
+    let dir = tempdir();
+    let path = dir.join("p.parquet");
+    let n = 4 * PART_ROW_GROUP_ROWS as u64;
+    write_index_part(&path, kv_rows("s.safetensors", n)).unwrap();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+    let md = builder.metadata();
+    let pick = |exact: Vec<&str>, prefixes: Vec<&str>| {
+        row_groups_for_keys(md, &KeyFilter { exact, prefixes })
+    };
+    assert_eq!(pick(vec![], vec![]), vec![0, 1, 2, 3]);
+    assert_eq!(pick(vec!["k00000000__x"], vec![]), vec![0]);
+    assert_eq!(
+        pick(vec!["k00020000__x", "k00030000__x"], vec![]),
+        vec![2, 3]
+    );
+    assert_eq!(pick(vec!["a"], vec![]), Vec::<usize>::new());
+    assert_eq!(pick(vec!["z"], vec![]), Vec::<usize>::new());
+    // a prefix spans the groups its names can be in
+    assert_eq!(pick(vec![], vec!["k0001"]), vec![1, 2]);
+    assert_eq!(pick(vec![], vec!["k00009"]), vec![1]);
+    assert_eq!(pick(vec![], vec!["k"]), vec![0, 1, 2, 3]);
+    assert_eq!(pick(vec![], vec!["k00008191"]), vec![0]);
+    assert_eq!(pick(vec![], vec!["l"]), Vec::<usize>::new());
+}
+
+#[test]
+fn a_lookup_reads_the_footer_and_one_row_group() {
+    let dir = tempdir();
+    let path = dir.join("p.parquet");
+    let n = 16 * PART_ROW_GROUP_ROWS as u64;
+    write_index_part(&path, kv_rows("s.safetensors", n)).unwrap();
+    let size = fs::metadata(&path).unwrap().len();
+    let file = CountingFile::new(File::open(&path).unwrap());
+    let read = file.counter();
+    let key = "k00100000__x";
+    let filter = KeyFilter {
+        exact: vec![key],
+        prefixes: vec![],
+    };
+    let (total, rows) = lookup_index_part(file, &path, &filter, |r| r.tensor_key == key).unwrap();
+    assert_eq!(total, n);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].data_start, 100 + 32 * 100_000);
+    let read = read.load(Ordering::Relaxed);
+    // the footer and one of 16 row groups
+    assert!(read * 8 < size, "read {read} of {size} bytes");
+    // without a filter: everything
+    let file = CountingFile::new(File::open(&path).unwrap());
+    let all = file.counter();
+    let (_, rows) = lookup_index_part(file, &path, &KeyFilter::default(), |_| true).unwrap();
+    assert_eq!(rows.len() as u64, n);
+    assert!(all.load(Ordering::Relaxed) * 10 > size * 9);
+}
+
+#[test]
+fn a_sparse_lookup_asks_for_the_footer_then_the_row_group_only() {
+    let dir = tempdir();
+    let path = dir.join("p.parquet");
+    let n = 16 * PART_ROW_GROUP_ROWS as u64;
+    write_index_part(&path, kv_rows("s.safetensors", n)).unwrap();
+    let whole = bytes::Bytes::from(fs::read(&path).unwrap());
+    let len = whole.len() as u64;
+    let key = "k00050000__x";
+    let filter = KeyFilter {
+        exact: vec![key],
+        prefixes: vec![],
+    };
+    let mut file = SparseFile::new(len);
+    let mut rounds = 0;
+    let rows = loop {
+        rounds += 1;
+        assert!(rounds <= 4);
+        match lookup_sparse(&file, &path, &filter, |r| r.tensor_key == key).unwrap() {
+            SparseLookup::NeedRanges(ranges) => {
+                for (s, l) in ranges {
+                    file.add(s, whole.slice(s as usize..(s + l) as usize));
+                }
+            }
+            SparseLookup::Ready(total, rows) => {
+                assert_eq!(total, n);
+                break rows;
+            }
+        }
+    };
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].tensor_key, key);
+    assert!(
+        file.bytes_held() * 8 < len,
+        "{} of {len}",
+        file.bytes_held()
+    );
+    // an absent key outside every group's range needs the footer only
+    let mut file = SparseFile::new(len);
+    let tail = len - 8;
+    file.add(tail, whole.slice(tail as usize..));
+    let filter = KeyFilter {
+        exact: vec!["zzz"],
+        prefixes: vec![],
+    };
+    let SparseLookup::NeedRanges(r) = lookup_sparse(&file, &path, &filter, |_| true).unwrap()
+    else {
+        panic!("footer needed");
+    };
+    file.add(
+        r[0].0,
+        whole.slice(r[0].0 as usize..(r[0].0 + r[0].1) as usize),
+    );
+    assert_eq!(
+        lookup_sparse(&file, &path, &filter, |_| true).unwrap(),
+        SparseLookup::Ready(n, Vec::new())
+    );
+    // not Parquet
+    let mut junk = SparseFile::new(100);
+    junk.add(0, bytes::Bytes::from(vec![0u8; 100]));
+    let e = lookup_sparse(&junk, &path, &filter, |_| true).unwrap_err();
+    assert!(e.to_string().contains("footer magic"), "{e}");
+}
+
+#[test]
+fn a_key_run_streams_a_part_in_name_order_and_refuses_an_unsorted_one() {
+    let dir = tempdir();
+    let path = dir.join("p.parquet");
+    let n = 2 * PART_ROW_GROUP_ROWS as u64 + 3;
+    write_index_part(&path, kv_rows("s.safetensors", n)).unwrap();
+    let mut run = KeyRun::open(&path).unwrap();
+    let mut count = 0u64;
+    while let Some((name, key)) = run.current() {
+        assert_eq!(name, format!("k{count:08}__x"));
+        assert_eq!(key, Some(format!("k{count:08}").as_str()));
+        count += 1;
+        run.advance().unwrap();
+    }
+    assert_eq!(count, n);
+    // a part in another order (the whole-dataset index writer sorts by data_start)
+    let unsorted = dir.join("u.parquet");
+    let mut rows = kv_rows("s.safetensors", 10);
+    rows.reverse();
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.data_start = i as u64;
+    }
+    write_index(&unsorted, rows).unwrap();
+    let mut run = KeyRun::open(&unsorted).unwrap();
+    let e = loop {
+        if let Err(e) = run.advance() {
+            break e;
+        }
+        assert!(run.current().is_some(), "the unsorted part was accepted");
+    };
+    assert!(e.to_string().contains("not sorted by tensor_key"), "{e}");
+}
+
+#[test]
+fn a_shard_part_name_is_the_shard_name_with_parquet() {
+    use crate::dataset::names::shard_index_part_file_name as part;
+    assert_eq!(
+        part("part-00001-0002-abc.safetensors").as_deref(),
+        Some("part-00001-0002-abc.parquet")
+    );
+    assert_eq!(part("../x.safetensors"), None);
+    assert_eq!(part("x.bin"), None);
 }

@@ -84,6 +84,7 @@ fn batch_shard(plan: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64
                 column: None,
             },
         ],
+        num_tensors: None,
     }
 }
 
@@ -124,6 +125,7 @@ fn kv_shard(plan: &WritePlan, partition: u32, shard: u32, keys: &[&str]) -> Shar
         padded_samples: 0,
         bytes: 1000,
         tensors,
+        num_tensors: None,
     }
 }
 
@@ -952,4 +954,162 @@ fn kv_keys_of_an_append_are_checked_against_the_datasets_shards() {
         [("old.safetensors", &header)],
     )
     .unwrap();
+}
+
+/// An index part of shard `file` holding keys `keys` (column `x`, and `y` for keys ending in
+/// `!`): one run of [`merge_key_runs`].
+fn run(dir: &Path, file: &str, keys: &[&str], existing: bool, rank: u64) -> KeyRunInput {
+    let rows = keys.iter().flat_map(|k| {
+        let columns: &[&str] = if k.ends_with('!') {
+            &["x", "y"]
+        } else {
+            &["x"]
+        };
+        columns.iter().map(move |c| IndexRow {
+            tensor_key: format!("{k}__{c}"),
+            file_name: file.to_string(),
+            dtype: Dtype::F32,
+            shape: vec![1],
+            data_start: 0,
+            data_end: 4,
+            sample_key: Some(k.to_string()),
+            column: c.to_string(),
+        })
+    });
+    let part = dir.join(format!("{file}.parquet"));
+    crate::dataset::index::write_index_part(&part, rows.collect::<Vec<_>>()).unwrap();
+    KeyRunInput {
+        file: file.to_string(),
+        part,
+        existing,
+        rank,
+    }
+}
+
+#[test]
+fn merged_runs_without_shared_names_lose_nothing() {
+    let dir = tempdir();
+    let runs = vec![
+        run(&dir, "a", &["k1", "k3", "k5"], false, 1),
+        run(&dir, "b", &["k2", "k4"], false, 2),
+        run(&dir, "c", &["k0", "k6!"], true, 0),
+    ];
+    for d in [DuplicatesStrategy::Fail, DuplicatesStrategy::LastWin] {
+        assert!(merge_key_runs(&runs, d).unwrap().is_empty());
+    }
+    assert!(merge_key_runs(&[], DuplicatesStrategy::Fail)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn merged_runs_find_a_key_twice_in_a_write_and_last_win_drops_the_lower_rank() {
+    let dir = tempdir();
+    let runs = vec![
+        run(&dir, "p0", &["a", "dup!", "z"], false, 1),
+        run(&dir, "p1", &["dup!", "m"], false, 5),
+        run(&dir, "p2", &["dup!", "m"], false, 3),
+    ];
+    let e = merge_key_runs(&runs, DuplicatesStrategy::Fail).unwrap_err();
+    match e {
+        CommitError::DuplicateKey {
+            key,
+            first_file,
+            second_file,
+        } => {
+            assert_eq!(key, "dup!");
+            assert_eq!(second_file, "p1", "the winner is named second");
+            assert!(first_file == "p0" || first_file == "p2");
+        }
+        other => panic!("{other}"),
+    }
+    let losers = merge_key_runs(&runs, DuplicatesStrategy::LastWin).unwrap();
+    assert_eq!(
+        losers,
+        BTreeMap::from([
+            ("p0".to_string(), BTreeSet::from(["dup!".to_string()])),
+            (
+                "p2".to_string(),
+                BTreeSet::from(["dup!".to_string(), "m".to_string()])
+            ),
+        ])
+    );
+}
+
+#[test]
+fn merged_runs_check_new_keys_against_existing_shards() {
+    let dir = tempdir();
+    let runs = vec![
+        run(&dir, "old", &["k1", "k2"], true, 9),
+        run(&dir, "new", &["k2"], false, 0),
+    ];
+    match merge_key_runs(&runs, DuplicatesStrategy::Fail).unwrap_err() {
+        CommitError::KeyInDataset {
+            key,
+            existing_file,
+            new_file,
+        } => assert_eq!(
+            (key.as_str(), existing_file.as_str(), new_file.as_str()),
+            ("k2", "old", "new")
+        ),
+        other => panic!("{other}"),
+    }
+    let losers = merge_key_runs(&runs, DuplicatesStrategy::LastWin).unwrap();
+    assert_eq!(
+        losers,
+        BTreeMap::from([("old".to_string(), BTreeSet::from(["k2".to_string()]))])
+    );
+}
+
+#[test]
+fn merged_runs_refuse_colliding_names_whatever_the_strategy() {
+    // key `a__b` + column `x` and key `a` + column `b__x` are both `a__b__x`
+    let dir = tempdir();
+    let a = run(&dir, "s1", &["a__b"], false, 1);
+    let rows = vec![IndexRow {
+        tensor_key: "a__b__x".into(),
+        file_name: "s2".into(),
+        dtype: Dtype::F32,
+        shape: vec![1],
+        data_start: 0,
+        data_end: 4,
+        sample_key: Some("a".into()),
+        column: "b__x".into(),
+    }];
+    let part = dir.join("s2.parquet");
+    crate::dataset::index::write_index_part(&part, rows).unwrap();
+    let b = KeyRunInput {
+        file: "s2".into(),
+        part,
+        existing: false,
+        rank: 2,
+    };
+    for d in [DuplicatesStrategy::Fail, DuplicatesStrategy::LastWin] {
+        match merge_key_runs(&[a.clone(), b.clone()], d).unwrap_err() {
+            CommitError::TensorNameCollision { name, .. } => assert_eq!(name, "a__b__x"),
+            other => panic!("{other}"),
+        }
+    }
+}
+
+#[test]
+fn merged_runs_name_a_missing_or_invalid_part() {
+    let dir = tempdir();
+    let missing = KeyRunInput {
+        file: "gone.safetensors".into(),
+        part: dir.join("gone.parquet"),
+        existing: true,
+        rank: 0,
+    };
+    let e = merge_key_runs(&[missing], DuplicatesStrategy::Fail).unwrap_err();
+    assert!(e.to_string().contains("gone.safetensors"), "{e}");
+    std::fs::write(dir.join("junk.parquet"), b"not parquet").unwrap();
+    let junk = KeyRunInput {
+        file: "junk.safetensors".into(),
+        part: dir.join("junk.parquet"),
+        existing: false,
+        rank: 0,
+    };
+    let e = merge_key_runs(&[junk], DuplicatesStrategy::Fail).unwrap_err();
+    assert!(e.to_string().contains("junk.safetensors"), "{e}");
 }

@@ -26,6 +26,7 @@
 
 use super::rows::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, COPY_BUFFER, KV_CHUNK_ROWS};
+use crate::dataset::index::IndexRow;
 use crate::dtype::DTYPES;
 use crate::file::{copy_tensors, FileWriter};
 use crate::header::{self, HeaderEntry, MAX_HEADER_SIZE, METADATA_KEY};
@@ -33,7 +34,6 @@ use crate::write::{DuplicatesStrategy, ShardReport, TensorReport, WritePlan};
 use crate::Dtype;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, StructArray};
-use serde::ser::{Error as _, SerializeSeq};
 use std::cmp::Ordering;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -371,31 +371,6 @@ impl Shapes {
 fn tensor_name(columns: &[String], separator: &str, t: &ReportRec) -> String {
     let column = columns.get(t.column as usize).map_or("", String::as_str);
     format!("{}{separator}{column}", t.key)
-}
-
-/// A sealed shard's tensors, serialised as a sequence of [`TensorReport`]s read back one at a
-/// time from the `reports` file.
-pub(super) struct ShardTensors<'a> {
-    kv: &'a KvState,
-    shard: Option<&'a SealedShard>,
-}
-
-impl serde::Serialize for ShardTensors<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (Some(shard), Some(files)) = (self.shard, self.kv.files.as_ref()) else {
-            return s.collect_seq(std::iter::empty::<TensorReport>());
-        };
-        let mut r = files
-            .reports
-            .range(shard.reports.0, shard.reports.1)
-            .map_err(S::Error::custom)?;
-        let mut seq = s.serialize_seq(Some(shard.tensors as usize))?;
-        let mut rec = ReportRec::empty();
-        while rec.read_next(&mut r).map_err(S::Error::custom)? {
-            seq.serialize_element(&self.kv.tensor_report(&rec))?;
-        }
-        seq.end()
-    }
 }
 
 /// A sealed shard: its first row, and its tensors' records in the `reports` file.
@@ -1055,7 +1030,7 @@ impl KvState {
             reports: (reports_start, files.reports.len),
             tensors,
         });
-        // Without its tensors: the task report file lists them ([`KvState::shard_tensors`]).
+        // Without its tensors: its index part lists them ([`KvState::index_rows`]).
         let report = ShardReport {
             file,
             local_path: path.to_string_lossy().into_owned(),
@@ -1065,6 +1040,7 @@ impl KvState {
             padded_samples: 0,
             bytes: written.bytes,
             tensors: Vec::new(),
+            num_tensors: None,
         };
         w.shards.push(report.clone());
         w.seal_in_background(pending, report)
@@ -1110,13 +1086,35 @@ impl KvState {
         Ok(sealed)
     }
 
-    /// The tensors of sealed shard `shard`, serialisable as its `TensorReport`s (after
-    /// [`KvState::finish`]).
-    pub(super) fn shard_tensors(&self, shard: u32) -> ShardTensors<'_> {
-        ShardTensors {
-            kv: self,
-            shard: self.sealed.iter().find(|s| s.shard == shard),
+    /// The index rows of sealed shard `shard` (file `file`), read back from its records (after
+    /// [`KvState::finish`]); in data order. Memory: the shard's tensors, one shard at a time.
+    pub(super) fn index_rows(&self, shard: u32, file: &str) -> Result<Vec<IndexRow>, WriteError> {
+        let (Some(s), Some(files)) = (
+            self.sealed.iter().find(|s| s.shard == shard),
+            self.files.as_ref(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        let mut r = files.reports.range(s.reports.0, s.reports.1)?;
+        let mut rec = ReportRec::empty();
+        let mut out = Vec::with_capacity(s.tensors as usize);
+        while rec
+            .read_next(&mut r)
+            .map_err(|e| WriteError::io(&files.reports.path, e))?
+        {
+            let t = self.tensor_report(&rec);
+            out.push(IndexRow {
+                tensor_key: t.name,
+                file_name: file.to_string(),
+                dtype: t.dtype,
+                shape: t.shape,
+                data_start: t.data_start,
+                data_end: t.data_end,
+                sample_key: t.sample_key,
+                column: t.column.unwrap_or_default(),
+            });
         }
+        Ok(out)
     }
 
     /// The per-sample shape shared by every sealed tensor of column `column`: `None` when the

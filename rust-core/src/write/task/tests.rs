@@ -143,8 +143,46 @@ fn finish(w: TaskWriter) -> (Vec<ShardReport>, TaskReport) {
         done.report_file
     );
     assert!(done.report_file.starts_with("task-") && done.report_file.ends_with(".report.json"));
-    let report = read_report(&done.report_path).unwrap();
+    let mut report = read_report(&done.report_path).unwrap();
     fs::remove_file(&done.report_path).unwrap();
+    // Every KV shard has an index part (its tensors; the report carries their count only),
+    // named after the shard, next to it: the tensors come back from it, in data order.
+    let kv_or_indexed =
+        !done.index_parts.is_empty() || report.shards.iter().any(|s| s.num_tensors.is_some());
+    if kv_or_indexed {
+        assert_eq!(done.index_parts.len(), report.shards.len());
+    }
+    for s in report.shards.iter_mut().filter(|_| kv_or_indexed) {
+        let (_, name, path) = done
+            .index_parts
+            .iter()
+            .find(|(shard, _, _)| *shard == s.file)
+            .unwrap_or_else(|| panic!("no index part for {}", s.file));
+        assert_eq!(
+            Some(name.clone()),
+            crate::dataset::names::shard_index_part_file_name(&s.file)
+        );
+        if let Some(n) = s.num_tensors.take() {
+            assert!(s.tensors.is_empty());
+            let mut rows = crate::dataset::index::read_index(path).unwrap();
+            assert_eq!(rows.len() as u64, n);
+            assert!(rows.windows(2).all(|w| w[0].tensor_key < w[1].tensor_key));
+            rows.sort_by_key(|r| r.data_start);
+            s.tensors = rows
+                .into_iter()
+                .map(|r| TensorReport {
+                    name: r.tensor_key,
+                    dtype: r.dtype,
+                    shape: r.shape,
+                    data_start: r.data_start,
+                    data_end: r.data_end,
+                    sample_key: r.sample_key,
+                    column: Some(r.column),
+                })
+                .collect();
+        }
+        fs::remove_file(path).unwrap();
+    }
     (done.sealed, report)
 }
 

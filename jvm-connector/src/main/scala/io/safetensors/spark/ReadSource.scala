@@ -141,10 +141,9 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
         val text = manifests.getOrElseUpdate(key, readText(fs, m.getPath))
-        // the index part that belongs to this manifest version (spec/dataset.md §6)
+        // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
         children.find(c => c.isDirectory && c.getPath.getName == IndexName).foreach { i =>
-          val part = new Path(i.getPath, DatasetCommit.indexPartName(DatasetCommit.versionOf(text)))
-          if (fs.exists(part)) indexes.getOrElseUpdate(key, part.toString)
+          indexes.getOrElseUpdate(key, i.getPath.toString)
         }
       }
       children.filterNot(c => isHidden(c.getPath)).sortBy(_.getPath.toString).foreach { c =>
@@ -189,15 +188,63 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       val summary = try {
         val uri = indexes.getOrElse(dir, throw new IllegalStateException(
           s"safetensors: the planner asked for an unlisted index in $dir"))
-        val path = new Path(uri)
-        val bytes = readBytes(path.getFileSystem(conf), path)
-        mapper.readTree(NativeReader.indexEntries(dir, bytes, predicatesJson))
+        val text = manifests.collectFirst { case (d, t) if d == dir => t }.getOrElse(
+          throw new IllegalStateException(s"safetensors: no manifest for $dir"))
+        val indexDir = new Path(uri)
+        val fs = indexDir.getFileSystem(conf)
+        val out = mapper.createObjectNode()
+        val files = out.putObject("files")
+        val rows = out.putArray("rows")
+        // the parts of the listed shards only; a missing one: the index does not cover them
+        mapper.readTree(text).path("shards").elements().asScala.map(_.path("shard_path").asText())
+          .foreach { shard =>
+            val part = new Path(indexDir, NativeReader.indexPartName(shard))
+            val s = lookupPart(fs, part, dir, shard, predicatesJson)
+            s.get("files").fields().asScala.foreach(e => files.set[JsonNode](e.getKey, e.getValue))
+            s.get("rows").elements().asScala.foreach(r => rows.add(r))
+          }
+        out
       } catch {
         case e: IllegalStateException => throw e
         case e: Exception => mapper.createObjectNode().put("error", message(e))
       }
       summaries((dir, predicatesJson)) = summary
     }
+
+  /**
+   * A key lookup in one index part (`NativeReader.indexPartLookup`): the last 64 KiB first,
+   * then whatever the engine asks for (the whole footer, the row groups whose key statistics can
+   * hold a wanted key), by positioned reads. Returns the part's IndexSummary.
+   */
+  private def lookupPart(fs: FileSystem, part: Path, dir: String, shard: String,
+      predicatesJson: String): JsonNode = {
+    val len = fs.getFileStatus(part).getLen
+    val in = fs.open(part)
+    try {
+      val ranges = mutable.ArrayBuffer[(Long, Long)]()
+      val data = new java.io.ByteArrayOutputStream()
+      def fetch(start: Long, n: Long): Unit = {
+        val buf = new Array[Byte](Math.toIntExact(n))
+        in.readFully(start, buf)
+        ranges += start -> n
+        data.write(buf)
+      }
+      val tail = math.min(len, 64L * 1024)
+      fetch(len - tail, tail)
+      var rounds = 0
+      while (true) {
+        val r = mapper.createArrayNode()
+        ranges.foreach { case (s, n) => r.addArray().add(s).add(n) }
+        val answer = mapper.readTree(NativeReader.indexPartLookup(dir, shard, len,
+          mapper.writeValueAsString(r), data.toByteArray, predicatesJson))
+        if (answer.has("summary")) return answer.get("summary")
+        rounds += 1
+        if (rounds > 3) throw new IllegalStateException(s"safetensors: index part $part: lookup does not converge")
+        answer.get("need").elements().asScala.foreach(n => fetch(n.get(0).asLong(), n.get(1).asLong()))
+      }
+      throw new IllegalStateException("unreachable")
+    } finally in.close()
+  }
 
   /** Reads the headers of `uris` in parallel (at most 16 threads). */
   private def readHeaders(uris: Seq[String]): Unit = {

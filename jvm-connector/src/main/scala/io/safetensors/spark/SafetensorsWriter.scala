@@ -99,46 +99,57 @@ private[spark] object SafetensorsWriter {
       val rdd = SparkInternals.internalRows(data)
       val results: Array[TaskResult] = sqlContext.sparkContext.runJob(rdd,
         (ctx: TaskContext, it: Iterator[InternalRow]) => WriteTask.run(ctx, it, job))
-      // (7) this write's manifest
+      // (7) this write's manifest. Task reports hold O(shards): a KV shard reports its tensor
+      // count, its index part (staged with it) lists the tensors (spec/dataset.md §6.1).
       val staged = mutable.Map[String, Path]()
       results.foreach(_.staged.foreach { case (f, p) => staged(f) = new Path(p) })
-      // The task reports (a KV task's has an entry per row and column) go to Rust as text; they
-      // become JSON trees here only when a rewrite must edit them or the index lists their tensors.
-      val reportTexts: Array[String] = results.sortBy(_.partition).map(r => readUtf8(fs, new Path(r.reportFile)))
-      lazy val reports: Array[ObjectNode] = reportTexts.map(t => mapper.readTree(t).asInstanceOf[ObjectNode])
-      var finalReports = reportTexts.mkString("[", ",", "]")
-      var commit = mapper.readTree(NativeWriter.commitJob(planJson, finalReports))
-      val rewrites = commit.get("rewrites").elements().asScala.toSeq
-      if (rewrites.nonEmpty) {
-        rewrites.foreach { rw =>
-          val file = rw.get("file").asText()
-          // lastWin across tasks: a shard whose every key won elsewhere goes; others lose tensors.
-          val newReport: Option[JsonNode] =
-            if (rw.get("delete").asBoolean()) {
-              fs.delete(staged(file), false)
-              staged.remove(file)
-              None
-            } else {
-              Some(rewriteStaged(fs, staged, staging, file, mapper.writeValueAsString(rw), localTemps))
+      val stagedParts = mutable.Map[String, Path]()
+      results.foreach(_.indexParts.foreach { case (f, p) => stagedParts(f) = new Path(p) })
+      val reports: Array[ObjectNode] = results.sortBy(_.partition)
+        .map(r => mapper.readTree(readUtf8(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
+      val parts = new IndexParts(fs, dest, planJson, localTemps)
+      val kv = mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
+      val generateIndex = planGeneratesIndex(planJson)
+      if (kv) {
+        // KV keys across this write's shards: a streaming merge of their sorted index parts;
+        // fail throws, lastWin rewrites the shards whose keys won elsewhere
+        val runs = reports.toSeq.flatMap(_.path("shards").elements().asScala).map { s =>
+          val f = s.get("file").asText()
+          val part = stagedParts.getOrElse(f, throw new IllegalStateException(
+            s"safetensors: internal error: shard $f has no index part"))
+          (f, parts.local(part), false, s.get("partition").asLong(), s.get("shard").asLong())
+        }
+        parts.merge(runs).foreach { case (file, keys, _) =>
+          val out = new Path(new Path(staging, "rewritten"), file)
+          val partOut = new Path(new Path(staging, "rewritten"), parts.partName(file))
+          val r = parts.rewrite(staged(file), out, Some(partOut), keys)
+          fs.delete(staged(file), false)
+          fs.delete(stagedParts(file), false)
+          if (r.get("delete").asBoolean()) {
+            staged.remove(file)
+            stagedParts.remove(file)
+          } else {
+            staged(file) = out
+            stagedParts(file) = partOut
+          }
+          reports.filter(_.has("shards")).foreach { rep =>
+            val shards = rep.get("shards").asInstanceOf[ArrayNode]
+            (0 until shards.size()).find(i => shards.get(i).get("file").asText() == file).foreach { i =>
+              if (r.get("delete").asBoolean()) shards.remove(i)
+              else shards.get(i).asInstanceOf[ObjectNode].put("samples", r.get("samples").asLong())
+                .put("bytes", r.get("bytes").asLong()).put("num_tensors", r.get("num_tensors").asLong())
             }
-          reports.foreach { r =>
-            val shards = r.get("shards").asInstanceOf[ArrayNode]
-            (0 until shards.size()).find(i => shards.get(i).get("file").asText() == file)
-              .foreach(i => newReport match {
-                case Some(n) => shards.set(i, n)
-                case None => shards.remove(i)
-              })
           }
         }
-        finalReports = arrayJson(reports.toSeq)
-        commit = mapper.readTree(NativeWriter.commitJob(planJson, finalReports))
-        if (commit.get("rewrites").size() != 0) {
-          throw new IllegalStateException("safetensors: internal error: shard rewrites did not converge")
-        }
+      }
+      val finalReports = arrayJson(reports.toSeq)
+      val commit = mapper.readTree(NativeWriter.commitJob(planJson, finalReports))
+      if (commit.get("rewrites").size() != 0) {
+        throw new IllegalStateException("safetensors: internal error: the job commit asks for shard rewrites")
       }
       val writeManifest = mapper.writeValueAsString(commit.get("manifest"))
-      lazy val newShards: Seq[JsonNode] = reports.toSeq.flatMap(_.get("shards").elements().asScala)
-      // promote staged shards (every staged shard is one of this write's manifest's)
+      // promote staged shards (every staged shard is one of this write's manifest's), and with
+      // generate_index their parts (an unlisted part is never read through a manifest)
       val listed = commit.get("manifest").get("shards").elements().asScala
         .map(_.get("shard_path").asText()).toSet
       staged.foreach { case (file, src) =>
@@ -148,17 +159,24 @@ private[spark] object SafetensorsWriter {
         val target = new Path(dest, file)
         if (!fs.rename(src, target)) throw new IOException(s"safetensors: cannot rename $src to $target")
         promoted += target
+        stagedParts.get(file).foreach { part =>
+          if (generateIndex) {
+            val placed = parts.publish(file, part)
+            promoted += placed
+            stagedParts(file) = placed
+          }
+        }
       }
       // (8) the commit: the next manifest version on top of the latest one, retried on top of a
       // newer one when another writer committed first (spec/dataset.md §5.3)
       var base: Option[(Long, String)] = None
       var next: JsonNode = null
       var attempts = 0
-      val kvAppend = append && mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
+      val kvAppend = append && kv
       // shards of the dataset known to hold none of this write's keys (their content never changes)
       val keysClean = mutable.Set[String]()
-      // lastWin across writes: this attempt's rewritten copies of older shards (new name -> report)
-      var rewritten = Seq.empty[(Path, JsonNode)]
+      // lastWin across writes: this attempt's rewritten copies of older shards (and their parts)
+      var rewritten = Seq.empty[Path]
       var replacements = mapper.createArrayNode()
       while (!committed) {
         if (attempts == MaxCommitAttempts) {
@@ -168,43 +186,45 @@ private[spark] object SafetensorsWriter {
         attempts += 1
         base = commits.latest()
         // a previous attempt's rewrites were made against another base: start over
-        rewritten.foreach { case (p, _) => fs.delete(p, false); promoted -= p }
+        rewritten.foreach { p => fs.delete(p, false); promoted -= p }
         rewritten = Seq.empty
         replacements = mapper.createArrayNode()
         if (kvAppend) {
           // KV keys hold across the whole dataset: this write's against every listed shard
-          // (dataset.md §3); fail throws, lastWin answers which older shards lose which keys
+          // (dataset.md §3), by merging index parts (an existing shard without one gets a
+          // temporary part from its header); fail throws, lastWin names the older shards that
+          // lose keys
           val unchecked = base.toSeq.flatMap { case (_, text) =>
             mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
           }.filterNot(keysClean)
-          if (unchecked.nonEmpty) {
-            val existing = mapper.createArrayNode()
-            unchecked.foreach { f =>
-              val (header, len) = readHeaderJson(fs, new Path(dest, f))
-              existing.addObject().put("file", f).put("header", header).put("length", len)
-            }
-            val rewrites = mapper.readTree(
-              NativeWriter.checkKeysAgainstDataset(planJson, finalReports, mapper.writeValueAsString(existing)))
-              .elements().asScala.toSeq
-            val hit = rewrites.map(_.get("file").asText()).toSet
+          if (unchecked.nonEmpty && stagedParts.nonEmpty) {
+            val runs = unchecked.map(f => (f, parts.existingPart(f), true, 0L, 0L)) ++
+              reports.toSeq.flatMap(_.path("shards").elements().asScala).map { s =>
+                val f = s.get("file").asText()
+                (f, parts.local(stagedParts.getOrElse(f, new Path(new Path(staging, "rewritten"), parts.partName(f)))),
+                  false, s.get("partition").asLong(), s.get("shard").asLong())
+              }
+            val losers = parts.merge(runs)
+            val hit = losers.map(_._1).toSet
             keysClean ++= unchecked.filterNot(hit)
             val copyId = java.util.UUID.randomUUID().toString
-            rewrites.foreach { rw =>
-              val old = rw.get("file").asText()
+            losers.foreach { case (old, keys, _) =>
               val entry = replacements.addObject().put("old", old)
-              if (rw.get("delete").asBoolean()) entry.putNull("new")
+              val newName = old.replaceFirst("^(part-[0-9]{5,}-[0-9]{4,})-.*$", "$1-" + copyId + ".safetensors")
+              val target = new Path(dest, newName)
+              val partTarget = if (generateIndex) Some(parts.partPath(newName)) else None
+              val r = parts.rewrite(new Path(dest, old), target, partTarget, keys)
+              if (r.get("delete").asBoolean()) entry.putNull("new")
               else {
-                val newName = old.replaceFirst("^(part-[0-9]{5,}-[0-9]{4,})-.*$", "$1-" + copyId + ".safetensors")
-                val (target, report) = rewriteExisting(fs, dest, staging, old, newName,
-                  mapper.writeValueAsString(rw), localTemps)
                 promoted += target
-                rewritten :+= target -> report
+                rewritten :+= target
+                partTarget.foreach { p => promoted += p; rewritten :+= p }
                 entry.putObject("new").put("shard_path", newName)
-                  .put("samples_count", report.get("samples").asLong())
-                  .put("bytes", report.get("bytes").asLong())
-                  .put("partition", report.get("partition").asLong())
+                  .put("samples_count", r.get("samples").asLong())
+                  .put("bytes", r.get("bytes").asLong())
+                  .put("partition", parsePartition(old))
                   .put("padded_samples", 0)
-                  .put("num_tensors", report.get("tensors").size())
+                  .put("num_tensors", r.get("num_tensors").asLong())
               }
             }
           }
@@ -219,14 +239,18 @@ private[spark] object SafetensorsWriter {
       // after the commit: best effort, the new dataset is already consistent for readers that
       // go through the manifest
       commits.publish(version, next.get("manifest").asText(), writeId)
-      if (planGeneratesIndex(planJson)) {
-        val replaced = replacements.elements().asScala.map(_.get("old").asText()).toSet
-        writeIndex(fs, dest, localDest, planJson, version, if (append) base else None, replaced,
-          newShards ++ rewritten.map(_._2), localTemps)
+      val nowListed = mapper.readTree(next.get("manifest").asText()).path("shards").elements().asScala
+        .map(_.get("shard_path").asText()).toSeq
+      val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
+      if (generateIndex) {
+        // earlier shards without a part (an append that creates the first index) get one
+        parts.completeIndex(nowListed)
+        parts.remove(superseded)
       } else {
-        removeIndexParts(fs, dest, version)
+        // no index: no listed shard keeps a part (a partial index is never published)
+        parts.remove(nowListed ++ superseded)
       }
-      next.get("superseded").elements().asScala.map(_.asText()).foreach { f =>
+      superseded.foreach { f =>
         quietly(null)(fs.delete(new Path(dest, f), false))
       }
       commits.prune(version)
@@ -247,92 +271,12 @@ private[spark] object SafetensorsWriter {
     }
   }
 
+  /** The partition in a shard name of this connector (0 for another name). */
+  private def parsePartition(file: String): Long =
+    "^part-([0-9]{5,})-".r.findFirstMatchIn(file).map(_.group(1).toLong).getOrElse(0L)
+
   /** How many times a commit is retried on top of newer versions before the write fails. */
   private val MaxCommitAttempts = 100
-
-  /**
-   * Writes the index part of manifest `version` into `_tensor_index.parquet/` (a hidden temporary
-   * then a rename), then removes the parts of older versions; a part of a newer version already
-   * there makes this one superseded and it is removed instead. An append (`base` set) reuses the
-   * base version's part, or rebuilds the earlier shards' rows from their headers.
-   */
-  private def writeIndex(fs: FileSystem, dest: Path, localDest: Option[File], planJson: String,
-      version: Long, base: Option[(Long, String)], replaced: Set[String], newShards: Seq[JsonNode],
-      localTemps: mutable.ArrayBuffer[File]): Unit = {
-    val indexDir = new Path(dest, DatasetCommit.IndexDir)
-    val local = Files.createTempFile("safetensors-index-", ".parquet").toFile
-    localTemps += local
-    val baseShards: Seq[String] = base.toSeq.flatMap { case (_, text) =>
-      mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
-    }.filterNot(replaced)
-    val basePart: Option[File] = base.flatMap { case (v, _) =>
-      val p = new Path(indexDir, DatasetCommit.indexPartName(v))
-      // the base's part lists the replaced shards' rows: rebuilt from headers instead
-      if (baseShards.nonEmpty && replaced.isEmpty && fs.exists(p)) {
-        val f = Files.createTempFile("safetensors-old-index-", ".parquet").toFile
-        localTemps += f
-        f.delete()
-        fs.copyToLocalFile(false, p, new Path(f.getAbsolutePath), true)
-        Some(f)
-      } else None
-    }
-    // Earlier shards without an index part of their version: rows rebuilt from their headers.
-    val earlier: Seq[JsonNode] =
-      if (basePart.isEmpty) baseShards.map { file =>
-        val (headerJson, len) = readHeaderJson(fs, new Path(dest, file))
-        mapper.readTree(NativeWriter.shardReportFromHeader(file, headerJson, len, planJson))
-      } else Seq.empty
-    local.delete()
-    NativeWriter.writeIndex(local.getAbsolutePath, arrayJson(earlier ++ newShards),
-      basePart.map(_.getAbsolutePath).orNull)
-    val part = DatasetCommit.indexPartName(version)
-    val tmpName = s".$part.tmp"
-    localDest match {
-      case Some(d) =>
-        val dir = new File(d, DatasetCommit.IndexDir)
-        Files.createDirectories(dir.toPath)
-        Files.move(local.toPath, new File(dir, tmpName).toPath,
-          java.nio.file.StandardCopyOption.REPLACE_EXISTING)
-        val ch = java.nio.channels.FileChannel.open(new File(dir, tmpName).toPath,
-          java.nio.file.StandardOpenOption.READ)
-        try ch.force(true) finally ch.close()
-        removeIndexParts(fs, dest, version)
-        Files.move(new File(dir, tmpName).toPath, new File(dir, part).toPath,
-          java.nio.file.StandardCopyOption.ATOMIC_MOVE)
-        DatasetCommit.syncDir(dir)
-      case None =>
-        fs.mkdirs(indexDir)
-        val tmp = new Path(indexDir, tmpName)
-        DatasetCommit.uploadLocal(fs, local, tmp)
-        removeIndexParts(fs, dest, version)
-        FileContext.getFileContext(dest.toUri, fs.getConf)
-          .rename(tmp, new Path(indexDir, part), Options.Rename.OVERWRITE)
-    }
-    // a newer commit placed its part meanwhile: ours is superseded
-    if (indexParts(fs, dest).exists(_ > version)) removeIndexParts(fs, dest, version + 1)
-  }
-
-  /** Versions of the index parts in `_tensor_index.parquet/`. */
-  private def indexParts(fs: FileSystem, dest: Path): Seq[Long] = {
-    val dir = new Path(dest, DatasetCommit.IndexDir)
-    if (!fs.exists(dir) || !fs.getFileStatus(dir).isDirectory) Seq.empty
-    else fs.listStatus(dir).toSeq.flatMap(s => DatasetCommit.parseIndexPartName(s.getPath.getName))
-  }
-
-  /** Removes the index parts of versions below `version` (and the directory once it is empty). */
-  private def removeIndexParts(fs: FileSystem, dest: Path, version: Long): Unit = {
-    val dir = new Path(dest, DatasetCommit.IndexDir)
-    if (fs.exists(dir)) {
-      if (!fs.getFileStatus(dir).isDirectory) fs.delete(dir, false) // an index of before 0.2
-      else {
-        fs.listStatus(dir).foreach { s =>
-          DatasetCommit.parseIndexPartName(s.getPath.getName).filter(_ < version)
-            .foreach(_ => quietly(null)(fs.delete(s.getPath, false)))
-        }
-        if (fs.listStatus(dir).isEmpty) quietly(null)(fs.delete(dir, false))
-      }
-    }
-  }
 
   private def quietly(t: Throwable)(f: => Any): Unit =
     try f catch { case e: Throwable => if (t != null) t.addSuppressed(e) }
@@ -346,56 +290,9 @@ private[spark] object SafetensorsWriter {
     mapper.writeValueAsString(a)
   }
 
-  /** Rewrites a staged shard as `rewriteJson` (an entry of commitJob's rewrites) says; returns
-   *  the new ShardReport node. */
-  private def rewriteStaged(fs: FileSystem, staged: mutable.Map[String, Path], staging: Path,
-      file: String, rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): JsonNode = {
-    val src = staged(file)
-    val out = new Path(new Path(staging, "rewritten"), file)
-    val report = rewriteShardTo(fs, src, out, rewriteJson, localTemps)
-    fs.delete(src, false)
-    staged(file) = out
-    mapper.readTree(report)
-  }
-
-  /** Copies the dataset's shard `old` without the tensors `rewriteJson` (a checkKeysAgainstDataset
-   *  entry) drops, as `newName` in the dataset directory; returns (its path, its ShardReport). */
-  private def rewriteExisting(fs: FileSystem, dest: Path, staging: Path, old: String, newName: String,
-      rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): (Path, JsonNode) = {
-    val target = new Path(dest, newName)
-    val out = new Path(new Path(staging, "rewritten"), newName)
-    val report = rewriteShardTo(fs, new Path(dest, old), out, rewriteJson, localTemps)
-    if (!fs.rename(out, target)) throw new IOException(s"safetensors: cannot rename $out to $target")
-    val node = mapper.readTree(report).asInstanceOf[ObjectNode]
-    node.put("file", out.getName)
-    (target, node)
-  }
-
-  /** Writes `out` = `src` without the tensors `rewriteJson` drops (`rewriteShard`): directly when
-   *  both are local files, else through local copies (download, rewrite, upload). Returns the new
-   *  file's ShardReport text. */
-  private def rewriteShardTo(fs: FileSystem, src: Path, out: Path, rewriteJson: String,
-      localTemps: mutable.ArrayBuffer[File]): String =
-    (WriteTask.localFile(fs, src), WriteTask.localFile(fs, out)) match {
-      case (Some(in), Some(o)) =>
-        o.getParentFile.mkdirs()
-        NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
-      case _ =>
-        val dir = Files.createTempDirectory("safetensors-rewrite-").toFile
-        localTemps += dir
-        val in = new File(dir, "in-" + src.getName)
-        val o = new File(dir, out.getName)
-        localTemps += in
-        localTemps += o
-        fs.copyToLocalFile(false, src, new Path(in.getAbsolutePath), true)
-        val r = NativeWriter.rewriteShard(in.getAbsolutePath, o.getAbsolutePath, rewriteJson)
-        DatasetCommit.uploadLocal(fs, o, out)
-        r
-    }
-
   /** The header text of a shard (ranged reads: the 8-byte prefix, then N bytes) and its length.
    *  N is checked against the format's cap and the file length before anything is allocated. */
-  private def readHeaderJson(fs: FileSystem, p: Path): (String, Long) = {
+  def readHeaderJson(fs: FileSystem, p: Path): (String, Long) = {
     val len = fs.getFileStatus(p).getLen
     if (len < 8) throw new SafetensorsException(s"$p: header too small: $len bytes")
     val in = fs.open(p)

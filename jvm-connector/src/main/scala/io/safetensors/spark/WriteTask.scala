@@ -51,10 +51,11 @@ private[spark] object WriteMetrics {
 /**
  * A task's result: where its task report file (TaskReport JSON, written by the native writer;
  * one entry per KV row, so it is never held in executor memory) and each sealed shard now live
- * (staging URIs).
+ * (staging URIs), and each shard's index part (shard name → staging URI; spec/dataset.md §6.1),
+ * staged exactly like the shards.
  */
 private[spark] final case class TaskResult(partition: Int, reportFile: String,
-    staged: Map[String, String])
+    staged: Map[String, String], indexParts: Map[String, String] = Map.empty)
 
 /** Owner of one native writer handle: calls are serialised, close is idempotent. */
 private[spark] final class NativeTaskWriter(planJson: String, partition: Int, workDir: String)
@@ -161,7 +162,9 @@ private[spark] object WriteTask {
       place(done.get("sealed"))
       TaskOutput.add(ctx, bytes, records)
       Option(job.metrics).foreach { m => m.shards.add(sealedCount); m.writeNanos.add(nanos) }
-      TaskResult(partition, stage(done.get("report_file")).toString, staged.toMap)
+      val parts = done.path("index_parts").elements().asScala
+        .map(p => p.get("shard").asText() -> stage(p).toString).toMap
+      TaskResult(partition, stage(done.get("report_file")).toString, staged.toMap, parts)
     } catch {
       case t: Throwable =>
         try { if (writer != null) writer.abort() } catch { case e: Throwable => t.addSuppressed(e) }

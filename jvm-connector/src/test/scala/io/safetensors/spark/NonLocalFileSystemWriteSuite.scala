@@ -163,7 +163,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(debris(local).isEmpty, debris(local))
   }
 
-  test("generate_index: index uploaded; append indexes earlier shards, then merges the old index") {
+  test("generate_index: index parts uploaded; append indexes earlier shards, then adds its parts") {
     val (remote, local) = freshPath()
     val idx = new File(local, "_tensor_index.parquet")
     def indexRows(): Long = spark.read.parquet(idx.getAbsolutePath).count()
@@ -176,7 +176,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     }
     assert(u1.exists(_.contains("_tensor_index.parquet/.part-")), u1)
     assert(idx.isDirectory && indexRows() == shardFiles(local).size && shardFiles(local).size == 3)
-    // append again with an index: the old index is copied down and merged
+    // append again with an index: the new shards' parts are added, old ones stay
     tracked {
       floats(2, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "true")
         .mode("append").save(remote)

@@ -195,8 +195,11 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
         .option("generate_index", index.toString).save(path)
       val shards = shardFiles(path)
       assert(shards.size >= 5, shards)
-      val indexFile = new File(new File(path, "_tensor_index.parquet"), "part-00000000000000000001.parquet")
-      assert(indexFile.exists() == index)
+      val indexDir = new File(path, "_tensor_index.parquet")
+      assert(indexDir.exists() == index)
+      // parts this small (< 64 KiB) are read whole: the driver reads each listed shard's part
+      val indexBytes = if (index) indexDir.listFiles().map(_.length()).sum else 0L
+      if (index) assert(indexDir.list().length == shards.size)
       val holder = shards.find(f => readShard(f).tensors.contains("k0042__v")).get
       val manifestBytes = new File(path, "dataset_manifest.json").length()
 
@@ -211,7 +214,7 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
       assert(got.head.getSeq[Float](3) == Seq.fill(256)(42f))
       assert(taskBytes == headerBytes(holder) + 1024L, "the task: one header and one tensor")
       if (index) {
-        assert(streamed == manifestBytes + indexFile.length() + headerBytes(holder) + 1024L,
+        assert(streamed == manifestBytes + indexBytes + headerBytes(holder) + 1024L,
           s"driver: manifest + index, executor: one header + one tensor ($streamed bytes)")
       } else {
         assert(streamed == manifestBytes + shards.map(headerBytes).sum + headerBytes(holder) + 1024L,
@@ -242,6 +245,37 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
         assert(messages(e).contains("changed since the scan was planned"), messages(e))
       }
     }
+  }
+
+  test("a key lookup reads the footer and the matching row group of each index part, not the whole index") {
+    // one shard of 40,000 keys: its part has 5 row groups of 8192 rows
+    val n = 40000
+    val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
+    val rows = (0 until n).map(i => Row(f"k$i%06d", Seq(i.toFloat)))
+    val path = freshPath()
+    spark.createDataFrame(spark.sparkContext.parallelize(rows, 1), schema)
+      .write.format("safetensors").option("name_col", "k").option("generate_index", "true").save(path)
+    val shards = shardFiles(path)
+    assert(shards.size == 1, shards)
+    val part = new File(new File(path, "_tensor_index.parquet"), shards.head.getName.stripSuffix(".safetensors") + ".parquet")
+    assert(part.length() > 300000L, part.length())
+    val manifestBytes = new File(path, "dataset_manifest.json").length()
+    val before = TestRemoteFileSystem.bytesRead.get()
+    val df = spark.read.format("safetensors").load(remote(path))
+    val (got, taskBytes) = collectMeasured(df.where(col("key") === "k031234__v").select("key", "decoded"))
+    val driver = TestRemoteFileSystem.bytesRead.get() - before - taskBytes
+    assert(got.map(_.getString(0)).toSeq == Seq("k031234__v"))
+    assert(got.head.getSeq[Float](1) == Seq(31234f))
+    // the manifest, the part's last 64 KiB (its footer) and one row group of five
+    val indexRead = driver - manifestBytes
+    assert(indexRead > 0 && indexRead < part.length() / 2, s"read $indexRead of the ${part.length()}-byte part")
+    // a key outside every row group's range: the footer only
+    val before2 = TestRemoteFileSystem.bytesRead.get()
+    val (none, _) = collectMeasured(spark.read.format("safetensors").load(remote(path))
+      .where(col("key") === "zzz").select("key"))
+    assert(none.isEmpty)
+    assert(TestRemoteFileSystem.bytesRead.get() - before2 <= manifestBytes + 64 * 1024,
+      "an absent key reads the footer only")
   }
 
   /** A safetensors file of the given (name, dtype, shape, bytes) tensors and metadata. */

@@ -291,12 +291,18 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(!new File(path).exists() || allFiles(path).isEmpty, allFiles(path))
   }
 
-  test("generate_index writes _tensor_index.parquet as a directory spark.read.parquet reads by its name; append merges it") {
+  /** The index part names the listed shards must have (dataset.md §6.1). */
+  def partsOf(path: String): Seq[String] =
+    shardFiles(path).map(_.getName.stripSuffix(".safetensors") + ".parquet").sorted
+
+  test("generate_index writes _tensor_index.parquet as a directory spark.read.parquet reads by its name; append adds parts") {
     val path = freshPath()
     floats(5).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(path)
     val idx = new File(path, "_tensor_index.parquet")
     assert(idx.isDirectory)
-    assert(idx.list().toSeq == Seq("part-00000000000000000001.parquet"), idx.list().toSeq)
+    // one part per shard, named after it
+    assert(idx.list().toSeq.sorted == partsOf(path), idx.list().toSeq)
+    val firstParts = idx.listFiles().map(f => f.getName -> f.lastModified()).toMap
     def readIndex() = spark.read.parquet(idx.getAbsolutePath)
     val df = readIndex()
     assert(df.columns.toSeq == Seq("tensor_key", "file_name", "dtype", "shape", "data_start",
@@ -309,8 +315,9 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     }
     floats(2, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "true")
       .mode("append").save(path)
-    // one part, the one of the new manifest version: never the old rows twice
-    assert(idx.list().toSeq == Seq("part-00000000000000000002.parquet"), idx.list().toSeq)
+    // the old shards keep their parts untouched (no index data copied); the new shards add theirs
+    assert(idx.list().toSeq.sorted == partsOf(path), idx.list().toSeq)
+    firstParts.foreach { case (n, t) => assert(new File(idx, n).lastModified() == t, n) }
     assert(manifest(path).get("manifest_version").asInt == 2)
     assert(readIndex().count() == shardFiles(path).size)
     assert(debris(path).isEmpty, debris(path))
@@ -430,7 +437,7 @@ object SafetensorsWriteSuite {
     (n.endsWith(".safetensors") && !n.startsWith(".") && !n.contains("/")) ||
       n == "dataset_manifest.json" || n == "_tensor_index.parquet" || n == "_manifest_log" ||
       n.matches("_manifest_log/[0-9]{20}\\.json") ||
-      n.matches("_tensor_index\\.parquet/part-[0-9]{20}\\.parquet")
+      n.matches("_tensor_index\\.parquet/part-[0-9]{5}-[0-9]{4}-[0-9a-f-]{36}\\.parquet")
   }
 
   /** Relative path -> content digest of every file (hidden ones included). */

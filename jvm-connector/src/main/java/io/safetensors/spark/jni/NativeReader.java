@@ -77,4 +77,16 @@ public final class NativeReader {
 
   /** Frees the handle. Exactly once. */
   public static native void close(long handle);
+
+  /** Driver, key lookup: one step in the index part of {@code shard} (spec/dataset.md §6.1), a
+   *  file of {@code fileLength} bytes of which {@code data} holds the ranges {@code rangesJson}
+   *  ([[start, length], ...], concatenated in that order). Answers {"need": [[start, length],
+   *  ...]} (read those too and ask again; the first step can pass no ranges) or {"summary":
+   *  IndexSummary} (the shard's row count and the rows the predicates keep). An invalid part is
+   *  a SafetensorsException naming it. */
+  public static native String indexPartLookup(String dir, String shard, long fileLength,
+      String rangesJson, byte[] data, String predicatesJson);
+
+  /** The index part's file name of shard {@code shard} (spec/dataset.md §6.1). */
+  public static native String indexPartName(String shard);
 }

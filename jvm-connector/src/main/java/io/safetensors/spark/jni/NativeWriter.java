@@ -86,4 +86,25 @@ public final class NativeWriter {
   /** Driver: writes the Parquet index of the given shards (+ the rows of an existing index). */
   public static native void writeIndex(String outputPath, String shardReportsJsonArray,
       String existingIndexPathOrNull);
+
+  /** Driver, KV: the keys of the shards in {@code runsJson} ([{"file", "part" (its index part, a
+   *  local file), "existing", "partition", "shard"}]) merged from their sorted index parts
+   *  (spec/dataset.md §6.1), holding no key in memory beyond one record batch per part. With
+   *  duplicatesStrategy=fail a key twice (or a tensor name collision) throws
+   *  SafetensorsException naming it and both shards; with lastWin returns [{"file", "keys",
+   *  "count"}]: the shards that lose keys, each loser's keys in the JSON file "keys" written into
+   *  {@code workDir}. */
+  public static native String mergeKeys(String planJson, String runsJson, String workDir);
+
+  /** Driver, KV lastWin: writes {@code outputPath} = input without the keys listed in
+   *  {@code keysPath} (a mergeKeys answer), and its index part at {@code partPathOrNull}.
+   *  Returns {"delete", "bytes", "samples", "num_tensors"}; delete: no key is left (nothing
+   *  written). */
+  public static native String rewriteShardKeys(String planJson, String inputPath, String outputPath,
+      String outputFileName, String partPathOrNull, String keysPath);
+
+  /** Driver: writes the index part of the dataset's shard {@code fileName} from its header text
+   *  and file length at {@code partPath} (a local file). Returns its row count. */
+  public static native long indexPartFromHeader(String planJson, String fileName, String headerJson,
+      long fileLength, String partPath);
 }

@@ -1,0 +1,65 @@
+"""KV write of N keys x 8 floats with generate_index=true in a driver of 1 GiB, then a key lookup
+through the index (spec/performance.md §10). Not part of CI: 10M keys take minutes.
+
+    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python jvm-connector/bench/kv_driver_memory.py \\
+        --rows 10000000 --out /tmp/kv10m
+
+Prints one JSON object: rows, partitions, write seconds, the driver JVM's peak RSS (VmHWM of
+/proc/<pid>/status; local[2], so the tasks run in it too), its max heap, shards, index parts,
+and the lookup's seconds (a new DataFrame, `key = ...`, collect) and driver bytes read."""
+import argparse
+import glob
+import json
+import os
+import shutil
+import time
+
+from pyspark.sql import SparkSession, functions as F
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--driver-memory", default="1g")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jar", help="the connector jar (default: the one in jvm-connector/target)")
+    args = ap.parse_args()
+    jar = [args.jar] if args.jar else glob.glob(
+        os.path.join(os.path.dirname(__file__), "..", "target", "safetensors-spark-*.jar"))
+    assert len(jar) == 1, jar
+    spark = (SparkSession.builder.master("local[2]").appName("kv-driver-memory")
+             .config("spark.jars", jar[0]).config("spark.ui.enabled", "false")
+             .config("spark.driver.memory", args.driver_memory).config("spark.driver.host", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    jvm = spark.sparkContext._jvm
+    pid = jvm.java.lang.ProcessHandle.current().pid()
+    shutil.rmtree(args.out, ignore_errors=True)
+    df = spark.range(args.rows, numPartitions=args.partitions).select(
+        F.format_string("key-%09d", F.col("id")).alias("k"),
+        F.array(*[(F.col("id") + i).cast("float") for i in range(8)]).alias("v"))
+    t0 = time.time()
+    df.write.format("safetensors").option("name_col", "k").option("generate_index", "true").save(args.out)
+    write_s = time.time() - t0
+    with open(f"/proc/{pid}/status") as f:
+        hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    key = f"key-{args.rows * 7 // 10:09d}__v"
+    t0 = time.time()
+    hit = (spark.read.format("safetensors").load(args.out).where(F.col("key") == key)
+           .select("key", "decoded").collect())
+    lookup_s = time.time() - t0
+    manifest = json.load(open(os.path.join(args.out, "dataset_manifest.json")))
+    print(json.dumps({
+        "rows": args.rows, "partitions": args.partitions, "write_s": round(write_s, 1),
+        "driver_peak_rss_mib": hwm_kb // 1024,
+        "driver_max_heap_mib": jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20,
+        "total_samples": manifest["total_samples"], "shards": len(manifest["shards"]),
+        "index_parts": len(os.listdir(os.path.join(args.out, "_tensor_index.parquet"))),
+        "lookup_s": round(lookup_s, 2), "lookup_hit": [r.key for r in hit],
+    }))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
