@@ -15,7 +15,7 @@ use crate::Dtype;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// The published layout's `format_version`.
@@ -167,6 +167,10 @@ pub struct ManifestExt {
     pub kv_separator: Option<String>,
     pub padded_samples: u64,
     pub dropped_samples: u64,
+    /// Streaming writes (spec/dataset.md §5.6): query id → the last micro-batch id committed by
+    /// that query. Optional and additive: absent (empty) unless a streaming query wrote here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stream_commits: BTreeMap<String, u64>,
 }
 
 /// `dataset_manifest.json`.
@@ -227,6 +231,9 @@ impl Serialize for Manifest {
             map.serialize_entry("kv_separator", &x.kv_separator)?;
             map.serialize_entry("padded_samples", &x.padded_samples)?;
             map.serialize_entry("dropped_samples", &x.dropped_samples)?;
+            if !x.stream_commits.is_empty() {
+                map.serialize_entry("stream_commits", &x.stream_commits)?;
+            }
         }
         map.end()
     }
@@ -467,6 +474,12 @@ impl Manifest {
         if self.shards.is_empty() && !self.schema.is_empty() {
             return Err(invalid("schema must be {} when there are no shards"));
         }
+        if let Some(q) = x.stream_commits.keys().find(|q| !valid_query_id(q)) {
+            return Err(invalid(format!(
+                "stream_commits has the query id {q:?}; expected 1 to 128 characters of \
+                 letters, digits, '-' and '_'"
+            )));
+        }
         Ok(())
     }
 
@@ -550,6 +563,14 @@ pub fn next_manifest(
     }
     if let Some(x) = &mut out.ext {
         x.manifest_version = version;
+        // a stream's record outlives any write, an overwrite included: a replay of a batch the
+        // stream committed before the overwrite must still change nothing (§5.6)
+        if let Some(old) = base.and_then(|b| b.ext.as_ref()) {
+            for (q, b) in &old.stream_commits {
+                let e = x.stream_commits.entry(q.clone()).or_insert(*b);
+                *e = (*e).max(*b);
+            }
+        }
     }
     out.recompute_totals();
     out.validate()?;
@@ -631,6 +652,7 @@ fn merge_append(
         shards,
         ext: Some(ManifestExt {
             dropped_samples: old_ext.dropped_samples + new_ext.dropped_samples,
+            stream_commits: old_ext.stream_commits.clone(),
             ..new_ext.clone()
         }),
         ..new.clone()
@@ -653,4 +675,67 @@ pub fn superseded_shards<'a>(base: &'a Manifest, next: &Manifest) -> Vec<&'a str
         .map(|s| s.shard_path.as_str())
         .filter(|s| !keep.contains(s))
         .collect()
+}
+
+/// A query id as `stream_commits` keys it (Spark's are UUIDs).
+fn valid_query_id(q: &str) -> bool {
+    !q.is_empty()
+        && q.len() <= 128
+        && q.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// One micro-batch of a streaming query (spec/dataset.md §5.6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamBatch {
+    pub query_id: String,
+    pub batch_id: u64,
+}
+
+/// Whether `base` (the latest committed manifest; `None`: there is none) already records
+/// `batch`: its query committed this batch id or a later one. Such a batch is a replay and its
+/// commit must change nothing.
+pub fn stream_batch_committed(base: Option<&Manifest>, batch: &StreamBatch) -> bool {
+    base.and_then(|m| m.ext.as_ref())
+        .and_then(|x| x.stream_commits.get(&batch.query_id))
+        .is_some_and(|last| *last >= batch.batch_id)
+}
+
+/// The manifest of a streaming micro-batch's commit: an append of `new` on top of `base`
+/// ([`next_manifest`]) that also records `batch` as its query's last committed batch, in the
+/// same manifest version, so the check ([`stream_batch_committed`]) and the shard listing are one
+/// atomic commit. A batch `base` already records is refused ([`DatasetError::InvalidManifest`]
+/// naming the query and ids): the caller checks first and drops the replay's shards.
+pub fn next_stream_manifest(
+    base: Option<&Manifest>,
+    new: &Manifest,
+    replacements: &[ShardReplacement],
+    batch: &StreamBatch,
+) -> Result<Manifest, DatasetError> {
+    let stream_err = |problem: String| DatasetError::StreamBatch { problem };
+    if !valid_query_id(&batch.query_id) {
+        return Err(stream_err(format!(
+            "query id {:?}: expected 1 to 128 characters of letters, digits, '-' and '_'",
+            batch.query_id
+        )));
+    }
+    if stream_batch_committed(base, batch) {
+        return Err(stream_err(format!(
+            "query {} already committed batch {} (the dataset records batch {}); a replayed \
+             batch is not committed again",
+            batch.query_id,
+            batch.batch_id,
+            base.and_then(|m| m.ext.as_ref())
+                .and_then(|x| x.stream_commits.get(&batch.query_id))
+                .copied()
+                .unwrap_or_default()
+        )));
+    }
+    let mut out = next_manifest(base, new, true, replacements)?;
+    if let Some(x) = &mut out.ext {
+        x.stream_commits
+            .insert(batch.query_id.clone(), batch.batch_id);
+    }
+    out.validate()?;
+    Ok(out)
 }

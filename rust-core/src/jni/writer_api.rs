@@ -21,7 +21,8 @@ use crate::write::{ShardReport, TaskReport, TensorReport, WriteLayout, WritePlan
 
 use crate::dataset::index::{read_index, write_index, IndexRow};
 use crate::dataset::manifest::{
-    next_manifest, parse_manifest, superseded_shards, ShardReplacement,
+    next_manifest, next_stream_manifest, parse_manifest, stream_batch_committed, superseded_shards,
+    ShardReplacement, StreamBatch,
 };
 use crate::dataset::names::MANIFEST_FILE_NAME;
 use crate::dataset::DatasetError;
@@ -252,6 +253,63 @@ pub fn next_manifest_json(
         DatasetError::AppendMismatch { .. } => JniError::invalid_argument(e.to_string()),
         other => failed(other),
     })?;
+    let superseded: Vec<&str> = base
+        .as_ref()
+        .map(|b| superseded_shards(b, &next))
+        .unwrap_or_default();
+    to_json(&json!({
+        "manifest": next.to_json_pretty().map_err(failed)?,
+        "version": next.manifest_version(),
+        "superseded": superseded,
+    }))
+}
+
+/// A micro-batch of a streaming query from its JNI arguments (a negative id is refused).
+fn stream_batch(query_id: String, batch_id: jlong) -> Result<StreamBatch, JniError> {
+    let batch_id = u64::try_from(batch_id).map_err(|_| {
+        JniError::invalid_argument(format!(
+            "streaming batch id must be ≥ 0, got {batch_id} (query {query_id})"
+        ))
+    })?;
+    Ok(StreamBatch { query_id, batch_id })
+}
+
+/// `streamBatchCommitted`: whether the directory's latest committed manifest (null: none)
+/// records `batch` as committed (spec/dataset.md §5.6).
+pub fn stream_batch_committed_json(
+    base_json: Option<&str>,
+    batch: &StreamBatch,
+) -> Result<bool, JniError> {
+    let base = base_json
+        .map(parse_manifest)
+        .transpose()
+        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
+    Ok(stream_batch_committed(base.as_ref(), batch))
+}
+
+/// `nextStreamManifest`: [`next_manifest_json`] for a streaming micro-batch: an append that
+/// also records the batch as its query's last committed one, in the same version.
+pub fn next_stream_manifest_json(
+    base_json: Option<&str>,
+    write_manifest_json: &str,
+    replacements_json: Option<&str>,
+    batch: &StreamBatch,
+) -> Result<String, JniError> {
+    let replacements: Vec<ShardReplacement> = match replacements_json {
+        Some(j) => parse_json(j, "shard replacements")?,
+        None => Vec::new(),
+    };
+    let base = base_json
+        .map(parse_manifest)
+        .transpose()
+        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
+    let new = parse_manifest(write_manifest_json)
+        .map_err(|e| failed(format!("this write's manifest: {e}")))?;
+    let next =
+        next_stream_manifest(base.as_ref(), &new, &replacements, batch).map_err(|e| match e {
+            DatasetError::AppendMismatch { .. } => JniError::invalid_argument(e.to_string()),
+            other => failed(other),
+        })?;
     let superseded: Vec<&str> = base
         .as_ref()
         .map(|b| superseded_shards(b, &next))
@@ -659,6 +717,48 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'
             &write_manifest,
             append,
             replacements.as_deref(),
+        )?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native boolean streamBatchCommitted(String baseManifestJsonOrNull, String queryId, long batchId)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_streamBatchCommitted<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    query_id: JString<'local>,
+    batch_id: jlong,
+) -> jboolean {
+    guard(&mut env, |env| {
+        let base = opt_arg(env, &base)?;
+        let batch = stream_batch(arg(env, &query_id, "queryId")?, batch_id)?;
+        stream_batch_committed_json(base.as_deref(), &batch)
+    })
+}
+
+/// `static native String nextStreamManifest(String baseManifestJsonOrNull, String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamManifest<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    write_manifest: JString<'local>,
+    replacements: JString<'local>,
+    query_id: JString<'local>,
+    batch_id: jlong,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = opt_arg(env, &base)?;
+        let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
+        let replacements = opt_arg(env, &replacements)?;
+        let batch = stream_batch(arg(env, &query_id, "queryId")?, batch_id)?;
+        let json = next_stream_manifest_json(
+            base.as_deref(),
+            &write_manifest,
+            replacements.as_deref(),
+            &batch,
         )?;
         new_string(env, &json)
     })

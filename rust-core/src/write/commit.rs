@@ -107,6 +107,7 @@ pub fn empty_manifest(plan: &WritePlan) -> Manifest {
         kv_separator,
         padded_samples: 0,
         dropped_samples: 0,
+        stream_commits: Default::default(),
     })
 }
 

@@ -1,7 +1,10 @@
-"""PySpark set-up: a session builder with the safetensors connector jar on ``spark.jars``."""
+"""PySpark set-up: a session builder with the safetensors connector jar on ``spark.jars``; for
+Spark Connect, the command that starts a Connect server with the jar and a check that a session's
+server has it (spec/python.md §8)."""
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 from ._errors import SafetensorsSparkError
@@ -35,11 +38,24 @@ def find_jar():
 EXTENSIONS_CLASS = "io.safetensors.spark.SafetensorsExtensions"
 
 
+def _is_connect(builder):
+    """Whether ``builder`` makes a Spark Connect session (``.remote(url)`` or ``SPARK_REMOTE``)."""
+    options = getattr(builder, "_options", {})
+    return "spark.remote" in options or "SPARK_REMOTE" in os.environ
+
+
 def configure(builder, jar=None):
     """Returns ``builder`` with the connector jar added to ``spark.jars`` and the connector's
-    ``spark.sql.extensions`` class (the SQL functions ``arr_to_st``/``st_to_array``) added to that
-    setting (both keep what is already configured there), e.g.
-    ``configure(SparkSession.builder).master("local[2]").getOrCreate()``."""
+    ``spark.sql.extensions`` class (the SQL functions ``arr_to_st``/``st_to_array``, SQL on files)
+    added to that setting (both keep what is already configured there), e.g.
+    ``configure(SparkSession.builder).master("local[2]").getOrCreate()``.
+
+    A Spark Connect builder (``SparkSession.builder.remote("sc://…")``) is returned unchanged: the
+    connector runs in the Connect server, whose classpath and extensions are fixed when it starts
+    (:func:`connect_server_command`), and a client cannot set them there. Call
+    :func:`check_session` on the session to verify the server has the connector."""
+    if _is_connect(builder):
+        return builder
     jar = os.fspath(jar) if jar is not None else find_jar()
     if not os.path.isfile(jar):
         raise SafetensorsSparkError(f"connector jar {jar} does not exist")
@@ -51,3 +67,64 @@ def configure(builder, jar=None):
     if EXTENSIONS_CLASS not in exts:
         exts.append(EXTENSIONS_CLASS)
     return builder.config("spark.jars", ",".join(jars)).config("spark.sql.extensions", ",".join(exts))
+
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def connect_server_command(jar=None, *, host="127.0.0.1", port=15002, master="local[*]", conf=None):
+    """The command (argument list) that starts a Spark Connect server with the connector jar:
+    pyspark's ``spark-submit`` running ``SparkConnectServer`` (its jar ships with pyspark 4.x)
+    with ``--jars <jar>`` and the connector's ``spark.sql.extensions`` class, listening on ``host``:``port``. Run it with ``subprocess``; clients then
+    connect with ``SparkSession.builder.remote(f"sc://{host}:{port}")``."""
+    jar = os.fspath(jar) if jar is not None else find_jar()
+    if not os.path.isfile(jar):
+        raise SafetensorsSparkError(f"connector jar {jar} does not exist")
+    import pyspark
+
+    home = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
+    submit = os.path.join(home, "bin", "spark-submit")
+    if not os.path.isfile(submit):
+        raise SafetensorsSparkError(f"no spark-submit in {home} (SPARK_HOME or the pyspark package)")
+    settings = {
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(int(port)),
+        "spark.pyspark.python": sys.executable,
+        "spark.sql.extensions": EXTENSIONS_CLASS,
+        **(conf or {}),
+    }
+    args = [submit, "--class", CONNECT_SERVER_CLASS, "--name", "Spark Connect server",
+            "--master", master, "--jars", jar]
+    for k, v in settings.items():
+        args += ["--conf", f"{k}={v}"]
+    return args + ["spark-internal"]
+
+
+def check_session(spark):
+    """Raises :class:`SafetensorsSparkError` unless ``spark`` (a classic or a Spark Connect
+    session) resolves ``format("safetensors")``: for Connect, unless the server was started with
+    the connector jar. Returns ``spark``."""
+    probe = "/nonexistent-safetensors-spark-probe"
+    try:
+        spark.read.format("safetensors").load(probe).schema
+    except Exception as e:  # the server's error, as the client raises it
+        text = str(e)
+        if "DATA_SOURCE_NOT_FOUND" in text:
+            if _session_is_connect(spark):
+                fix = ("start the Connect server with the jar: safetensors_spark.spark."
+                       "connect_server_command() gives the command, or `start-connect-server.sh "
+                       "--jars <safetensors-spark jar>`")
+                where = "the Spark Connect server"
+            else:
+                fix = "build the session with safetensors_spark.spark.configure(SparkSession.builder)"
+                where = "this session"
+            raise SafetensorsSparkError(
+                f"{where} has no safetensors connector (format('safetensors') is unknown there); "
+                + fix) from None
+        if "safetensors: path does not exist" not in text:
+            raise  # not the connector's answer to the probe (e.g. the server is unreachable)
+    return spark
+
+
+def _session_is_connect(spark):
+    return type(spark).__module__.startswith("pyspark.sql.connect")

@@ -225,6 +225,7 @@ pub(crate) fn manifest(
             kv_separator: None,
             padded_samples: shards.iter().map(|s| s.2).sum(),
             dropped_samples: 0,
+            stream_commits: Default::default(),
         }),
     };
     ManifestInput {
@@ -1237,6 +1238,7 @@ fn kv_dataset(
             kv_separator: Some("__".into()),
             padded_samples: 0,
             dropped_samples: 0,
+            stream_commits: Default::default(),
         }),
     };
     if index {

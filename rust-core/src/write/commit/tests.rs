@@ -1113,3 +1113,132 @@ fn merged_runs_name_a_missing_or_invalid_part() {
     let e = merge_key_runs(&[junk], DuplicatesStrategy::Fail).unwrap_err();
     assert!(e.to_string().contains("junk.safetensors"), "{e}");
 }
+
+#[test]
+fn stream_commits_record_batches_and_refuse_replays() {
+    use crate::dataset::manifest::{next_stream_manifest, stream_batch_committed, StreamBatch};
+    let q = "5f0c3a52-8d1e-4b7a-9c39-0a1b2c3d4e5f";
+    let batch = |id: u64| StreamBatch {
+        query_id: q.into(),
+        batch_id: id,
+    };
+    let write = |id: &str, n: u64| {
+        let mut p = batch_plan("drop");
+        p.write_id = id.into();
+        let tasks = if n == 0 {
+            vec![]
+        } else {
+            vec![batch_task(0, vec![batch_shard(&p, 0, 0, 2, 0)], 0)]
+        };
+        commit_manifest(&p, &tasks).unwrap().manifest
+    };
+    // batch 0 onto nothing: the first version, recording batch 0
+    assert!(!stream_batch_committed(None, &batch(0)));
+    let m1 = next_stream_manifest(
+        None,
+        &write("00000000-0000-4000-8000-000000000001", 1),
+        &[],
+        &batch(0),
+    )
+    .unwrap();
+    assert_eq!(ext(&m1).manifest_version, 1);
+    assert_eq!(ext(&m1).stream_commits.get(q), Some(&0));
+    // it round-trips through the text, and a manifest without streams has no such key
+    let text = m1.to_json_pretty().unwrap();
+    assert!(text.contains("\"stream_commits\""), "{text}");
+    assert_eq!(parse_manifest(&text).unwrap(), m1);
+    assert!(!write("00000000-0000-4000-8000-000000000009", 1)
+        .to_json_pretty()
+        .unwrap()
+        .contains("stream_commits"));
+    // batch 0 again (a replay) is committed; batch 1 is not
+    assert!(stream_batch_committed(Some(&m1), &batch(0)));
+    assert!(!stream_batch_committed(Some(&m1), &batch(1)));
+    let e = next_stream_manifest(
+        Some(&m1),
+        &write("00000000-0000-4000-8000-000000000002", 1),
+        &[],
+        &batch(0),
+    )
+    .unwrap_err();
+    assert!(matches!(e, DatasetError::StreamBatch { .. }), "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "streaming write: query {q} already committed batch 0 (the dataset records batch 0)"
+        )),
+        "{e}"
+    );
+    // an empty batch 1 still records it; shards stay
+    let m2 = next_stream_manifest(
+        Some(&m1),
+        &write("00000000-0000-4000-8000-000000000003", 0),
+        &[],
+        &batch(1),
+    )
+    .unwrap();
+    assert_eq!(
+        (m2.shards.len(), ext(&m2).stream_commits.get(q)),
+        (1, Some(&1))
+    );
+    // a plain append and an overwrite in between keep the record: batch 1 stays a replay
+    let m3 = next_manifest(
+        Some(&m2),
+        &write("00000000-0000-4000-8000-000000000004", 1),
+        true,
+        &[],
+    )
+    .unwrap();
+    let m4 = next_manifest(
+        Some(&m3),
+        &write("00000000-0000-4000-8000-000000000005", 1),
+        false,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(m4.shards.len(), 1);
+    for m in [&m3, &m4] {
+        assert!(stream_batch_committed(Some(m), &batch(1)));
+        assert!(!stream_batch_committed(Some(m), &batch(2)));
+    }
+    // another query's batch 0 is not this one's
+    let other = StreamBatch {
+        query_id: "other_query".into(),
+        batch_id: 0,
+    };
+    assert!(!stream_batch_committed(Some(&m4), &other));
+    let m5 = next_stream_manifest(
+        Some(&m4),
+        &write("00000000-0000-4000-8000-000000000006", 1),
+        &[],
+        &other,
+    )
+    .unwrap();
+    assert_eq!(ext(&m5).stream_commits.len(), 2);
+    // bad query ids: in the argument and in a manifest's text
+    let e = next_stream_manifest(
+        Some(&m5),
+        &write("00000000-0000-4000-8000-000000000007", 1),
+        &[],
+        &StreamBatch {
+            query_id: "a/b".into(),
+            batch_id: 3,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, DatasetError::StreamBatch { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("streaming write: query id \"a/b\""),
+        "{e}"
+    );
+    let bad = m5
+        .to_json_pretty()
+        .unwrap()
+        .replace("\"other_query\"", "\"../x\"");
+    let e = parse_manifest(&bad).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("stream_commits has the query id \"../x\""),
+        "{e}"
+    );
+}

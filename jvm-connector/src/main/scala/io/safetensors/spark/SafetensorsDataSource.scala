@@ -8,7 +8,10 @@ import org.apache.spark.sql.{DataFrame, SQLContext, SaveMode, SparkSession}
 import org.apache.spark.sql.connector.catalog.{Table, TableProvider}
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.connector.expressions.{Expressions, Transform}
-import org.apache.spark.sql.sources.{BaseRelation, CreatableRelationProvider, DataSourceRegister}
+import org.apache.spark.sql.execution.streaming.Sink
+import org.apache.spark.sql.sources.{BaseRelation, CreatableRelationProvider, DataSourceRegister,
+  StreamSinkProvider}
+import org.apache.spark.sql.streaming.OutputMode
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 
@@ -20,10 +23,12 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap
  * no BATCH_WRITE, so Spark 4.0's `DataFrameWriter.save(path)` sends every SaveMode
  * (errorifexists, ignore, overwrite, append) to the V1 route, [[createRelation]], which runs the
  * whole write ([[SafetensorsWriter]]). A table from a catalog (CREATE TABLE, saveAsTable,
- * writeTo) is a [[SafetensorsCatalogTable]], which takes INSERTs (spec/sql.md).
+ * writeTo) is a [[SafetensorsCatalogTable]], which takes INSERTs (spec/sql.md). Streaming writes:
+ * the table declares no STREAMING_WRITE either, so `writeStream` takes the V1 sink route,
+ * [[createSink]] ([[SafetensorsStreamSink]]).
  */
 class SafetensorsDataSource extends TableProvider with DataSourceRegister
-    with CreatableRelationProvider {
+    with CreatableRelationProvider with StreamSinkProvider {
 
   /** The source [[inferSchema]] listed, reused by [[getTable]] for the same options. */
   private var inferred: Option[(Map[String, String], TableSource)] = None
@@ -102,4 +107,8 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
       case Some(columns) => PartitionedWriter.write(sqlContext, mode, parameters, data, columns)
       case None => SafetensorsWriter.write(sqlContext, mode, parameters, data)
     }
+
+  override def createSink(sqlContext: SQLContext, parameters: Map[String, String],
+      partitionColumns: Seq[String], outputMode: OutputMode): Sink =
+    SafetensorsStreamSink.create(sqlContext, parameters, partitionColumns, outputMode)
 }

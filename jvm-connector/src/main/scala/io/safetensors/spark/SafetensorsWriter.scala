@@ -34,8 +34,12 @@ private[spark] object SafetensorsWriter {
       s"safetensors: path $dest already exists (SaveMode ErrorIfExists, the default); " +
         "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
 
+  /** One micro-batch of a streaming query ([[SafetensorsStreamSink]]): its commit records the
+   *  batch in the manifest, and a batch the manifest already records changes nothing (§5.6). */
+  final case class StreamBatch(queryId: String, batchId: Long)
+
   def write(sqlContext: SQLContext, mode: SaveMode, parameters: Map[String, String],
-      data: DataFrame): BaseRelation = {
+      data: DataFrame, stream: Option[StreamBatch] = None): BaseRelation = {
     val relation = new WrittenRelation(sqlContext, data.schema)
     // (1) exactly one path
     val path = parameters.collectFirst { case (k, v) if k.equalsIgnoreCase("path") => v }
@@ -72,6 +76,10 @@ private[spark] object SafetensorsWriter {
     }
     val current: Option[String] = if (exists) commits.latest().map(_._2) else None
     current.foreach(NativeWriter.checkManifest)
+    // a replayed micro-batch (its query committed it already): no job, nothing changes
+    if (stream.exists(b => NativeWriter.streamBatchCommitted(current.orNull, b.queryId, b.batchId))) {
+      return relation
+    }
     val append = mode == SaveMode.Append
     if (append) current match {
       case Some(m) => NativeWriter.checkAppend(planJson, m)
@@ -178,7 +186,8 @@ private[spark] object SafetensorsWriter {
       // lastWin across writes: this attempt's rewritten copies of older shards (and their parts)
       var rewritten = Seq.empty[Path]
       var replacements = mapper.createArrayNode()
-      while (!committed) {
+      var replayed = false
+      while (!committed && !replayed) {
         if (attempts == MaxCommitAttempts) {
           throw new IOException(s"safetensors: could not commit to $dest: $attempts attempts " +
             "each found a newer manifest version committed by another writer")
@@ -189,7 +198,11 @@ private[spark] object SafetensorsWriter {
         rewritten.foreach { p => fs.delete(p, false); promoted -= p }
         rewritten = Seq.empty
         replacements = mapper.createArrayNode()
-        if (kvAppend) {
+        // the stream's record is checked on the very manifest this attempt builds on, so the
+        // check and the listing of the batch's shards are one atomic version (§5.6)
+        replayed = stream.exists(b => NativeWriter.streamBatchCommitted(base.map(_._2).orNull,
+          b.queryId, b.batchId))
+        if (kvAppend && !replayed) {
           // KV keys hold across the whole dataset: this write's against every listed shard
           // (dataset.md §3), by merging index parts (an existing shard without one gets a
           // temporary part from its header); fail throws, lastWin names the older shards that
@@ -229,11 +242,25 @@ private[spark] object SafetensorsWriter {
             }
           }
         }
-        next = mapper.readTree(NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append,
-          if (replacements.isEmpty) null else mapper.writeValueAsString(replacements)))
-        Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
-        committed = commits.tryCommit(next.get("version").asLong(), base.map(_._1).getOrElse(0L),
-          next.get("manifest").asText(), writeId)
+        if (!replayed) {
+          val replacementsJson =
+            if (replacements.isEmpty) null else mapper.writeValueAsString(replacements)
+          next = mapper.readTree(stream match {
+            case Some(b) => NativeWriter.nextStreamManifest(base.map(_._2).orNull, writeManifest,
+              replacementsJson, b.queryId, b.batchId)
+            case None => NativeWriter.nextManifest(base.map(_._2).orNull, writeManifest, append,
+              replacementsJson)
+          })
+          Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
+          committed = commits.tryCommit(next.get("version").asLong(), base.map(_._1).getOrElse(0L),
+            next.get("manifest").asText(), writeId)
+        }
+      }
+      if (replayed) {
+        // another run of this query committed the batch since the check before the job: this
+        // run's shards go, the dataset is left as that commit made it
+        promoted.foreach(p => quietly(null)(fs.delete(p, false)))
+        return relation
       }
       val version = next.get("version").asLong()
       // after the commit: best effort, the new dataset is already consistent for readers that

@@ -72,6 +72,18 @@ public final class NativeWriter {
   public static native String nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
       boolean append, String replacementsJsonOrNull);
 
+  /** Driver, streaming sink: whether the directory's latest committed manifest (null: none)
+   *  records micro-batch {@code batchId} of query {@code queryId} as committed (its
+   *  {@code stream_commits} entry is that id or later: the batch is a replay). spec/dataset.md §5.6. */
+  public static native boolean streamBatchCommitted(String baseManifestJsonOrNull, String queryId,
+      long batchId);
+
+  /** Driver, streaming sink, each commit attempt: {@link #nextManifest} as an append that also
+   *  records {@code batchId} as {@code queryId}'s last committed micro-batch, in the same manifest
+   *  version. Throws SafetensorsException if the base already records that batch. */
+  public static native String nextStreamManifest(String baseManifestJsonOrNull,
+      String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId);
+
   /** Driver: writes {@code outputPath} = input without the tensors a commitJob rewrite entry
    *  ({@code rewriteJson}) drops; returns the new file's ShardReport JSON. */
   public static native String rewriteShard(String inputPath, String outputPath,
