@@ -148,3 +148,54 @@ def test_python_package_reads_s3_through_fsspec(spark, s3, bucket):
     kv = open_dataset(f"s3://{bucket}/pykv", storage_options=s3.storage_options())
     assert sorted(kv.keys()) == [f"k{i:04d}" for i in range(6)]
     assert kv.get("k0004")["emb"].tolist() == [4.0] * 3
+
+
+def shard_puts(reqs):
+    return [r["path"] for r in reqs if r["method"] == "PUT" and r["path"].endswith(".safetensors")]
+
+
+def test_commit_copies_no_shard_byte(spark, s3, bucket):
+    """spec/dataset.md §5.6: on S3 each shard is uploaded once, by its task, to its final name; the
+    job commit copies nothing (no PUT with x-amz-copy-source) and re-uploads nothing."""
+    url = f"s3a://{bucket}/nocopy"
+    mark = s3.mark()
+    written = set()  # every shard a manifest listed after each write
+    batch_frame(spark, 12, parts=3).write.format("safetensors").option("batch_size", 2) \
+        .option("generate_index", "true").save(url)
+    written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
+    batch_frame(spark, 4, start=50).write.format("safetensors").mode("append").option("batch_size", 2) \
+        .option("generate_index", "true").save(url)
+    written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
+    kv_frame(spark, 8).write.format("safetensors").mode("overwrite").option("name_col", "name").save(url)
+    written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
+    reqs = s3.requests_since(mark)
+    copies = [(r["path"], r["copy_source"]) for r in reqs if r["copy_source"]]
+    # the manifest log's create-if-absent is still S3A's rename (a copy of that small file)
+    assert [c for c in copies if "/_manifest_log/" not in c[0]] == []
+    puts = shard_puts(reqs)
+    # every shard uploaded once, straight to its final name; nothing staged
+    assert sorted(puts) == sorted(f"/{bucket}/nocopy/{f}" for f in written)
+    assert sorted(r["decoded"][0] for r in spark.read.format("safetensors").load(url).collect()) == \
+        [float(i) for i in range(8)]
+
+
+def test_failed_write_leaves_the_dataset_unchanged_and_no_debris(spark, s3, bucket):
+    """Every task uploads its shards to their final names, then the job fails at commit (a key in
+    two partitions, duplicatesStrategy=fail): the old dataset is byte-identical, the uploads gone."""
+    url = f"s3a://{bucket}/fail"
+    kv_frame(spark, 4).write.format("safetensors").option("name_col", "name").save(url)
+    before = {k: get(s3, bucket, k) for k in keys(s3, bucket, "fail/")}
+    rows = [(f"n{i}", [float(i)] * 3) for i in range(7)] + [("n0", [9.0] * 3)]
+    # two slices of four rows: n0 in both partitions
+    bad = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "name string, emb array<float>")
+    assert [sorted(r[0] for r in p) for p in bad.rdd.glom().collect()] == \
+        [["n0", "n1", "n2", "n3"], ["n0", "n4", "n5", "n6"]]
+    mark = s3.mark()
+    with pytest.raises(Exception, match="n0"):
+        bad.write.format("safetensors").mode("append").option("name_col", "name").save(url)
+    uploads = shard_puts(s3.requests_since(mark))
+    assert len(uploads) >= 2 and all("/_staging" not in u for u in uploads)
+    after = {k: get(s3, bucket, k) for k in keys(s3, bucket, "fail/")}
+    assert after == before
+    assert sorted(r["key"] for r in spark.read.format("safetensors").load(url).collect()) == \
+        [f"k{i:04d}__emb" for i in range(4)]

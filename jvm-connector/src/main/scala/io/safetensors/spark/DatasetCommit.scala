@@ -121,6 +121,10 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         writeSynced(tmp, bytes)
         Files.move(tmp.toPath, new File(d, ManifestName).toPath, ATOMIC_MOVE)
         syncDir(d)
+      case None if ObjectStoreCommit.applies(fs) =>
+        // one PUT replaces the object whole (a rename would be a copy, §5.6)
+        val out = fs.create(new Path(dest, ManifestName), true)
+        try out.write(bytes) finally out.close()
       case None =>
         val tmp = new Path(dest, tmpName)
         val out = smallFs.create(tmp, true)

@@ -60,6 +60,8 @@ private[spark] object SafetensorsWriter {
     // file system without its native library forks a `chmod` for every mkdirs and create and two
     // `readlink`s for every FileContext.rename (20-90 ms each, a third of a small write).
     val localDest: Option[File] = WriteTask.localFile(fs, dest)
+    // On an object store tasks upload their shards to their final names (spec/dataset.md §5.6).
+    val objectStore = localDest.isEmpty && ObjectStoreCommit.applies(fs)
     // (4) mode. The dataset's current manifest (if any) is validated now, before anything on
     // disk changes: a tampered one (e.g. a shard named ../x) fails the write here.
     val commits = new DatasetCommit(fs, dest, conf, localDest)
@@ -118,7 +120,8 @@ private[spark] object SafetensorsWriter {
               staged.remove(file)
               None
             } else {
-              Some(rewriteStaged(fs, staged, staging, file, mapper.writeValueAsString(rw), localTemps))
+              Some(rewriteStaged(fs, staged, staging, file, mapper.writeValueAsString(rw), localTemps,
+                objectStore))
             }
           reports.foreach { r =>
             val shards = r.get("shards").asInstanceOf[ArrayNode]
@@ -145,7 +148,10 @@ private[spark] object SafetensorsWriter {
           throw new IllegalStateException(s"safetensors: staged shard $file is not in the manifest")
         }
         val target = new Path(dest, file)
-        if (!fs.rename(src, target)) throw new IOException(s"safetensors: cannot rename $src to $target")
+        // on an object store the task placed it under its final name already
+        if (src != target && !fs.rename(src, target)) {
+          throw new IOException(s"safetensors: cannot rename $src to $target")
+        }
         promoted += target
       }
       // (8) the commit: the next manifest version on top of the latest one, retried on top of a
@@ -195,7 +201,7 @@ private[spark] object SafetensorsWriter {
               else {
                 val newName = old.replaceFirst("^(part-[0-9]{5,}-[0-9]{4,})-.*$", "$1-" + copyId + ".safetensors")
                 val (target, report) = rewriteExisting(fs, dest, staging, old, newName,
-                  mapper.writeValueAsString(rw), localTemps)
+                  mapper.writeValueAsString(rw), localTemps, objectStore)
                 promoted += target
                 rewritten :+= target -> report
                 entry.putObject("new").put("shard_path", newName)
@@ -218,10 +224,14 @@ private[spark] object SafetensorsWriter {
       // after the commit: best effort, the new dataset is already consistent for readers that
       // go through the manifest
       commits.publish(version, next.get("manifest").asText(), writeId)
+      if (objectStore) {
+        // uploads of attempts that did not commit (a task that failed after its upload)
+        ObjectStoreCommit.removeUnlisted(fs, dest, writeId, listed, null)
+      }
       if (planGeneratesIndex(planJson)) {
         val replaced = replacements.elements().asScala.map(_.get("old").asText()).toSet
         writeIndex(fs, dest, localDest, planJson, version, if (append) base else None, replaced,
-          newShards ++ rewritten.map(_._2), localTemps)
+          newShards ++ rewritten.map(_._2), localTemps, objectStore)
       } else {
         removeIndexParts(fs, dest, version)
       }
@@ -234,6 +244,7 @@ private[spark] object SafetensorsWriter {
       case t: Throwable if !committed =>
         // the dataset is untouched: remove everything this write added
         promoted.foreach(p => quietly(t)(fs.delete(p, false)))
+        if (objectStore) ObjectStoreCommit.removeUnlisted(fs, dest, writeId, Set.empty, t)
         quietly(t)(fs.delete(staging, true))
         if (createdRoot) quietly(t) {
           if (fs.exists(dest) && fs.listStatus(dest).isEmpty) fs.delete(dest, false)
@@ -257,7 +268,7 @@ private[spark] object SafetensorsWriter {
    */
   private def writeIndex(fs: FileSystem, dest: Path, localDest: Option[File], planJson: String,
       version: Long, base: Option[(Long, String)], replaced: Set[String], newShards: Seq[JsonNode],
-      localTemps: mutable.ArrayBuffer[File]): Unit = {
+      localTemps: mutable.ArrayBuffer[File], objectStore: Boolean): Unit = {
     val indexDir = new Path(dest, DatasetCommit.IndexDir)
     val local = Files.createTempFile("safetensors-index-", ".parquet").toFile
     localTemps += local
@@ -299,6 +310,10 @@ private[spark] object SafetensorsWriter {
         Files.move(new File(dir, tmpName).toPath, new File(dir, part).toPath,
           java.nio.file.StandardCopyOption.ATOMIC_MOVE)
         DatasetCommit.syncDir(dir)
+      case None if objectStore =>
+        // one PUT: an object appears whole, so no temporary and no rename (= copy) is needed
+        removeIndexParts(fs, dest, version)
+        DatasetCommit.uploadLocal(fs, local, new Path(indexDir, part))
       case None =>
         fs.mkdirs(indexDir)
         val tmp = new Path(indexDir, tmpName)
@@ -348,11 +363,13 @@ private[spark] object SafetensorsWriter {
   /** Rewrites a staged shard as `rewriteJson` (an entry of commitJob's rewrites) says; returns
    *  the new ShardReport node. */
   private def rewriteStaged(fs: FileSystem, staged: mutable.Map[String, Path], staging: Path,
-      file: String, rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): JsonNode = {
+      file: String, rewriteJson: String, localTemps: mutable.ArrayBuffer[File],
+      inPlace: Boolean): JsonNode = {
     val src = staged(file)
-    val out = new Path(new Path(staging, "rewritten"), file)
+    // on an object store the shard is at its final name, not yet listed: replaced there
+    val out = if (inPlace) src else new Path(new Path(staging, "rewritten"), file)
     val report = rewriteShardTo(fs, src, out, rewriteJson, localTemps)
-    fs.delete(src, false)
+    if (out != src) fs.delete(src, false)
     staged(file) = out
     mapper.readTree(report)
   }
@@ -360,11 +377,13 @@ private[spark] object SafetensorsWriter {
   /** Copies the dataset's shard `old` without the tensors `rewriteJson` (a checkKeysAgainstDataset
    *  entry) drops, as `newName` in the dataset directory; returns (its path, its ShardReport). */
   private def rewriteExisting(fs: FileSystem, dest: Path, staging: Path, old: String, newName: String,
-      rewriteJson: String, localTemps: mutable.ArrayBuffer[File]): (Path, JsonNode) = {
+      rewriteJson: String, localTemps: mutable.ArrayBuffer[File], inPlace: Boolean): (Path, JsonNode) = {
     val target = new Path(dest, newName)
-    val out = new Path(new Path(staging, "rewritten"), newName)
+    val out = if (inPlace) target else new Path(new Path(staging, "rewritten"), newName)
     val report = rewriteShardTo(fs, new Path(dest, old), out, rewriteJson, localTemps)
-    if (!fs.rename(out, target)) throw new IOException(s"safetensors: cannot rename $out to $target")
+    if (out != target && !fs.rename(out, target)) {
+      throw new IOException(s"safetensors: cannot rename $out to $target")
+    }
     val node = mapper.readTree(report).asInstanceOf[ObjectNode]
     node.put("file", out.getName)
     (target, node)

@@ -116,6 +116,12 @@ private[spark] object WriteTask {
     }
     ctx.addTaskCompletionListener[Unit](_ => closeAll())
     val staged = scala.collection.mutable.LinkedHashMap[String, String]()
+    // Object stores (spec/dataset.md §5.6): shards stay in the local work dir until the commit
+    // coordinator authorises this attempt, then go straight to their final names in the dataset.
+    val objectStore = direct.isEmpty && ObjectStoreCommit.applies(fs)
+    val dest = staging.getParent
+    val pending = scala.collection.mutable.LinkedHashMap[String, File]()
+    val uploaded = scala.collection.mutable.ArrayBuffer[Path]()
     // A file the native writer left in the work dir, moved to the attempt dir if that is not it.
     def stage(f: JsonNode): Path = {
       val dest = new Path(attemptDir, f.get("file").asText())
@@ -125,7 +131,11 @@ private[spark] object WriteTask {
       dest
     }
     def place(shards: JsonNode): Unit =
-      shards.elements().asScala.foreach(s => staged(s.get("file").asText()) = stage(s).toString)
+      shards.elements().asScala.foreach { s =>
+        val file = s.get("file").asText()
+        if (objectStore) pending(file) = new File(s.get("local_path").asText())
+        else staged(file) = stage(s).toString
+      }
     try {
       if (direct.isEmpty) fs.mkdirs(attemptDir)
       writer = new NativeTaskWriter(job.planJson, partition, workDir.getAbsolutePath)
@@ -136,11 +146,22 @@ private[spark] object WriteTask {
       if (builder.rowCount > 0) place(mapper.readTree(builder.flush(writer.writeBatch)))
       val done = mapper.readTree(writer.finish())
       place(done.get("sealed"))
-      TaskResult(partition, stage(done.get("report_file")).toString, staged.toMap)
+      val report = stage(done.get("report_file")).toString
+      if (pending.nonEmpty) {
+        org.apache.spark.sql.safetensors.CommitCoordination.authorize(ctx, s"its shards of $dest")
+        pending.foreach { case (file, local) =>
+          val target = new Path(dest, file)
+          uploaded += target
+          DatasetCommit.uploadLocal(fs, local, target)
+          staged(file) = target.toString
+        }
+      }
+      TaskResult(partition, report, staged.toMap)
     } catch {
       case t: Throwable =>
         try { if (writer != null) writer.abort() } catch { case e: Throwable => t.addSuppressed(e) }
         try fs.delete(attemptDir, true) catch { case e: Throwable => t.addSuppressed(e) }
+        uploaded.foreach(p => try fs.delete(p, false) catch { case e: Throwable => t.addSuppressed(e) })
         throw t
     } finally {
       try closeAll()
