@@ -170,8 +170,7 @@ def test_commit_copies_no_shard_byte(spark, s3, bucket):
     written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
     reqs = s3.requests_since(mark)
     copies = [(r["path"], r["copy_source"]) for r in reqs if r["copy_source"]]
-    # the manifest log's create-if-absent is still S3A's rename (a copy of that small file)
-    assert [c for c in copies if "/_manifest_log/" not in c[0]] == []
+    assert copies == []
     puts = shard_puts(reqs)
     # every shard uploaded once, straight to its final name; nothing staged
     assert sorted(puts) == sorted(f"/{bucket}/nocopy/{f}" for f in written)
@@ -199,3 +198,57 @@ def test_failed_write_leaves_the_dataset_unchanged_and_no_debris(spark, s3, buck
     assert after == before
     assert sorted(r["key"] for r in spark.read.format("safetensors").load(url).collect()) == \
         [f"k{i:04d}__emb" for i in range(4)]
+
+
+def test_manifest_versions_are_created_with_a_conditional_put(spark, s3, bucket):
+    """spec/dataset.md §5.3 step 3 on S3: `_manifest_log/<version>.json` is created by one PUT with
+    `If-None-Match: *` (the pinned moto answers 412 when the key exists, like S3); no copies."""
+    c = s3.client()
+    c.put_object(Bucket=bucket, Key="probe", Body=b"1", IfNoneMatch="*")
+    with pytest.raises(Exception, match="PreconditionFailed|412"):
+        c.put_object(Bucket=bucket, Key="probe", Body=b"2", IfNoneMatch="*")
+    assert get(s3, bucket, "probe") == b"1"
+    url = f"s3a://{bucket}/cond"
+    mark = s3.mark()
+    batch_frame(spark, 4).write.format("safetensors").option("batch_size", 2).save(url)
+    batch_frame(spark, 2, start=10).write.format("safetensors").mode("append").option("batch_size", 2).save(url)
+    reqs = s3.requests_since(mark)
+    assert [r for r in reqs if r["copy_source"]] == []
+    log_puts = [r for r in reqs if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
+    assert [(r["path"].rsplit("/", 1)[1], r["if_none_match"], r["status"]) for r in log_puts] == [
+        ("00000000000000000001.json", "*", 200), ("00000000000000000002.json", "*", 200)]
+
+
+def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
+    """Four appends at once to one s3a:// dataset: every save() that returns is in the final
+    manifest (the losers of a version retry on top of the winner)."""
+    import threading
+
+    url = f"s3a://{bucket}/conc"
+    batch_frame(spark, 2, parts=1).write.format("safetensors").option("batch_size", 2).save(url)
+    errors, done = [], []
+
+    def append(w):
+        try:
+            batch_frame(spark, 3, start=100 * (w + 1), parts=1).write.format("safetensors") \
+                .mode("append").option("batch_size", 2).save(url)
+            done.append(w)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    mark = s3.mark()
+    threads = [threading.Thread(target=append, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and sorted(done) == [0, 1, 2, 3]
+    m = manifest(s3, bucket, "conc")
+    assert m["total_samples"] == 2 + 4 * 3 and m["manifest_version"] >= 5
+    ids = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
+    assert ids == sorted([0, 1] + [100 * (w + 1) + i for w in range(4) for i in range(3)])
+    listed = {s["shard_path"] for s in m["shards"]}
+    on_store = {k.split("/")[1] for k in keys(s3, bucket, "conc/") if k.endswith(".safetensors")}
+    assert on_store == listed
+    creates = [r for r in s3.requests_since(mark) if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
+    assert all(r["if_none_match"] == "*" for r in creates)

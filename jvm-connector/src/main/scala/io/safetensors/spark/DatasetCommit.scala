@@ -77,6 +77,9 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         } catch {
           case _: FileAlreadyExistsException => false
         } finally Files.deleteIfExists(tmp.toPath)
+      case None if ObjectStoreCommit.isS3A(fs) =>
+        // S3: one PUT with If-None-Match: * (a rename there is an existence check and a copy)
+        S3ConditionalCreate.createIfAbsent(fs, new Path(logDir, logName(version)), bytes)
       case None =>
         fs.mkdirs(logDir)
         val tmp = new Path(logDir, s".${logName(version)}.$writeId.tmp")

@@ -20,6 +20,9 @@ private[spark] object ObjectStoreCommit {
     WriteTask.localFile(fs, new Path("/")).isEmpty &&
       Option(fs.getUri.getScheme).exists(s => Schemes(s.toLowerCase(java.util.Locale.ROOT)))
 
+  /** Whether `fs` is Hadoop's S3A (by class name: hadoop-aws need not be on the classpath). */
+  def isS3A(fs: FileSystem): Boolean = fs.getClass.getName == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+
   /** Shard files of write `writeId` in `dest` (their names end in `-<writeId>.safetensors`). */
   def filesOfWrite(fs: FileSystem, dest: Path, writeId: String): Seq[Path] =
     if (!fs.exists(dest)) Seq.empty
