@@ -252,3 +252,21 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
     assert on_store == listed
     creates = [r for r in s3.requests_since(mark) if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
     assert all(r["if_none_match"] == "*" for r in creates)
+
+
+def test_throttling_is_retried_with_backoff(spark, s3, bucket):
+    """503 SlowDown on shard uploads and on the manifest-version create: S3A (and, for the
+    conditional create, the SDK client S3A configured) retry with backoff; the write succeeds and
+    the data is whole."""
+    url = f"s3a://{bucket}/slow"
+    mark = s3.mark()
+    s3.fail_next("PUT", 2, status=503, path="/slow/part-")
+    s3.fail_next("PUT", 1, status=503, path="/slow/_manifest_log/")
+    batch_frame(spark, 6).write.format("safetensors").option("batch_size", 2).save(url)
+    injected = [r["path"] for r in s3.requests_since(mark) if r.get("injected")]
+    assert len(injected) == 3
+    # every throttled object was PUT again and is there
+    assert all(r in {"/" + bucket + "/" + k for k in keys(s3, bucket, "slow/")} for r in injected)
+    got = shard_tensors(s3, bucket, "slow")
+    assert sorted(int(i) for t in got.values() for i in t["id"]) == list(range(6))
+
