@@ -1,7 +1,14 @@
-"""Shared fixtures: the repository root and the release build of the Rust tools."""
+"""Shared fixtures: the repository root, the release build of the Rust tools, one SparkSession and
+an S3 server on loopback (moto)."""
+import json
 import os
+import socket
 import subprocess
 import tempfile
+import sys
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,16 +48,25 @@ def connector_jar():
     return jars[0]
 
 
+S3A_JARS = ROOT / "jvm-connector" / "target" / "s3a-jars"
+
+
+def s3a_jars():
+    """hadoop-aws and the AWS SDK modules it needs, copied by `mvn package` (test scope)."""
+    return sorted(S3A_JARS.glob("*.jar"))
+
+
 @pytest.fixture(scope="session")
 def spark(connector_jar):
-    """One local[2] SparkSession for the whole pytest run, with the connector jar."""
+    """One local[2] SparkSession for the whole pytest run, with the connector jar (and S3A, when
+    `mvn package` copied it)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     session = (
         SparkSession.builder.master("local[2]")
         .appName("safetensors-spark-tests")
-        .config("spark.jars", str(connector_jar))
+        .config("spark.jars", ",".join(str(j) for j in [connector_jar, *s3a_jars()]))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
@@ -63,3 +79,105 @@ def spark(connector_jar):
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """moto's S3 server on 127.0.0.1 (a child process, tests/python/s3_server.py); its request log
+    (one JSON object per request: method, path, range, copy source, bytes) is read through
+    `requests_since`, and `fail_next` injects error responses."""
+
+    KEY, SECRET, REGION = "test-key", "test-secret", "us-east-1"
+
+    def __init__(self, workdir):
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = self.workdir / "moto.log"
+        self.proc = None
+
+    def start(self):
+        self.log.touch()
+        self.logf = open(self.workdir / "moto.out", "ab")
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("s3_server.py")),
+                                      str(self.port), str(self.log)],
+                                     stdout=self.logf, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=2).read()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    out = (self.workdir / "moto.out").read_text()[-2000:]
+                    raise RuntimeError(f"the S3 server did not start: {out}")
+                time.sleep(0.2)
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+            self.proc = None
+            self.logf.close()
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.KEY,
+                            aws_secret_access_key=self.SECRET, region_name=self.REGION)
+
+    def storage_options(self):
+        """fsspec (s3fs) options for this server."""
+        return {"key": self.KEY, "secret": self.SECRET,
+                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": self.REGION}}
+
+    def hadoop_conf(self):
+        """S3A settings that reach this server (set as session SQL conf: the connector's Hadoop
+        conf is built from it)."""
+        return {
+            "fs.s3a.endpoint": self.endpoint,
+            "fs.s3a.endpoint.region": self.REGION,
+            "fs.s3a.path.style.access": "true",
+            "fs.s3a.connection.ssl.enabled": "false",
+            "fs.s3a.access.key": self.KEY,
+            "fs.s3a.secret.key": self.SECRET,
+            "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+            # a stopped server must fail a test in seconds, not after S3A's default retries
+            "fs.s3a.attempts.maximum": "2",
+            "fs.s3a.retry.limit": "2",
+            "fs.s3a.retry.interval": "100ms",
+            "fs.s3a.connection.establish.timeout": "5s",
+            "fs.s3a.connection.timeout": "20s",
+        }
+
+    def mark(self):
+        """A position in the request log (for `requests_since`)."""
+        return self.log.stat().st_size
+
+    def requests_since(self, mark):
+        """The requests logged after `mark` (dicts: method, path, query, range, copy_source,
+        if_none_match, status, request_bytes, response_bytes, injected)."""
+        with open(self.log, "rb") as f:
+            f.seek(mark)
+            return [json.loads(l) for l in f.read().splitlines() if l.strip()]
+
+    def fail_next(self, method, count, status=503, path=""):
+        """The next `count` requests with `method` (and `path` in their path) answer `status`
+        with S3's SlowDown error."""
+        q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path})
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),
+                               timeout=10).read()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 and a free port for the whole run."""
+    server = S3Server(tmp_path_factory.mktemp("moto"))
+    server.start()
+    yield server
+    server.stop()

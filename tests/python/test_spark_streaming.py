@@ -1,4 +1,4 @@
-"""writeStream.format("safetensors") (spec/dataset.md §5.6): real streaming queries (a file source,
+"""writeStream.format("safetensors") (spec/dataset.md §5.7): real streaming queries (a file source,
 a checkpoint, Trigger.AvailableNow) stopped and restarted; a batch re-run after its checkpoint
 commit entry is deleted changes nothing; a batch that fails leaves no listed shard; read back
 with the Spark reader, our Python package and the safetensors package."""

@@ -167,7 +167,7 @@ pub struct ManifestExt {
     pub kv_separator: Option<String>,
     pub padded_samples: u64,
     pub dropped_samples: u64,
-    /// Streaming writes (spec/dataset.md §5.6): query id → the last micro-batch id committed by
+    /// Streaming writes (spec/dataset.md §5.7): query id → the last micro-batch id committed by
     /// that query. Optional and additive: absent (empty) unless a streaming query wrote here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stream_commits: BTreeMap<String, u64>,
@@ -564,7 +564,7 @@ pub fn next_manifest(
     if let Some(x) = &mut out.ext {
         x.manifest_version = version;
         // a stream's record outlives any write, an overwrite included: a replay of a batch the
-        // stream committed before the overwrite must still change nothing (§5.6)
+        // stream committed before the overwrite must still change nothing (§5.7)
         if let Some(old) = base.and_then(|b| b.ext.as_ref()) {
             for (q, b) in &old.stream_commits {
                 let e = x.stream_commits.entry(q.clone()).or_insert(*b);
@@ -685,7 +685,7 @@ fn valid_query_id(q: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// One micro-batch of a streaming query (spec/dataset.md §5.6).
+/// One micro-batch of a streaming query (spec/dataset.md §5.7).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamBatch {
     pub query_id: String,

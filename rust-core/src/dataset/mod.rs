@@ -31,7 +31,7 @@ pub enum DatasetError {
     #[error("cannot append to the existing dataset: {problem}")]
     AppendMismatch { problem: String },
 
-    /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.6).
+    /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.7).
     #[error("streaming write: {problem}")]
     StreamBatch { problem: String },
 }

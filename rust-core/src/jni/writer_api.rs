@@ -275,7 +275,7 @@ fn stream_batch(query_id: String, batch_id: jlong) -> Result<StreamBatch, JniErr
 }
 
 /// `streamBatchCommitted`: whether the directory's latest committed manifest (null: none)
-/// records `batch` as committed (spec/dataset.md §5.6).
+/// records `batch` as committed (spec/dataset.md §5.7).
 pub fn stream_batch_committed_json(
     base_json: Option<&str>,
     batch: &StreamBatch,

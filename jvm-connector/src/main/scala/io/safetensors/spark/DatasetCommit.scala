@@ -77,6 +77,9 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         } catch {
           case _: FileAlreadyExistsException => false
         } finally Files.deleteIfExists(tmp.toPath)
+      case None if ObjectStoreCommit.isS3A(fs) =>
+        // S3: one PUT with If-None-Match: * (a rename there is an existence check and a copy)
+        S3ConditionalCreate.createIfAbsent(fs, new Path(logDir, logName(version)), bytes)
       case None =>
         fs.mkdirs(logDir)
         val tmp = new Path(logDir, s".${logName(version)}.$writeId.tmp")
@@ -121,6 +124,10 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         writeSynced(tmp, bytes)
         Files.move(tmp.toPath, new File(d, ManifestName).toPath, ATOMIC_MOVE)
         syncDir(d)
+      case None if ObjectStoreCommit.applies(fs) =>
+        // one PUT replaces the object whole (a rename would be a copy, §5.6)
+        val out = fs.create(new Path(dest, ManifestName), true)
+        try out.write(bytes) finally out.close()
       case None =>
         val tmp = new Path(dest, tmpName)
         val out = smallFs.create(tmp, true)

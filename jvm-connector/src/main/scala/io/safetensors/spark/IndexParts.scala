@@ -17,10 +17,11 @@ import org.apache.hadoop.fs.{FileSystem, Path}
  * lives at `_tensor_index.parquet/<shard stem>.parquet`, written by the task that wrote the shard
  * (and staged with it), or from a shard's header for a shard written without one. The commit
  * checks KV keys by a streaming merge of the parts in Rust ([[NativeWriter.mergeKeys]]): the
- * driver holds O(shards), never the keys.
+ * driver holds O(shards), never the keys. On an object store (`objectStore`, spec/dataset.md
+ * §5.6) a part is placed with one PUT of its bytes, never a rename (there a server-side copy).
  */
 private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: String,
-    localTemps: mutable.ArrayBuffer[File]) {
+    localTemps: mutable.ArrayBuffer[File], objectStore: Boolean = false) {
   private val mapper = new ObjectMapper()
   val indexDir = new Path(dest, DatasetCommit.IndexDir)
   /** A local directory for parts downloaded or built here and for mergeKeys' key lists. */
@@ -103,7 +104,12 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
   def publish(file: String, from: Path): Path = {
     val target = partPath(file)
     fs.mkdirs(indexDir)
-    if (!fs.rename(from, target)) throw new IOException(s"safetensors: cannot rename $from to $target")
+    if (objectStore) {
+      DatasetCommit.uploadLocal(fs, local(from), target)
+      fs.delete(from, false)
+    } else if (!fs.rename(from, target)) {
+      throw new IOException(s"safetensors: cannot rename $from to $target")
+    }
     target
   }
 
@@ -113,11 +119,14 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
     val built = existingPart(f)
     val target = partPath(f)
     fs.mkdirs(indexDir)
+    if (objectStore) DatasetCommit.uploadLocal(fs, built, target) // one PUT: appears whole
+    else {
     val tmp = new Path(indexDir, s".${target.getName}.${java.util.UUID.randomUUID()}.tmp")
     DatasetCommit.uploadLocal(fs, built, tmp)
     if (!fs.rename(tmp, target)) {
       fs.delete(tmp, false)
       if (!fs.exists(target)) throw new IOException(s"safetensors: cannot place index part $target")
+    }
     }
   }
 

@@ -5,7 +5,7 @@ import org.apache.spark.sql.execution.streaming.Sink
 import org.apache.spark.sql.streaming.OutputMode
 
 /**
- * `writeStream.format("safetensors")` (spec/dataset.md §5.6): every micro-batch is one append
+ * `writeStream.format("safetensors")` (spec/dataset.md §5.7): every micro-batch is one append
  * through the batch writer ([[SafetensorsWriter.write]]: plan, tasks, staging, versioned commit),
  * whose manifest version also records the batch as its query's last committed one. A batch the
  * manifest already records (a restart re-running the last batch, or a replay) writes nothing.

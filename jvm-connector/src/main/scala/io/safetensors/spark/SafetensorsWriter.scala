@@ -35,7 +35,7 @@ private[spark] object SafetensorsWriter {
         "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
 
   /** One micro-batch of a streaming query ([[SafetensorsStreamSink]]): its commit records the
-   *  batch in the manifest, and a batch the manifest already records changes nothing (§5.6). */
+   *  batch in the manifest, and a batch the manifest already records changes nothing (§5.7). */
   final case class StreamBatch(queryId: String, batchId: Long)
 
   def write(sqlContext: SQLContext, mode: SaveMode, parameters: Map[String, String],
@@ -64,6 +64,8 @@ private[spark] object SafetensorsWriter {
     // file system without its native library forks a `chmod` for every mkdirs and create and two
     // `readlink`s for every FileContext.rename (20-90 ms each, a third of a small write).
     val localDest: Option[File] = WriteTask.localFile(fs, dest)
+    // On an object store tasks upload their shards to their final names (spec/dataset.md §5.6).
+    val objectStore = localDest.isEmpty && ObjectStoreCommit.applies(fs)
     // (4) mode. The dataset's current manifest (if any) is validated now, before anything on
     // disk changes: a tampered one (e.g. a shard named ../x) fails the write here.
     val commits = new DatasetCommit(fs, dest, conf, localDest)
@@ -115,7 +117,7 @@ private[spark] object SafetensorsWriter {
       results.foreach(_.indexParts.foreach { case (f, p) => stagedParts(f) = new Path(p) })
       val reports: Array[ObjectNode] = results.sortBy(_.partition)
         .map(r => mapper.readTree(readUtf8(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
-      val parts = new IndexParts(fs, dest, planJson, localTemps)
+      val parts = new IndexParts(fs, dest, planJson, localTemps, objectStore)
       val kv = mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
       val generateIndex = planGeneratesIndex(planJson)
       if (kv) {
@@ -128,10 +130,14 @@ private[spark] object SafetensorsWriter {
           (f, parts.local(part), false, s.get("partition").asLong(), s.get("shard").asLong())
         }
         parts.merge(runs).foreach { case (file, keys, _) =>
-          val out = new Path(new Path(staging, "rewritten"), file)
+          // on an object store the task uploaded the shard under its final name, still unlisted:
+          // the rewrite replaces that object with one PUT (a rename there would copy it)
+          val out =
+            if (objectStore) new Path(dest, file) else new Path(new Path(staging, "rewritten"), file)
           val partOut = new Path(new Path(staging, "rewritten"), parts.partName(file))
-          val r = parts.rewrite(staged(file), out, Some(partOut), keys)
-          fs.delete(staged(file), false)
+          val src = staged(file)
+          val r = parts.rewrite(src, out, Some(partOut), keys)
+          if (r.get("delete").asBoolean() || src != out) fs.delete(src, false)
           fs.delete(stagedParts(file), false)
           if (r.get("delete").asBoolean()) {
             staged.remove(file)
@@ -165,7 +171,10 @@ private[spark] object SafetensorsWriter {
           throw new IllegalStateException(s"safetensors: staged shard $file is not in the manifest")
         }
         val target = new Path(dest, file)
-        if (!fs.rename(src, target)) throw new IOException(s"safetensors: cannot rename $src to $target")
+        // on an object store the task placed it under its final name already
+        if (src != target && !fs.rename(src, target)) {
+          throw new IOException(s"safetensors: cannot rename $src to $target")
+        }
         promoted += target
         stagedParts.get(file).foreach { part =>
           if (generateIndex) {
@@ -199,7 +208,7 @@ private[spark] object SafetensorsWriter {
         rewritten = Seq.empty
         replacements = mapper.createArrayNode()
         // the stream's record is checked on the very manifest this attempt builds on, so the
-        // check and the listing of the batch's shards are one atomic version (§5.6)
+        // check and the listing of the batch's shards are one atomic version (§5.7)
         replayed = stream.exists(b => NativeWriter.streamBatchCommitted(base.map(_._2).orNull,
           b.queryId, b.batchId))
         if (kvAppend && !replayed) {
@@ -266,6 +275,10 @@ private[spark] object SafetensorsWriter {
       // after the commit: best effort, the new dataset is already consistent for readers that
       // go through the manifest
       commits.publish(version, next.get("manifest").asText(), writeId)
+      if (objectStore) {
+        // uploads of attempts that did not commit (a task that failed after its upload)
+        ObjectStoreCommit.removeUnlisted(fs, dest, writeId, listed, null)
+      }
       val nowListed = mapper.readTree(next.get("manifest").asText()).path("shards").elements().asScala
         .map(_.get("shard_path").asText()).toSeq
       val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
@@ -286,6 +299,7 @@ private[spark] object SafetensorsWriter {
       case t: Throwable if !committed =>
         // the dataset is untouched: remove everything this write added
         promoted.foreach(p => quietly(t)(fs.delete(p, false)))
+        if (objectStore) ObjectStoreCommit.removeUnlisted(fs, dest, writeId, Set.empty, t)
         quietly(t)(fs.delete(staging, true))
         if (createdRoot) quietly(t) {
           if (fs.exists(dest) && fs.listStatus(dest).isEmpty) fs.delete(dest, false)

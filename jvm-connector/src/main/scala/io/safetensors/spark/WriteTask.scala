@@ -133,6 +133,12 @@ private[spark] object WriteTask {
     }
     ctx.addTaskCompletionListener[Unit](_ => closeAll())
     val staged = scala.collection.mutable.LinkedHashMap[String, String]()
+    // Object stores (spec/dataset.md §5.6): shards stay in the local work dir until the commit
+    // coordinator authorises this attempt, then go straight to their final names in the dataset.
+    val objectStore = direct.isEmpty && ObjectStoreCommit.applies(fs)
+    val dest = staging.getParent
+    val pending = scala.collection.mutable.LinkedHashMap[String, File]()
+    val uploaded = scala.collection.mutable.ArrayBuffer[Path]()
     // A file the native writer left in the work dir, moved to the attempt dir if that is not it.
     def stage(f: JsonNode): Path = {
       val dest = new Path(attemptDir, f.get("file").asText())
@@ -145,9 +151,12 @@ private[spark] object WriteTask {
     def timed[T](f: => T): T = { val t0 = System.nanoTime(); try f finally nanos += System.nanoTime() - t0 }
     def place(shards: JsonNode): Unit =
       shards.elements().asScala.foreach { s =>
-        bytes += new File(s.get("local_path").asText()).length()
+        val file = s.get("file").asText()
+        val local = new File(s.get("local_path").asText())
+        bytes += local.length()
         sealedCount += 1
-        staged(s.get("file").asText()) = stage(s).toString
+        if (objectStore) pending(file) = local
+        else staged(file) = stage(s).toString
       }
     try {
       if (direct.isEmpty) fs.mkdirs(attemptDir)
@@ -164,11 +173,22 @@ private[spark] object WriteTask {
       Option(job.metrics).foreach { m => m.shards.add(sealedCount); m.writeNanos.add(nanos) }
       val parts = done.path("index_parts").elements().asScala
         .map(p => p.get("shard").asText() -> stage(p).toString).toMap
-      TaskResult(partition, stage(done.get("report_file")).toString, staged.toMap, parts)
+      val report = stage(done.get("report_file")).toString
+      if (pending.nonEmpty) {
+        org.apache.spark.sql.safetensors.CommitCoordination.authorize(ctx, s"its shards of $dest")
+        pending.foreach { case (file, local) =>
+          val target = new Path(dest, file)
+          uploaded += target
+          DatasetCommit.uploadLocal(fs, local, target)
+          staged(file) = target.toString
+        }
+      }
+      TaskResult(partition, report, staged.toMap, parts)
     } catch {
       case t: Throwable =>
         try { if (writer != null) writer.abort() } catch { case e: Throwable => t.addSuppressed(e) }
         try fs.delete(attemptDir, true) catch { case e: Throwable => t.addSuppressed(e) }
+        uploaded.foreach(p => try fs.delete(p, false) catch { case e: Throwable => t.addSuppressed(e) })
         throw t
     } finally {
       try closeAll()

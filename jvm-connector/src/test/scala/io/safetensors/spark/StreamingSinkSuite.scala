@@ -13,7 +13,7 @@ import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
 
 /**
- * The streaming sink's commit (spec/dataset.md §5.6) where the Python suite
+ * The streaming sink's commit (spec/dataset.md §5.7) where the Python suite
  * (tests/python/test_spark_streaming.py, real queries) cannot reach: two runs of one micro-batch
  * racing for one manifest version, so the replay is found by the check inside the commit loop,
  * not by the one before the job.

@@ -74,7 +74,7 @@ public final class NativeWriter {
 
   /** Driver, streaming sink: whether the directory's latest committed manifest (null: none)
    *  records micro-batch {@code batchId} of query {@code queryId} as committed (its
-   *  {@code stream_commits} entry is that id or later: the batch is a replay). spec/dataset.md §5.6. */
+   *  {@code stream_commits} entry is that id or later: the batch is a replay). spec/dataset.md §5.7. */
   public static native boolean streamBatchCommitted(String baseManifestJsonOrNull, String queryId,
       long batchId);
 

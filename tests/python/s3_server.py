@@ -1,0 +1,112 @@
+"""moto's S3 server on loopback, as the tests run it (started by conftest.S3Server).
+
+    python s3_server.py PORT LOG
+
+Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with two additions:
+
+- every request is logged to LOG as one JSON line: method, path, query, the headers that matter
+  here (Range, x-amz-copy-source, If-None-Match), the response status and the bytes of the
+  request and response bodies. Tests measure what crossed the wire from it (copies at commit,
+  bytes fetched by a read, conditional creates).
+- faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
+  that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
+  SlowDown error, without reaching moto.
+
+`Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
+3.1.9) writes `100 Continue` twice for such a request, once from http.server and once from its own
+run_wsgi, and the AWS SDK v2 (which always sends the header on PutObject) then reads the second
+interim response as the final one and fails the upload with "Status Code: 100". Real S3 sends it
+once; so does this server.
+"""
+import json
+import sys
+import threading
+import urllib.parse
+
+from moto.moto_server.threaded_moto_server import MotoRequestHandler  # noqa: F401 (moto's handler)
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+from werkzeug.serving import run_simple
+
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+             b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+class Handler(MotoRequestHandler):
+    def handle_expect_100(self):
+        # run_wsgi writes the one interim response; http.server's would be a second
+        return True
+
+
+class Recorder:
+    """WSGI middleware: the request log and the injected faults."""
+
+    def __init__(self, app, log_path):
+        self.app = app
+        self.log = open(log_path, "a", buffering=1, encoding="utf-8")
+        self.lock = threading.Lock()
+        self.faults = []  # [method, path substring, remaining count, status]
+
+    def write(self, entry):
+        with self.lock:
+            self.log.write(json.dumps(entry) + "\n")
+
+    def __call__(self, environ, start_response):
+        method = environ["REQUEST_METHOD"]
+        path = environ.get("PATH_INFO", "")
+        query = environ.get("QUERY_STRING", "")
+        if path == "/_faults" and method == "POST":
+            q = urllib.parse.parse_qs(query)
+            with self.lock:
+                self.faults.append([q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
+                                    int(q.get("status", ["503"])[0])])
+            start_response("200 OK", [("Content-Length", "0")])
+            return [b""]
+        entry = {
+            "method": method,
+            "path": path,
+            "query": query,
+            "range": environ.get("HTTP_RANGE"),
+            "copy_source": environ.get("HTTP_X_AMZ_COPY_SOURCE"),
+            "if_none_match": environ.get("HTTP_IF_NONE_MATCH"),
+            "request_bytes": int(environ.get("CONTENT_LENGTH") or 0),
+        }
+        with self.lock:
+            fault = next((f for f in self.faults if f[0] == method and f[1] in path and f[2] > 0), None)
+            if fault is not None:
+                fault[2] -= 1
+        if fault is not None:
+            # the body is read so that the connection stays usable
+            environ["wsgi.input"].read(entry["request_bytes"])
+            entry.update(status=fault[3], response_bytes=len(SLOW_DOWN), injected=True)
+            self.write(entry)
+            start_response(f"{fault[3]} Slow Down", [("Content-Type", "application/xml"),
+                                                      ("Content-Length", str(len(SLOW_DOWN)))])
+            return [SLOW_DOWN]
+        status = {}
+
+        def recording_start(s, headers, exc_info=None):
+            status["code"] = int(s.split(" ", 1)[0])
+            return start_response(s, headers, exc_info)
+
+        return self.recorded(self.app(environ, recording_start), entry, status)
+
+    def recorded(self, body, entry, status):
+        sent = 0
+        try:
+            for chunk in body:
+                sent += len(chunk)
+                yield chunk
+        finally:
+            if hasattr(body, "close"):
+                body.close()
+            entry.update(status=status.get("code"), response_bytes=sent)
+            self.write(entry)
+
+def main():
+    port, log_path = int(sys.argv[1]), sys.argv[2]
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple("127.0.0.1", port, Recorder(app, log_path), threaded=True, request_handler=Handler)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The connector and the Python package against a real S3 server on loopback (moto, started by
+conftest.s3_server), through Hadoop's S3A (hadoop-aws 3.4.1, the Hadoop of pyspark 4.0.5) and
+fsspec's s3fs. Every file written is cross-checked with the `safetensors` package."""
+import io
+import json
+import uuid
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from pyspark.sql import functions as F
+
+from conftest import s3a_jars
+
+
+@pytest.fixture(scope="module")
+def s3(spark, s3_server):
+    if not s3a_jars():
+        pytest.fail("no S3A jars in jvm-connector/target/s3a-jars; run `mvn -f jvm-connector/pom.xml package` first")
+    for k, v in s3_server.hadoop_conf().items():
+        spark.conf.set(k, v)
+    yield s3_server
+    for k in s3_server.hadoop_conf():
+        spark.conf.unset(k)
+
+
+@pytest.fixture
+def bucket(s3):
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3.client().create_bucket(Bucket=name)
+    return name
+
+
+def keys(s3, bucket, prefix=""):
+    out = []
+    for page in s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        out += [o["Key"] for o in page.get("Contents", [])]
+    return sorted(out)
+
+
+def get(s3, bucket, key):
+    return s3.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def manifest(s3, bucket, prefix):
+    return json.loads(get(s3, bucket, f"{prefix}/dataset_manifest.json"))
+
+
+def shard_tensors(s3, bucket, prefix):
+    """{shard name: {tensor: array}} of the shards the manifest lists, loaded with `safetensors`."""
+    m = manifest(s3, bucket, prefix)
+    return {s["shard_path"]: safetensors.numpy.load(get(s3, bucket, f"{prefix}/{s['shard_path']}"))
+            for s in m["shards"]}
+
+
+def batch_frame(spark, n, start=0, parts=2):
+    return spark.createDataFrame([(i, [float(i), -float(i)]) for i in range(start, start + n)],
+                                 "id long, x array<float>").repartition(parts, "id")
+
+
+def test_batch_write_then_every_read_layout(spark, s3, bucket):
+    url = f"s3a://{bucket}/ds"
+    batch_frame(spark, 10).write.format("safetensors").option("batch_size", 3).save(url)
+    got = shard_tensors(s3, bucket, "ds")
+    rows = sorted((int(i), x.tolist()) for t in got.values() for i, x in zip(t["id"], t["x"]))
+    assert rows == [(i, [float(i), -float(i)]) for i in range(10)]
+    assert manifest(s3, bucket, "ds")["total_samples"] == 10
+    # nothing but the dataset: no staging, no temporaries
+    assert all(not k.split("/")[1].startswith(("_staging", ".")) for k in keys(s3, bucket, "ds/"))
+
+    sample = spark.read.format("safetensors").option("layout", "sample").load(url)
+    assert sorted((r["id"], r["x"]) for r in sample.collect()) == rows
+    tensor = spark.read.format("safetensors").option("layout", "tensor").load(url)
+    t_rows = tensor.select("file", "key", "shape", "data").collect()
+    assert len(t_rows) == 2 * len(got)
+    for r in t_rows:
+        name = r["file"].rsplit("/", 1)[1]
+        want = got[name][r["key"]]
+        assert list(r["shape"]) == list(want.shape) and bytes(r["data"]) == want.tobytes()
+    files = spark.read.format("safetensors").option("layout", "file").load(url).collect()
+    assert sorted(r["file"].rsplit("/", 1)[1] for r in files) == sorted(got)
+    for r in files:
+        want = got[r["file"].rsplit("/", 1)[1]]["x"]
+        assert bytes(r["x"]["data"]) == want.tobytes() and list(r["x"]["shape"]) == list(want.shape)
+
+
+def test_every_save_mode(spark, s3, bucket):
+    url = f"s3a://{bucket}/modes"
+    batch_frame(spark, 4).write.format("safetensors").option("batch_size", 2).save(url)
+    first = set(manifest(s3, bucket, "modes")["shards"][i]["shard_path"] for i in range(2))
+    with pytest.raises(Exception, match="already exists"):
+        batch_frame(spark, 4).write.format("safetensors").option("batch_size", 2).save(url)
+    batch_frame(spark, 4).write.format("safetensors").mode("ignore").option("batch_size", 2).save(url)
+    assert manifest(s3, bucket, "modes")["total_samples"] == 4
+    batch_frame(spark, 3, start=100).write.format("safetensors").mode("append").option("batch_size", 2).save(url)
+    assert manifest(s3, bucket, "modes")["total_samples"] == 7
+    ids = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
+    assert ids == [0, 1, 2, 3, 100, 101, 102]
+    batch_frame(spark, 2, start=50).write.format("safetensors").mode("overwrite").option("batch_size", 2).save(url)
+    m = manifest(s3, bucket, "modes")
+    assert m["total_samples"] == 2
+    listed = {s["shard_path"] for s in m["shards"]}
+    on_store = {k.split("/")[1] for k in keys(s3, bucket, "modes/") if k.endswith(".safetensors")}
+    assert on_store == listed and not (first & on_store)  # the overwritten shards are gone
+    assert sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect()) == [50, 51]
+
+
+def kv_frame(spark, n, start=0):
+    return spark.createDataFrame([(f"k{i:04d}", [float(i)] * 3) for i in range(start, start + n)],
+                                 "name string, emb array<float>").repartition(2)
+
+
+def test_kv_write_with_index_and_key_lookups(spark, s3, bucket):
+    url = f"s3a://{bucket}/kv"
+    kv_frame(spark, 20).write.format("safetensors").option("name_col", "name") \
+        .option("generate_index", "true").save(url)
+    kv_frame(spark, 5, start=20).write.format("safetensors").mode("append").option("name_col", "name") \
+        .option("generate_index", "true").save(url)
+    got = {}
+    for t in shard_tensors(s3, bucket, "kv").values():
+        got.update(t)
+    assert sorted(got) == [f"k{i:04d}__emb" for i in range(25)]
+    assert all(got[f"k{i:04d}__emb"].tolist() == [float(i)] * 3 for i in range(25))
+    parts = [k for k in keys(s3, bucket, "kv/_tensor_index.parquet/") if k.endswith(".parquet")]
+    assert len(parts) == 1
+    df = spark.read.format("safetensors").load(url)
+    hit = df.filter(F.col("key") == "k0022__emb").select("decoded").collect()
+    assert [list(r["decoded"]) for r in hit] == [[22.0] * 3]
+    assert df.filter(F.col("key").isin("k0003__emb", "k0017__emb")).count() == 2
+    assert df.count() == 25
+
+
+def test_python_package_reads_s3_through_fsspec(spark, s3, bucket):
+    batch_frame(spark, 9).write.format("safetensors").option("batch_size", 4).save(f"s3a://{bucket}/py")
+    kv_frame(spark, 6).write.format("safetensors").option("name_col", "name") \
+        .option("generate_index", "true").save(f"s3a://{bucket}/pykv")
+    from safetensors_spark import open_dataset
+
+    ds = open_dataset(f"s3://{bucket}/py", storage_options=s3.storage_options())
+    assert len(ds) == 9
+    want = {}
+    for t in shard_tensors(s3, bucket, "py").values():
+        for i, x in zip(t["id"], t["x"]):
+            want[int(i)] = x
+    seen = {int(ds[i]["id"]): ds[i]["x"] for i in range(len(ds))}
+    assert seen.keys() == want.keys()
+    assert all(np.array_equal(seen[i], want[i]) for i in want)
+    kv = open_dataset(f"s3://{bucket}/pykv", storage_options=s3.storage_options())
+    assert sorted(kv.keys()) == [f"k{i:04d}" for i in range(6)]
+    assert kv.get("k0004")["emb"].tolist() == [4.0] * 3
+
+
+def shard_puts(reqs):
+    return [r["path"] for r in reqs if r["method"] == "PUT" and r["path"].endswith(".safetensors")]
+
+
+def test_commit_copies_no_shard_byte(spark, s3, bucket):
+    """spec/dataset.md §5.6: on S3 each shard is uploaded once, by its task, to its final name; the
+    job commit copies nothing (no PUT with x-amz-copy-source) and re-uploads nothing."""
+    url = f"s3a://{bucket}/nocopy"
+    mark = s3.mark()
+    written = set()  # every shard a manifest listed after each write
+    batch_frame(spark, 12, parts=3).write.format("safetensors").option("batch_size", 2) \
+        .option("generate_index", "true").save(url)
+    written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
+    batch_frame(spark, 4, start=50).write.format("safetensors").mode("append").option("batch_size", 2) \
+        .option("generate_index", "true").save(url)
+    written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
+    kv_frame(spark, 8).write.format("safetensors").mode("overwrite").option("name_col", "name").save(url)
+    written |= {s["shard_path"] for s in manifest(s3, bucket, "nocopy")["shards"]}
+    reqs = s3.requests_since(mark)
+    copies = [(r["path"], r["copy_source"]) for r in reqs if r["copy_source"]]
+    assert copies == []
+    puts = shard_puts(reqs)
+    # every shard uploaded once, straight to its final name; nothing staged
+    assert sorted(puts) == sorted(f"/{bucket}/nocopy/{f}" for f in written)
+    assert sorted(r["decoded"][0] for r in spark.read.format("safetensors").load(url).collect()) == \
+        [float(i) for i in range(8)]
+
+
+def test_failed_write_leaves_the_dataset_unchanged_and_no_debris(spark, s3, bucket):
+    """Every task uploads its shards to their final names, then the job fails at commit (a key in
+    two partitions, duplicatesStrategy=fail): the old dataset is byte-identical, the uploads gone."""
+    url = f"s3a://{bucket}/fail"
+    kv_frame(spark, 4).write.format("safetensors").option("name_col", "name").save(url)
+    before = {k: get(s3, bucket, k) for k in keys(s3, bucket, "fail/")}
+    rows = [(f"n{i}", [float(i)] * 3) for i in range(7)] + [("n0", [9.0] * 3)]
+    # two slices of four rows: n0 in both partitions
+    bad = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "name string, emb array<float>")
+    assert [sorted(r[0] for r in p) for p in bad.rdd.glom().collect()] == \
+        [["n0", "n1", "n2", "n3"], ["n0", "n4", "n5", "n6"]]
+    mark = s3.mark()
+    with pytest.raises(Exception, match="n0"):
+        bad.write.format("safetensors").mode("append").option("name_col", "name").save(url)
+    uploads = shard_puts(s3.requests_since(mark))
+    assert len(uploads) >= 2 and all("/_staging" not in u for u in uploads)
+    after = {k: get(s3, bucket, k) for k in keys(s3, bucket, "fail/")}
+    assert after == before
+    assert sorted(r["key"] for r in spark.read.format("safetensors").load(url).collect()) == \
+        [f"k{i:04d}__emb" for i in range(4)]
+
+
+def test_manifest_versions_are_created_with_a_conditional_put(spark, s3, bucket):
+    """spec/dataset.md §5.3 step 3 on S3: `_manifest_log/<version>.json` is created by one PUT with
+    `If-None-Match: *` (the pinned moto answers 412 when the key exists, like S3); no copies."""
+    c = s3.client()
+    c.put_object(Bucket=bucket, Key="probe", Body=b"1", IfNoneMatch="*")
+    with pytest.raises(Exception, match="PreconditionFailed|412"):
+        c.put_object(Bucket=bucket, Key="probe", Body=b"2", IfNoneMatch="*")
+    assert get(s3, bucket, "probe") == b"1"
+    url = f"s3a://{bucket}/cond"
+    mark = s3.mark()
+    batch_frame(spark, 4).write.format("safetensors").option("batch_size", 2).save(url)
+    batch_frame(spark, 2, start=10).write.format("safetensors").mode("append").option("batch_size", 2).save(url)
+    reqs = s3.requests_since(mark)
+    assert [r for r in reqs if r["copy_source"]] == []
+    log_puts = [r for r in reqs if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
+    assert [(r["path"].rsplit("/", 1)[1], r["if_none_match"], r["status"]) for r in log_puts] == [
+        ("00000000000000000001.json", "*", 200), ("00000000000000000002.json", "*", 200)]
+
+
+def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
+    """Four appends at once to one s3a:// dataset: every save() that returns is in the final
+    manifest (the losers of a version retry on top of the winner)."""
+    import threading
+
+    url = f"s3a://{bucket}/conc"
+    batch_frame(spark, 2, parts=1).write.format("safetensors").option("batch_size", 2).save(url)
+    errors, done = [], []
+
+    def append(w):
+        try:
+            batch_frame(spark, 3, start=100 * (w + 1), parts=1).write.format("safetensors") \
+                .mode("append").option("batch_size", 2).save(url)
+            done.append(w)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    mark = s3.mark()
+    threads = [threading.Thread(target=append, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and sorted(done) == [0, 1, 2, 3]
+    m = manifest(s3, bucket, "conc")
+    assert m["total_samples"] == 2 + 4 * 3 and m["manifest_version"] >= 5
+    ids = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
+    assert ids == sorted([0, 1] + [100 * (w + 1) + i for w in range(4) for i in range(3)])
+    listed = {s["shard_path"] for s in m["shards"]}
+    on_store = {k.split("/")[1] for k in keys(s3, bucket, "conc/") if k.endswith(".safetensors")}
+    assert on_store == listed
+    creates = [r for r in s3.requests_since(mark) if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
+    assert all(r["if_none_match"] == "*" for r in creates)
+
+
+def test_throttling_is_retried_with_backoff(spark, s3, bucket):
+    """503 SlowDown on shard uploads and on the manifest-version create: S3A (and, for the
+    conditional create, the SDK client S3A configured) retry with backoff; the write succeeds and
+    the data is whole."""
+    url = f"s3a://{bucket}/slow"
+    mark = s3.mark()
+    s3.fail_next("PUT", 2, status=503, path="/slow/part-")
+    s3.fail_next("PUT", 1, status=503, path="/slow/_manifest_log/")
+    batch_frame(spark, 6).write.format("safetensors").option("batch_size", 2).save(url)
+    injected = [r["path"] for r in s3.requests_since(mark) if r.get("injected")]
+    assert len(injected) == 3
+    # every throttled object was PUT again and is there
+    assert all(r in {"/" + bucket + "/" + k for k in keys(s3, bucket, "slow/")} for r in injected)
+    got = shard_tensors(s3, bucket, "slow")
+    assert sorted(int(i) for t in got.values() for i in t["id"]) == list(range(6))
+
