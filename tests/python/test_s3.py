@@ -200,6 +200,42 @@ def test_failed_write_leaves_the_dataset_unchanged_and_no_debris(spark, s3, buck
         [f"k{i:04d}__emb" for i in range(4)]
 
 
+def test_last_win_rewrites_are_puts_not_copies(spark, s3, bucket):
+    """KV lastWin on S3, within a write (n0 in both partitions) and across an append (n1 again):
+    the rewritten shards and their index parts are placed with PUTs (never a server-side copy),
+    the later row wins for every reader, and the dataset holds only what the manifest lists."""
+    url = f"s3a://{bucket}/lw"
+    rows = [(f"n{i}", [float(i)] * 3) for i in range(7)] + [("n0", [9.0] * 3)]
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "name string, emb array<float>")
+    assert [sorted(r[0] for r in p) for p in df.rdd.glom().collect()] == \
+        [["n0", "n1", "n2", "n3"], ["n0", "n4", "n5", "n6"]]
+    mark = s3.mark()
+    w = df.write.format("safetensors").option("name_col", "name").option("duplicatesStrategy", "lastWin") \
+        .option("generate_index", "true")
+    w.save(url)
+    spark.createDataFrame([("n1", [7.0] * 3)], "name string, emb array<float>").write.format("safetensors") \
+        .option("name_col", "name").option("duplicatesStrategy", "lastWin").option("generate_index", "true") \
+        .mode("append").save(url)
+    reqs = s3.requests_since(mark)
+    assert [(r["path"], r["copy_source"]) for r in reqs if r["copy_source"]] == []
+    m = manifest(s3, bucket, "lw")
+    assert m["total_samples"] == 7
+    got = {}
+    for t in shard_tensors(s3, bucket, "lw").values():
+        for name, v in t.items():
+            assert name.endswith("__emb") and name not in got
+            got[name[: -len("__emb")]] = v.tolist()
+    want = {f"n{i}": [float(i)] * 3 for i in range(7)}
+    want["n0"], want["n1"] = [9.0] * 3, [7.0] * 3
+    assert got == want
+    listed = {s["shard_path"] for s in m["shards"]}
+    top = {k.split("/", 1)[1] for k in keys(s3, bucket, "lw/") if k.count("/") == 1}
+    assert {k for k in top if k.endswith(".safetensors")} == listed
+    lookup = spark.read.format("safetensors").load(url).where("key in ('n0__emb', 'n1__emb')")
+    assert sorted((r["key"], list(r["decoded"])) for r in lookup.collect()) == \
+        [("n0__emb", [9.0] * 3), ("n1__emb", [7.0] * 3)]
+
+
 def test_manifest_versions_are_created_with_a_conditional_put(spark, s3, bucket):
     """spec/dataset.md §5.3 step 3 on S3: `_manifest_log/<version>.json` is created by one PUT with
     `If-None-Match: *` (the pinned moto answers 412 when the key exists, like S3); no copies."""

@@ -5,7 +5,7 @@
 //! results as JSON. Plan errors become `IllegalArgumentException` ([`JniError::InvalidArgument`]),
 //! data/format/IO errors `SafetensorsException` ([`JniError::Failed`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use ::jni::objects::{JClass, JString};
@@ -17,9 +17,8 @@ use serde_json::json;
 use super::{
     arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
 };
-use crate::write::{ShardReport, TaskReport, TensorReport, WriteLayout, WritePlan};
+use crate::write::{ShardReport, TaskReport, WriteLayout, WritePlan};
 
-use crate::dataset::index::{read_index, write_index, IndexRow};
 use crate::dataset::manifest::{
     next_manifest, next_stream_manifest, parse_manifest, stream_batch_committed, superseded_shards,
     ShardReplacement, StreamBatch,
@@ -27,8 +26,8 @@ use crate::dataset::manifest::{
 use crate::dataset::names::MANIFEST_FILE_NAME;
 use crate::dataset::DatasetError;
 use crate::write::commit::{
-    check_keys_against_dataset, commit_manifest, index_rows, merge_key_runs, rewrite_shard_without,
-    rewrite_shard_without_keys, shard_report_from_header, write_shard_index_part, KeyRunInput,
+    commit_manifest, merge_key_runs, rewrite_shard_without_keys, write_shard_index_part,
+    KeyRunInput,
 };
 use crate::write::plan::{check_append, plan_write};
 use crate::write::task::{import_batch, TaskWriter};
@@ -327,71 +326,6 @@ pub fn check_manifest_json(manifest_json: &str) -> Result<(), JniError> {
     parse_manifest(manifest_json)
         .map(|_| ())
         .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))
-}
-
-/// One entry of `commitJob`'s `rewrites`.
-#[derive(serde::Deserialize)]
-struct RewriteRequest {
-    drop: HashSet<String>,
-    samples_after: u64,
-    shard: ShardReport,
-}
-
-pub fn rewrite_shard_json(
-    input: &str,
-    output: &str,
-    rewrite_json: &str,
-) -> Result<String, JniError> {
-    let req: RewriteRequest = parse_json(rewrite_json, "shard rewrite")?;
-    let done = rewrite_shard_without(
-        Path::new(input),
-        Path::new(output),
-        &req.drop,
-        req.samples_after,
-    )
-    .map_err(failed)?;
-    let placed: HashMap<&str, &TensorReport> =
-        done.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let tensors = req
-        .shard
-        .tensors
-        .iter()
-        .filter(|t| !req.drop.contains(&t.name))
-        .map(|t| {
-            let new = placed
-                .get(t.name.as_str())
-                .ok_or_else(|| failed(format!("rewritten shard lost tensor '{}'", t.name)))?;
-            Ok(TensorReport {
-                data_start: new.data_start,
-                data_end: new.data_end,
-                ..t.clone()
-            })
-        })
-        .collect::<Result<Vec<_>, JniError>>()?;
-    to_json(&ShardReport {
-        samples: req.samples_after,
-        bytes: done.bytes,
-        tensors,
-        ..req.shard
-    })
-}
-
-pub fn write_index_json(
-    output: &str,
-    shards_json: &str,
-    existing_index: Option<&str>,
-) -> Result<(), JniError> {
-    let shards: Vec<ShardReport> = parse_json(shards_json, "shard reports")?;
-    let mut rows: Vec<IndexRow> = match existing_index {
-        Some(p) => read_index(Path::new(p))
-            .map_err(|e| failed(format!("existing _tensor_index.parquet: {e}")))?,
-        None => Vec::new(),
-    };
-    for s in &shards {
-        rows.extend(index_rows(s));
-    }
-    write_index(Path::new(output), rows).map_err(failed)?;
-    Ok(())
 }
 
 /// One run of `mergeKeys`: a shard and its index part (a local file).
@@ -761,143 +695,6 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamMani
             &batch,
         )?;
         new_string(env, &json)
-    })
-}
-
-/// `static native String rewriteShard(String inputPath, String outputPath, String rewriteJson)`
-#[no_mangle]
-pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_rewriteShard<'local>(
-    mut env: EnvUnowned<'local>,
-    _class: JClass<'local>,
-    input: JString<'local>,
-    output: JString<'local>,
-    drop: JString<'local>,
-) -> JString<'local> {
-    guard(&mut env, |env| {
-        let input = arg(env, &input, "inputPath")?;
-        let output = arg(env, &output, "outputPath")?;
-        let drop = arg(env, &drop, "dropNamesJsonArray")?;
-        let json = rewrite_shard_json(&input, &output, &drop)?;
-        new_string(env, &json)
-    })
-}
-
-/// `static native void writeIndex(String outputPath, String shardReportsJsonArray, String existingIndexPathOrNull)`
-#[no_mangle]
-pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_writeIndex<'local>(
-    mut env: EnvUnowned<'local>,
-    _class: JClass<'local>,
-    output: JString<'local>,
-    shards: JString<'local>,
-    existing: JString<'local>,
-) {
-    guard(&mut env, |env| {
-        let output = arg(env, &output, "outputPath")?;
-        let shards = arg(env, &shards, "shardReportsJsonArray")?;
-        let existing = opt_arg(env, &existing)?;
-        write_index_json(&output, &shards, existing.as_deref())
-    })
-}
-
-/// One shard the dataset already lists, for [`check_keys_against_dataset_json`].
-#[derive(serde::Deserialize)]
-struct ExistingShard {
-    file: String,
-    /// The N header bytes after the 8-byte prefix, as text.
-    header: String,
-    length: u64,
-}
-
-/// `checkKeysAgainstDataset`: a KV append's keys (this write's task reports) against the
-/// dataset's existing shards (`[{"file", "header", "length"}]`). With `fail`, a key stored again
-/// is a `SafetensorsException` naming it and both shards; with `lastWin`, the answer lists the
-/// existing shards to rewrite without the keys, each in `rewriteShard`'s request form
-/// (`{"file", "drop", "samples_after", "delete", "shard": ShardReport}`).
-pub fn check_keys_against_dataset_json(
-    plan_json: &str,
-    reports_json: &str,
-    existing_json: &str,
-) -> Result<String, JniError> {
-    let plan = parse_plan(plan_json)?;
-    let reports: Vec<TaskReport> = parse_json(reports_json, "task reports")?;
-    let existing: Vec<ExistingShard> = parse_json(existing_json, "existing shards")?;
-    let shards: Vec<ShardReport> = reports.into_iter().flat_map(|r| r.shards).collect();
-    let mut headers = Vec::with_capacity(existing.len());
-    for e in &existing {
-        let h = crate::header::parse_header(e.header.as_bytes(), e.length)
-            .map_err(|err| failed(format!("{}: {err}", e.file)))?;
-        headers.push((e.file.as_str(), h));
-    }
-    let rewrites = check_keys_against_dataset(&plan, &shards, headers.iter().map(|(f, h)| (*f, h)))
-        .map_err(failed)?;
-    let mut out = Vec::with_capacity(rewrites.len());
-    for r in rewrites {
-        let header = headers
-            .iter()
-            .find(|(f, _)| *f == r.file)
-            .map(|(_, h)| h)
-            .ok_or_else(|| failed(format!("rewrite of unknown shard {}", r.file)))?;
-        out.push(json!({
-            "file": r.file,
-            "drop": r.drop_tensors,
-            "samples_after": r.samples_after,
-            "delete": r.delete,
-            "shard": shard_report_from_header(&r.file, header, &plan),
-        }));
-    }
-    to_json(&out)
-}
-
-pub fn shard_report_from_header_json(
-    file: &str,
-    header_json: &str,
-    file_len: u64,
-    plan_json: &str,
-) -> Result<String, JniError> {
-    let plan = parse_plan(plan_json)?;
-    let header = crate::header::parse_header(header_json.as_bytes(), file_len)
-        .map_err(|e| failed(format!("{file}: {e}")))?;
-    to_json(&shard_report_from_header(file, &header, &plan))
-}
-
-/// `static native void checkKeysAgainstDataset(String planJson, String taskReportsJsonArray, String existingShardsJson)`
-#[no_mangle]
-pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkKeysAgainstDataset<
-    'local,
->(
-    mut env: EnvUnowned<'local>,
-    _class: JClass<'local>,
-    plan: JString<'local>,
-    reports: JString<'local>,
-    existing: JString<'local>,
-) -> JString<'local> {
-    guard(&mut env, |env| {
-        let plan = arg(env, &plan, "planJson")?;
-        let reports = arg(env, &reports, "taskReportsJsonArray")?;
-        let existing = arg(env, &existing, "existingShardsJson")?;
-        let json = check_keys_against_dataset_json(&plan, &reports, &existing)?;
-        new_string(env, &json)
-    })
-}
-
-/// `static native String shardReportFromHeader(String fileName, String headerJson, long fileLength, String planJson)`
-#[no_mangle]
-pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_shardReportFromHeader<'local>(
-    mut env: EnvUnowned<'local>,
-    _class: JClass<'local>,
-    file: JString<'local>,
-    header_json: JString<'local>,
-    file_len: jlong,
-    plan_json: JString<'local>,
-) -> JString<'local> {
-    guard(&mut env, |env| {
-        let file = arg(env, &file, "fileName")?;
-        let header_json = arg(env, &header_json, "headerJson")?;
-        let plan_json = arg(env, &plan_json, "planJson")?;
-        let file_len = u64::try_from(file_len)
-            .map_err(|_| JniError::invalid_argument(format!("{file}: negative file length")))?;
-        let out = shard_report_from_header_json(&file, &header_json, file_len, &plan_json)?;
-        new_string(env, &out)
     })
 }
 

@@ -897,65 +897,6 @@ fn shard_file_names_parse() {
     }
 }
 
-#[test]
-fn kv_keys_of_an_append_are_checked_against_the_datasets_shards() {
-    let p = kv_plan("fail");
-    let new = kv_shard(&p, 0, 0, &["n1", "dup"]);
-    let json = r#"{"__metadata__":{"safetensors_spark.samples":"2"},"old__x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"dup__y":{"dtype":"I64","shape":[2],"data_offsets":[8,24]}}"#;
-    let header = crate::header::parse_header(json.as_bytes(), 8 + json.len() as u64 + 24).unwrap();
-    let e = check_keys_against_dataset(
-        &p,
-        std::slice::from_ref(&new),
-        [("old.safetensors", &header)],
-    )
-    .unwrap_err();
-    assert!(
-        matches!(&e, CommitError::KeyInDataset { key, existing_file, new_file, .. }
-            if key == "dup" && existing_file == "old.safetensors" && *new_file == new.file),
-        "{e}"
-    );
-    assert!(e.to_string().contains("duplicatesStrategy=fail"), "{e}");
-    // lastWin: the older shard loses the key's tensors (and is dropped once nothing is left)
-    let lw = kv_plan("lastWin");
-    let rw = check_keys_against_dataset(
-        &lw,
-        &[kv_shard(&lw, 0, 0, &["dup"])],
-        [("old.safetensors", &header)],
-    )
-    .unwrap();
-    assert_eq!(
-        rw,
-        [DatasetShardRewrite {
-            file: "old.safetensors".into(),
-            drop_tensors: ["dup__y".to_string()].into(),
-            drop_keys: ["dup".to_string()].into(),
-            samples_after: 1,
-            delete: false,
-        }]
-    );
-    let rw = check_keys_against_dataset(
-        &lw,
-        &[kv_shard(&lw, 0, 0, &["dup", "old"])],
-        [("old.safetensors", &header)],
-    )
-    .unwrap();
-    assert!(rw[0].delete && rw[0].samples_after == 0 && rw[0].drop_tensors.len() == 2);
-    // other keys pass; batch plans have nothing to check
-    check_keys_against_dataset(
-        &p,
-        &[kv_shard(&p, 0, 0, &["n1", "n2"])],
-        [("old.safetensors", &header)],
-    )
-    .unwrap();
-    let b = batch_plan("write");
-    check_keys_against_dataset(
-        &b,
-        &[batch_shard(&b, 0, 0, 2, 0)],
-        [("old.safetensors", &header)],
-    )
-    .unwrap();
-}
-
 /// An index part of shard `file` holding keys `keys` (column `x`, and `y` for keys ending in
 /// `!`): one run of [`merge_key_runs`].
 fn run(dir: &Path, file: &str, keys: &[&str], existing: bool, rank: u64) -> KeyRunInput {

@@ -50,15 +50,6 @@ public final class NativeWriter {
    *  write's manifest (its own shards only) and the lastWin shard rewrites to apply first. */
   public static native String commitJob(String planJson, String taskReportsJsonArray);
 
-  /** Driver, KV append: this write's keys (its task reports) against the dataset's shards
-   *  ({@code existingShardsJson}: a JSON array of {"file", "header" (the N header bytes as text),
-   *  "length"}). With duplicatesStrategy=fail a key stored again throws SafetensorsException
-   *  naming the key and both shards; with lastWin the answer is a JSON array of rewriteShard
-   *  requests ({"file", "drop", "samples_after", "delete", "shard"}) for the existing shards that
-   *  hold such keys. */
-  public static native String checkKeysAgainstDataset(String planJson, String taskReportsJsonArray,
-      String existingShardsJson);
-
   /** Driver: throws SafetensorsException unless {@code manifestJson} is a valid manifest whose
    *  every shard name passes the trust rule (spec/dataset.md §5.4). */
   public static native void checkManifest(String manifestJson);
@@ -83,21 +74,6 @@ public final class NativeWriter {
    *  version. Throws SafetensorsException if the base already records that batch. */
   public static native String nextStreamManifest(String baseManifestJsonOrNull,
       String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId);
-
-  /** Driver: writes {@code outputPath} = input without the tensors a commitJob rewrite entry
-   *  ({@code rewriteJson}) drops; returns the new file's ShardReport JSON. */
-  public static native String rewriteShard(String inputPath, String outputPath,
-      String rewriteJson);
-
-  /** Driver: the ShardReport JSON of an earlier write's shard, rebuilt from its header text
-   *  ({@code headerJson}: the N header bytes after the 8-byte prefix) and the file length, so an
-   *  index written by an append covers it too. */
-  public static native String shardReportFromHeader(String fileName, String headerJson,
-      long fileLength, String planJson);
-
-  /** Driver: writes the Parquet index of the given shards (+ the rows of an existing index). */
-  public static native void writeIndex(String outputPath, String shardReportsJsonArray,
-      String existingIndexPathOrNull);
 
   /** Driver, KV: the keys of the shards in {@code runsJson} ([{"file", "part" (its index part, a
    *  local file), "existing", "partition", "shard"}]) merged from their sorted index parts
