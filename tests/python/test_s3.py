@@ -121,8 +121,11 @@ def test_kv_write_with_index_and_key_lookups(spark, s3, bucket):
         got.update(t)
     assert sorted(got) == [f"k{i:04d}__emb" for i in range(25)]
     assert all(got[f"k{i:04d}__emb"].tolist() == [float(i)] * 3 for i in range(25))
-    parts = [k for k in keys(s3, bucket, "kv/_tensor_index.parquet/") if k.endswith(".parquet")]
-    assert len(parts) == 1
+    # one index part per listed shard (spec/dataset.md §6.1), nothing else in the index directory
+    # (but S3A's empty directory marker, the key ending in "/")
+    parts = {k.rsplit("/", 1)[1] for k in keys(s3, bucket, "kv/_tensor_index.parquet/")} - {""}
+    assert parts == {s["shard_path"][: -len(".safetensors")] + ".parquet"
+                     for s in manifest(s3, bucket, "kv")["shards"]}
     df = spark.read.format("safetensors").load(url)
     hit = df.filter(F.col("key") == "k0022__emb").select("decoded").collect()
     assert [list(r["decoded"]) for r in hit] == [[22.0] * 3]
