@@ -189,42 +189,145 @@ fn write_sorted(path: &Path, rows: &[IndexRow], part: bool) -> Result<u64, Index
 }
 
 fn write_to(tmp: &Path, rows: &[IndexRow], part: bool) -> Result<(), IndexError> {
-    let pq = |e: parquet::errors::ParquetError| IndexError::Parquet {
-        path: tmp.to_path_buf(),
-        message: e.to_string(),
-    };
-    let io = |source| IndexError::Io {
-        path: tmp.to_path_buf(),
-        source,
-    };
-    let schema = index_schema();
-    let file = File::create(tmp).map_err(io)?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::UNCOMPRESSED)
-        .set_created_by(format!("safetensors-spark {}", crate::VERSION));
-    let (props, chunk_rows) = if part {
-        use parquet::file::properties::EnabledStatistics;
-        use parquet::schema::types::ColumnPath;
-        let stats = |p: parquet::file::properties::WriterPropertiesBuilder, c: &str| {
-            p.set_column_statistics_enabled(ColumnPath::from(c), EnabledStatistics::Chunk)
-        };
-        let p = props
-            .set_statistics_enabled(EnabledStatistics::None)
-            .set_max_row_group_row_count(Some(PART_ROW_GROUP_ROWS));
-        (
-            stats(stats(p, "tensor_key"), "sample_key"),
-            PART_ROW_GROUP_ROWS,
-        )
-    } else {
-        (props, BATCH_ROWS)
-    };
-    let props = props.build();
-    let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(pq)?;
-    for chunk in rows.chunks(chunk_rows) {
-        writer.write(&batch(&schema, chunk)?).map_err(pq)?;
+    let mut w = SortedWriter::create(tmp, part)?;
+    for chunk in rows.chunks(w.chunk_rows) {
+        w.write(chunk)?;
     }
-    let file = writer.into_inner().map_err(pq)?;
-    file.sync_all().map_err(io)
+    w.finish()
+}
+
+/// A Parquet writer of index rows at a temporary path: row groups of [`PART_ROW_GROUP_ROWS`]
+/// rows with key statistics for a part, else [`BATCH_ROWS`] per batch.
+struct SortedWriter {
+    tmp: PathBuf,
+    schema: SchemaRef,
+    writer: ArrowWriter<File>,
+    chunk_rows: usize,
+}
+
+impl SortedWriter {
+    fn create(tmp: &Path, part: bool) -> Result<Self, IndexError> {
+        let pq = |e: parquet::errors::ParquetError| IndexError::Parquet {
+            path: tmp.to_path_buf(),
+            message: e.to_string(),
+        };
+        let schema = index_schema();
+        let file = File::create(tmp).map_err(|source| IndexError::Io {
+            path: tmp.to_path_buf(),
+            source,
+        })?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::UNCOMPRESSED)
+            .set_created_by(format!("safetensors-spark {}", crate::VERSION));
+        let (props, chunk_rows) = if part {
+            use parquet::file::properties::EnabledStatistics;
+            use parquet::schema::types::ColumnPath;
+            let stats = |p: parquet::file::properties::WriterPropertiesBuilder, c: &str| {
+                p.set_column_statistics_enabled(ColumnPath::from(c), EnabledStatistics::Chunk)
+            };
+            let p = props
+                .set_statistics_enabled(EnabledStatistics::None)
+                .set_max_row_group_row_count(Some(PART_ROW_GROUP_ROWS));
+            (
+                stats(stats(p, "tensor_key"), "sample_key"),
+                PART_ROW_GROUP_ROWS,
+            )
+        } else {
+            (props, BATCH_ROWS)
+        };
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props.build())).map_err(pq)?;
+        Ok(Self {
+            tmp: tmp.to_path_buf(),
+            schema,
+            writer,
+            chunk_rows,
+        })
+    }
+
+    fn pq(&self, e: parquet::errors::ParquetError) -> IndexError {
+        IndexError::Parquet {
+            path: self.tmp.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    fn write(&mut self, rows: &[IndexRow]) -> Result<(), IndexError> {
+        let b = batch(&self.schema, rows)?;
+        self.writer.write(&b).map_err(|e| self.pq(e))
+    }
+
+    fn finish(self) -> Result<(), IndexError> {
+        let tmp = self.tmp.clone();
+        let file = self.writer.into_inner().map_err(|e| IndexError::Parquet {
+            path: tmp.clone(),
+            message: e.to_string(),
+        })?;
+        file.sync_all()
+            .map_err(|source| IndexError::Io { path: tmp, source })
+    }
+}
+
+/// Writes the index part of one shard, as [`write_index_part`], from rows that already come in
+/// `tensor_key` order (UTF-8 bytes, no name twice), holding one row group at a time: memory does
+/// not grow with the shard's tensors. A row out of that order, or of another shard, is an error
+/// (and nothing is left at `path`). `rows` may fail with an error of the caller's: it is returned
+/// as `Err(Err(e))`.
+pub fn write_index_part_streamed<E>(
+    path: &Path,
+    rows: impl IntoIterator<Item = Result<IndexRow, E>>,
+) -> Result<u64, Result<IndexError, E>> {
+    let tmp = temp_sibling(path);
+    let result = (|| {
+        let mut w = SortedWriter::create(&tmp, true).map_err(Ok)?;
+        let mut buf: Vec<IndexRow> = Vec::with_capacity(w.chunk_rows);
+        let mut last: Option<(String, String)> = None; // (file, key) of the previous row
+        let mut n = 0u64;
+        for row in rows {
+            let row = row.map_err(Err)?;
+            if let Some((file, key)) = &last {
+                if row.file_name != *file {
+                    return Err(Ok(IndexError::BadRow {
+                        tensor: row.tensor_key.clone(),
+                        file: row.file_name.clone(),
+                        problem: format!(
+                            "an index part holds one shard's rows, and this one also has rows of {file}"
+                        ),
+                    }));
+                }
+                if row.tensor_key.as_bytes() <= key.as_bytes() {
+                    return Err(Ok(IndexError::BadRow {
+                        tensor: row.tensor_key.clone(),
+                        file: row.file_name.clone(),
+                        problem: format!(
+                            "rows must come sorted by tensor name, each name once (after {key})"
+                        ),
+                    }));
+                }
+            }
+            last = Some((row.file_name.clone(), row.tensor_key.clone()));
+            buf.push(row);
+            n += 1;
+            if buf.len() == w.chunk_rows {
+                w.write(&buf).map_err(Ok)?;
+                buf.clear();
+            }
+        }
+        if !buf.is_empty() {
+            w.write(&buf).map_err(Ok)?;
+        }
+        w.finish().map_err(Ok)?;
+        fs::rename(&tmp, path).map_err(|source| {
+            Ok(IndexError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        })?;
+        Ok(n)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// Reads an index back (e.g. to merge the rows of an append). The columns must be exactly those

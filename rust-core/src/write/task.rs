@@ -31,7 +31,7 @@ mod rows;
 mod sealer;
 
 use crate::convert::ConvertError;
-use crate::dataset::index::write_index_part;
+use crate::dataset::index::{write_index_part, write_index_part_streamed, IndexError};
 use crate::dataset::names::shard_index_part_file_name;
 use crate::error::FormatError;
 use crate::file::{FileWriter, PendingFile};
@@ -381,13 +381,20 @@ impl TaskWriter {
                 WriteError::Batch(format!("shard name {} has no index part", s.file))
             })?;
             let path = self.work_dir.join(&name);
-            let rows = match kv {
-                Some(k) => k.index_rows(s.shard, &s.file)?,
-                None => index_rows(s),
-            };
             self.created.push(path.clone());
-            let n = write_index_part(&path, rows)
-                .map_err(|e| WriteError::io(&path, std::io::Error::other(e.to_string())))?;
+            let part_err =
+                |e: IndexError| WriteError::io(&path, std::io::Error::other(e.to_string()));
+            let n = match kv {
+                // tensors stored in name order (one dtype): streamed, one row group in memory
+                Some(k) if k.names_in_data_order(s.shard)? => {
+                    write_index_part_streamed(&path, k.index_row_iter(s.shard, &s.file)?)
+                        .map_err(|e| e.map_or_else(|w| w, part_err))?
+                }
+                Some(k) => {
+                    write_index_part(&path, k.index_rows(s.shard, &s.file)?).map_err(part_err)?
+                }
+                None => write_index_part(&path, index_rows(s)).map_err(part_err)?,
+            };
             if kv.is_some() {
                 s.num_tensors = Some(n);
             }

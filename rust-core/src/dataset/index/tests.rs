@@ -441,3 +441,49 @@ fn a_shard_part_name_is_the_shard_name_with_parquet() {
     assert_eq!(part("../x.safetensors"), None);
     assert_eq!(part("x.bin"), None);
 }
+
+#[test]
+fn streamed_part_equals_the_sorted_part_and_refuses_unsorted_rows() {
+    let dir = tempdir();
+    // more rows than a row group, keys in name order
+    let names: Vec<String> = (0..(PART_ROW_GROUP_ROWS + 5))
+        .map(|i| format!("k{i:06}__x"))
+        .collect();
+    let tensors = |names: &[String]| -> Vec<TensorReport> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| t(n, 100 + 12 * i as u64, Some(&n[..7]), Some("x")))
+            .collect()
+    };
+    let s = shard("s.safetensors", tensors(&names));
+    let (streamed, whole) = (dir.join("streamed.parquet"), dir.join("whole.parquet"));
+    let n =
+        write_index_part_streamed(&streamed, index_rows(&s).into_iter().map(Ok::<_, ()>)).unwrap();
+    assert_eq!(n, names.len() as u64);
+    write_index_part(&whole, index_rows(&s)).unwrap();
+    assert_eq!(read_index(&streamed).unwrap(), read_index(&whole).unwrap());
+
+    // a name out of order (or twice) is an error naming it, and leaves nothing
+    let mut swapped = names.clone();
+    swapped.swap(3, 4);
+    let bad = dir.join("bad.parquet");
+    let rows = index_rows(&shard("s.safetensors", tensors(&swapped)));
+    match write_index_part_streamed(&bad, rows.into_iter().map(Ok::<_, ()>)) {
+        Err(Ok(IndexError::BadRow {
+            tensor, problem, ..
+        })) => {
+            assert_eq!(tensor, names[3]);
+            assert!(problem.contains("sorted"), "{problem}");
+        }
+        other => panic!("expected a BadRow error, got {other:?}"),
+    }
+    assert!(!bad.exists() && !crate::file::temp_sibling(&bad).exists());
+    // the caller's own error comes back as it was
+    let failing = vec![Ok(index_rows(&s).remove(0)), Err("boom")];
+    assert!(matches!(
+        write_index_part_streamed(&bad, failing),
+        Err(Err("boom"))
+    ));
+    assert!(!bad.exists());
+}

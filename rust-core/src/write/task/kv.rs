@@ -1086,35 +1086,71 @@ impl KvState {
         Ok(sealed)
     }
 
-    /// The index rows of sealed shard `shard` (file `file`), read back from its records (after
-    /// [`KvState::finish`]); in data order. Memory: the shard's tensors, one shard at a time.
-    pub(super) fn index_rows(&self, shard: u32, file: &str) -> Result<Vec<IndexRow>, WriteError> {
-        let (Some(s), Some(files)) = (
+    /// The index rows of sealed shard `shard` (file `file`), read back one at a time from its
+    /// records (after [`KvState::finish`]); in data order.
+    pub(super) fn index_row_iter<'a>(
+        &'a self,
+        shard: u32,
+        file: &'a str,
+    ) -> Result<impl Iterator<Item = Result<IndexRow, WriteError>> + 'a, WriteError> {
+        let found = match (
             self.sealed.iter().find(|s| s.shard == shard),
             self.files.as_ref(),
-        ) else {
-            return Ok(Vec::new());
+        ) {
+            (Some(s), Some(files)) => Some((files.reports.range(s.reports.0, s.reports.1)?, files)),
+            _ => None,
         };
-        let mut r = files.reports.range(s.reports.0, s.reports.1)?;
         let mut rec = ReportRec::empty();
-        let mut out = Vec::with_capacity(s.tensors as usize);
-        while rec
-            .read_next(&mut r)
-            .map_err(|e| WriteError::io(&files.reports.path, e))?
-        {
-            let t = self.tensor_report(&rec);
-            out.push(IndexRow {
-                tensor_key: t.name,
-                file_name: file.to_string(),
-                dtype: t.dtype,
-                shape: t.shape,
-                data_start: t.data_start,
-                data_end: t.data_end,
-                sample_key: t.sample_key,
-                column: t.column.unwrap_or_default(),
-            });
+        let mut found = found;
+        Ok(std::iter::from_fn(move || {
+            let (r, files) = found.as_mut()?;
+            match rec.read_next(r) {
+                Err(e) => {
+                    let err = WriteError::io(&files.reports.path, e);
+                    found = None;
+                    Some(Err(err))
+                }
+                Ok(false) => {
+                    found = None;
+                    None
+                }
+                Ok(true) => {
+                    let t = self.tensor_report(&rec);
+                    Some(Ok(IndexRow {
+                        tensor_key: t.name,
+                        file_name: file.to_string(),
+                        dtype: t.dtype,
+                        shape: t.shape,
+                        data_start: t.data_start,
+                        data_end: t.data_end,
+                        sample_key: t.sample_key,
+                        column: t.column.unwrap_or_default(),
+                    }))
+                }
+            }
+        }))
+    }
+
+    /// Whether sealed shard `shard`'s tensors are stored in name order (UTF-8 bytes): true when
+    /// every column has one dtype, as the reference layout orders tensors by dtype, then name.
+    pub(super) fn names_in_data_order(&self, shard: u32) -> Result<bool, WriteError> {
+        let mut last: Option<String> = None;
+        for row in self.index_row_iter(shard, "")? {
+            let key = row?.tensor_key;
+            if last
+                .as_ref()
+                .is_some_and(|l| l.as_bytes() >= key.as_bytes())
+            {
+                return Ok(false);
+            }
+            last = Some(key);
         }
-        Ok(out)
+        Ok(true)
+    }
+
+    /// The index rows of sealed shard `shard` (file `file`), all in memory; in data order.
+    pub(super) fn index_rows(&self, shard: u32, file: &str) -> Result<Vec<IndexRow>, WriteError> {
+        self.index_row_iter(shard, file)?.collect()
     }
 
     /// The per-sample shape shared by every sealed tensor of column `column`: `None` when the
