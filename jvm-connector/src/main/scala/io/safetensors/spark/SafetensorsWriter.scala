@@ -133,7 +133,7 @@ private[spark] object SafetensorsWriter {
           // on an object store the task uploaded the shard under its final name, still unlisted:
           // the rewrite replaces that object with one PUT (a rename there would copy it)
           val out =
-            if (false) new Path(dest, file) else new Path(new Path(staging, "rewritten"), file)
+            if (objectStore) new Path(dest, file) else new Path(new Path(staging, "rewritten"), file)
           val partOut = new Path(new Path(staging, "rewritten"), parts.partName(file))
           val src = staged(file)
           val r = parts.rewrite(src, out, Some(partOut), keys)
