@@ -134,6 +134,16 @@ class WriteSqlMetricsSuite extends AnyFunSuite with BeforeAndAfterAll {
     assert(after._1 - before._1 == 30)
   }
 
+  test("save(path) with partitionBy: the node sums the directories' datasets") {
+    val path = new File(base, "parted").getAbsolutePath
+    val seen = observe(rows(90).selectExpr("id", "x", "cast(id % 3 as int) as split").write
+      .format("safetensors").option("batch_size", "20").partitionBy("split").save(path))
+    val dirs = (0 until 3).map(i => new File(path, s"split=$i").getAbsolutePath)
+    val each = dirs.map(listed)
+    assert(each.map(_._1).sum == 90 && each.forall(_._2 >= 2))
+    check(seen, each.map(_._1).sum, each.map(_._2).sum, each.map(_._3).sum)
+  }
+
   test("INSERT INTO / INSERT OVERWRITE a catalog table: the V1 write node's metrics equal the manifest's") {
     val path = new File(base, "table").getAbsolutePath
     spark.sql(s"CREATE TABLE t (id BIGINT, x ARRAY<FLOAT>) USING safetensors " +
