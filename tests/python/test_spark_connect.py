@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
@@ -145,6 +146,30 @@ def test_connect_stream_and_errors(cs, tmp_path):
     m = manifest(out)
     assert list(m["stream_commits"]) == [q.id]
     assert cs.read.format("safetensors").load(str(out)).count() == m["total_samples"]
+
+
+def test_connect_tensor_functions_of_the_python_api_and_sql(cs, tmp_path):
+    """arr_to_st / st_to_array through Connect: the Python wrappers (call_function by name) and SQL
+    reach the functions the server's extensions class registered."""
+    from safetensors_spark.functions import arr_to_st, st_to_array
+
+    values = [0.1, 2.5, -1.0]
+    df = cs.createDataFrame([(values,)], "x array<double>")
+    # Connect Columns pick Spark Connect's functions even with a classic session in this process
+    t = df.select(arr_to_st(df.x, "F16").alias("t"))
+    row = t.select("t", st_to_array(t.t, "F16").alias("v")).first()
+    assert (row.t.dtype, list(row.t.shape)) == ("F16", [3])
+    assert bytes(row.t.data) == np.array(values, dtype=np.float16).tobytes()  # rounded to nearest even
+    assert row.v == [float(h) for h in np.array(values, dtype=np.float16)]
+    # the peer's argument order, written through Connect and read by safetensors
+    out = tmp_path / "fn"
+    df.select(arr_to_st(df["x"], [1, 3], "F16").alias("t")).write.format("safetensors") \
+        .option("batch_size", 1).save(str(out))
+    (shard,) = manifest(out)["shards"]
+    t = load_file(str(out / shard["shard_path"]))["t"]
+    assert t.dtype == np.float16 and t.shape == (1, 1, 3)
+    assert t.tobytes() == np.array(values, dtype=np.float16).tobytes()
+    assert cs.sql("SELECT st_to_array(arr_to_st(array(array(1, 2), array(3, 4)))) AS v").first().v == [[1, 2], [3, 4]]
 
 
 def test_check_session_without_the_connector(tmp_path, connector_jar):

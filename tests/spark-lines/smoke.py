@@ -2,7 +2,9 @@
 
 Usage: python smoke.py JAR SPARK_LINE WORK_DIR    (e.g. `smoke.py …/safetensors-spark-0.1.0.jar 4.2 /tmp/x`)
 
-Run by tests/spark-lines/run.sh with the pyspark of the line under test on sys.path. Exits
+The session has the connector's extensions class: the writes run through its save(path) plan
+node (the SQL tab shows the rows written) and the tensor functions are called once. Run by tests/spark-lines/run.sh with the pyspark
+of the line under test on sys.path. Exits
 non-zero (with the error) when the running Spark is not of SPARK_LINE, when the jar does not load,
 or when a write or read fails or gives back other values than were written; every value is
 checked both through Spark's read path and in the shards themselves with the `safetensors` package.
@@ -41,6 +43,24 @@ def shards(path):
     check(files, f"{path}: the manifest lists no shard")
     check(all(f.is_file() for f in files), f"{path}: a listed shard is missing: {files}")
     return manifest, files
+
+
+def sql_tab_values(spark, metric):
+    """Every value of the SQL metric named `metric` the SQL tab's store holds (py4j; Spark 3.5 and 4.x)."""
+    spark._jsc.sc().listenerBus().waitUntilEmpty()
+    store = spark._jsparkSession.sharedState().statusStore()
+    execs = store.executionsList()
+    values = []
+    for i in range(execs.size()):
+        e = execs.apply(i)
+        ids = [e.metrics().apply(j).accumulatorId() for j in range(e.metrics().size())
+               if e.metrics().apply(j).name() == metric]
+        shown = store.executionMetrics(e.executionId()).iterator()
+        while shown.hasNext():
+            kv = shown.next()
+            if kv._1() in ids:
+                values.append(kv._2())
+    return values
 
 
 def batch_mode(spark, df, out):
@@ -96,6 +116,7 @@ def main():
         SparkSession.builder.master("local[2]")
         .appName(f"safetensors-spark-smoke-{line}")
         .config("spark.jars", jar)
+        .config("spark.sql.extensions", "io.safetensors.spark.SafetensorsExtensions")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
@@ -115,7 +136,12 @@ def main():
         ])
         df = spark.createDataFrame(expected_rows(), schema).repartition(2)
         n_batch = batch_mode(spark, df, work / "batch")
+        shown = sql_tab_values(spark, "safetensors rows written")
+        check(shown == [str(ROWS)], f"SQL tab: 'safetensors rows written' of the batch write: {shown}")
         n_kv = kv_mode(spark, df, work / "kv")
+        # the extensions class's functions
+        (v,) = spark.sql("SELECT st_to_array(arr_to_st(array(array(1.5f, -2.0f), array(0.25f, 8.0f)), 'BF16')) AS v").first()
+        check(v == [[1.5, -2.0], [0.25, 8.0]], f"arr_to_st/st_to_array: {v}")
         print(f"spark-lines smoke: Spark {version}, jar {Path(jar).name}: "
               f"batch write+read ({n_batch} shards) and KV write+read ({n_kv} shards) OK")
     finally:

@@ -21,24 +21,47 @@ __all__ = ["arr_to_st", "st_to_array", "EXTENSIONS_CLASS"]
 EXTENSIONS_CLASS = "io.safetensors.spark.SafetensorsExtensions"
 
 
-def _col(c):
-    return c if isinstance(c, Column) else F.col(c)
+def _functions(args):
+    """The functions module the call's Columns belong to: Spark Connect's when an argument is a
+    Connect Column or, with column names only, when a Connect session is active and no classic one
+    (a session from ``pyspark.sql.connect.session.SparkSession.builder`` does not switch
+    ``pyspark.sql.functions`` to Connect); else ``pyspark.sql.functions``."""
+    for a in args:
+        if type(a).__module__.startswith("pyspark.sql.connect"):
+            from pyspark.sql.connect import functions as CF
+            return CF
+        if isinstance(a, Column):
+            return F
+    from pyspark import SparkContext
+    if SparkContext._active_spark_context is None:
+        try:
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+        except ImportError:  # no Spark Connect client installed
+            return F
+        if ConnectSession.getActiveSession() is not None:
+            from pyspark.sql.connect import functions as CF
+            return CF
+    return F
 
 
-def _shape(shape):
+def _col(f, c):
+    return f.col(c) if isinstance(c, str) else c
+
+
+def _shape(f, shape):
     dims = [int(d) for d in shape]
     if not dims:
-        return F.array().cast("array<int>")
-    return F.array(*[F.lit(d) for d in dims])
+        return f.array().cast("array<int>")
+    return f.array(*[f.lit(d) for d in dims])
 
 
-def _arg(a):
-    if isinstance(a, Column):
+def _arg(f, a):
+    if isinstance(a, Column) or type(a).__module__.startswith("pyspark.sql.connect"):
         return a
     if isinstance(a, str):
-        return F.lit(a)
+        return f.lit(a)
     if isinstance(a, (list, tuple)):
-        return _shape(a)
+        return _shape(f, a)
     raise TypeError(f"arr_to_st: a dtype (str), a shape (list of int) or a Column was expected, got {a!r}")
 
 
@@ -49,8 +72,9 @@ def arr_to_st(col, dtype=None, shape=None):
     ``shape`` (default: the array's own shape; its element count must match) may also be given in
     the peer connector's order, ``arr_to_st(col, shape, dtype)``; Columns are accepted too.
     """
-    args = [_col(col)] + [_arg(a) for a in (dtype, shape) if a is not None]
-    return F.call_function("arr_to_st", *args)
+    f = _functions([col, dtype, shape])
+    args = [_col(f, col)] + [_arg(f, a) for a in (dtype, shape) if a is not None]
+    return f.call_function("arr_to_st", *args)
 
 
 def st_to_array(col, dtype=None, rank=None):
@@ -61,9 +85,10 @@ def st_to_array(col, dtype=None, rank=None):
     arguments, else float and flat (row-major). A row whose dtype does not widen exactly to the
     element type, or whose rank differs, is an error naming both.
     """
-    args = [_col(col)]
+    f = _functions([col])
+    args = [_col(f, col)]
     if dtype is not None:
-        args.append(F.lit(str(dtype)))
+        args.append(f.lit(str(dtype)))
     if rank is not None:
-        args.append(F.lit(int(rank)))
-    return F.call_function("st_to_array", *args)
+        args.append(f.lit(int(rank)))
+    return f.call_function("st_to_array", *args)

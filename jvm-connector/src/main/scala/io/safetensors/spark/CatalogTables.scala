@@ -13,7 +13,8 @@ import org.apache.spark.sql.connector.expressions.{Expressions, Transform}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.connector.read.{Batch, InputPartition, PartitionReader, PartitionReaderFactory, Scan, ScanBuilder}
 import org.apache.spark.sql.connector.write.{LogicalWriteInfo, SupportsTruncate, V1Write, WriteBuilder}
-import org.apache.spark.sql.safetensors.SparkInternals
+import org.apache.spark.sql.connector.metric.{CustomMetric, CustomTaskMetric}
+import org.apache.spark.sql.safetensors.{SparkInternals, SparkLine}
 import org.apache.spark.sql.sources.InsertableRelation
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
@@ -135,10 +136,16 @@ private[spark] final class SafetensorsCatalogTable(tableSchema: StructType,
     new WriteBuilder with SupportsTruncate {
       private var overwrite = false
       override def truncate(): WriteBuilder = { overwrite = true; this }
-      override def build(): V1Write = new V1Write {
+      override def build(): V1Write = new SparkLine.MeteredV1Write {
+        // what the INSERT wrote: Spark (4.0+) shows it as the write node's SQL metrics
+        private var stats = WriteStats.Empty
+        override def supportedCustomMetrics(): Array[CustomMetric] = WriteStats.metrics
+        override def driverMetrics(): Array[CustomTaskMetric] = stats.taskMetrics
         override def toInsertableRelation: InsertableRelation = new InsertableRelation {
           override def insert(data: DataFrame, overwriteData: Boolean): Unit =
-            write(data, info.options().asCaseSensitiveMap().asScala.toMap, overwrite || overwriteData)
+            stats += WriteStats.collect {
+              write(data, info.options().asCaseSensitiveMap().asScala.toMap, overwrite || overwriteData)
+            }
         }
       }
     }

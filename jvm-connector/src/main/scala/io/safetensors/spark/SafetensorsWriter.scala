@@ -294,6 +294,10 @@ private[spark] object SafetensorsWriter {
         quietly(null)(fs.delete(new Path(dest, f), false))
       }
       commits.prune(version)
+      // this write's shards as listed (a KV lastWin copy of an older shard is not counted)
+      val mine = commit.get("manifest").get("shards").elements().asScala.toSeq
+      WriteStats.report(WriteStats(mine.map(_.path("samples_count").asLong()).sum, mine.size.toLong,
+        mine.map(_.path("bytes").asLong()).sum, job.metrics.writeNanos.value))
       relation
     } catch {
       case t: Throwable if !committed =>

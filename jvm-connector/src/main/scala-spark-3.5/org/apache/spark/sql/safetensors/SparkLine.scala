@@ -25,6 +25,14 @@ object SparkLine {
   def injectPreResolutionRule(extensions: SparkSessionExtensions,
       rule: SparkSession => Rule[LogicalPlan]): Boolean = false
 
+  /**
+   * A V1 write (catalog tables' INSERTs) with [[driverMetrics]]. Spark 3.5 has no
+   * `Write.reportDriverMetrics` and its V1 write node no metrics: they are not shown on this line.
+   */
+  trait MeteredV1Write extends org.apache.spark.sql.connector.write.V1Write {
+    def driverMetrics(): Array[org.apache.spark.sql.connector.metric.CustomTaskMetric]
+  }
+
   /** The line this build is for (shown in errors and checked by the smoke run). */
   val name: String = "3.5"
 }

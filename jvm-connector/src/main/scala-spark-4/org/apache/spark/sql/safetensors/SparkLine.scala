@@ -28,6 +28,17 @@ object SparkLine {
     true
   }
 
+  /**
+   * A V1 write (catalog tables' INSERTs) whose [[driverMetrics]], declared in
+   * `supportedCustomMetrics`, Spark shows as the write node's SQL metrics after the write
+   * (`Write.reportDriverMetrics`, Spark 4.0+).
+   */
+  trait MeteredV1Write extends org.apache.spark.sql.connector.write.V1Write {
+    def driverMetrics(): Array[org.apache.spark.sql.connector.metric.CustomTaskMetric]
+    override def reportDriverMetrics(): Array[org.apache.spark.sql.connector.metric.CustomTaskMetric] =
+      driverMetrics()
+  }
+
   /** The line this build is for (shown in errors and checked by the smoke run). */
   val name: String = "4.x"
 }
