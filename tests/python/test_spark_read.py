@@ -495,6 +495,22 @@ def test_file_layout_one_row_per_file_one_struct_per_key(spark, tmp_path):
     assert df.where(F.col("file").endswith("/a.safetensors")).count() == 1
 
 
+def test_infer_schema_option_of_the_other_connector_reads_one_row_per_file(spark, tmp_path):
+    """reading.md §2: `inferSchema=true` (the other Spark connector's only way to read files) is
+    layout `file`; it conflicts with any other layout and takes no other value."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    save_model(tmp_path / "m.safetensors", {"w": w})
+    df = read(spark, tmp_path / "m.safetensors", inferSchema="TRUE")
+    assert df.columns[:2] == ["file", "w"]
+    (r,) = df.collect()
+    assert (bytes(r["w"]["data"]), r["w"]["shape"], r["w"]["dtype"]) == (w.tobytes(), [2, 3], "F32")
+    assert read(spark, tmp_path / "m.safetensors", inferSchema="true", layout="file").count() == 1
+    msg = error_text(lambda: read(spark, tmp_path / "m.safetensors", inferSchema="true", layout="tensor").collect())
+    assert "inferSchema" in msg and "'tensor'" in msg, msg[:3000]
+    msg = error_text(lambda: read(spark, tmp_path / "m.safetensors", inferSchema="false").collect())
+    assert "inferSchema" in msg and "'false'" in msg, msg[:3000]
+
+
 # ---------------------------------------------------------------------------------------------
 # Schema
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ private[spark] final case class ReadOptions(
 private[spark] object ReadOptions {
   val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
   val Keys: Seq[String] =
-    Seq("layout", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles", "read_batch_rows")
+    Seq("layout", "inferSchema", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles",
+      "read_batch_rows")
   val BatchBytes: Long = 64L << 20
 
   private val mapper = new ObjectMapper()
@@ -58,10 +59,25 @@ private[spark] object ReadOptions {
       throw new IllegalArgumentException(
         "safetensors: no path given; use spark.read.format(\"safetensors\").load(path, ...)")
     }
-    val layout = o.getOrElse("layout", "auto").trim.toLowerCase
-    if (!Layouts.contains(layout)) {
+    val givenLayout = o.get("layout").map(_.trim.toLowerCase)
+    givenLayout.filterNot(Layouts.contains).foreach { _ =>
       throw new IllegalArgumentException(
         s"safetensors: option 'layout' must be one of ${Layouts.mkString(", ")}, got '${o("layout")}'")
+    }
+    // `inferSchema` is the peer connector's way to read files (reading.md §1): one row per file,
+    // a column per tensor, which is our `file` layout; the schema always comes from the headers
+    val layout = o.get("inferschema").map(_.trim.toLowerCase) match {
+      case None => givenLayout.getOrElse("auto")
+      case Some("true") => givenLayout match {
+        case None | Some("file") => "file"
+        case Some(other) => throw new IllegalArgumentException(
+          s"safetensors: option 'inferSchema' = true reads one row per file (layout 'file'); it " +
+            s"cannot be combined with layout '$other': drop one of the two options")
+      }
+      case Some(other) => throw new IllegalArgumentException(
+        s"safetensors: option 'inferSchema' (the other connector's name for layout 'file') can " +
+          s"only be true, got '$other': the schema always comes from the files' headers; use " +
+          s"option 'layout' (${Layouts.mkString(", ")}) to choose the rows")
     }
     val batchRows = o.get("read_batch_rows").map { v =>
       val n = scala.util.Try(v.trim.toLong).getOrElse(-1L)
