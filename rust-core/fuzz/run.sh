@@ -12,6 +12,12 @@ shift || true
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(header manifest write_plan arrow_batch)
 mkdir -p logs
+# arrow_batch writes and fsyncs shards into a scratch directory per input: on tmpfs (fsync free)
+# it runs about 9 x faster than on disk (spec/fuzzing.md)
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  export TMPDIR=/dev/shm/safetensors-spark-fuzz
+  mkdir -p "$TMPDIR"
+fi
 cargo +nightly fuzz build -O || exit 1
 for t in "${TARGETS[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
