@@ -2,6 +2,8 @@
 //! check against the file length) for headers of 10 and 100,000 tensors (tensors/s), and of
 //! 100,000 and 1,000,000 tensors (bytes/s), as written by our own
 //! serialiser (`plan_layout`). `parse_file_bytes` on the whole file is checked once per size.
+//! `header_parse_bytes_detailed` runs the same headers through the detailed path alone
+//! (`parse_header_detailed`, what `parse_header` ran before its fast path).
 //!
 //! `cargo bench -p safetensors-spark-core --bench header`; results in `target/criterion/header_parse/`.
 // A bench aborts on a setup error: unwrap/expect are the plain way to say so.
@@ -12,7 +14,10 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use safetensors_spark::dtype::Dtype;
-use safetensors_spark::header::{parse_file_bytes, parse_header, plan_layout, TensorEntry};
+use safetensors_spark::header::{
+    parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast, plan_layout,
+    TensorEntry,
+};
 
 /// A KV-shard-like file: `n` tensors `k<i>__x` of F32 [4], with `__metadata__`.
 fn file_with(n: usize) -> Vec<u8> {
@@ -62,6 +67,22 @@ fn headers(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(json.len() as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
             b.iter(|| parse_header(black_box(json), file_len).unwrap())
+        });
+    }
+    group.finish();
+    // The same headers through the detailed path alone (the parser before the fast path, still
+    // the one that words errors and feeds the forensic report): a before/after in one run.
+    let mut group = c.benchmark_group("header_parse_bytes_detailed");
+    group.sample_size(10);
+    for n in [100_000usize, 1_000_000] {
+        let file = file_with(n);
+        let header = parse_file_bytes(&file).unwrap();
+        let json = &file[8..8 + header.header_len as usize];
+        let file_len = file.len() as u64;
+        assert!(parse_header_fast(json, file_len).is_some());
+        group.throughput(Throughput::Bytes(json.len() as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
+            b.iter(|| parse_header_detailed(black_box(json), file_len).unwrap())
         });
     }
     group.finish();

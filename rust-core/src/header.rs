@@ -139,9 +139,32 @@ pub fn parse_file_bytes(bytes: &[u8]) -> Result<Header, FormatError> {
     parse_header(json, file_len)
 }
 
+mod fast;
+
 /// Parses and validates the header bytes (the N bytes after the prefix) of a file of
 /// `file_len` bytes.
+///
+/// A valid header is read by the fast path ([`parse_header_fast`]: straight into typed entries);
+/// anything it refuses is read again by [`parse_header_detailed`], whose error is returned, so
+/// the errors are the detailed path's whichever path ran.
 pub fn parse_header(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
+    match fast::parse(json, file_len) {
+        Some(header) => Ok(header),
+        None => parse_header_detailed(json, file_len),
+    }
+}
+
+/// The fast path of [`parse_header`]: the header when it is valid, `None` otherwise (or when the
+/// fast path cannot prove it valid). It never accepts what [`parse_header_detailed`] rejects, and
+/// gives the same header for what both accept (tests compare them).
+pub fn parse_header_fast(json: &[u8], file_len: u64) -> Option<Header> {
+    fast::parse(json, file_len)
+}
+
+/// The detailed path of [`parse_header`]: [`parse_header_items`] (a JSON tree keeping duplicate
+/// keys, then each entry on its own), stopping at the first error in the order of format.md §3,
+/// then the layout and file-length rules.
+pub fn parse_header_detailed(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let header_len = json.len() as u64;
     let items = parse_header_items(json)?;
     let mut metadata = None;
@@ -790,6 +813,28 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
 }
 
+/// Checks, on a whole file, that [`parse_header_fast`] and [`parse_header_detailed`] agree (the
+/// same header, or `None` exactly when the detailed path errs) and that [`parse_header`] gives
+/// the detailed path's result, error included. Files whose prefix is invalid never reach them.
+#[cfg(test)]
+#[allow(clippy::panic)]
+pub(crate) fn assert_paths_agree(bytes: &[u8]) {
+    let file_len = bytes.len() as u64;
+    let Ok(n) = check_prefix(bytes, file_len) else {
+        return;
+    };
+    let json = &bytes[8..8 + n as usize];
+    let fast = parse_header_fast(json, file_len);
+    let detailed = parse_header_detailed(json, file_len);
+    match (&fast, &detailed) {
+        (Some(f), Ok(d)) => assert_eq!(f, d),
+        (None, Err(_)) => {}
+        _ => panic!("fast path {fast:?}, detailed path {detailed:?}"),
+    }
+    let strict = format!("{:?}", parse_header(json, file_len));
+    assert_eq!(strict, format!("{detailed:?}"));
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -847,11 +892,14 @@ mod tests {
         );
     }
 
-    /// Builds a file from a header JSON text (unpadded) and a data section.
+    /// Builds a file from a header JSON text (unpadded) and a data section, and checks that the
+    /// fast and detailed parsers agree on it (so every case of these tests is also an agreement
+    /// case).
     fn file(json: &str, data: &[u8]) -> Vec<u8> {
         let mut out = (json.len() as u64).to_le_bytes().to_vec();
         out.extend_from_slice(json.as_bytes());
         out.extend_from_slice(data);
+        assert_paths_agree(&out);
         out
     }
 
@@ -865,6 +913,64 @@ mod tests {
             dtype,
             shape: shape.to_vec(),
         }
+    }
+
+    #[test]
+    fn fast_and_detailed_paths_agree_on_edge_cases() {
+        let u8_at = |b: u64| {
+            format!(
+                r#"{{"dtype":"U8","shape":[1],"data_offsets":[{b},{}]}}"#,
+                b + 1
+            )
+        };
+        let (a0, a1, a2) = (u8_at(0), u8_at(1), u8_at(2));
+        let cases: Vec<(String, usize)> = vec![
+            // Valid: JSON order unlike data order, escapes, whitespace, zero-size tensors.
+            (format!(r#"{{"b":{a1},"a":{a0}}}"#), 2),
+            (format!(r#"{{"\u0061\n":{a0},"\u00e9":{a1}}}"#), 2),
+            (format!(" {{ \"a\" : {a0} , \"__metadata__\" : {{ \"k\" : \"\\u2028\" }} }}\t\n"), 1),
+            (r#"{"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},"y":{"dtype":"BOOL","shape":[],"data_offsets":[0,1]}}"#.into(), 1),
+            (r#"{"a":{"data_offsets":[0,4],"shape":[2],"dtype":"F16"}}"#.into(), 4),
+            (r#"{"__metadata__":null}"#.into(), 0),
+            // Duplicates: spelled alike or through escapes, adjacent or not, with a layout error
+            // after them (the duplicate is reported first).
+            (format!(r#"{{"a":{a0},"b":{a1},"a":{a2}}}"#), 3),
+            (format!(r#"{{"a":{a0},"\u0061":{a1}}}"#), 2),
+            (format!(r#"{{"a":{a0},"b":{a2},"a":{a0}}}"#), 3),
+            (r#"{"__metadata__":null,"__metadata__":null}"#.into(), 0),
+            (r#"{"__metadata__":{"k":"1","\u006b":"1"}}"#.into(), 0),
+            (r#"{"a":{"dtype":"U8","shape":[1],"d\u0074ype":"U8","data_offsets":[0,1]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"shape":[1]}}"#.into(), 1),
+            // Numbers the fast path must refuse as the detailed path does.
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[-0,1]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1e0]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,18446744073709551616]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1,[[[[]]]]]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[true],"data_offsets":[0,1]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":{},"data_offsets":[0,1]}}"#.into(), 1),
+            // Entries and metadata of the wrong kind; an unknown field holding deep nesting.
+            (r#"{"a":["U8",[1],[0,1]]}"#.into(), 1),
+            (r#"{"a":null}"#.into(), 0),
+            (r#"{"a":{}}"#.into(), 0),
+            (r#"{"__metadata__":[]}"#.into(), 0),
+            (r#"{"__metadata__":{"k":null}}"#.into(), 0),
+            (format!(r#"{{"a":{{"dtype":"U8","x":{}{}}}}}"#, "[".repeat(300), "]".repeat(300)), 1),
+            (r#"{"a":{"dtype":"U8 ","shape":[1],"data_offsets":[0,1]}}"#.into(), 1),
+            (r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}} x"#.into(), 1),
+            ("[]".into(), 0),
+            ("".into(), 0),
+        ];
+        for (json, data) in &cases {
+            file(json, &vec![0; *data]);
+            // And with a data section one byte off (rule 14 after everything else).
+            file(json, &vec![0; data + 1]);
+        }
+        let mut bad_utf8 = file(&format!(r#"{{"a\u0001":{a0}}}"#), &[0]);
+        let at = bad_utf8.iter().position(|b| *b == b'a').unwrap();
+        bad_utf8[at] = 0xff;
+        assert_paths_agree(&bad_utf8);
     }
 
     #[test]

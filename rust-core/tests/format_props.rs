@@ -4,7 +4,10 @@
 use proptest::prelude::*;
 use safetensors_spark::dtype::DTYPES;
 use safetensors_spark::file::{serialize, write_file, SafetensorsFile};
-use safetensors_spark::header::{parse_file_bytes, TensorEntry};
+use safetensors_spark::header::{
+    check_prefix, parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast,
+    TensorEntry,
+};
 use safetensors_spark::{Dtype, FormatError};
 use std::collections::BTreeMap;
 
@@ -52,8 +55,159 @@ fn unique(tensors: Vec<(TensorEntry, Vec<u8>)>) -> Vec<(TensorEntry, Vec<u8>)> {
         .collect()
 }
 
+/// The fast and detailed header parsers agree on a file: the same header, or the fast path
+/// refuses exactly when the detailed one errs; `parse_header` gives the detailed result.
+fn paths_agree(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let file_len = bytes.len() as u64;
+    let Ok(n) = check_prefix(bytes, file_len) else {
+        return Ok(());
+    };
+    let json = &bytes[8..8 + n as usize];
+    let fast = parse_header_fast(json, file_len);
+    let detailed = parse_header_detailed(json, file_len);
+    match (&fast, &detailed) {
+        (Some(f), Ok(d)) => prop_assert_eq!(f, d),
+        (None, Err(_)) => {}
+        _ => prop_assert!(false, "fast path {:?}, detailed path {:?}", fast, detailed),
+    }
+    prop_assert_eq!(
+        format!("{:?}", parse_header(json, file_len)),
+        format!("{detailed:?}")
+    );
+    Ok(())
+}
+
+/// One damage to a tensor entry of an otherwise valid header, or none.
+#[derive(Debug, Clone)]
+enum Damage {
+    None,
+    /// A field's value replaced (0 dtype, 1 shape, 2 data_offsets).
+    Value(usize, &'static str),
+    /// A field left out.
+    Missing(usize),
+    /// A field given twice, or an unknown one added (by name, maybe escaped).
+    Extra(&'static str),
+    /// The entry replaced by another JSON value.
+    NotObject(&'static str),
+    /// The name of the entry before it (a duplicate), or an escaped spelling of it.
+    SameName(bool),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    let bad = prop::sample::select(vec![
+        "\"u8\"",
+        "\"\\u0055\\u0038\"",
+        "\"F4\"",
+        "\"I16\"",
+        "null",
+        "1",
+        "-1",
+        "[-0]",
+        "[1.0]",
+        "[1e0]",
+        "[0,1,2]",
+        "[0]",
+        "[]",
+        "{}",
+        "[\"1\"]",
+        "[18446744073709551616]",
+        "true",
+        "[[]]",
+        "[0,0]",
+        "[1,1]",
+        "[2]",
+        "[0,3]",
+    ]);
+    prop_oneof![
+        40 => Just(Damage::None),
+        3 => (0usize..3, bad).prop_map(|(f, v)| Damage::Value(f, v)),
+        1 => (0usize..3).prop_map(Damage::Missing),
+        1 => prop::sample::select(vec!["dtype", "shape", "data_offsets", "extra", "d\\u0074ype"]).prop_map(Damage::Extra),
+        1 => prop::sample::select(vec!["null", "[]", "1", "\"x\"", "[\"U8\",[1],[0,1]]"]).prop_map(Damage::NotObject),
+        1 => any::<bool>().prop_map(Damage::SameName),
+    ]
+}
+
+/// A header JSON text and its data length: entries of U8 tensors of 0–2 bytes, contiguous, in
+/// any JSON order and field order, `__metadata__` in one of its forms (mostly valid) or absent;
+/// each entry possibly damaged once ([`Damage`]), the data section possibly one byte off. About a
+/// third of them are valid.
+fn header_json() -> impl Strategy<Value = (String, usize)> {
+    let entry = (0u64..3, 0usize..6, damage());
+    let metadata = prop::sample::select(vec![
+        "",
+        "",
+        "",
+        "null",
+        "{}",
+        "{\"k\":\"v\"}",
+        "{\"k\":\"v\",\"k\":\"w\"}",
+        "{\"k\":1}",
+        "\"x\"",
+        "[]",
+    ]);
+    (
+        prop::collection::vec(entry, 0..6),
+        metadata,
+        any::<prop::sample::Index>(),
+        prop::sample::select(vec![0i64, 0, 0, 0, 0, 0, 0, 0, 1, -1]),
+    )
+        .prop_map(|(entries, metadata, at, delta)| {
+            let mut parts = Vec::new();
+            let mut cursor = 0u64;
+            for (i, (len, order, damage)) in entries.iter().enumerate() {
+                let mut fields = vec![
+                    format!("\"dtype\":\"U8\""),
+                    format!("\"shape\":[{len}]"),
+                    format!("\"data_offsets\":[{cursor},{}]", cursor + len),
+                ];
+                cursor += len;
+                let mut name = format!("t{i}");
+                let mut value = None;
+                match damage {
+                    Damage::None => {}
+                    Damage::Value(f, v) => {
+                        let key = ["dtype", "shape", "data_offsets"][*f];
+                        fields[*f] = format!("\"{key}\":{v}");
+                    }
+                    Damage::Missing(f) => {
+                        fields.remove(*f);
+                    }
+                    Damage::Extra(k) => fields.push(format!("\"{k}\":\"U8\"")),
+                    Damage::NotObject(v) => value = Some(v.to_string()),
+                    Damage::SameName(escaped) if i > 0 => {
+                        name = format!("{}{}", if *escaped { "\\u0074" } else { "t" }, i - 1);
+                    }
+                    Damage::SameName(_) => {}
+                }
+                fields.rotate_left(order % 3);
+                if *order >= 3 {
+                    fields.reverse();
+                }
+                let value = value.unwrap_or_else(|| format!("{{{}}}", fields.join(",")));
+                parts.push(format!("\"{name}\":{value}"));
+            }
+            if !metadata.is_empty() {
+                let at = at.index(parts.len() + 1);
+                parts.insert(at, format!("\"__metadata__\":{metadata}"));
+            }
+            let data = (cursor as i64 + delta).max(0) as usize;
+            (format!("{{{}}}", parts.join(",")), data)
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn fast_and_detailed_parsers_agree_on_generated_headers(
+        (json, data_len) in header_json(),
+    ) {
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes.resize(bytes.len() + data_len, 0);
+        paths_agree(&bytes)?;
+    }
 
     #[test]
     fn random_files_round_trip(
@@ -63,6 +217,7 @@ proptest! {
         let refs: Vec<(TensorEntry, &[u8])> = tensors.iter().map(|(e, d)| (e.clone(), d.as_slice())).collect();
         let bytes = serialize(meta.as_ref(), &refs).unwrap();
         let header = parse_file_bytes(&bytes).unwrap();
+        paths_agree(&bytes)?;
         prop_assert_eq!(header.header_len % 8, 0);
         prop_assert_eq!(&header.metadata, &meta);
         prop_assert_eq!(header.tensors.len(), tensors.len());
@@ -91,6 +246,7 @@ proptest! {
         if truncate {
             bytes.truncate(cut.index(bytes.len() + 1));
         }
+        paths_agree(&bytes)?;
         match parse_file_bytes(&bytes) {
             Ok(header) => {
                 // Whatever was accepted is self-consistent: every tensor lies inside the file.

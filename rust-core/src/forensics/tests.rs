@@ -33,6 +33,7 @@ fn codes(r: &FileReport) -> Vec<&'static str> {
 /// The report on `bytes`, checking the invariant every report keeps: error flags exactly when
 /// the strict parser rejects the file.
 fn report(bytes: &[u8]) -> FileReport {
+    header::assert_paths_agree(bytes);
     let r = report_bytes("mem", bytes);
     let strict = header::parse_file_bytes(bytes);
     assert_eq!(
