@@ -5,8 +5,10 @@
 Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with two additions:
 
 - every request is logged to LOG as one JSON line: method, path, query, the headers that matter
-  here (Range, x-amz-copy-source, If-None-Match), the response status and the bytes of the
-  request and response bodies. Tests measure what crossed the wire from it (copies at commit,
+  here (Range, x-amz-copy-source, If-None-Match), the response status, the bytes of the request
+  body, the response's Content-Length (`response_length`: what the server set out to send, e.g.
+  the bytes of the Range a GET asked for) and the response body bytes handed to the socket in
+  full (`response_bytes`; a transfer the client cut short counts less). Tests measure what crossed the wire from it (copies at commit,
   bytes fetched by a read, conditional creates).
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
@@ -86,6 +88,8 @@ class Recorder:
 
         def recording_start(s, headers, exc_info=None):
             status["code"] = int(s.split(" ", 1)[0])
+            length = next((v for k, v in headers if k.lower() == "content-length"), None)
+            status["length"] = int(length) if length is not None else None
             return start_response(s, headers, exc_info)
 
         return self.recorded(self.app(environ, recording_start), entry, status)
@@ -99,7 +103,8 @@ class Recorder:
         finally:
             if hasattr(body, "close"):
                 body.close()
-            entry.update(status=status.get("code"), response_bytes=sent)
+            entry.update(status=status.get("code"), response_length=status.get("length"),
+                         response_bytes=sent)
             self.write(entry)
 
 def main():

@@ -3,6 +3,8 @@ conftest.s3_server), through Hadoop's S3A (hadoop-aws 3.4.1, the Hadoop of pyspa
 fsspec's s3fs. Every file written is cross-checked with the `safetensors` package."""
 import io
 import json
+import os
+import sys
 import uuid
 
 import numpy as np
@@ -308,4 +310,136 @@ def test_throttling_is_retried_with_backoff(spark, s3, bucket):
     assert all(r in {"/" + bucket + "/" + k for k in keys(s3, bucket, "slow/")} for r in injected)
     got = shard_tensors(s3, bucket, "slow")
     assert sorted(int(i) for t in got.values() for i in t["id"]) == list(range(6))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads fetch only the ranges they need (spec/reading.md §5), measured at the server: the
+# Content-Length of every GET it answered for a shard object
+# ---------------------------------------------------------------------------------------------
+
+READAHEAD = 64 * 1024  # S3A's fs.s3a.readahead.range default: the least a ranged GET asks for
+
+
+def shard_gets(reqs, bucket, prefix):
+    """{shard name: [(Range header, bytes the server sent)]} of the GETs of shard objects."""
+    out = {}
+    for r in reqs:
+        if r["method"] == "GET" and r["path"].startswith(f"/{bucket}/{prefix}/") \
+                and r["path"].endswith(".safetensors"):
+            out.setdefault(r["path"].rsplit("/", 1)[1], []).append((r["range"], r["response_length"]))
+    return out
+
+
+def header_len(s3, bucket, key):
+    head = s3.client().get_object(Bucket=bucket, Key=key, Range="bytes=0-7")["Body"].read()
+    return 8 + int.from_bytes(head, "little")
+
+
+def wide_batch(spark, url, rows=4096, shards=2):
+    """Batch shards of `rows` samples: id (I64), a (F32 × 32), b (F32), c (F32 × 32), z (F32 ×
+    256); in each shard (tensors by dtype, then name, as the reference orders them): id, a, b, c,
+    z. About 5 MiB a shard."""
+    spark.range(0, rows * shards, numPartitions=shards).selectExpr(
+        "id", "array_repeat(cast(id AS float), 32) AS a", "cast(id % 7 AS float) AS b",
+        "array_repeat(cast(-id AS float), 32) AS c", "array_repeat(cast(id AS float), 256) AS z",
+    ).write.format("safetensors").option("batch_size", rows).save(url)
+
+
+def test_column_subsets_fetch_only_their_ranges(spark, s3, bucket):
+    """A batch dataset read for a column subset: every shard GET is ranged, and the bytes the
+    server sends are the headers and the selected tensors' bytes (each GET at least S3A's
+    readahead), never a whole shard; two selected tensors with a small one between them come in
+    one GET (the gap is read through), with a large one between them in two."""
+    url = f"s3a://{bucket}/wide"
+    rows = 4096
+    wide_batch(spark, url, rows)
+    m = manifest(s3, bucket, "wide")
+    names = [s["shard_path"] for s in m["shards"]]
+    sizes = {s["shard_path"]: s["bytes"] for s in m["shards"]}
+    assert len(names) == 2 and min(sizes.values()) > 5 * rows * 256
+    heads = {n: header_len(s3, bucket, f"wide/{n}") for n in names}
+    df = spark.read.format("safetensors").load(url)
+
+    # b alone (16 KiB a shard): its header and one ranged GET of b per shard
+    mark = s3.mark()
+    assert df.selectExpr("sum(b)").first()[0] == sum(i % 7 for i in range(2 * rows))
+    gets = shard_gets(s3.requests_since(mark), bucket, "wide")
+    assert sorted(gets) == sorted(names)
+    for n, g in gets.items():
+        assert all(rng and rng.startswith("bytes=") for rng, _ in g), g  # no whole-object GET
+        fetched = sum(b for _, b in g)
+        assert fetched <= heads[n] + 2 * READAHEAD + rows * 4, (n, g)
+        assert fetched < sizes[n] // 20, (n, fetched, sizes[n])
+
+    # a and c (512 KiB each) with b (16 KiB) between them: one range a..c, so two GETs a shard
+    # (the header's, which S3A goes on reading a from, and one for the rest of a..c); skipping b
+    # would take a third for c
+    mark = s3.mark()
+    got = df.selectExpr("sum(a[0])", "sum(c[31])").first()
+    assert (got[0], got[1]) == (sum(range(2 * rows)), -sum(range(2 * rows)))
+    for n, g in shard_gets(s3.requests_since(mark), bucket, "wide").items():
+        assert len(g) == 2 and g[0][0] == f"bytes=0-{READAHEAD - 1}", (n, g)
+        assert g[1][0].endswith(f"-{heads[n] + rows * (8 + 128 + 4 + 128) - 1}"), (n, g, heads[n])
+        # header, id (within the first GET's 64 KiB), a, b, c: never z (4 MiB)
+        assert sum(b for _, b in g) == heads[n] + rows * (8 + 128 + 4 + 128), (n, g)
+
+    # id and b with a (512 KiB) between them: more than the 48 KiB they need, so a is not read
+    # through (it would double what the batch fetches); b comes in a GET of its own
+    mark = s3.mark()
+    assert df.selectExpr("sum(id)", "sum(b)").first()[0] == sum(range(2 * rows))
+    for n, g in shard_gets(s3.requests_since(mark), bucket, "wide").items():
+        assert sum(b for _, b in g) <= heads[n] + 3 * READAHEAD + rows * 12, (n, g)
+
+    # one tensor of one shard per tensor (layout=tensor, key = 'c', file = the shard's URI): the
+    # other shard is not opened at all, this one for its header (planning, then the task) and c
+    one = names[0]
+    mark = s3.mark()
+    t = spark.read.format("safetensors").option("layout", "tensor").load(url) \
+        .where((F.col("key") == "c") & (F.col("file") == f"{url}/{one}")).select("data").collect()
+    gets = shard_gets(s3.requests_since(mark), bucket, "wide")
+    assert len(t) == 1 and bytes(t[0]["data"]) == shard_tensors(s3, bucket, "wide")[one]["c"].tobytes()
+    assert set(gets) == {one}, gets
+    assert sum(b for _, b in gets[one]) <= 2 * READAHEAD + rows * 128, gets[one]
+
+
+def test_key_lookups_fetch_one_header_and_one_tensor(spark, s3, bucket):
+    """A KV key lookup on S3: with the index, the driver reads the manifest and the index and no
+    shard; the task fetches the holding shard's header and the tensor, never a whole shard, and
+    no other shard is fetched at all. Without the index, the driver reads every header (only)."""
+    n, dim = 6000, 256
+    frame = spark.range(0, n, numPartitions=1).selectExpr(
+        "format_string('k%05d', id) AS name", f"array_repeat(cast(id AS float), {dim}) AS emb")
+    for prefix, index in (("kvi", "true"), ("kvn", "false")):
+        frame.write.format("safetensors").option("name_col", "name").option("target_shard_size_mb", 4) \
+            .option("generate_index", index).save(f"s3a://{bucket}/{prefix}")
+        m = manifest(s3, bucket, prefix)
+        sizes = {s["shard_path"]: s["bytes"] for s in m["shards"]}
+        assert len(sizes) >= 2 and min(sizes.values()) > 1 << 20, sizes
+        heads = {s: header_len(s3, bucket, f"{prefix}/{s}") for s in sizes}
+        mark = s3.mark()
+        hit = spark.read.format("safetensors").load(f"s3a://{bucket}/{prefix}") \
+            .where(F.col("key") == "k04321__emb").select("file", "decoded").collect()
+        assert len(hit) == 1 and list(hit[0]["decoded"]) == [4321.0] * dim
+        holder = hit[0]["file"].rsplit("/", 1)[1]
+        reqs = s3.requests_since(mark)
+        gets = shard_gets(reqs, bucket, prefix)
+        for s, g in gets.items():
+            assert all(rng and rng.startswith("bytes=") for rng, _ in g), g
+        fetched = {s: sum(b for _, b in g) for s, g in gets.items()}
+        # the task: the header (in GETs of at least READAHEAD) and one 1 KiB tensor
+        task = heads[holder] + 2 * READAHEAD + dim * 4
+        if index == "true":
+            assert set(fetched) == {holder}, fetched
+            assert fetched[holder] <= task, (fetched, heads)
+            parts = sum(r["response_length"] or 0 for r in reqs
+                        if r["method"] == "GET" and "/_tensor_index.parquet/" in r["path"])
+            assert 0 < parts <= sum(o["Size"] for o in s3.client().list_objects_v2(
+                Bucket=bucket, Prefix=f"{prefix}/_tensor_index.parquet/")["Contents"])
+        else:
+            assert set(fetched) == set(sizes), fetched
+            for s in sizes:
+                assert fetched[s] <= heads[s] + READAHEAD + (task if s == holder else 0), (s, fetched, heads)
+        for s in fetched:
+            assert fetched[s] < sizes[s] // 4, (s, fetched[s], sizes[s])
 
