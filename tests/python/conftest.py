@@ -166,10 +166,11 @@ class S3Server:
             f.seek(mark)
             return [json.loads(l) for l in f.read().splitlines() if l.strip()]
 
-    def fail_next(self, method, count, status=503, path=""):
+    def fail_next(self, method, count, status=503, path="", delay=0.0):
         """The next `count` requests with `method` (and `path` in their path) answer `status`
-        with S3's SlowDown error."""
-        q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path})
+        with S3's SlowDown error; with `delay` (seconds) they are answered as usual, later."""
+        q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path,
+                                    "delay": delay})
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),
                                timeout=10).read()
 

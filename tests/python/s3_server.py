@@ -12,7 +12,8 @@ Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with 
   bytes fetched by a read, conditional creates).
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
-  SlowDown error, without reaching moto.
+  SlowDown error, without reaching moto; with `&delay=SECONDS` they are answered as usual, that
+  much later.
 
 `Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
 3.1.9) writes `100 Continue` twice for such a request, once from http.server and once from its own
@@ -23,6 +24,7 @@ once; so does this server.
 import json
 import sys
 import threading
+import time
 import urllib.parse
 
 from moto.moto_server.threaded_moto_server import MotoRequestHandler  # noqa: F401 (moto's handler)
@@ -60,7 +62,7 @@ class Recorder:
             q = urllib.parse.parse_qs(query)
             with self.lock:
                 self.faults.append([q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
-                                    int(q.get("status", ["503"])[0])])
+                                    int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0])])
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         entry = {
@@ -76,6 +78,9 @@ class Recorder:
             fault = next((f for f in self.faults if f[0] == method and f[1] in path and f[2] > 0), None)
             if fault is not None:
                 fault[2] -= 1
+        if fault is not None and fault[4] > 0:
+            time.sleep(fault[4])  # a slow answer: then served as usual
+            fault = None
         if fault is not None:
             # the body is read so that the connection stays usable
             environ["wsgi.input"].read(entry["request_bytes"])

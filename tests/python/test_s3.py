@@ -541,7 +541,7 @@ builder = SparkSession.builder.master(args["master"])
 for k, v in args["conf"].items():
     builder = builder.config(k, v)
 spark = builder.getOrCreate()
-marks, mode, log = args["marks"], args["mode"], args["s3_log"]
+marks, mode = args["marks"], args["mode"]
 
 
 def executor_pid():
@@ -565,15 +565,15 @@ def fault(i):
         # partition's shards sealed on local disk, the rest to come
         os.kill(executor_pid(), signal.SIGKILL)
         time.sleep(60)
-    if mode == "speculate" and p == 1 and a == 0 and i == 399:
-        # the slow original: holds its last row until the speculative copy's upload reached
-        # the server (then Spark kills it, or the commit coordinator denies it)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            with open(log) as f:
-                if any('"PUT"' in l and "/part-00001-" in l and args["prefix"] in l for l in f):
-                    break
-            time.sleep(0.1)
+    if mode == "speculate" and p == 1 and i == 399:
+        if a > 0:
+            open(os.path.join(marks, "copy-at-last-row"), "a").close()
+        else:
+            # the slow original: holds its last row until the speculative copy is at its own;
+            # then both ask to commit, and the one denied must upload nothing
+            deadline = time.time() + 60
+            while time.time() < deadline and not os.path.exists(os.path.join(marks, "copy-at-last-row")):
+                time.sleep(0.05)
     return i
 
 
@@ -601,7 +601,7 @@ def run_cluster_write(s3, bucket, prefix, master, conf, mode, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
     args = {"master": master, "conf": conf, "url": f"s3a://{bucket}/{prefix}", "mode": mode,
-            "marks": str(marks), "s3_log": str(s3.log), "prefix": f"/{bucket}/{prefix}/"}
+            "marks": str(marks)}
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     result = subprocess.run([sys.executable, "-c", CLUSTER_WRITE, json.dumps(args)], env=env,
                             capture_output=True, text=True, timeout=300)
@@ -689,11 +689,12 @@ def two_host_cluster(tmp_path):
 
 def test_speculation_writes_no_duplicate_rows_or_shards(s3, bucket, connector_jar, tmp_path, two_host_cluster):
     """spark.speculation=true on a two-host standalone cluster writing to S3: partition 1's first
-    attempt is slow (it holds its last row until the speculative copy's upload reached the
-    server); the copy commits. The dataset holds every row once, the bucket only the listed
-    shards, each PUT once: the slow attempt uploaded nothing (killed, or denied by the commit
-    coordinator)."""
+    attempt is slow (it holds its last row until the speculative copy reached its own), then both
+    attempts finish and ask to commit while partition 1's shard PUTs are slowed (0.75 s each), so
+    the one not authorised gets there while the other still uploads. The dataset holds every row
+    once, the bucket only the listed shards, each PUT once: the attempt denied uploaded nothing."""
     mark = s3.mark()
+    s3.fail_next("PUT", 8, path=f"/{bucket}/spec/part-00001-", delay=0.75)
     conf = cluster_conf(s3, connector_jar, {
         "spark.speculation": "true", "spark.speculation.interval": "100ms",
         "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
@@ -702,5 +703,8 @@ def test_speculation_writes_no_duplicate_rows_or_shards(s3, bucket, connector_ja
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.driver.host": "127.0.0.1"})
     marks = run_cluster_write(s3, bucket, "spec", two_host_cluster, conf, "speculate", tmp_path)
-    assert {"p0-a0", "p1-a0", "p1-a1"} <= set(marks), marks  # the speculative copy ran
+    assert {"p0-a0", "p1-a0", "p1-a1", "copy-at-last-row"} <= set(marks), marks  # the copy ran
     check_exactly_once(s3, bucket, "spec", s3.requests_since(mark))
+    # the path under test was taken: one attempt of partition 1 asked to commit and was denied
+    denied = [l for l in (tmp_path / "cluster.log").read_text().splitlines() if "TaskCommitDenied" in l]
+    assert len(denied) == 1 and "partition: 1," in denied[0], denied
