@@ -166,10 +166,11 @@ class S3Server:
             f.seek(mark)
             return [json.loads(l) for l in f.read().splitlines() if l.strip()]
 
-    def fail_next(self, method, count, status=503, path=""):
+    def fail_next(self, method, count, status=503, path="", delay=0.0):
         """The next `count` requests with `method` (and `path` in their path) answer `status`
-        with S3's SlowDown error."""
-        q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path})
+        with S3's SlowDown error; with `delay` (seconds) they are answered as usual, later."""
+        q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path,
+                                    "delay": delay})
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),
                                timeout=10).read()
 
@@ -181,3 +182,83 @@ def s3_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+class StoppableEndpoint:
+    """A TCP relay on 127.0.0.1 in front of an S3Server, for tests of a server that goes away:
+    `stop()` closes the listening socket and resets every open connection (clients then get
+    "connection refused"), `start()` listens again on the same port. The store behind it (moto)
+    keeps its objects meanwhile, as S3 would; only the endpoint the clients use is gone."""
+
+    def __init__(self, server):
+        import threading
+
+        self.server = server
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.lock = threading.Lock()
+        self.listener = None
+        self.conns = set()
+
+    def start(self):
+        import threading
+
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self.listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def _accept(self, listener):
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # stopped
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.server.port))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                if self.listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self.conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def stop(self):
+        import struct
+
+        with self.lock:
+            listener, self.listener = self.listener, None
+            conns, self.conns = self.conns, set()
+        if listener is not None:
+            listener.close()
+        for c in conns:
+            try:  # a reset, as from a host that went away
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.close()
+            except OSError:
+                pass

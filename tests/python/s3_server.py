@@ -5,12 +5,15 @@
 Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with two additions:
 
 - every request is logged to LOG as one JSON line: method, path, query, the headers that matter
-  here (Range, x-amz-copy-source, If-None-Match), the response status and the bytes of the
-  request and response bodies. Tests measure what crossed the wire from it (copies at commit,
+  here (Range, x-amz-copy-source, If-None-Match), the response status, the bytes of the request
+  body, the response's Content-Length (`response_length`: what the server set out to send, e.g.
+  the bytes of the Range a GET asked for) and the response body bytes handed to the socket in
+  full (`response_bytes`; a transfer the client cut short counts less). Tests measure what crossed the wire from it (copies at commit,
   bytes fetched by a read, conditional creates).
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
-  SlowDown error, without reaching moto.
+  SlowDown error, without reaching moto; with `&delay=SECONDS` they are answered as usual, that
+  much later.
 
 `Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
 3.1.9) writes `100 Continue` twice for such a request, once from http.server and once from its own
@@ -21,6 +24,7 @@ once; so does this server.
 import json
 import sys
 import threading
+import time
 import urllib.parse
 
 from moto.moto_server.threaded_moto_server import MotoRequestHandler  # noqa: F401 (moto's handler)
@@ -58,7 +62,7 @@ class Recorder:
             q = urllib.parse.parse_qs(query)
             with self.lock:
                 self.faults.append([q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
-                                    int(q.get("status", ["503"])[0])])
+                                    int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0])])
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         entry = {
@@ -74,6 +78,9 @@ class Recorder:
             fault = next((f for f in self.faults if f[0] == method and f[1] in path and f[2] > 0), None)
             if fault is not None:
                 fault[2] -= 1
+        if fault is not None and fault[4] > 0:
+            time.sleep(fault[4])  # a slow answer: then served as usual
+            fault = None
         if fault is not None:
             # the body is read so that the connection stays usable
             environ["wsgi.input"].read(entry["request_bytes"])
@@ -86,6 +93,8 @@ class Recorder:
 
         def recording_start(s, headers, exc_info=None):
             status["code"] = int(s.split(" ", 1)[0])
+            length = next((v for k, v in headers if k.lower() == "content-length"), None)
+            status["length"] = int(length) if length is not None else None
             return start_response(s, headers, exc_info)
 
         return self.recorded(self.app(environ, recording_start), entry, status)
@@ -99,7 +108,8 @@ class Recorder:
         finally:
             if hasattr(body, "close"):
                 body.close()
-            entry.update(status=status.get("code"), response_bytes=sent)
+            entry.update(status=status.get("code"), response_length=status.get("length"),
+                         response_bytes=sent)
             self.write(entry)
 
 def main():

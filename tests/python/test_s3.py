@@ -3,6 +3,8 @@ conftest.s3_server), through Hadoop's S3A (hadoop-aws 3.4.1, the Hadoop of pyspa
 fsspec's s3fs. Every file written is cross-checked with the `safetensors` package."""
 import io
 import json
+import os
+import sys
 import uuid
 
 import numpy as np
@@ -309,3 +311,400 @@ def test_throttling_is_retried_with_backoff(spark, s3, bucket):
     got = shard_tensors(s3, bucket, "slow")
     assert sorted(int(i) for t in got.values() for i in t["id"]) == list(range(6))
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads fetch only the ranges they need (spec/reading.md §5), measured at the server: the
+# Content-Length of every GET it answered for a shard object
+# ---------------------------------------------------------------------------------------------
+
+READAHEAD = 64 * 1024  # S3A's fs.s3a.readahead.range default: the least a ranged GET asks for
+
+
+def shard_gets(reqs, bucket, prefix):
+    """{shard name: [(Range header, bytes the server sent)]} of the GETs of shard objects."""
+    out = {}
+    for r in reqs:
+        if r["method"] == "GET" and r["path"].startswith(f"/{bucket}/{prefix}/") \
+                and r["path"].endswith(".safetensors"):
+            out.setdefault(r["path"].rsplit("/", 1)[1], []).append((r["range"], r["response_length"]))
+    return out
+
+
+def header_len(s3, bucket, key):
+    head = s3.client().get_object(Bucket=bucket, Key=key, Range="bytes=0-7")["Body"].read()
+    return 8 + int.from_bytes(head, "little")
+
+
+def wide_batch(spark, url, rows=4096, shards=2):
+    """Batch shards of `rows` samples: id (I64), a (F32 × 32), b (F32), c (F32 × 32), z (F32 ×
+    256); in each shard (tensors by dtype, then name, as the reference orders them): id, a, b, c,
+    z. About 5 MiB a shard."""
+    spark.range(0, rows * shards, numPartitions=shards).selectExpr(
+        "id", "array_repeat(cast(id AS float), 32) AS a", "cast(id % 7 AS float) AS b",
+        "array_repeat(cast(-id AS float), 32) AS c", "array_repeat(cast(id AS float), 256) AS z",
+    ).write.format("safetensors").option("batch_size", rows).save(url)
+
+
+def test_column_subsets_fetch_only_their_ranges(spark, s3, bucket):
+    """A batch dataset read for a column subset: every shard GET is ranged, and the bytes the
+    server sends are the headers and the selected tensors' bytes (each GET at least S3A's
+    readahead), never a whole shard; two selected tensors with a small one between them come in
+    one GET (the gap is read through), with a large one between them in two."""
+    url = f"s3a://{bucket}/wide"
+    rows = 4096
+    wide_batch(spark, url, rows)
+    m = manifest(s3, bucket, "wide")
+    names = [s["shard_path"] for s in m["shards"]]
+    sizes = {s["shard_path"]: s["bytes"] for s in m["shards"]}
+    assert len(names) == 2 and min(sizes.values()) > 5 * rows * 256
+    heads = {n: header_len(s3, bucket, f"wide/{n}") for n in names}
+    df = spark.read.format("safetensors").load(url)
+
+    # b alone (16 KiB a shard): its header and one ranged GET of b per shard
+    mark = s3.mark()
+    assert df.selectExpr("sum(b)").first()[0] == sum(i % 7 for i in range(2 * rows))
+    gets = shard_gets(s3.requests_since(mark), bucket, "wide")
+    assert sorted(gets) == sorted(names)
+    for n, g in gets.items():
+        assert all(rng and rng.startswith("bytes=") for rng, _ in g), g  # no whole-object GET
+        fetched = sum(b for _, b in g)
+        assert fetched <= heads[n] + 2 * READAHEAD + rows * 4, (n, g)
+        assert fetched < sizes[n] // 20, (n, fetched, sizes[n])
+
+    # a and c (512 KiB each) with b (16 KiB) between them: one range a..c, so two GETs a shard
+    # (the header's, which S3A goes on reading a from, and one for the rest of a..c); skipping b
+    # would take a third for c
+    mark = s3.mark()
+    got = df.selectExpr("sum(a[0])", "sum(c[31])").first()
+    assert (got[0], got[1]) == (sum(range(2 * rows)), -sum(range(2 * rows)))
+    for n, g in shard_gets(s3.requests_since(mark), bucket, "wide").items():
+        assert len(g) == 2 and g[0][0] == f"bytes=0-{READAHEAD - 1}", (n, g)
+        assert g[1][0].endswith(f"-{heads[n] + rows * (8 + 128 + 4 + 128) - 1}"), (n, g, heads[n])
+        # header, id (within the first GET's 64 KiB), a, b, c: never z (4 MiB)
+        assert sum(b for _, b in g) == heads[n] + rows * (8 + 128 + 4 + 128), (n, g)
+
+    # id and b with a (512 KiB) between them: more than the 48 KiB they need, so a is not read
+    # through (it would double what the batch fetches); b comes in a GET of its own
+    mark = s3.mark()
+    assert df.selectExpr("sum(id)", "sum(b)").first()[0] == sum(range(2 * rows))
+    for n, g in shard_gets(s3.requests_since(mark), bucket, "wide").items():
+        assert sum(b for _, b in g) <= heads[n] + 3 * READAHEAD + rows * 12, (n, g)
+
+    # one tensor of one shard per tensor (layout=tensor, key = 'c', file = the shard's URI): the
+    # other shard is not opened at all, this one for its header (planning, then the task) and c
+    one = names[0]
+    mark = s3.mark()
+    t = spark.read.format("safetensors").option("layout", "tensor").load(url) \
+        .where((F.col("key") == "c") & (F.col("file") == f"{url}/{one}")).select("data").collect()
+    gets = shard_gets(s3.requests_since(mark), bucket, "wide")
+    assert len(t) == 1 and bytes(t[0]["data"]) == shard_tensors(s3, bucket, "wide")[one]["c"].tobytes()
+    assert set(gets) == {one}, gets
+    assert sum(b for _, b in gets[one]) <= 2 * READAHEAD + rows * 128, gets[one]
+
+
+def test_key_lookups_fetch_one_header_and_one_tensor(spark, s3, bucket):
+    """A KV key lookup on S3: with the index, the driver reads the manifest and the index and no
+    shard; the task fetches the holding shard's header and the tensor, never a whole shard, and
+    no other shard is fetched at all. Without the index, the driver reads every header (only)."""
+    n, dim = 6000, 256
+    frame = spark.range(0, n, numPartitions=1).selectExpr(
+        "format_string('k%05d', id) AS name", f"array_repeat(cast(id AS float), {dim}) AS emb")
+    for prefix, index in (("kvi", "true"), ("kvn", "false")):
+        frame.write.format("safetensors").option("name_col", "name").option("target_shard_size_mb", 4) \
+            .option("generate_index", index).save(f"s3a://{bucket}/{prefix}")
+        m = manifest(s3, bucket, prefix)
+        sizes = {s["shard_path"]: s["bytes"] for s in m["shards"]}
+        assert len(sizes) >= 2 and min(sizes.values()) > 1 << 20, sizes
+        heads = {s: header_len(s3, bucket, f"{prefix}/{s}") for s in sizes}
+        mark = s3.mark()
+        hit = spark.read.format("safetensors").load(f"s3a://{bucket}/{prefix}") \
+            .where(F.col("key") == "k04321__emb").select("file", "decoded").collect()
+        assert len(hit) == 1 and list(hit[0]["decoded"]) == [4321.0] * dim
+        holder = hit[0]["file"].rsplit("/", 1)[1]
+        reqs = s3.requests_since(mark)
+        gets = shard_gets(reqs, bucket, prefix)
+        for s, g in gets.items():
+            assert all(rng and rng.startswith("bytes=") for rng, _ in g), g
+        fetched = {s: sum(b for _, b in g) for s, g in gets.items()}
+        # the task: the header (in GETs of at least READAHEAD) and one 1 KiB tensor
+        task = heads[holder] + 2 * READAHEAD + dim * 4
+        if index == "true":
+            assert set(fetched) == {holder}, fetched
+            assert fetched[holder] <= task, (fetched, heads)
+            parts = sum(r["response_length"] or 0 for r in reqs
+                        if r["method"] == "GET" and "/_tensor_index.parquet/" in r["path"])
+            assert 0 < parts <= sum(o["Size"] for o in s3.client().list_objects_v2(
+                Bucket=bucket, Prefix=f"{prefix}/_tensor_index.parquet/")["Contents"])
+        else:
+            assert set(fetched) == set(sizes), fetched
+            for s in sizes:
+                assert fetched[s] <= heads[s] + READAHEAD + (task if s == holder else 0), (s, fetched, heads)
+        for s in fetched:
+            assert fetched[s] < sizes[s] // 4, (s, fetched[s], sizes[s])
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults (spec/dataset.md §5.6): a server that goes away, a killed executor, speculation
+# ---------------------------------------------------------------------------------------------
+
+def wait_for(cond, what, timeout=120):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_server_stopped_mid_write_fails_naming_the_path_and_keeps_the_old_data(spark, s3, bucket, tmp_path):
+    """The S3 endpoint goes away after one task uploaded its shard and before the other's upload:
+    the job fails within seconds (S3A's retries kept small) with "Connection refused" for the
+    `s3a://` object the task was writing; once the endpoint is back the old dataset is
+    byte-identical and reads as before, and what the failed write left (its abort could not reach
+    the server) is only objects named by its write id, unlisted, which §5.5's rule removes."""
+    import threading
+
+    from conftest import StoppableEndpoint
+
+    ep = StoppableEndpoint(s3)
+    ep.start()
+    opt = f"fs.s3a.bucket.{bucket}.endpoint"  # this bucket through the relay (a new S3A instance)
+    spark.conf.set(opt, ep.endpoint)
+    try:
+        url = f"s3a://{bucket}/down"
+        batch_frame(spark, 6).write.format("safetensors").option("batch_size", 50).save(url)
+        before = {k: get(s3, bucket, k) for k in keys(s3, bucket, "down/")}
+        old = manifest(s3, bucket, "down")
+        go = tmp_path / "go"
+
+        @F.udf("long")
+        def hold(i):  # the rows of partition 1 wait until the endpoint is down
+            import os
+            import time
+
+            while i >= 100 and not os.path.exists(str(go)):
+                time.sleep(0.05)
+            return i
+
+        df = spark.range(0, 200, numPartitions=2).select(hold("id").alias("id")) \
+            .selectExpr("id", "array(cast(id AS float), 1.0f) AS x")
+        mark = s3.mark()
+
+        def stop_after_first_upload():
+            wait_for(lambda: any(r["method"] == "PUT" and "/down/part-" in r["path"] and r["status"] == 200
+                                 for r in s3.requests_since(mark)), "the first shard upload")
+            ep.stop()
+            go.touch()
+
+        watcher = threading.Thread(target=stop_after_first_upload, daemon=True)
+        watcher.start()
+        with pytest.raises(Exception) as failed:
+            df.write.format("safetensors").mode("append").option("batch_size", 50).save(url)
+        watcher.join(5)
+        msg = str(failed.value)
+        # the task's first request after the endpoint went away: the object it was writing
+        assert f"s3a://{bucket}/down/" in msg and "Connection refused" in msg, msg[-3000:]
+
+        ep.start()  # the server is back
+        assert manifest(s3, bucket, "down") == old
+        after = {k: get(s3, bucket, k) for k in keys(s3, bucket, "down/")}
+        assert {k: v for k, v in after.items() if k in before} == before
+        rows = spark.read.format("safetensors").load(url).collect()
+        assert sorted(r["id"] for r in rows) == list(range(6))
+        # what the abort could not remove: partition 0's two shards and the task reports under
+        # _staging-<write id>/, all named by one write id that no listed shard carries
+        debris = sorted(set(after) - set(before))
+        shards = [k for k in debris if k.endswith(".safetensors")]
+        assert len(shards) == 2 and all(k.startswith("down/part-00000-") for k in shards), debris
+        wid = shards[0][: -len(".safetensors")].split("-", 3)[3]
+        assert all(wid in k for k in debris) and all(k.startswith(("down/part-00000-", f"down/_staging-{wid}/"))
+                                                     for k in debris), debris
+        assert not any(wid in s["shard_path"] for s in old["shards"])
+        # spec/dataset.md §5.5: removable by hand, and then the bucket is as before
+        for k in debris:
+            s3.client().delete_object(Bucket=bucket, Key=k)
+        assert {k: get(s3, bucket, k) for k in keys(s3, bucket, "down/")} == before
+    finally:
+        ep.stop()
+        spark.conf.unset(opt)
+
+
+CLUSTER_WRITE = r"""
+import json, os, signal, sys, time
+from pyspark import TaskContext
+from pyspark.sql import SparkSession, functions as F
+
+args = json.loads(sys.argv[1])
+builder = SparkSession.builder.master(args["master"])
+for k, v in args["conf"].items():
+    builder = builder.config(k, v)
+spark = builder.getOrCreate()
+marks, mode = args["marks"], args["mode"]
+
+
+def executor_pid():
+    pid = os.getpid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("no executor JVM above this Python worker")
+
+
+@F.udf("long")
+def fault(i):
+    ctx = TaskContext.get()
+    p, a = ctx.partitionId(), ctx.attemptNumber()
+    open(os.path.join(marks, f"p{p}-a{a}"), "a").close()
+    if mode == "kill" and p == 1 and a == 0 and i == 350:
+        # mid-write (Python evaluates rows in batches of 100 ahead of the writer): some of this
+        # partition's shards sealed on local disk, the rest to come
+        os.kill(executor_pid(), signal.SIGKILL)
+        time.sleep(60)
+    if mode == "speculate" and p == 1 and i == 399:
+        if a > 0:
+            open(os.path.join(marks, "copy-at-last-row"), "a").close()
+        else:
+            # the slow original: holds its last row until the speculative copy is at its own;
+            # then both ask to commit, and the one denied must upload nothing
+            deadline = time.time() + 60
+            while time.time() < deadline and not os.path.exists(os.path.join(marks, "copy-at-last-row")):
+                time.sleep(0.05)
+    return i
+
+
+df = spark.range(0, 400, numPartitions=2).select(fault("id").alias("id")) \
+    .selectExpr("id", "array(cast(id AS float), cast(-id AS float)) AS x")
+df.write.format("safetensors").option("batch_size", 25).mode("append").save(args["url"])
+print("RESULT " + json.dumps(sorted(os.listdir(marks))))
+spark.stop()
+"""
+
+
+def cluster_conf(s3, connector_jar, extra):
+    conf = {"spark.jars": ",".join(str(j) for j in [connector_jar, *s3a_jars()]),
+            "spark.ui.enabled": "false", "spark.executor.memory": "512m",
+            "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
+            "spark.task.maxFailures": "4"}
+    conf.update({f"spark.hadoop.{k}": v for k, v in s3.hadoop_conf().items()})
+    conf.update(extra)
+    return conf
+
+
+def run_cluster_write(s3, bucket, prefix, master, conf, mode, tmp_path):
+    import subprocess
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    args = {"master": master, "conf": conf, "url": f"s3a://{bucket}/{prefix}", "mode": mode,
+            "marks": str(marks)}
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    result = subprocess.run([sys.executable, "-c", CLUSTER_WRITE, json.dumps(args)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    (tmp_path / "cluster.log").write_text(result.stderr)
+    assert result.returncode == 0, result.stderr[-4000:]
+    [line] = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")]
+    return json.loads(line[len("RESULT "):])
+
+
+def check_exactly_once(s3, bucket, prefix, reqs):
+    """The rows 0..399 exactly once; every shard object is listed and was PUT once, no other
+    shard PUT; nothing but the dataset under the prefix (no staging, no temporaries)."""
+    m = manifest(s3, bucket, prefix)
+    got = shard_tensors(s3, bucket, prefix)
+    assert sorted(int(i) for t in got.values() for i in t["id"]) == list(range(400))
+    assert m["total_samples"] == 400
+    listed = {s["shard_path"] for s in m["shards"]}
+    on_store = keys(s3, bucket, f"{prefix}/")
+    assert {k.split("/", 1)[1] for k in on_store if k.endswith(".safetensors")} == listed
+    assert all(not k.split("/")[1].startswith(("_staging", ".")) for k in on_store), on_store
+    puts = [p.rsplit("/", 1)[1] for p in shard_puts(reqs) if p.startswith(f"/{bucket}/{prefix}/")]
+    assert sorted(puts) == sorted(listed), puts
+
+
+def test_executor_killed_mid_write_on_local_cluster(s3, bucket, connector_jar, tmp_path):
+    """local-cluster[2,1,1024] writing to S3: the first attempt of partition 1 kills its executor
+    JVM (SIGKILL) mid-partition, with some of its 8 shards sealed on local disk. The attempt is
+    re-run on the other executor; the dataset holds every row exactly once, and the bucket only
+    the listed shards, each uploaded once (the killed attempt had uploaded nothing: uploads
+    come after the commit coordinator's authorisation)."""
+    mark = s3.mark()
+    marks = run_cluster_write(s3, bucket, "killed", "local-cluster[2,1,1024]",
+                              cluster_conf(s3, connector_jar, {}), "kill", tmp_path)
+    assert {"p0-a0", "p1-a0", "p1-a1"} <= set(marks), marks  # partition 1 ran twice
+    check_exactly_once(s3, bucket, "killed", s3.requests_since(mark))
+
+
+@pytest.fixture
+def two_host_cluster(tmp_path):
+    """A Spark standalone cluster on loopback: a master on 127.0.0.1 and two workers of one core,
+    on 127.0.0.2 and 127.0.0.3 (Spark never runs a speculative copy on a host where an attempt of
+    the task runs, and every executor of local-cluster is on one host). Yields the master URL."""
+    import subprocess
+    import time
+
+    import pyspark
+
+    from conftest import free_port
+
+    home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(home, "bin", "spark-class")
+    port = free_port()
+    procs = []
+
+    def launch(name, host, *args):
+        env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP=host, SPARK_LOG_DIR=str(tmp_path))
+        out = open(tmp_path / f"{name}.log", "wb")
+        procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=out, stderr=subprocess.STDOUT))
+
+    try:
+        launch("master", "127.0.0.1", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+               "--port", str(port), "--webui-port", str(free_port()))
+        for i, host in enumerate(("127.0.0.2", "127.0.0.3")):
+            work = tmp_path / f"work{i}"
+            work.mkdir()
+            launch(f"worker{i}", host, "org.apache.spark.deploy.worker.Worker", "--host", host,
+                   "--webui-port", str(free_port()), "--cores", "1", "--memory", "1g",
+                   "--work-dir", str(work), f"spark://127.0.0.1:{port}")
+        deadline = time.monotonic() + 90
+        while sum("Successfully registered with master" in (tmp_path / f"worker{i}.log").read_text(errors="replace")
+                  for i in range(2)) < 2:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [(tmp_path / f).read_text(errors="replace")[-2000:] for f in ("master.log", "worker0.log", "worker1.log")]
+            time.sleep(0.5)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_speculation_writes_no_duplicate_rows_or_shards(s3, bucket, connector_jar, tmp_path, two_host_cluster):
+    """spark.speculation=true on a two-host standalone cluster writing to S3: partition 1's first
+    attempt is slow (it holds its last row until the speculative copy reached its own), then both
+    attempts finish and ask to commit while partition 1's shard PUTs are slowed (0.75 s each), so
+    the one not authorised gets there while the other still uploads. The dataset holds every row
+    once, the bucket only the listed shards, each PUT once: the attempt denied uploaded nothing."""
+    mark = s3.mark()
+    s3.fail_next("PUT", 8, path=f"/{bucket}/spec/part-00001-", delay=0.75)
+    conf = cluster_conf(s3, connector_jar, {
+        "spark.speculation": "true", "spark.speculation.interval": "100ms",
+        "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
+        "spark.speculation.minTaskRuntime": "500ms", "spark.speculation.efficiency.enabled": "false",
+        "spark.executor.cores": "1", "spark.cores.max": "2",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.driver.host": "127.0.0.1"})
+    marks = run_cluster_write(s3, bucket, "spec", two_host_cluster, conf, "speculate", tmp_path)
+    assert {"p0-a0", "p1-a0", "p1-a1", "copy-at-last-row"} <= set(marks), marks  # the copy ran
+    check_exactly_once(s3, bucket, "spec", s3.requests_since(mark))
+    # the path under test was taken: one attempt of partition 1 asked to commit and was denied
+    denied = [l for l in (tmp_path / "cluster.log").read_text().splitlines() if "TaskCommitDenied" in l]
+    assert len(denied) == 1 and "partition: 1," in denied[0], denied

@@ -11,7 +11,7 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.jni.{NativeLib, NativeReader}
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.hadoop.fs.{FSDataInputStream, FileStatus, FileSystem, Path}
 import org.apache.spark.sql.sources.Filter
 import org.apache.spark.sql.types.{ArrayType, DataType, StructType}
 
@@ -402,7 +402,26 @@ private[spark] object ReadSource {
   def message(e: Throwable): String = Option(e.getMessage).getOrElse(e.getClass.getName)
 
   /** The first 8 + N bytes of a file, read with two positioned reads. */
-  def readPrefixAndHeader(in: org.apache.hadoop.fs.FSDataInputStream, file: String,
+  /**
+   * Opens a file for positioned reads of a few ranges (spec/reading.md §5): with the `random`
+   * read policy, object-store connectors (S3A, ABFS, GCS) request just the ranges read (S3A: at
+   * least `fs.s3a.readahead.range`, 64 KiB by default) instead of the rest of the file from the
+   * first read on, and with the known length S3A skips its HEAD request. File systems that do
+   * not know these options ignore them (`opt`, not `must`).
+   */
+  def openForRanges(fs: FileSystem, path: Path, length: Long): FSDataInputStream = {
+    val future = fs.openFile(path)
+      .opt("fs.option.openfile.read.policy", "random")
+      .opt("fs.s3a.experimental.input.fadvise", "random") // S3A before Hadoop 3.3.5
+      .opt("fs.option.openfile.length", length.toString)
+      .build()
+    try future.get()
+    catch {
+      case e: java.util.concurrent.ExecutionException if e.getCause != null => throw e.getCause
+    }
+  }
+
+  def readPrefixAndHeader(in: FSDataInputStream, file: String,
       length: Long): Array[Byte] = {
     val prefix = new Array[Byte](math.min(8L, length).toInt)
     in.readFully(0L, prefix)
@@ -419,7 +438,7 @@ private[spark] object ReadSource {
   /** The validated header JSON text of a file. */
   def readHeader(path: Path, length: Long, conf: Configuration): String = {
     val fs = path.getFileSystem(conf)
-    val in = fs.open(path)
+    val in = openForRanges(fs, path, length)
     try NativeReader.validatedHeader(path.toString, readPrefixAndHeader(in, path.toString, length),
       length)
     finally in.close()

@@ -238,7 +238,7 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
     WriteTask.localFile(fs, path) match {
       case Some(file) => NativeReader.openLocal(handle, unit, file.getAbsolutePath)
       case None =>
-        stream = fs.open(path)
+        stream = ReadSource.openForRanges(fs, path, length)
         NativeReader.openRemote(handle, unit, ReadSource.readPrefixAndHeader(stream, uri, length))
     }
     opened = true

@@ -102,6 +102,10 @@ class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
       assert(xBytes == headers + n * 64L, uri)
       if (uri.startsWith(TestRemoteFileSystem.Scheme)) {
         assert(streamed == xBytes, "bytes through the Hadoop streams = what the task reports")
+        // every shard stream opened for ranged reads (object stores: no read-to-the-end GET)
+        assert(TestRemoteFileSystem.readPolicies.size >= shards.size &&
+          TestRemoteFileSystem.readPolicies.asScala.forall(_ == "random"),
+          TestRemoteFileSystem.readPolicies)
       } else assert(streamed == 0L)
 
       val (count, countBytes) = collectMeasured(df.groupBy().count())

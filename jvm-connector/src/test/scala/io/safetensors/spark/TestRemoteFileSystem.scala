@@ -1,11 +1,13 @@
 package io.safetensors.spark
 
 import java.net.URI
+import java.util.concurrent.CompletableFuture
 import java.util.concurrent.ConcurrentLinkedQueue
 import java.util.concurrent.atomic.AtomicLong
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{DelegateToFileSystem, FSDataInputStream, FSInputStream, FilterFileSystem, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.impl.FutureDataInputStreamBuilderImpl
+import org.apache.hadoop.fs.{DelegateToFileSystem, FSDataInputStream, FutureDataInputStreamBuilder, FSInputStream, FilterFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.TaskContext
 
 /**
@@ -21,6 +23,21 @@ class TestRemoteFileSystem extends FilterFileSystem(new TestRemoteFileSystem.Raw
   override def copyFromLocalFile(delSrc: Boolean, overwrite: Boolean, src: Path, dst: Path): Unit = {
     TestRemoteFileSystem.uploads.add(dst.toString)
     super.copyFromLocalFile(delSrc, overwrite, src, dst)
+  }
+
+  /**
+   * Not FilterFileSystem's (the wrapped FS's builder): streams from `openFile(...).build()` are
+   * counted like `open`'s, and the read policy asked for is recorded.
+   */
+  override def openFile(path: Path): FutureDataInputStreamBuilder = {
+    val fs = this
+    new FutureDataInputStreamBuilderImpl(fs, path) {
+      override def getThisBuilder: FutureDataInputStreamBuilder = this
+      override def build(): CompletableFuture[FSDataInputStream] = {
+        TestRemoteFileSystem.readPolicies.add(getOptions.get("fs.option.openfile.read.policy"))
+        CompletableFuture.completedFuture(fs.open(path, getBufferSize))
+      }
+    }
   }
 
   override def open(f: Path, bufferSize: Int): FSDataInputStream = {
@@ -42,6 +59,9 @@ object TestRemoteFileSystem {
 
   /** Every `open`: (called in a Spark task, the opening configuration's [[MarkerKey]]). */
   val opens = new ConcurrentLinkedQueue[(Boolean, String)]()
+
+  /** The read policy (`fs.option.openfile.read.policy`) of every `openFile`; null when unset. */
+  val readPolicies = new ConcurrentLinkedQueue[String]()
 
   /** Bytes read through streams this FS opened (any JVM thread). */
   val bytesRead = new AtomicLong()
