@@ -1289,3 +1289,27 @@ impl KvState {
         Ok(Some(report))
     }
 }
+
+#[cfg(test)]
+mod json_len_tests {
+    use super::{json_inner_len, json_len};
+
+    #[test]
+    fn inner_length_is_the_escaped_length_without_quotes() {
+        for s in [
+            "",
+            "k123",
+            "a\"b",
+            "back\\slash",
+            "tab\tnew\nline",
+            "\u{1}\u{1f}",
+            "del\u{7f}",
+            "é/ключ/🙂",
+            "__",
+        ] {
+            let expected = serde_json::to_string(s).map(|j| j.len() as u64 - 2);
+            assert_eq!(Ok(json_inner_len(s)), expected.map_err(|_| ()), "{s:?}");
+            assert_eq!(json_len(s), json_inner_len(s) + 2, "{s:?}");
+        }
+    }
+}
