@@ -727,7 +727,8 @@ fn push_joined(out: &mut Vec<u8>, values: &[u64]) {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(v.to_string().as_bytes());
+        // `write!` into the Vec formats without a String per number; it cannot fail.
+        let _ = std::io::Write::write_fmt(out, format_args!("{v}"));
     }
 }
 

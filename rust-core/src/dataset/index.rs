@@ -216,7 +216,15 @@ impl SortedWriter {
             path: tmp.to_path_buf(),
             source,
         })?;
-        let props = WriterProperties::builder()
+        // Columns with a value per tensor (names, byte offsets) are written plain: a dictionary
+        // of values that hardly repeat only costs hashing every value before Parquet falls back
+        // to plain encoding anyway.
+        let plain = |p: parquet::file::properties::WriterPropertiesBuilder, c: &str| {
+            p.set_column_dictionary_enabled(parquet::schema::types::ColumnPath::from(c), false)
+        };
+        let props = ["tensor_key", "data_start", "data_end", "sample_key"]
+            .into_iter()
+            .fold(WriterProperties::builder(), plain)
             .set_compression(Compression::UNCOMPRESSED)
             .set_created_by(format!("safetensors-spark {}", crate::VERSION));
         let (props, chunk_rows) = if part {

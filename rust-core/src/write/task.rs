@@ -386,7 +386,7 @@ impl TaskWriter {
                 |e: IndexError| WriteError::io(&path, std::io::Error::other(e.to_string()));
             let n = match kv {
                 // tensors stored in name order (one dtype): streamed, one row group in memory
-                Some(k) if k.names_in_data_order(s.shard)? => {
+                Some(k) if k.names_in_data_order(s.shard) => {
                     write_index_part_streamed(&path, k.index_row_iter(s.shard, &s.file)?)
                         .map_err(|e| e.map_or_else(|w| w, part_err))?
                 }

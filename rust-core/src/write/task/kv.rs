@@ -56,6 +56,8 @@ const SCRATCH_BUFFER: usize = 1 << 16;
 const SPILL_BUFFER: usize = 1 << 18;
 /// Buffer of the shard file being sealed (its data comes in tensor-sized reads from the spill).
 const SEAL_BUFFER: usize = 1 << 18;
+/// Largest read of consecutive small tensors from the spill file while sealing.
+const RUN_BUFFER: u64 = 1 << 18;
 
 /// A hidden file of the task's work directory, appended to through a buffer and read back
 /// through a handle of its own; deleted on drop.
@@ -98,13 +100,17 @@ impl Scratch {
         self.out.flush().map_err(|e| WriteError::io(&self.path, e))
     }
 
-    /// Fills `buf` from offset `at` (flushing what is buffered first).
+    /// Fills `buf` from offset `at` (flushing what is buffered first), with one positioned
+    /// read: the read handle's cursor does not move.
     fn read_at(&mut self, at: u64, buf: &mut [u8]) -> Result<(), WriteError> {
         self.flush()?;
-        self.read
+        #[cfg(unix)]
+        let read = std::os::unix::fs::FileExt::read_exact_at(&self.read, buf, at);
+        #[cfg(not(unix))]
+        let read = (&self.read)
             .seek(SeekFrom::Start(at))
-            .and_then(|_| self.read.read_exact(buf))
-            .map_err(|e| WriteError::io(&self.path, e))
+            .and_then(|_| (&self.read).read_exact(buf));
+        read.map_err(|e| WriteError::io(&self.path, e))
     }
 
     /// A buffered reader of bytes `start..end`, of what was flushed.
@@ -352,7 +358,12 @@ struct Shapes {
 
 impl Shapes {
     fn intern(&mut self, shape: &[u64]) -> Result<u32, WriteError> {
-        if let Some(&id) = self.index.get(shape) {
+        // A task usually sees one shape per column: a scan of a few short lists beats hashing.
+        if self.list.len() <= 8 {
+            if let Some(id) = self.list.iter().position(|s| s.as_slice() == shape) {
+                return Ok(id as u32);
+            }
+        } else if let Some(&id) = self.index.get(shape) {
             return Ok(id);
         }
         let id = u32::try_from(self.list.len())
@@ -381,6 +392,10 @@ struct SealedShard {
     /// Byte range of its [`ReportRec`]s, in data order.
     reports: (u64, u64),
     tensors: u64,
+    /// Its tensors are stored in strictly ascending name order (UTF-8 bytes), as when they all
+    /// have one dtype (the reference layout orders by dtype, then name). Dropping tensors
+    /// (`lastWin` rewrites) keeps it true.
+    names_ascending: bool,
 }
 
 /// What the task knows of the open shard in memory; its records are in the scratch files.
@@ -473,6 +488,8 @@ pub(super) struct KvState {
     column_shapes: Vec<Option<Option<u32>>>,
     /// Header bytes of `__metadata__` with `samples` = 0 (one digit).
     meta_len: u64,
+    /// Per column, the [`json_inner_len`] of the tensor names' suffix (separator + column).
+    suffix_json: Vec<u64>,
 }
 
 /// Counts the bytes written to it.
@@ -497,9 +514,14 @@ fn json_len(s: &str) -> u64 {
     }
 }
 
-/// Length of the concatenation of `parts` as a JSON string (escaping is per character).
-fn json_len_concat(parts: &[&str]) -> u64 {
-    parts.iter().map(|p| json_len(p) - 2).sum::<u64>() + 2
+/// Length of `s` as JSON string content, without the quotes (escaping is per character, so
+/// the lengths of parts add up). Most keys need no escaping: their length is their byte length.
+fn json_inner_len(s: &str) -> u64 {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        s.len() as u64
+    } else {
+        json_len(s) - 2
+    }
 }
 
 fn digits(mut x: u64) -> u64 {
@@ -546,7 +568,12 @@ impl KvState {
                 .iter()
                 .any(|b| a.len() > b.len() && a.ends_with(b.as_str()))
         });
+        let suffix_json = columns
+            .iter()
+            .map(|c| json_inner_len(&separator) + json_inner_len(c))
+            .collect();
         KvState {
+            suffix_json,
             name_col,
             separator,
             column_shapes: vec![None; columns.len()],
@@ -585,10 +612,11 @@ impl KvState {
         self.columns.get(column as usize).map_or("", String::as_str)
     }
 
-    /// Header bytes of a tensor's entry (see [`entry_json_len`]).
-    fn entry_json(&self, key: &str, column: u32, dtype: Dtype, shape: &[u64]) -> u64 {
-        let name = json_len_concat(&[key, &self.separator, self.column_name(column)]);
-        entry_json_len(name, dtype, shape)
+    /// Header bytes of a tensor's entry (see [`entry_json_len`]); `key_json` is the key's
+    /// [`json_inner_len`].
+    fn entry_json(&self, key_json: u64, column: u32, dtype: Dtype, shape: &[u64]) -> u64 {
+        let suffix = self.suffix_json.get(column as usize).copied().unwrap_or(0);
+        entry_json_len(2 + key_json + suffix, dtype, shape)
     }
 
     /// The report of a sealed tensor.
@@ -722,13 +750,14 @@ impl KvState {
             return Ok(());
         }
         let count = self.columns.len() as u64;
+        let key_json = json_inner_len(key);
         for c in 0..count {
             let files = self
                 .files
                 .as_mut()
                 .ok_or_else(|| WriteError::Batch("scratch files missing".into()))?;
             let t = files.tensor(u64::from(local) * count + c)?;
-            let json = self.entry_json(key, c as u32, t.dtype, self.shapes.get(t.shape));
+            let json = self.entry_json(key_json, c as u32, t.dtype, self.shapes.get(t.shape));
             self.open.live_tensors -= 1;
             self.open.json -= json;
             self.open.data_len -= t.len;
@@ -802,10 +831,11 @@ impl KvState {
                 }
             }
         }
+        let key_json = json_inner_len(key);
         let mut row_json = 0u64;
         let mut row_data = 0u64;
         for (c, (t, bytes)) in tensors.iter().enumerate() {
-            row_json += self.entry_json(key, c as u32, t.dtype, &t.shape);
+            row_json += self.entry_json(key_json, c as u32, t.dtype, &t.shape);
             row_data += bytes.len() as u64;
         }
         let count = tensors.len() as u64;
@@ -952,6 +982,12 @@ impl KvState {
                 )
             })
         });
+        let names_ascending = order.windows(2).all(|p| {
+            cmp_names(
+                [key_of(p[0].row), sep, column_of(p[0].column).as_bytes()],
+                [key_of(p[1].row), sep, column_of(p[1].column).as_bytes()],
+            ) == Ordering::Less
+        });
         let meta = shard_metadata(&w.plan, open.samples, 0);
         let data_len: u64 = order.iter().map(|e| e.len).sum();
         let shapes = &self.shapes;
@@ -978,16 +1014,28 @@ impl KvState {
             header::write_entries(out, p, Some(&meta), entries)
         })?;
         files.spill.flush()?;
+        // Runs of tensors that follow each other in the spill file as in the layout (rows that
+        // arrived in name order) are read together, in reads of at most `buf.len()` bytes: one
+        // positioned read per run or chunk instead of one per tensor.
         let biggest = order.iter().map(|e| e.len).max().unwrap_or(0);
-        let mut buf = vec![
-            0u8;
-            usize::try_from(biggest)
-                .unwrap_or(COPY_BUFFER)
-                .min(COPY_BUFFER)
-        ];
-        for e in &order {
-            let mut at = e.start;
-            let end = e.start + e.len;
+        let buf_len = biggest
+            .max(RUN_BUFFER.min(files.spill.len))
+            .min(COPY_BUFFER as u64);
+        let mut buf = vec![0u8; usize::try_from(buf_len).unwrap_or(COPY_BUFFER)];
+        let cap = buf.len() as u64;
+        let mut i = 0;
+        while i < order.len() {
+            let start = order[i].start;
+            let mut end = start + order[i].len;
+            i += 1;
+            while let Some(next) = order.get(i) {
+                if next.start != end || end - start + next.len > cap {
+                    break;
+                }
+                end += next.len;
+                i += 1;
+            }
+            let mut at = start;
             while at < end {
                 let n = usize::try_from(end - at)
                     .unwrap_or(buf.len())
@@ -1000,6 +1048,7 @@ impl KvState {
                 at += n as u64;
             }
         }
+        drop(buf);
         let (written, pending) = writer.close()?;
         // The tensors for the task report, with their absolute offsets in the shard.
         let reports_start = files.reports.len;
@@ -1029,6 +1078,7 @@ impl KvState {
             first_row: open.first_row,
             reports: (reports_start, files.reports.len),
             tensors,
+            names_ascending,
         });
         // Without its tensors: its index part lists them ([`KvState::index_rows`]).
         let report = ShardReport {
@@ -1131,21 +1181,14 @@ impl KvState {
         }))
     }
 
-    /// Whether sealed shard `shard`'s tensors are stored in name order (UTF-8 bytes): true when
-    /// every column has one dtype, as the reference layout orders tensors by dtype, then name.
-    pub(super) fn names_in_data_order(&self, shard: u32) -> Result<bool, WriteError> {
-        let mut last: Option<String> = None;
-        for row in self.index_row_iter(shard, "")? {
-            let key = row?.tensor_key;
-            if last
-                .as_ref()
-                .is_some_and(|l| l.as_bytes() >= key.as_bytes())
-            {
-                return Ok(false);
-            }
-            last = Some(key);
-        }
-        Ok(true)
+    /// Whether sealed shard `shard`'s tensors are stored in strictly ascending name order (UTF-8
+    /// bytes): true when every column has one dtype, as the reference layout orders tensors by
+    /// dtype, then name. Decided when the shard was sealed.
+    pub(super) fn names_in_data_order(&self, shard: u32) -> bool {
+        self.sealed
+            .iter()
+            .find(|s| s.shard == shard)
+            .is_some_and(|s| s.names_ascending)
     }
 
     /// The index rows of sealed shard `shard` (file `file`), all in memory; in data order.
@@ -1244,5 +1287,29 @@ impl KvState {
         };
         w.shards[idx] = report.clone();
         Ok(Some(report))
+    }
+}
+
+#[cfg(test)]
+mod json_len_tests {
+    use super::{json_inner_len, json_len};
+
+    #[test]
+    fn inner_length_is_the_escaped_length_without_quotes() {
+        for s in [
+            "",
+            "k123",
+            "a\"b",
+            "back\\slash",
+            "tab\tnew\nline",
+            "\u{1}\u{1f}",
+            "del\u{7f}",
+            "é/ключ/🙂",
+            "__",
+        ] {
+            let expected = serde_json::to_string(s).map(|j| j.len() as u64 - 2);
+            assert_eq!(Ok(json_inner_len(s)), expected.map_err(|_| ()), "{s:?}");
+            assert_eq!(json_len(s), json_inner_len(s) + 2, "{s:?}");
+        }
     }
 }

@@ -10,7 +10,7 @@ import org.apache.arrow.vector.types.FloatingPointPrecision
 import org.apache.arrow.vector.types.pojo.{ArrowType, Field, FieldType, Schema}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.SpecializedGetters
-import org.apache.spark.sql.catalyst.expressions.UnsafeArrayData
+import org.apache.spark.sql.catalyst.expressions.{UnsafeArrayData, UnsafeRow}
 import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.Platform
 
@@ -285,14 +285,33 @@ private[spark] object ArrowBatchBuilder {
     }
   }
 
+  /**
+   * A binary column. From an on-heap UnsafeRow the value is copied straight from the row's bytes
+   * into the vector (as `UnsafeRow.getBinary` locates it), not through a fresh `byte[]` per row.
+   */
   final class BinaryW(v: VarBinaryVector) extends VW {
     override def write(src: SpecializedGetters, ord: Int, idx: Int): Unit =
-      if (src.isNullAt(ord)) v.setNull(idx) else v.setSafe(idx, src.getBinary(ord))
+      if (src.isNullAt(ord)) v.setNull(idx)
+      else src match {
+        case u: UnsafeRow if u.getBaseObject.isInstanceOf[Array[Byte]] =>
+          val offsetAndSize = u.getLong(ord)
+          val start = u.getBaseOffset + (offsetAndSize >> 32).toInt - Platform.BYTE_ARRAY_OFFSET
+          v.setSafe(idx, u.getBaseObject.asInstanceOf[Array[Byte]], start.toInt, offsetAndSize.toInt)
+        case _ => v.setSafe(idx, src.getBinary(ord))
+      }
   }
 
+  /** A string column: an on-heap UTF8String's bytes are copied without an intermediate `byte[]`. */
   final class Utf8W(v: VarCharVector) extends VW {
     override def write(src: SpecializedGetters, ord: Int, idx: Int): Unit =
-      if (src.isNullAt(ord)) v.setNull(idx) else v.setSafe(idx, src.getUTF8String(ord).getBytes)
+      if (src.isNullAt(ord)) v.setNull(idx)
+      else {
+        val s = src.getUTF8String(ord)
+        s.getBaseObject match {
+          case a: Array[Byte] => v.setSafe(idx, a, (s.getBaseOffset - Platform.BYTE_ARRAY_OFFSET).toInt, s.numBytes)
+          case _ => v.setSafe(idx, s.getBytes)
+        }
+      }
   }
 
   final class StructW(v: StructVector, numFields: Int, children: Array[(Int, VW)]) extends VW {

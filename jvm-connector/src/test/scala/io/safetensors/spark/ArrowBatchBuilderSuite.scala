@@ -1,8 +1,10 @@
 package io.safetensors.spark
 
-import org.apache.spark.sql.catalyst.expressions.GenericInternalRow
-import org.apache.spark.sql.catalyst.expressions.UnsafeArrayData
+import org.apache.arrow.c.{ArrowArray, ArrowSchema, Data}
+import org.apache.arrow.vector.{VarBinaryVector, VarCharVector}
+import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeArrayData, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.types._
+import org.apache.spark.unsafe.types.UTF8String
 import org.scalatest.funsuite.AnyFunSuite
 
 /** The JVM side of a write batch: how much direct memory one batch takes (no Spark session). */
@@ -43,6 +45,49 @@ class ArrowBatchBuilderSuite extends AnyFunSuite {
     } finally {
       builder.close()
       allocator.close()
+    }
+  }
+
+  test("keys and binary values copied straight from UnsafeRows land in the batch byte for byte") {
+    val plan = WirePlan(kv = true, 0, IndexedSeq(WireColumn("b", 1, WireInput.Binary)))
+    val kvSchema = StructType(Seq(StructField("key", StringType), StructField("b", BinaryType)))
+    val keys = IndexedSeq("k0", "", "ключ-é", "k3", null, "a much longer key than the others")
+    val values = IndexedSeq(Array[Byte](1, 2, 3), Array.emptyByteArray, null, Array.tabulate[Byte](3072)(i => (i * 7).toByte),
+      Array[Byte](9), Array[Byte](-1, 0, -1))
+    val project = UnsafeProjection.create(kvSchema)
+    // Each row copied into the middle of a larger array: the row does not start at the array's
+    // first byte, as rows of a cached batch or a shuffle buffer do not.
+    val rows = keys.indices.map { i =>
+      val u = project(new GenericInternalRow(Array[Any](Option(keys(i)).map(UTF8String.fromString).orNull, values(i))))
+      val bytes = new Array[Byte](u.getSizeInBytes + 24)
+      u.writeToMemory(bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 16)
+      val r = new UnsafeRow(2)
+      r.pointTo(bytes, org.apache.spark.unsafe.Platform.BYTE_ARRAY_OFFSET + 16, u.getSizeInBytes)
+      r
+    }
+    // The same rows as GenericInternalRows take the generic path (getBinary / getBytes).
+    val generic = keys.indices.map(i => new GenericInternalRow(Array[Any](Option(keys(i)).map(UTF8String.fromString).orNull, values(i))))
+    for (input <- Seq(rows, generic)) {
+      val allocator = WriteTask.rootAllocator.newChildAllocator("unsafe-row-test", 0, Long.MaxValue)
+      val builder = new ArrowBatchBuilder(plan, kvSchema, allocator)
+      try {
+        input.foreach(builder.add)
+        builder.flush { (arrayAddr, schemaAddr) =>
+          val root = Data.importVectorSchemaRoot(allocator, ArrowArray.wrap(arrayAddr), ArrowSchema.wrap(schemaAddr), null)
+          try {
+            val k = root.getVector(0).asInstanceOf[VarCharVector]
+            val b = root.getVector(1).asInstanceOf[VarBinaryVector]
+            assert(root.getRowCount == keys.size)
+            keys.indices.foreach { i =>
+              if (keys(i) == null) assert(k.isNull(i), i) else assert(new String(k.get(i), "UTF-8") == keys(i), i)
+              if (values(i) == null) assert(b.isNull(i), i) else assert(b.get(i).sameElements(values(i)), i)
+            }
+          } finally root.close()
+        }
+      } finally {
+        builder.close()
+        allocator.close()
+      }
     }
   }
 }
