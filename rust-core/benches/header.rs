@@ -14,8 +14,9 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use safetensors_spark::dtype::Dtype;
+use safetensors_spark::error::FormatError;
 use safetensors_spark::header::{
-    parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast, plan_layout,
+    parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast, plan_layout, Header,
     TensorEntry,
 };
 
@@ -56,36 +57,30 @@ fn headers(c: &mut Criterion) {
         });
     }
     group.finish();
-    // Bytes per second of large KV headers (spec/performance.md: ≥ 200 MB/s).
-    let mut group = c.benchmark_group("header_parse_bytes");
-    group.sample_size(10);
-    for n in [100_000usize, 1_000_000] {
-        let file = file_with(n);
-        let header = parse_file_bytes(&file).unwrap();
-        let json = &file[8..8 + header.header_len as usize];
-        let file_len = file.len() as u64;
-        group.throughput(Throughput::Bytes(json.len() as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
-            b.iter(|| parse_header(black_box(json), file_len).unwrap())
-        });
-    }
-    group.finish();
-    // The same headers through the detailed path alone (the parser before the fast path, still
+    // Bytes per second of large KV headers (spec/performance.md: ≥ 200 MB/s), through
+    // `parse_header` and through the detailed path alone (the parser before the fast path, still
     // the one that words errors and feeds the forensic report): a before/after in one run.
-    let mut group = c.benchmark_group("header_parse_bytes_detailed");
-    group.sample_size(10);
-    for n in [100_000usize, 1_000_000] {
-        let file = file_with(n);
-        let header = parse_file_bytes(&file).unwrap();
-        let json = &file[8..8 + header.header_len as usize];
-        let file_len = file.len() as u64;
-        assert!(parse_header_fast(json, file_len).is_some());
-        group.throughput(Throughput::Bytes(json.len() as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
-            b.iter(|| parse_header_detailed(black_box(json), file_len).unwrap())
-        });
+    type Parse = fn(&[u8], u64) -> Result<Header, FormatError>;
+    let paths: [(&str, Parse); 2] = [
+        ("header_parse_bytes", parse_header),
+        ("header_parse_bytes_detailed", parse_header_detailed),
+    ];
+    for (name, parse) in paths {
+        let mut group = c.benchmark_group(name);
+        group.sample_size(10);
+        for n in [100_000usize, 1_000_000] {
+            let file = file_with(n);
+            let header = parse_file_bytes(&file).unwrap();
+            let json = &file[8..8 + header.header_len as usize];
+            let file_len = file.len() as u64;
+            assert!(parse_header_fast(json, file_len).is_some());
+            group.throughput(Throughput::Bytes(json.len() as u64));
+            group.bench_with_input(BenchmarkId::from_parameter(n), &json, |b, json| {
+                b.iter(|| parse(black_box(json), file_len).unwrap())
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(benches, headers);

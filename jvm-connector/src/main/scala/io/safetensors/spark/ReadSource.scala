@@ -64,7 +64,7 @@ private[spark] object ReadOptions {
       throw new IllegalArgumentException(
         s"safetensors: option 'layout' must be one of ${Layouts.mkString(", ")}, got '${o("layout")}'")
     }
-    // `inferSchema` is the peer connector's way to read files (reading.md §1): one row per file,
+    // `inferSchema` is the other Spark connector's way to read files (reading.md §2): one row per file,
     // a column per tensor, which is our `file` layout; the schema always comes from the headers
     val layout = o.get("inferschema").map(_.trim.toLowerCase) match {
       case None => givenLayout.getOrElse("auto")
@@ -401,7 +401,6 @@ private[spark] object ReadSource {
 
   def message(e: Throwable): String = Option(e.getMessage).getOrElse(e.getClass.getName)
 
-  /** The first 8 + N bytes of a file, read with two positioned reads. */
   /**
    * Opens a file for positioned reads of a few ranges (spec/reading.md §5): with the `random`
    * read policy, object-store connectors (S3A, ABFS, GCS) request just the ranges read (S3A: at
@@ -421,6 +420,7 @@ private[spark] object ReadSource {
     }
   }
 
+  /** The first 8 + N bytes of a file, read with two positioned reads. */
   def readPrefixAndHeader(in: FSDataInputStream, file: String,
       length: Long): Array[Byte] = {
     val prefix = new Array[Byte](math.min(8L, length).toInt)
