@@ -48,7 +48,8 @@ SHARD_ROWS = 4096  # our batch_size option: rows per shard
 # paths: name -> (group that converts it, venv name, what it is)
 PATHS = {
     "ours": ("main", "main", "df.write.format('safetensors') + SafetensorsIterableDataset(shuffle=True) + loader()"),
-    "ours_map": ("main", "main", "the same shards + SafetensorsDataset (map-style) + DataLoader(shuffle=True): RandomSampler"),
+    "ours_map": ("main", "main", "the same shards + SafetensorsDataset (map-style) + loader(batch_size, shuffle=True): RandomSampler"),
+    "ours_map_dl": ("main", "main", "the same shards + SafetensorsDataset (map-style) + a plain DataLoader(shuffle=True)"),
     "parquet": ("main", "main", "df.write.parquet (snappy) + pyarrow ParquetFile.iter_batches in an IterableDataset"),
     "petastorm": ("petastorm", "petastorm", "make_spark_converter + converter.make_torch_dataloader"),
     "streaming": ("streaming", "streaming", "dataframe_to_mds + StreamingDataset + DataLoader"),
@@ -345,6 +346,14 @@ def ours_loader(kept):
 
 def ours_map_loader(kept):
     import torch
+    from safetensors_spark.torch import SafetensorsDataset, loader
+
+    ds = SafetensorsDataset(kept["location"])
+    return loader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, generator=torch.Generator().manual_seed(0))
+
+
+def ours_map_dl_loader(kept):
+    import torch
     from safetensors_spark.torch import SafetensorsDataset
 
     ds = SafetensorsDataset(kept["location"])
@@ -464,7 +473,7 @@ def hf_loader(kept):
                                        generator=torch.Generator().manual_seed(0))
 
 
-LOADERS = {"ours": ours_loader, "ours_map": ours_map_loader, "parquet": parquet_loader,
+LOADERS = {"ours": ours_loader, "ours_map": ours_map_loader, "ours_map_dl": ours_map_dl_loader, "parquet": parquet_loader,
            "petastorm": petastorm_loader, "streaming": streaming_loader, "hf": hf_loader}
 
 
@@ -717,7 +726,8 @@ def role_run(args):
                 for p in GROUPS[g]:
                     unavailable.setdefault(p, f"conversion failed: {err}")
                 if g == "main":
-                    unavailable.setdefault("ours_map", f"conversion failed: {err}")
+                    for p in ("ours_map", "ours_map_dl"):
+                        unavailable.setdefault(p, f"conversion failed: {err}")
                 log(f"group {g}: {err}")
             else:
                 conv[g] = res
@@ -728,7 +738,7 @@ def role_run(args):
         for g, res in conv.items():
             kept.update(res["kept"])
         if "ours" in kept:
-            kept["ours_map"] = kept["ours"]
+            kept["ours_map"] = kept["ours_map_dl"] = kept["ours"]
 
         # ---------------------------------------------------------------- the read floor
         floor = None
@@ -788,7 +798,7 @@ def report(args, result):
     summary = {}
     for p in args.paths:
         runs = epochs.get(p) or []
-        conv_name = "ours" if p == "ours_map" else p
+        conv_name = "ours" if p.startswith("ours_map") else p
         s = {"convert_s": ctimes.get(conv_name), "bytes": cbytes.get(conv_name)}
         if runs:
             e = median([r["epoch_s"] for r in runs])

@@ -2,6 +2,7 @@
 padding, resume (spec/python.md §3-§5). Hand-made datasets (tests/python/handmade.py) give exact
 control of shard sizes; test_python_package.py covers datasets written by the Spark connector."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -34,12 +35,13 @@ def ids_of(batches):
     return [int(v) for b in batches for v in b["y"].reshape(-1).tolist()]
 
 
-def run(path, *, workers=0, rank=0, world=1, stop=None, state=None, use_loader=True, **kw):
+def run(path, *, workers=0, rank=0, world=1, stop=None, state=None, use_loader=True, handoff=None, **kw):
     """Iterates one epoch of rank `rank`; returns (batches, dataset)."""
     ds = SafetensorsIterableDataset(path, rank=rank, world_size=world, **kw)
     if state is not None:
         ds.load_state_dict(state)
-    dl = loader(ds, num_workers=workers) if use_loader else DataLoader(ds, batch_size=None, num_workers=workers)
+    dl = loader(ds, num_workers=workers, handoff_batches=handoff) if use_loader else \
+        DataLoader(ds, batch_size=None, num_workers=workers)
     out = []
     for b in dl:
         out.append(b)
@@ -214,6 +216,148 @@ def test_resume_at_several_points_with_other_worker_counts_equals_the_uninterrup
             assert ids_of(head) + ids_of(tail) == full, f"stop after {k} batches, resume with {workers} workers"
 
 
+@pytest.mark.parametrize("handoff", [1, 2, 3, None])
+def test_several_batches_per_worker_message_keep_order_counts_and_resume(data, handoff):
+    """loader() sends `handoff` batches per worker message and splits them again: batches,
+    order and the resume count are those of one batch at a time, on 2 ranks with 2 and 3
+    workers, resumed inside a message and at its edges."""
+    kw = dict(batch_size=2, shuffle=True, seed=3)
+    base = [run(data, rank=r, world=2, **kw)[0] for r in range(2)]  # in-process, batch by batch
+    want = [ids_of(b) for b in base]
+    for workers in (2, 3):
+        for r in range(2):
+            got, _ = run(data, rank=r, world=2, workers=workers, handoff=handoff, **kw)
+            assert [len(b["y"]) for b in got] == [len(b["y"]) for b in base[r]]
+            assert ids_of(got) == want[r], f"rank {r}, {workers} workers, handoff {handoff}"
+    nb = len(run(data, rank=0, world=2, **kw)[0])
+    for k in (1, 2, 3, nb - 1):
+        head, ds = run(data, rank=0, world=2, workers=2, handoff=handoff, stop=k, **kw)
+        state = ds.state_dict()
+        assert state["position"] == k * 2 * 2, f"stopped after {k} batches"
+        tail, _ = run(data, rank=0, world=2, workers=3, handoff=handoff, state=state, **kw)
+        assert ids_of(head) + ids_of(tail) == want[0], f"stop after {k} batches, handoff {handoff}"
+
+
+def test_batches_of_one_worker_message_share_one_shared_memory_block(data):
+    ds = SafetensorsIterableDataset(data, batch_size=2, shuffle=True, seed=3)
+    got = list(loader(ds, num_workers=2, handoff_batches=3))
+    assert [len(b["y"]) for b in got] == [2] * 15
+    blocks = [b["x"].untyped_storage().data_ptr() for b in got]
+    # messages of 3 batches: batches 0-2 from worker 0, 3-5 from worker 1, ... each one block
+    assert all(blocks[i] == blocks[i - i % 3] for i in range(15)) and len(set(blocks)) == 5
+    one = list(loader(SafetensorsIterableDataset(data, batch_size=2, shuffle=True, seed=3), num_workers=2,
+                      handoff_batches=1))
+    assert len({b["x"].untyped_storage().data_ptr() for b in one}) == 15
+    assert ids_of(one) == ids_of(got)
+    # a collate_fn runs per message in the worker: the loader then sends one batch per message
+    collated = list(loader(ds, num_workers=2, collate_fn=lambda b: {**b, "n": len(b["y"])}))
+    assert [b["n"] for b in collated] == [2] * 15 and ids_of(collated) == ids_of(got)
+    # the automatic size: as many batches as fit in 8 MiB (here all of them: tiny samples)
+    assert loader(ds, num_workers=2).handoff_batches > 15
+
+
+def test_a_pooled_block_is_released_only_when_every_tensor_of_its_message_is_gone():
+    from safetensors_spark.torch import _Handoff
+
+    block = torch.arange(48, dtype=torch.uint8)
+    layout = [("a", torch.uint8, (3, 8), 0, 24), ("b", torch.int16, (3, 4), 24, 24)]
+    flags, blocks = np.zeros((2, 4), dtype=np.uint8), {}
+    holds = {"view": lambda t: t[1:], "detach": lambda t: t.detach(), "numpy": lambda t: t.numpy(),
+             "storage": lambda t: t.untyped_storage(), "dtype view": lambda t: t.view(torch.int8)}
+    for i, (name, hold) in enumerate(holds.items()):
+        msg = _Handoff([2, 1], slot=(1, 3, block if i == 0 else None, layout))
+        batches = list(msg.batches(blocks, flags))
+        assert [b["a"].shape[0] for b in batches] == [2, 1] and batches[1]["b"].dtype == torch.int16
+        assert batches[0]["a"][1].tolist() == list(range(8, 16))  # the block's bytes, no copy
+        kept = hold(batches[1]["a"])
+        del batches, msg
+        gc.collect()
+        assert flags[1, 3] == 0, f"released while a {name} of a batch lives"
+        del kept
+        gc.collect()
+        assert flags[1, 3] == 1, f"not released after the {name} went"
+        flags[1, 3] = 0  # the worker takes it again
+    assert flags.sum() == 0 and list(blocks) == [(1, 3)]
+
+
+def test_workers_reuse_released_blocks_and_never_overwrite_a_held_batch(tmp_path, monkeypatch):
+    import safetensors_spark.torch as st_torch
+
+    path = str(tmp_path / "big")
+    handmade.write_batch_dataset(path, [150, 150, 100])
+    kw = dict(batch_size=4, shuffle=True, seed=1)
+    want = ids_of(run(path, **kw)[0])
+    seen = {"pooled": 0, "reused": 0, "fresh": 0}
+    batches = st_torch._Handoff.batches
+
+    def counting(self, blocks=None, flags=None):
+        key = "fresh" if self.slot is None else ("pooled" if self.slot[2] is not None else "reused")
+        seen[key] += 1
+        return batches(self, blocks, flags)
+
+    monkeypatch.setattr(st_torch._Handoff, "batches", counting)
+    got, held = [], []
+    for i, b in enumerate(loader(SafetensorsIterableDataset(path, **kw), num_workers=2, handoff_batches=2)):
+        got.extend(ids_of([b]))
+        if i % 7 == 0:
+            held.append((b, b["y"].clone(), b["x"].clone()))  # kept to the end: its block stays taken
+    assert got == want
+    assert all(torch.equal(b["y"], y) and torch.equal(b["x"], x) for b, y, x in held)
+    assert seen["reused"] > 0 and seen["fresh"] == 0, seen
+    assert seen["pooled"] + seen["reused"] == len(want) // 8  # 100 batches of 4 in messages of 2
+
+
+@pytest.mark.parametrize("workers,handoff", [(0, None), (2, 1), (2, None), (3, 2)])
+def test_map_style_loader_batches_the_samplers_indices_in_order(data, workers, handoff):
+    ds = SafetensorsDataset(data)
+    seq = loader(ds, batch_size=4, num_workers=workers, handoff_batches=handoff)
+    assert len(seq) == 8
+    got = list(seq)
+    assert len(seq) == 8 and [len(b["y"]) for b in got] == [4] * 7 + [2]
+    assert ids_of(got) == list(range(N))  # a SequentialSampler; pad rows never appear
+    assert got[3]["x"][1].tolist() == [13.0, 130.0]
+    cut = loader(ds, batch_size=4, drop_last=True, num_workers=workers, handoff_batches=handoff)
+    assert len(cut) == 7
+    cut = list(cut)
+    assert ids_of(cut) == list(range(28))
+    # shuffle: the permutation torch's RandomSampler draws with the same generator, a new one
+    # per iterator (epoch)
+    dl = loader(ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5), num_workers=workers,
+                handoff_batches=handoff)
+    want_gen = torch.Generator().manual_seed(5)
+    sampler = torch.utils.data.RandomSampler(ds, generator=want_gen)
+    first, second = ids_of(list(dl)), ids_of(list(dl))
+    assert first == list(sampler) and second == list(sampler) and first != second
+    # any sampler: repeats, negative indices (Python's), weights
+    picks = [29, 0, 0, -1, 5, 17, 17, 3]
+    assert ids_of(list(loader(ds, batch_size=3, sampler=picks, num_workers=workers))) == [29, 0, 0, 29, 5, 17, 17, 3]
+    weighted = torch.utils.data.WeightedRandomSampler([0.0] * 10 + [1.0] * 20, 50,
+                                                      generator=torch.Generator().manual_seed(1))
+    drawn = ids_of(list(loader(ds, batch_size=8, sampler=weighted, num_workers=workers)))
+    assert len(drawn) == 50 and min(drawn) >= 10
+
+
+def test_map_style_loader_arguments_are_checked(data, tmp_path):
+    ds = SafetensorsDataset(data)
+    for bad in (None, 0, True, 2.0):
+        with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1 for a map-style .*got"):
+            loader(ds, batch_size=bad)
+    with pytest.raises(ValueError, match="sampler and shuffle=True are mutually exclusive"):
+        loader(ds, batch_size=2, sampler=[1, 2], shuffle=True)
+    with pytest.raises(ValueError, match="batch_sampler is not supported"):
+        loader(ds, batch_size=2, batch_sampler=[[1, 2]])
+    with pytest.raises(ValueError, match="persistent_workers"):
+        loader(ds, batch_size=2, num_workers=1, persistent_workers=True)
+    with pytest.raises(IndexError, match=f"sample index 30 is out of range for dataset .* with {N} samples"):
+        iter(loader(ds, batch_size=2, sampler=[1, 30], num_workers=2))
+    with pytest.raises(TypeError, match="takes a SafetensorsIterableDataset or a SafetensorsDataset, got list"):
+        loader([1, 2], batch_size=2)
+    kv = str(tmp_path / "kv")
+    values = handmade.write_kv_dataset(kv, [["b", "a", "c"], ["e", "d"]])
+    got = list(loader(SafetensorsDataset(kv), batch_size=2, num_workers=2))
+    assert [int(v) for b in got for v in b["label"].tolist()] == [int(values[k]["label"]) for k in "abcde"]
+
+
 def test_resume_with_a_plain_dataloader_and_batches_consumed(data):
     kw = dict(batch_size=4, shuffle=True, seed=2)
     full = ids_of(run(data, workers=0, **kw)[0])
@@ -296,6 +440,9 @@ def test_arguments_are_checked(data):
         loader(SafetensorsIterableDataset(data), num_workers=1, in_order=False)
     with pytest.raises(ValueError, match="do not pass batch_size"):
         loader(SafetensorsIterableDataset(data), batch_size=4)
+    for bad in (0, -1, True, "2", 1.5):
+        with pytest.raises(ValueError, match=r"handoff_batches must be an integer >= 1 or None .*got"):
+            loader(SafetensorsIterableDataset(data, batch_size=2), num_workers=2, handoff_batches=bad)
 
 
 def test_kv_dataset_batches_stack_rows_and_get(tmp_path):

@@ -10,6 +10,7 @@
 
 import hashlib
 import json
+import weakref
 
 import numpy as np
 import torch
@@ -68,7 +69,9 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         shards, rows = ds.locate_many(indices)
         if self._reader is None:
             self._reader = _BatchReader(ds, self.columns, cache_shards=8)
-        batch = self._reader.batch(shards, rows)
+        # private memory even in a worker: the collate function stacks the views into the
+        # shared block it sends, so a shared block here would be a second fresh one per batch
+        batch = self._reader.batch(shards, rows, shared=False)
         views = [batch[c].unbind(0) for c in self.columns]
         return [dict(zip(self.columns, v)) for v in zip(*views)]
 
@@ -127,6 +130,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self._epoch = 0
         self._resume = None  # (epoch, position) for the next iterator of that epoch
         self._progress = None  # {"epoch", "start", "consumed"} counted in the training process
+        # batches per worker message and the block pool's release flags (workers × slots);
+        # set by loader() while its workers start
+        self._handoff = (1, None)
 
     @staticmethod
     def _resolve_rank(rank, world_size):
@@ -259,6 +265,18 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     def _generate(self, plan, order, worker, workers, progress):
         reader = _BatchReader(self.dataset, self.columns, self.cache_shards)
         total = len(self.dataset)
+        k, release_flags = self._handoff
+        if k > 1 and self.batch_size is not None and torch.utils.data.get_worker_info() is not None:
+            # loader()'s workers: the batches [b·k, (b+1)·k) of the rank's sequence go to worker
+            # b mod workers as one message, so the loader's in-order round robin over workers
+            # yields them in the same order as batch by batch; _count splits them again
+            def rows_of(j0, j1):
+                spans = [plan.batch(j) for j in range(j0, j1)]
+                positions = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in spans]) % total
+                return (*order.locate(positions), [n for _, n in spans])
+
+            yield from _messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags)
+            return
         for j in range(worker, plan.num_batches, workers):
             first, length = plan.batch(j)
             positions = np.arange(first, first + length, dtype=np.int64) % total
@@ -279,6 +297,8 @@ class _BatchReader:
         self.dtypes = {c: dataset.schema[c]["dtype"] for c in columns}
         self.cache_shards = max(1, int(cache_shards))
         self._full = {}  # (shard index, column) -> whole column array (remote: LRU)
+        self.pool = None  # a worker's _BlockPool (loader() with several batches per message)
+        self.slot = None  # the pooled block the last batch went into: (worker, slot, block|None, specs)
 
     def _column(self, shard, column):
         key = (shard.index, column)
@@ -299,7 +319,9 @@ class _BatchReader:
         shard = self.ds.shards[int(shard_index)]
         return self._torch(self.ds.sample(shard, int(row), self.columns))
 
-    def batch(self, shards, rows):
+    def batch(self, shards, rows, shared=None):
+        """``{column: tensor}`` of the rows ``rows`` of the shards ``shards``; in shared memory
+        when ``shared`` (default: in a DataLoader worker)."""
         ds = self.ds
         if ds.layout == "kv":
             out = {}
@@ -314,7 +336,8 @@ class _BatchReader:
         n = len(rows)
         cut = np.flatnonzero((np.diff(shards) != 0) | (np.diff(rows) != 1)) + 1
         bounds = [0, *cut.tolist(), n]
-        shared = torch.utils.data.get_worker_info() is not None
+        if shared is None:
+            shared = torch.utils.data.get_worker_info() is not None
         if len(bounds) - 1 <= 4:  # a few contiguous runs: slices
             runs = []
             for a, b in zip(bounds[:-1], bounds[1:]):
@@ -365,51 +388,302 @@ class _BatchReader:
         if not shared:
             arrays = {c: np.empty(shape, dtype=dt) for c, dt, shape, _, _ in specs}
             return arrays, self._torch(arrays)
-        block = torch.empty(0, dtype=torch.uint8)
-        block = block.new(block._typed_storage()._new_shared(max(total, 1)))
-        arrays, tensors = {}, {}
+        if self.pool is not None:
+            slot, block, new = self.pool.get(total)
+        else:
+            slot, block, new = None, _new_shared_block(total), True
+        arrays, tensors, layout = {}, {}, []
         for c, dt, shape, off, nbytes in specs:
             t = self._torch({c: np.empty((0,), dtype=dt)})[c]  # the column's torch dtype
             tensors[c] = block[off: off + nbytes].view(t.dtype).view(shape)
             arrays[c] = tensors[c].view(torch.uint8).numpy().view(dt).reshape(shape) if nbytes else np.empty(shape, dt)
+            layout.append((c, t.dtype, shape, off, nbytes))
+        if slot is not None:
+            self.slot = (self.pool.worker, slot, block if new else None, layout)
         return arrays, tensors
 
 
+def _new_shared_block(nbytes):
+    block = torch.empty(0, dtype=torch.uint8)
+    return block.new(block._typed_storage()._new_shared(max(nbytes, 1)))
+
+
+POOL_SLOTS = 64  # pooled blocks per worker; beyond, a worker sends fresh blocks
+
+
+class _BlockPool:
+    """A worker's shared-memory blocks for its messages, reused once the training process has
+    released them. Writing into a fresh shared-memory block costs a page fault (a page allocated
+    and zeroed by the kernel) per 4 KiB, ≈ 20 × copying into memory already mapped
+    (spec/performance.md §10.8); the training process keeps each block mapped, too.
+
+    ``flags[worker, slot]`` is set to 1 by the training process when every tensor of the message
+    in that block is gone (_count), and to 0 by the worker when it reuses the block. A consumer
+    that holds many batches makes the pool grow (to POOL_SLOTS), then get fresh blocks: never a
+    wait, never a block overwritten while a tensor of it lives."""
+
+    def __init__(self, flags, worker):
+        self.flags = flags[worker].numpy()
+        self.worker = worker
+        self.blocks = []
+
+    def get(self, nbytes):
+        """``(slot, block, new)``: a released block of at least ``nbytes``, else a new one
+        (slot None once the pool is full)."""
+        for slot, block in enumerate(self.blocks):
+            if self.flags[slot] == 1 and block.numel() >= nbytes:
+                self.flags[slot] = 0
+                return slot, block, False
+        block = _new_shared_block(nbytes)
+        if len(self.blocks) == len(self.flags):
+            return None, block, True
+        self.blocks.append(block)
+        return len(self.blocks) - 1, block, True
+
+
+def _messages(reader, rows_of, num_batches, worker, workers, k, release_flags):
+    """A DataLoader worker's messages of ``k`` batches: batches [b·k, (b+1)·k) for every b ≡
+    ``worker`` (mod ``workers``); ``rows_of(j0, j1)`` gives the (shards, rows, lengths) of batches
+    [j0, j1)."""
+    if release_flags is not None:
+        reader.pool = _BlockPool(release_flags, worker)
+    for b in range(worker, -(-num_batches // k), workers):
+        shards, rows, lengths = rows_of(b * k, min((b + 1) * k, num_batches))
+        tensors = reader.batch(shards, rows)
+        slot, reader.slot = reader.slot, None
+        if slot is None:
+            yield _Handoff(lengths, tensors=tensors)
+        else:  # in a pooled block: only the slot travels (and the block on its first use)
+            yield _Handoff(lengths, slot=slot)
+
+
+class _SampledBatches(torch.utils.data.IterableDataset):
+    """loader() over a map-style :class:`SafetensorsDataset`: the indices a sampler drew in the
+    training process when the iterator started, cut into batches of ``batch_size`` and read by
+    the workers (or this process) like the iterable dataset's."""
+
+    def __init__(self, dataset, batch_size, drop_last, num_samples):
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_samples = num_samples  # the sampler's len (None: it has none)
+        self.indices = None  # drawn when an iterator starts
+        self._handoff = (1, None)
+
+    def __len__(self):
+        n = len(self.indices) if self.indices is not None else self.num_samples
+        if n is None:
+            raise TypeError("len() of this loader: its sampler has no len()")
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        ds = self.dataset
+        reader = _BatchReader(ds.dataset, ds.columns, cache_shards=8)
+        size, num_batches, (k, flags) = self.batch_size, len(self), self._handoff
+
+        def rows_of(j0, j1):
+            idx = self.indices[j0 * size: j1 * size]
+            return (*ds.dataset.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
+
+        if info is not None and k > 1:
+            yield from _messages(reader, rows_of, num_batches, worker, workers, k, flags)
+            return
+        for j in range(worker, num_batches, workers):
+            shards, rows, _ = rows_of(j, j + 1)
+            yield reader.batch(shards, rows)
+
+
+class _Handoff:
+    """Consecutive batches of one worker sent to the training process as one message, their
+    rows one after the other, with each batch's row count (``lengths``). Either ``tensors``
+    (column → tensor, one shared-memory block) or ``slot``: ``(worker, slot, block, layout)`` of
+    a pooled block, ``block`` only on the slot's first use (the training process keeps it),
+    ``layout`` the columns' ``(name, torch dtype, shape, byte offset, bytes)`` in it."""
+
+    __slots__ = ("lengths", "tensors", "slot")
+
+    def __init__(self, lengths, tensors=None, slot=None):
+        self.lengths = lengths
+        self.tensors = tensors
+        self.slot = slot
+
+    def pin_memory(self, device=None):
+        pin = (lambda t: t.pin_memory(device)) if device else (lambda t: t.pin_memory())
+        return _Handoff(self.lengths, tensors={c: pin(t) for c, t in self.tensors.items()})
+
+    def batches(self, blocks=None, flags=None):
+        """The batches as ``{column: tensor}`` views of the message's block (no copy). A pooled
+        block is looked up in (or added to) ``blocks``; its release flag is set once every
+        tensor of this message is gone."""
+        tensors = self.tensors
+        if self.slot is not None:
+            worker, slot, block, layout = self.slot
+            if block is not None:
+                blocks[worker, slot] = block.numpy()  # mapped once for the iterator's life
+            # this message's own storage over the block's memory: a numpy view that every tensor
+            # and storage made from the batches (views, detach, numpy, untyped_storage, dlpack)
+            # keeps alive; when the last of them goes, the block is released to the worker
+            memory = blocks[worker, slot][:]
+            weakref.finalize(memory, _release, flags, worker, slot)
+            base = torch.from_numpy(memory)
+            del memory
+            tensors = {c: base[off: off + nbytes].view(dtype).view(shape) for c, dtype, shape, off, nbytes in layout}
+            del base
+        first = 0
+        for n in self.lengths:
+            yield {c: t[first: first + n] for c, t in tensors.items()}
+            first += n
+
+
+def _release(flags, worker, slot):
+    flags[worker, slot] = 1
+
+
+HANDOFF_BYTES = 8 << 20
+
+
+def _handoff_batches(data, columns, batch_size, requested):
+    """Batches per worker message: ``requested``, or as many batches as fit in HANDOFF_BYTES
+    (at least 1) when the schema of ``data`` (a Dataset) gives every column's sample size, else 1."""
+    if requested is not None:
+        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
+            raise ValueError(f"loader(): handoff_batches must be an integer >= 1 or None (automatic), "
+                             f"got {requested!r}")
+        return requested
+    if batch_size is None:
+        return 1
+    sample = 0
+    for c in columns:
+        shape = data.schema[c].get("shape")
+        dims = None if shape is None else (shape[1:] if data.layout == "batch" else shape)
+        if dims is None or any(not isinstance(d, int) or d < 0 for d in dims):
+            return 1
+        sample += int(np.prod(dims, dtype=np.int64)) * data._dtypes[c].itemsize
+    return max(1, HANDOFF_BYTES // max(1, sample * batch_size))
+
+
 class _CountingLoader(torch.utils.data.DataLoader):
+    def __init__(self, dataset, handoff_batches, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.handoff_batches = handoff_batches
+
     def __iter__(self):
         ds = self.dataset
+        if isinstance(ds, _SampledBatches):
+            # the epoch's indices, drawn here (a RandomSampler draws a new permutation per iterator)
+            indices = np.fromiter((int(i) for i in self.sampled_from), dtype=np.int64)
+            ds.dataset.dataset.locate_many(indices)  # an index out of range fails here, naming it
+            ds.indices = indices
+            if self.num_workers == 0:
+                return super().__iter__()
+            iterator = self._start_workers(ds)
+            return _count(iterator, {"consumed": 0}, self._flags)
         if self.num_workers == 0:
             return super().__iter__()  # the dataset's own iterator counts in this process
         ds._refresh_rank()
         start = ds._start_position()
-        iterator = super().__iter__()  # workers start here, with the pending resume state
+        iterator = self._start_workers(ds)
         progress = {"epoch": ds._epoch, "start": start, "consumed": 0}
         ds._progress = progress
         ds._resume = None
-        return _count(iterator, progress)
+        return _count(iterator, progress, self._flags)
+
+    def _start_workers(self, ds):
+        flags = None
+        if self.handoff_batches > 1 and not self.pin_memory:
+            # (with pin_memory the pinning thread copies every message: nothing to reuse)
+            flags = torch.zeros((self.num_workers, POOL_SLOTS), dtype=torch.uint8).share_memory_()
+        ds._handoff = (self.handoff_batches, flags)
+        try:
+            iterator = super().__iter__()  # workers start here, with the pending resume state
+        finally:
+            ds._handoff = (1, None)  # only this loader's workers send several batches per message
+        self._flags = flags
+        return iterator
 
 
-def _count(iterator, progress):
-    for batch in iterator:
-        progress["consumed"] += 1
-        yield batch
+def _count(iterator, progress, flags=None):
+    blocks = {}  # (worker, slot) -> the pooled blocks of this iterator's workers, mapped once
+    flags = flags.numpy() if flags is not None else None
+    for item in iterator:
+        for batch in item.batches(blocks, flags) if isinstance(item, _Handoff) else (item,):
+            progress["consumed"] += 1
+            yield batch
 
 
-def loader(dataset, **kwargs):
-    """A ``DataLoader`` over a :class:`SafetensorsIterableDataset` (``batch_size=None``: the
-    dataset batches) that counts, in this process, the batches the training loop has taken, so
-    ``dataset.state_dict()`` is exact for any ``num_workers``. Other keyword arguments go to
-    ``DataLoader``; ``persistent_workers`` (workers would keep a stale epoch) and ``in_order=False``
-    are refused."""
-    if not isinstance(dataset, SafetensorsIterableDataset):
-        raise TypeError(f"loader() takes a SafetensorsIterableDataset, got {type(dataset).__name__}")
-    if kwargs.get("batch_size") is not None:
-        raise ValueError("loader(): the dataset batches (its batch_size); do not pass batch_size to the DataLoader")
+def loader(dataset, *, handoff_batches=None, **kwargs):
+    """A ``DataLoader`` over a safetensors-spark dataset, with the batches of several worker
+    reads sent to the training process in one message.
+
+    * A :class:`SafetensorsIterableDataset` (it batches: ``batch_size`` must not be given): the
+      loader counts, in this process, the batches the training loop has taken, so
+      ``dataset.state_dict()`` is exact for any ``num_workers``.
+    * A :class:`SafetensorsDataset` (map-style): ``batch_size`` (required), ``shuffle``,
+      ``sampler``, ``drop_last`` and ``generator`` as ``DataLoader`` takes them. The sampler's
+      indices for the epoch are drawn in this process when the iterator starts, cut into batches
+      of ``batch_size`` in that order and read as whole batches (one gather per column instead
+      of a sample at a time and a collate).
+
+    Other keyword arguments go to ``DataLoader``; ``persistent_workers`` (workers would keep a
+    stale epoch or sample) and ``in_order=False`` (batches in completion order) are refused.
+
+    With workers, each worker sends ``handoff_batches`` consecutive batches of its share in one
+    message (default: as many as fit in 8 MiB), and the loader yields them one at a time as views
+    of that message: the same batches in the same order as one batch per message, with torch's
+    per-message cost (pickling, a shared-memory segment, its descriptor) paid once per several
+    batches. The shared-memory blocks are reused once every tensor of a message is gone.
+    ``prefetch_factor`` then counts messages. A ``collate_fn`` runs once per message in the
+    worker, so with one the loader sends one batch per message."""
     if kwargs.get("persistent_workers"):
         raise ValueError("loader(): persistent_workers=True would keep each worker's copy of the dataset, so "
-                         "set_epoch() and load_state_dict() would not reach it; leave it False")
+                         "set_epoch(), load_state_dict() and a new sample of indices would not reach it; "
+                         "leave it False")
     if kwargs.get("in_order") is False:
         raise ValueError("loader(): in_order=False returns batches in completion order, which breaks the "
                          "sample order and the resume count; leave it True")
+    if isinstance(dataset, SafetensorsDataset):
+        return _map_loader(dataset, handoff_batches, kwargs)
+    if not isinstance(dataset, SafetensorsIterableDataset):
+        raise TypeError(f"loader() takes a SafetensorsIterableDataset or a SafetensorsDataset, "
+                        f"got {type(dataset).__name__}")
+    if kwargs.get("batch_size") is not None:
+        raise ValueError("loader(): the dataset batches (its batch_size); do not pass batch_size to the DataLoader")
     kwargs["batch_size"] = None
-    return _CountingLoader(dataset, **kwargs)
+    handoff = _handoff_batches(dataset.dataset, dataset.columns, dataset.batch_size, handoff_batches)
+    if kwargs.get("collate_fn") is not None:
+        handoff = 1
+    return _CountingLoader(dataset, handoff, **kwargs)
+
+
+def _map_loader(dataset, handoff_batches, kwargs):
+    batch_size = kwargs.pop("batch_size", None)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"loader(): batch_size must be an integer >= 1 for a map-style SafetensorsDataset, "
+                         f"got {batch_size!r}")
+    if kwargs.get("batch_sampler") is not None:
+        raise ValueError("loader(): batch_sampler is not supported; pass sampler= and batch_size=")
+    shuffle = kwargs.pop("shuffle", False)
+    sampler = kwargs.pop("sampler", None)
+    drop_last = bool(kwargs.pop("drop_last", False))
+    generator = kwargs.pop("generator", None)
+    if sampler is not None and shuffle:
+        raise ValueError("loader(): sampler and shuffle=True are mutually exclusive (as for DataLoader)")
+    if sampler is None:
+        sampler = torch.utils.data.RandomSampler(dataset, generator=generator) if shuffle \
+            else torch.utils.data.SequentialSampler(dataset)
+    data = dataset.dataset
+    if data.layout == "kv":
+        ragged = [c for c in dataset.columns if data.schema[c].get("shape") is None]
+        if ragged:
+            raise ValueError(f"loader(): column(s) {ragged} of KV dataset {data.path} have rows of different "
+                             f"shapes (schema shape null), so they cannot be stacked into batches")
+    handoff = _handoff_batches(data, dataset.columns, batch_size, handoff_batches)
+    if kwargs.get("collate_fn") is not None:
+        handoff = 1
+    num_samples = len(sampler) if hasattr(sampler, "__len__") else None
+    made = _CountingLoader(_SampledBatches(dataset, batch_size, drop_last, num_samples), handoff, batch_size=None,
+                           **kwargs)
+    made.sampled_from = sampler
+    return made
