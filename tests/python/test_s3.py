@@ -633,10 +633,15 @@ def test_executor_killed_mid_write_on_local_cluster(s3, bucket, connector_jar, t
     the listed shards, each uploaded once (the killed attempt had uploaded nothing: uploads
     come after the commit coordinator's authorisation)."""
     mark = s3.mark()
-    marks = run_cluster_write(s3, bucket, "killed", "local-cluster[2,1,1024]",
-                              cluster_conf(s3, connector_jar, {}), "kill", tmp_path)
+    executor_tmp = tmp_path / "executor-tmp"  # the executors' java.io.tmpdir: their local work dirs
+    executor_tmp.mkdir()
+    conf = cluster_conf(s3, connector_jar, {"spark.executor.extraJavaOptions": f"-Djava.io.tmpdir={executor_tmp}"})
+    marks = run_cluster_write(s3, bucket, "killed", "local-cluster[2,1,1024]", conf, "kill", tmp_path)
     assert {"p0-a0", "p1-a0", "p1-a1"} <= set(marks), marks  # partition 1 ran twice
     check_exactly_once(s3, bucket, "killed", s3.requests_since(mark))
+    # the killed attempt's local work dir (shards sealed, never uploaded) was removed by the next
+    # task that made one (the re-run): its owner lock died with the JVM (spec/dataset.md §5.6)
+    assert not list(executor_tmp.glob("safetensors-task-*")), list(executor_tmp.iterdir())
 
 
 @pytest.fixture

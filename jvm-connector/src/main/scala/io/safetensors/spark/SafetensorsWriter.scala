@@ -312,7 +312,7 @@ private[spark] object SafetensorsWriter {
     } finally {
       quietly(null)(fs.delete(staging, true))
       // recursive: a rewrite's temp dir is registered before the files inside it
-      localTemps.foreach(WriteTask.deleteLocal)
+      localTemps.foreach(LocalWorkDir.deleteTree)
     }
   }
 

@@ -1,7 +1,6 @@
 package io.safetensors.spark
 
 import java.io.{File, ObjectInputStream, ObjectOutputStream}
-import java.nio.file.Files
 
 import scala.jdk.CollectionConverters._
 
@@ -115,7 +114,10 @@ private[spark] object WriteTask {
     val attemptDir = new Path(staging, s"attempt-$partition-${ctx.taskAttemptId()}")
     val direct = localFile(fs, attemptDir)
     val wire = WirePlan.parse(job.planJson) // before the local work dir exists: nothing to leak
-    val workDir: File = direct.getOrElse(Files.createTempDirectory("safetensors-task-").toFile)
+    // a local work dir only when the dataset is not on the local file system; owned (locked) by
+    // this JVM so that a later task removes it if this executor is killed (LocalWorkDir)
+    val owned = if (direct.isEmpty) Some(LocalWorkDir.create()) else None
+    val workDir: File = direct.getOrElse(owned.get.dir)
     val allocator = rootAllocator.newChildAllocator(s"safetensors-task-$partition-${ctx.taskAttemptId()}",
       0, Long.MaxValue)
     val builder = new ArrowBatchBuilder(wire, job.schema, allocator)
@@ -192,12 +194,7 @@ private[spark] object WriteTask {
         throw t
     } finally {
       try closeAll()
-      finally if (direct.isEmpty) deleteLocal(workDir)
+      finally owned.foreach(_.delete())
     }
-  }
-
-  def deleteLocal(f: File): Unit = {
-    if (f.isDirectory) Option(f.listFiles()).foreach(_.foreach(deleteLocal))
-    f.delete()
   }
 }

@@ -35,7 +35,7 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
   override def afterAll(): Unit = {
     try {
       if (spark != null) spark.stop()
-      if (base != null) WriteTask.deleteLocal(base)
+      if (base != null) LocalWorkDir.deleteTree(base)
     } finally super.afterAll()
   }
 

@@ -34,7 +34,7 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     try {
       WriteTask.onAllocatorClose = null
       if (spark != null) spark.stop()
-      if (base != null) WriteTask.deleteLocal(base)
+      if (base != null) LocalWorkDir.deleteTree(base)
     } finally super.afterAll()
   }
 
