@@ -14,7 +14,7 @@
 //!   exact: hash hits are confirmed against the stored key) and fixed-size buffers. Sealing a
 //!   shard sorts its tensors into the reference layout in memory (its keys plus a 32-byte entry
 //!   per tensor, released after the seal), streams the header into the shard and copies the
-//!   bytes from the spill file through a bounded buffer ([`COPY_BUFFER`] bytes). The task report
+//!   bytes from a read-only map of the spill file (page-cache pages, not the task's heap). The task report
 //!   is serialised into a file at `finish`, one tensor at a time.
 //!
 //! ## Sealing
@@ -52,8 +52,6 @@ use std::path::{Path, PathBuf};
 
 /// KV mode converts at most this many rows of a column at once.
 pub const KV_CHUNK_ROWS: usize = 256;
-/// Size of the buffer used to copy tensor bytes from a spill file into a shard.
-pub const COPY_BUFFER: usize = 1 << 20;
 
 /// Why a task cannot write its rows.
 #[derive(Debug, thiserror::Error)]

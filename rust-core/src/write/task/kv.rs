@@ -25,7 +25,7 @@
 //! entries), then the bytes are copied from the spill file.
 
 use super::rows::{self, RowTensor};
-use super::{shard_metadata, TaskWriter, WriteError, COPY_BUFFER, KV_CHUNK_ROWS};
+use super::{shard_metadata, TaskWriter, WriteError, KV_CHUNK_ROWS};
 use crate::dataset::index::IndexRow;
 use crate::dtype::DTYPES;
 use crate::file::{copy_tensors, FileWriter};
@@ -54,10 +54,8 @@ const NO_ROW: u32 = u32::MAX;
 const SCRATCH_BUFFER: usize = 1 << 16;
 /// Buffer of the spill file.
 const SPILL_BUFFER: usize = 1 << 18;
-/// Buffer of the shard file being sealed (its data comes in tensor-sized reads from the spill).
+/// Buffer of the shard file being sealed (its data comes tensor by tensor from the spill's map).
 const SEAL_BUFFER: usize = 1 << 18;
-/// Largest read of consecutive small tensors from the spill file while sealing.
-const RUN_BUFFER: u64 = 1 << 18;
 
 /// A hidden file of the task's work directory, appended to through a buffer and read back
 /// through a handle of its own; deleted on drop.
@@ -67,6 +65,16 @@ struct Scratch {
     /// A second open file description: reading moves its cursor, not the writer's.
     read: File,
     len: u64,
+}
+
+/// [`Scratch::map`]: the bytes of a scratch file, or none.
+struct ScratchMap(Option<memmap2::Mmap>);
+
+impl std::ops::Deref for ScratchMap {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
 }
 
 impl Scratch {
@@ -111,6 +119,20 @@ impl Scratch {
             .seek(SeekFrom::Start(at))
             .and_then(|_| (&self.read).read_exact(buf));
         read.map_err(|e| WriteError::io(&self.path, e))
+    }
+
+    /// A read-only map of what was written (flushed first); empty when nothing was. Drop it
+    /// before `clear`: the file is truncated there.
+    fn map(&mut self) -> Result<ScratchMap, WriteError> {
+        self.flush()?;
+        if self.len == 0 {
+            return Ok(ScratchMap(None));
+        }
+        // SAFETY: a read-only map of a hidden file of this task's own work directory, which
+        // nothing else writes or truncates while the map lives (it is dropped before `clear`).
+        let map =
+            unsafe { memmap2::Mmap::map(&self.read) }.map_err(|e| WriteError::io(&self.path, e))?;
+        Ok(ScratchMap(Some(map)))
     }
 
     /// A buffered reader of bytes `start..end`, of what was flushed.
@@ -1014,41 +1036,28 @@ impl KvState {
             header::write_entries(out, p, Some(&meta), entries)
         })?;
         files.spill.flush()?;
-        // Runs of tensors that follow each other in the spill file as in the layout (rows that
-        // arrived in name order) are read together, in reads of at most `buf.len()` bytes: one
-        // positioned read per run or chunk instead of one per tensor.
-        let biggest = order.iter().map(|e| e.len).max().unwrap_or(0);
-        let buf_len = biggest
-            .max(RUN_BUFFER.min(files.spill.len))
-            .min(COPY_BUFFER as u64);
-        let mut buf = vec![0u8; usize::try_from(buf_len).unwrap_or(COPY_BUFFER)];
-        let cap = buf.len() as u64;
-        let mut i = 0;
-        while i < order.len() {
-            let start = order[i].start;
-            let mut end = start + order[i].len;
-            i += 1;
-            while let Some(next) = order.get(i) {
-                if next.start != end || end - start + next.len > cap {
-                    break;
-                }
-                end += next.len;
-                i += 1;
-            }
-            let mut at = start;
-            while at < end {
-                let n = usize::try_from(end - at)
-                    .unwrap_or(buf.len())
-                    .min(buf.len());
-                let chunk = buf
-                    .get_mut(..n)
-                    .ok_or_else(|| WriteError::Batch("copy buffer too small".into()))?;
-                files.spill.read_at(at, chunk)?;
-                writer.write(chunk)?;
-                at += n as u64;
-            }
+        // The tensors are copied from a read-only map of the spill file in layout order: rows
+        // arrive in any key order, so the layout visits the spill at scattered offsets (one
+        // positioned read per tensor cost a system call per tensor, 3 per row of the epoch
+        // benchmark; spec/performance.md §10.8). A map costs a page fault per few pages instead.
+        let spill = files.spill.map()?;
+        for e in &order {
+            let bytes = usize::try_from(e.start)
+                .ok()
+                .zip(usize::try_from(e.start + e.len).ok())
+                .and_then(|(a, b)| spill.get(a..b))
+                .ok_or_else(|| {
+                    WriteError::Batch(format!(
+                        "spill file {} is {} bytes, a tensor is recorded at {}..{}",
+                        files.spill.path.display(),
+                        spill.len(),
+                        e.start,
+                        e.start + e.len
+                    ))
+                })?;
+            writer.write(bytes)?;
         }
-        drop(buf);
+        drop(spill);
         let (written, pending) = writer.close()?;
         // The tensors for the task report, with their absolute offsets in the shard.
         let reports_start = files.reports.len;
