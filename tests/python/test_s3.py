@@ -492,13 +492,15 @@ def test_server_stopped_mid_write_fails_naming_the_path_and_keeps_the_old_data(s
             .selectExpr("id", "array(cast(id AS float), 1.0f) AS x")
         mark = s3.mark()
 
-        def stop_after_first_upload():
-            wait_for(lambda: any(r["method"] == "PUT" and "/down/part-" in r["path"] and r["status"] == 200
-                                 for r in s3.requests_since(mark)), "the first shard upload")
+        def stop_after_partition_0_uploaded():
+            # both of partition 0's shards in place (stopping after the first PUT raced with the
+            # second); partition 1 holds its rows until `go`, so it has uploaded nothing
+            wait_for(lambda: sum(r["method"] == "PUT" and "/down/part-00000-" in r["path"] and r["status"] == 200
+                                 for r in s3.requests_since(mark)) >= 2, "partition 0's two shard uploads")
             ep.stop()
             go.touch()
 
-        watcher = threading.Thread(target=stop_after_first_upload, daemon=True)
+        watcher = threading.Thread(target=stop_after_partition_0_uploaded, daemon=True)
         watcher.start()
         with pytest.raises(Exception) as failed:
             df.write.format("safetensors").mode("append").option("batch_size", 50).save(url)
