@@ -482,6 +482,22 @@ def test_bf16_and_unsigned_dtypes_reach_torch(tmp_path):
     assert s["u64"].dtype == torch.uint64 and s["u64"].view(torch.int64).item() == -1
     assert s["b"].dtype == torch.bool and s["b"].item() is False
     assert open_dataset(str(path)).layout == "batch"
+    # the same dtypes through worker messages in pooled blocks (iterable and map-style loader())
+    want = {k: _to_list(v) for k, v in s.items()}
+    for made in (loader(SafetensorsIterableDataset(str(path), batch_size=1, shuffle=True, seed=1), num_workers=2,
+                        handoff_batches=2),
+                 loader(SafetensorsDataset(str(path)), batch_size=1, sampler=[1, 0], num_workers=2,
+                        handoff_batches=2)):
+        got = {}
+        for b in made:
+            if bool(b["b"][0]) is False:  # sample 1
+                got = {k: _to_list(v[0]) for k, v in b.items()}
+                assert {k: v.dtype for k, v in b.items()} == {k: v.dtype for k, v in s.items()}
+        assert got == want
+
+
+def _to_list(t):
+    return t.view(torch.int64).tolist() if t.dtype == torch.uint64 else t.tolist()
 
 
 def test_two_process_torch_distributed_gloo(data, tmp_path):
