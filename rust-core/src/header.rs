@@ -816,24 +816,40 @@ impl<'de> Visitor<'de> for JsonVisitor {
 
 /// Checks, on a whole file, that [`parse_header_fast`] and [`parse_header_detailed`] agree (the
 /// same header, or `None` exactly when the detailed path errs) and that [`parse_header`] gives
-/// the detailed path's result, error included. Files whose prefix is invalid never reach them.
-#[cfg(test)]
-#[allow(clippy::panic)]
-pub(crate) fn assert_paths_agree(bytes: &[u8]) {
+/// the detailed path's result, error included; `Err` describes the disagreement. Files whose
+/// prefix is invalid never reach them. The one statement of this rule for the unit tests, the
+/// property tests and the `header` fuzz target.
+pub fn check_paths_agree(bytes: &[u8]) -> Result<(), String> {
     let file_len = bytes.len() as u64;
-    let Ok(n) = check_prefix(bytes, file_len) else {
-        return;
+    let Some(json) = check_prefix(bytes, file_len)
+        .ok()
+        .and_then(|n| bytes.get(8..8 + usize::try_from(n).ok()?))
+    else {
+        return Ok(());
     };
-    let json = &bytes[8..8 + n as usize];
     let fast = parse_header_fast(json, file_len);
     let detailed = parse_header_detailed(json, file_len);
     match (&fast, &detailed) {
-        (Some(f), Ok(d)) => assert_eq!(f, d),
+        (Some(f), Ok(d)) if f == d => {}
         (None, Err(_)) => {}
-        _ => panic!("fast path {fast:?}, detailed path {detailed:?}"),
+        _ => return Err(format!("fast path {fast:?}, detailed path {detailed:?}")),
     }
     let strict = format!("{:?}", parse_header(json, file_len));
-    assert_eq!(strict, format!("{detailed:?}"));
+    if strict != format!("{detailed:?}") {
+        return Err(format!(
+            "parse_header gave {strict}, the detailed path {detailed:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_paths_agree`], panicking on a disagreement.
+#[cfg(test)]
+#[allow(clippy::panic)]
+pub(crate) fn assert_paths_agree(bytes: &[u8]) {
+    if let Err(e) = check_paths_agree(bytes) {
+        panic!("{e}");
+    }
 }
 
 #[cfg(test)]

@@ -4,10 +4,7 @@
 use proptest::prelude::*;
 use safetensors_spark::dtype::DTYPES;
 use safetensors_spark::file::{serialize, write_file, SafetensorsFile};
-use safetensors_spark::header::{
-    check_prefix, parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast,
-    TensorEntry,
-};
+use safetensors_spark::header::{check_paths_agree, parse_file_bytes, TensorEntry};
 use safetensors_spark::{Dtype, FormatError};
 use std::collections::BTreeMap;
 
@@ -58,23 +55,7 @@ fn unique(tensors: Vec<(TensorEntry, Vec<u8>)>) -> Vec<(TensorEntry, Vec<u8>)> {
 /// The fast and detailed header parsers agree on a file: the same header, or the fast path
 /// refuses exactly when the detailed one errs; `parse_header` gives the detailed result.
 fn paths_agree(bytes: &[u8]) -> Result<(), TestCaseError> {
-    let file_len = bytes.len() as u64;
-    let Ok(n) = check_prefix(bytes, file_len) else {
-        return Ok(());
-    };
-    let json = &bytes[8..8 + n as usize];
-    let fast = parse_header_fast(json, file_len);
-    let detailed = parse_header_detailed(json, file_len);
-    match (&fast, &detailed) {
-        (Some(f), Ok(d)) => prop_assert_eq!(f, d),
-        (None, Err(_)) => {}
-        _ => prop_assert!(false, "fast path {:?}, detailed path {:?}", fast, detailed),
-    }
-    prop_assert_eq!(
-        format!("{:?}", parse_header(json, file_len)),
-        format!("{detailed:?}")
-    );
-    Ok(())
+    check_paths_agree(bytes).map_err(TestCaseError::fail)
 }
 
 /// One damage to a tensor entry of an otherwise valid header, or none.

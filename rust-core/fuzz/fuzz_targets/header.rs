@@ -7,25 +7,11 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use safetensors_spark::forensics;
-use safetensors_spark::header::{
-    check_prefix, parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast,
-};
+use safetensors_spark::header::{check_paths_agree, parse_file_bytes};
 
 fuzz_target!(|data: &[u8]| {
-    let file_len = data.len() as u64;
-    if let Some(json) = check_prefix(data, file_len)
-        .ok()
-        .and_then(|n| data.get(8..8 + usize::try_from(n).ok()?))
-    {
-        let fast = parse_header_fast(json, file_len);
-        let detailed = parse_header_detailed(json, file_len);
-        match (&fast, &detailed) {
-            (Some(f), Ok(d)) => assert_eq!(f, d, "the two parsers read different headers"),
-            (None, Err(_)) => {}
-            _ => panic!("fast path {fast:?}, detailed path {detailed:?}"),
-        }
-        let strict = format!("{:?}", parse_header(json, file_len));
-        assert_eq!(strict, format!("{detailed:?}"));
+    if let Err(e) = check_paths_agree(data) {
+        panic!("{e}");
     }
     let parsed = parse_file_bytes(data);
     if let Ok(h) = &parsed {
