@@ -166,12 +166,19 @@ class S3Server:
             f.seek(mark)
             return [json.loads(l) for l in f.read().splitlines() if l.strip()]
 
-    def fail_next(self, method, count, status=503, path="", delay=0.0):
+    def fail_next(self, method, count, status=503, path="", delay=0.0, hold=0.0):
         """The next `count` requests with `method` (and `path` in their path) answer `status`
-        with S3's SlowDown error; with `delay` (seconds) they are answered as usual, later."""
+        with S3's SlowDown error; with `delay` (seconds) they are answered as usual, later; with
+        `hold` (seconds) they wait for `release()` (at most that long; the first hold that runs
+        out releases the rest), then are answered as usual."""
         q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path,
-                                    "delay": delay})
+                                    "delay": delay, "hold": hold})
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),
+                               timeout=10).read()
+
+    def release(self):
+        """Lets every request held by `fail_next(..., hold=...)` through, and those still to come."""
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults/release", method="POST"),
                                timeout=10).read()
 
 

@@ -13,7 +13,8 @@ Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with 
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
   SlowDown error, without reaching moto; with `&delay=SECONDS` they are answered as usual, that
-  much later.
+  much later; with `&hold=SECONDS` they wait until `POST /_faults/release` (at most SECONDS; the
+  first hold that runs out releases the rest), then are answered as usual.
 
 `Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
 3.1.9) writes `100 Continue` twice for such a request, once from http.server and once from its own
@@ -48,7 +49,8 @@ class Recorder:
         self.app = app
         self.log = open(log_path, "a", buffering=1, encoding="utf-8")
         self.lock = threading.Lock()
-        self.faults = []  # [method, path substring, remaining count, status]
+        # [method, path substring, remaining count, status, delay, hold (s), released (Event)]
+        self.faults = []
 
     def write(self, entry):
         with self.lock:
@@ -62,7 +64,14 @@ class Recorder:
             q = urllib.parse.parse_qs(query)
             with self.lock:
                 self.faults.append([q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
-                                    int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0])])
+                                    int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0]),
+                                    float(q.get("hold", ["0"])[0]), threading.Event()])
+            start_response("200 OK", [("Content-Length", "0")])
+            return [b""]
+        if path == "/_faults/release" and method == "POST":
+            with self.lock:
+                for f in self.faults:
+                    f[6].set()
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         entry = {
@@ -78,6 +87,11 @@ class Recorder:
             fault = next((f for f in self.faults if f[0] == method and f[1] in path and f[2] > 0), None)
             if fault is not None:
                 fault[2] -= 1
+        if fault is not None and fault[5] > 0:
+            # held until released (a hold that runs out releases the others): then served as usual
+            if not fault[6].wait(fault[5]):
+                fault[6].set()
+            fault = None
         if fault is not None and fault[4] > 0:
             time.sleep(fault[4])  # a slow answer: then served as usual
             fault = None

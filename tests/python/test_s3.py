@@ -603,19 +603,35 @@ def cluster_conf(s3, connector_jar, extra):
     return conf
 
 
-def run_cluster_write(s3, bucket, prefix, master, conf, mode, tmp_path):
+def run_cluster_write(s3, bucket, prefix, master, conf, mode, tmp_path, watch=None):
+    """Runs CLUSTER_WRITE in a driver process of its own; its log goes to tmp_path/cluster.log,
+    which `watch(text)` (when given) is shown about every 0.1 s while the driver runs."""
     import subprocess
+    import time
 
     marks = tmp_path / "marks"
     marks.mkdir()
     args = {"master": master, "conf": conf, "url": f"s3a://{bucket}/{prefix}", "mode": mode,
             "marks": str(marks)}
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    result = subprocess.run([sys.executable, "-c", CLUSTER_WRITE, json.dumps(args)], env=env,
-                            capture_output=True, text=True, timeout=300)
-    (tmp_path / "cluster.log").write_text(result.stderr)
-    assert result.returncode == 0, result.stderr[-4000:]
-    [line] = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")]
+    log, out = tmp_path / "cluster.log", tmp_path / "cluster.out"
+    with open(log, "wb") as err_f, open(out, "wb") as out_f:
+        proc = subprocess.Popen([sys.executable, "-c", CLUSTER_WRITE, json.dumps(args)], env=env,
+                                stdout=out_f, stderr=err_f)
+        deadline = time.monotonic() + 300
+        try:
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the cluster write did not end in 300 s"
+                if watch is not None:
+                    watch(log.read_text(errors="replace"))
+                time.sleep(0.1)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    stderr = log.read_text(errors="replace")
+    assert proc.returncode == 0, stderr[-4000:]
+    [line] = [l for l in out.read_text().splitlines() if l.startswith("RESULT ")]
     return json.loads(line[len("RESULT "):])
 
 
@@ -758,19 +774,30 @@ def two_host_cluster(tmp_path):
 def test_speculation_writes_no_duplicate_rows_or_shards(s3, bucket, connector_jar, tmp_path, two_host_cluster):
     """spark.speculation=true on a two-host standalone cluster writing to S3: partition 1's first
     attempt is slow (it holds its last row until the speculative copy reached its own), then both
-    attempts finish and ask to commit while partition 1's shard PUTs are slowed (0.75 s each), so
-    the one not authorised gets there while the other still uploads. The dataset holds every row
-    once, the bucket only the listed shards, each PUT once: the attempt denied uploaded nothing."""
+    attempts finish and ask to commit. The server holds partition 1's shard PUTs until the driver
+    has logged the other attempt's denial (at most 90 s), so the authorised attempt cannot finish,
+    and get the other killed, before that one asks. The dataset holds every row once, the bucket
+    only the listed shards, each PUT once: the attempt denied uploaded nothing."""
     mark = s3.mark()
-    s3.fail_next("PUT", 8, path=f"/{bucket}/spec/part-00001-", delay=0.75)
+    s3.fail_next("PUT", 8, path=f"/{bucket}/spec/part-00001-", hold=90)
+
+    def release_once_denied(log):
+        if "TaskCommitDenied" in log:
+            s3.release()
+
     conf = cluster_conf(s3, connector_jar, {
+        "spark.hadoop.fs.s3a.connection.timeout": "120s",  # a held PUT waits up to 90 s for its answer
         "spark.speculation": "true", "spark.speculation.interval": "100ms",
         "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
         "spark.speculation.minTaskRuntime": "500ms", "spark.speculation.efficiency.enabled": "false",
         "spark.executor.cores": "1", "spark.cores.max": "2",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.driver.host": "127.0.0.1"})
-    marks = run_cluster_write(s3, bucket, "spec", two_host_cluster, conf, "speculate", tmp_path)
+    try:
+        marks = run_cluster_write(s3, bucket, "spec", two_host_cluster, conf, "speculate", tmp_path,
+                                  watch=release_once_denied)
+    finally:
+        s3.release()
     assert {"p0-a0", "p1-a0", "p1-a1", "copy-at-last-row"} <= set(marks), marks  # the copy ran
     check_exactly_once(s3, bucket, "spec", s3.requests_since(mark))
     # the path under test was taken: one attempt of partition 1 asked to commit and was denied
