@@ -12,7 +12,7 @@ Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with 
   bytes fetched by a read, conditional creates).
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
-  SlowDown error, without reaching moto; with `&delay=SECONDS` they are answered as usual, that
+  error for it (503 SlowDown, 403 AccessDenied, 500 InternalError), without reaching moto; with `&delay=SECONDS` they are answered as usual, that
   much later; with `&hold=SECONDS` they wait until `POST /_faults/release` (at most SECONDS; the
   first hold that runs out releases the rest), then are answered as usual.
 
@@ -32,8 +32,18 @@ from moto.moto_server.threaded_moto_server import MotoRequestHandler  # noqa: F4
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import run_simple
 
-SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-             b"<Message>Please reduce your request rate.</Message></Error>")
+# the error an injected fault answers, by status: S3's code and message (clients classify errors
+# by the code: SlowDown is retried as throttling, AccessDenied is not retried)
+ERRORS = {503: ("Slow Down", "SlowDown", "Please reduce your request rate."),
+          403: ("Forbidden", "AccessDenied", "Access Denied"),
+          500: ("Internal Server Error", "InternalError", "We encountered an internal error.")}
+
+
+def error_body(status):
+    reason, code, message = ERRORS[status]
+    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+            f"<Message>{message}</Message></Error>").encode()
+    return f"{status} {reason}", body
 
 
 class Handler(MotoRequestHandler):
@@ -98,11 +108,12 @@ class Recorder:
         if fault is not None:
             # the body is read so that the connection stays usable
             environ["wsgi.input"].read(entry["request_bytes"])
-            entry.update(status=fault[3], response_bytes=len(SLOW_DOWN), injected=True)
+            status_line, body = error_body(fault[3])
+            entry.update(status=fault[3], response_bytes=len(body), injected=True)
             self.write(entry)
-            start_response(f"{fault[3]} Slow Down", [("Content-Type", "application/xml"),
-                                                      ("Content-Length", str(len(SLOW_DOWN)))])
-            return [SLOW_DOWN]
+            start_response(status_line, [("Content-Type", "application/xml"),
+                                         ("Content-Length", str(len(body)))])
+            return [body]
         status = {}
 
         def recording_start(s, headers, exc_info=None):

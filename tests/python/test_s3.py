@@ -314,6 +314,43 @@ def test_throttling_is_retried_with_backoff(spark, s3, bucket):
 
 
 
+def test_store_failing_after_the_version_is_created_names_the_version(spark, s3, bucket):
+    """spec/dataset.md §5.3: the store refuses the PUT of dataset_manifest.json (403) after the
+    write's manifest version was created in _manifest_log/. The save fails with an error naming the
+    path, the committed version and what readers see; readers of dataset_manifest.json (Spark,
+    the Python package) still see the previous version; the next write publishes a newer version,
+    which holds the committed write's rows once."""
+    from safetensors_spark import open_dataset
+
+    url = f"s3a://{bucket}/pub"
+    batch_frame(spark, 4).write.format("safetensors").option("batch_size", 2).save(url)
+    mark = s3.mark()
+    s3.fail_next("PUT", 1, status=403, path=f"/{bucket}/pub/dataset_manifest.json")
+    with pytest.raises(Exception) as e:
+        batch_frame(spark, 4, start=10).write.format("safetensors").mode("append") \
+            .option("batch_size", 2).save(url)
+    msg = str(e.value)
+    assert f"the write to {url} was" in msg, msg
+    assert "committed as manifest version 2 (_manifest_log/00000000000000000002.json)" in msg, msg
+    assert "replacing dataset_manifest.json failed" in msg and "do not run this write again" in msg, msg
+    reqs = s3.requests_since(mark)
+    assert [r["status"] for r in reqs if r.get("injected")] == [403]
+    assert any(r["method"] == "PUT" and r["path"].endswith("/_manifest_log/00000000000000000002.json")
+               and r["status"] == 200 for r in reqs)
+    # readers of dataset_manifest.json: still version 1
+    assert manifest(s3, bucket, "pub")["manifest_version"] == 1
+    rows = lambda: sorted(r["id"] for r in spark.read.format("safetensors").load(url).select("id").collect())
+    assert rows() == list(range(4))
+    assert len(open_dataset(f"s3://{bucket}/pub", storage_options=s3.storage_options())) == 4
+    # the next write builds on version 2 and publishes version 3: the committed rows appear, once
+    batch_frame(spark, 4, start=20).write.format("safetensors").mode("append").option("batch_size", 2).save(url)
+    assert manifest(s3, bucket, "pub")["manifest_version"] == 3
+    want = list(range(4)) + list(range(10, 14)) + list(range(20, 24))
+    assert rows() == want
+    assert len(open_dataset(f"s3://{bucket}/pub", storage_options=s3.storage_options())) == 12
+    assert sorted(int(i) for t in shard_tensors(s3, bucket, "pub").values() for i in t["id"]) == want
+
+
 # ---------------------------------------------------------------------------------------------
 # Reads fetch only the ranges they need (spec/reading.md §5), measured at the server: the
 # Content-Length of every GET it answered for a shard object

@@ -272,9 +272,18 @@ private[spark] object SafetensorsWriter {
         return relation
       }
       val version = next.get("version").asLong()
-      // after the commit: best effort, the new dataset is already consistent for readers that
-      // go through the manifest
-      commits.publish(version, next.get("manifest").asText(), writeId)
+      // after the commit: the version exists in the log; readers of dataset_manifest.json see it
+      // once it is published (spec/dataset.md §5.3 step 4)
+      try commits.publish(version, next.get("manifest").asText(), writeId)
+      catch {
+        case e: Exception =>
+          throw new IOException(s"safetensors: the write to $dest was committed as manifest " +
+            s"version $version (${DatasetCommit.LogDir}/${DatasetCommit.logName(version)}), but " +
+            s"replacing ${DatasetCommit.ManifestName} failed: ${e.getMessage}. Readers of " +
+            s"${DatasetCommit.ManifestName} see the previous version until the next write to this " +
+            "path publishes a newer one, which includes this write's rows: do not run this write " +
+            "again (spec/dataset.md §5.3)", e)
+      }
       if (objectStore) {
         // uploads of attempts that did not commit (a task that failed after its upload)
         ObjectStoreCommit.removeUnlisted(fs, dest, writeId, listed, null)
