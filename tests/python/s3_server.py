@@ -12,8 +12,8 @@ Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with 
   bytes fetched by a read, conditional creates).
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
-  error for it (503 SlowDown, 403 AccessDenied, 500 InternalError), without reaching moto; with `&delay=SECONDS` they are answered as usual, that
-  much later; with `&hold=SECONDS` they wait until `POST /_faults/release` (at most SECONDS; the
+  error for it (503 SlowDown, 403 AccessDenied, 500 InternalError), without reaching moto; with
+  `&delay=SECONDS` they are answered as usual, that much later; with `&hold=SECONDS` they wait until `POST /_faults/release` (at most SECONDS; the
   first hold that runs out releases the rest), then are answered as usual.
 
 `Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass, field
 
 from moto.moto_server.threaded_moto_server import MotoRequestHandler  # noqa: F401 (moto's handler)
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
@@ -46,6 +47,19 @@ def error_body(status):
     return f"{status} {reason}", body
 
 
+@dataclass
+class Fault:
+    """One `POST /_faults` order: the next `count` requests with `method` whose path contains
+    `path` are answered `status`, or, with `delay` or `hold`, served as usual later."""
+    method: str
+    path: str
+    count: int
+    status: int
+    delay: float
+    hold: float
+    released: threading.Event = field(default_factory=threading.Event)
+
+
 class Handler(MotoRequestHandler):
     def handle_expect_100(self):
         # run_wsgi writes the one interim response; http.server's would be a second
@@ -59,8 +73,7 @@ class Recorder:
         self.app = app
         self.log = open(log_path, "a", buffering=1, encoding="utf-8")
         self.lock = threading.Lock()
-        # [method, path substring, remaining count, status, delay, hold (s), released (Event)]
-        self.faults = []
+        self.faults = []  # Fault
 
     def write(self, entry):
         with self.lock:
@@ -73,15 +86,15 @@ class Recorder:
         if path == "/_faults" and method == "POST":
             q = urllib.parse.parse_qs(query)
             with self.lock:
-                self.faults.append([q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
-                                    int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0]),
-                                    float(q.get("hold", ["0"])[0]), threading.Event()])
+                self.faults.append(Fault(q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
+                                         int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0]),
+                                         float(q.get("hold", ["0"])[0])))
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         if path == "/_faults/release" and method == "POST":
             with self.lock:
                 for f in self.faults:
-                    f[6].set()
+                    f.released.set()
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         entry = {
@@ -94,22 +107,22 @@ class Recorder:
             "request_bytes": int(environ.get("CONTENT_LENGTH") or 0),
         }
         with self.lock:
-            fault = next((f for f in self.faults if f[0] == method and f[1] in path and f[2] > 0), None)
+            fault = next((f for f in self.faults if f.method == method and f.path in path and f.count > 0), None)
             if fault is not None:
-                fault[2] -= 1
-        if fault is not None and fault[5] > 0:
+                fault.count -= 1
+        if fault is not None and fault.hold > 0:
             # held until released (a hold that runs out releases the others): then served as usual
-            if not fault[6].wait(fault[5]):
-                fault[6].set()
+            if not fault.released.wait(fault.hold):
+                fault.released.set()
             fault = None
-        if fault is not None and fault[4] > 0:
-            time.sleep(fault[4])  # a slow answer: then served as usual
+        if fault is not None and fault.delay > 0:
+            time.sleep(fault.delay)  # a slow answer: then served as usual
             fault = None
         if fault is not None:
             # the body is read so that the connection stays usable
             environ["wsgi.input"].read(entry["request_bytes"])
-            status_line, body = error_body(fault[3])
-            entry.update(status=fault[3], response_bytes=len(body), injected=True)
+            status_line, body = error_body(fault.status)
+            entry.update(status=fault.status, response_bytes=len(body), injected=True)
             self.write(entry)
             start_response(status_line, [("Content-Type", "application/xml"),
                                          ("Content-Length", str(len(body)))])

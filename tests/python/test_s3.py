@@ -313,7 +313,6 @@ def test_throttling_is_retried_with_backoff(spark, s3, bucket):
     assert sorted(int(i) for t in got.values() for i in t["id"]) == list(range(6))
 
 
-
 def test_store_failing_after_the_version_is_created_names_the_version(spark, s3, bucket):
     """spec/dataset.md §5.3: the store refuses the PUT of dataset_manifest.json (403) after the
     write's manifest version was created in _manifest_log/. The save fails with an error naming the
