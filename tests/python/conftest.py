@@ -176,6 +176,10 @@ class S3Server:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),
                                timeout=10).read()
 
+    def held(self):
+        """How many requests wait in a `fail_next(..., hold=...)` now."""
+        return int(urllib.request.urlopen(f"{self.endpoint}/_faults/held", timeout=10).read())
+
     def release(self):
         """Lets every request held by `fail_next(..., hold=...)` through, and those still to come."""
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults/release", method="POST"),

@@ -74,6 +74,7 @@ class Recorder:
         self.log = open(log_path, "a", buffering=1, encoding="utf-8")
         self.lock = threading.Lock()
         self.faults = []  # Fault
+        self.held = 0  # requests waiting in a hold
 
     def write(self, entry):
         with self.lock:
@@ -91,6 +92,11 @@ class Recorder:
                                          float(q.get("hold", ["0"])[0])))
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
+        if path == "/_faults/held" and method == "GET":
+            with self.lock:
+                body = str(self.held).encode()
+            start_response("200 OK", [("Content-Length", str(len(body)))])
+            return [body]
         if path == "/_faults/release" and method == "POST":
             with self.lock:
                 for f in self.faults:
@@ -112,8 +118,14 @@ class Recorder:
                 fault.count -= 1
         if fault is not None and fault.hold > 0:
             # held until released (a hold that runs out releases the others): then served as usual
-            if not fault.released.wait(fault.hold):
-                fault.released.set()
+            with self.lock:
+                self.held += 1
+            try:
+                if not fault.released.wait(fault.hold):
+                    fault.released.set()
+            finally:
+                with self.lock:
+                    self.held -= 1
             fault = None
         if fault is not None and fault.delay > 0:
             time.sleep(fault.delay)  # a slow answer: then served as usual

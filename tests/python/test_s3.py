@@ -284,7 +284,8 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
         t.start()
     for t in threads:
         t.join()
-    assert errors == [] and sorted(done) == [0, 1, 2, 3]
+    assert not errors, "\n\n".join(str(e)[:4000] for e in errors)
+    assert sorted(done) == [0, 1, 2, 3]
     m = manifest(s3, bucket, "conc")
     assert m["total_samples"] == 2 + 4 * 3 and m["manifest_version"] >= 5
     ids = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
@@ -294,6 +295,54 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
     assert on_store == listed
     creates = [r for r in s3.requests_since(mark) if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
     assert all(r["if_none_match"] == "*" for r in creates)
+
+
+@pytest.mark.parametrize("reader", ["read", "append"])
+def test_a_manifest_replaced_between_open_and_read_is_read_again(spark, s3, bucket, reader):
+    """S3A opens `dataset_manifest.json` with a HEAD, then GETs it `If-Match` that ETag: a commit
+    that replaces it in between makes S3 answer 412. A reader, and an appender reading its base,
+    open it again and get the newer manifest whole (spec/dataset.md §5.3), instead of failing
+    with S3A's RemoteFileChangedException (this failed one of four concurrent appenders)."""
+    import threading
+
+    url, key = f"s3a://{bucket}/swap", "swap/dataset_manifest.json"
+    batch_frame(spark, 4).write.format("safetensors").option("batch_size", 2).save(url)
+    older = get(s3, bucket, key)
+    batch_frame(spark, 2, start=10).write.format("safetensors").mode("append").option("batch_size", 2).save(url)
+    newer = get(s3, bucket, key)
+    s3.client().put_object(Bucket=bucket, Key=key, Body=older)  # readers see version 1 again
+    assert json.loads(older)["manifest_version"] == 1 and json.loads(newer)["manifest_version"] == 2
+
+    s3.fail_next("GET", 1, path=f"/{bucket}/{key}", hold=60)
+    mark, outcome = s3.mark(), {}
+
+    def run():
+        try:
+            if reader == "read":
+                outcome["ids"] = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
+            else:
+                batch_frame(spark, 2, start=20, parts=1).write.format("safetensors").mode("append") \
+                    .option("batch_size", 2).save(url)
+                outcome["ids"] = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
+        except Exception as e:  # noqa: BLE001 (reported below)
+            outcome["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_for(lambda: s3.held() == 1, "the GET of the manifest to be held", timeout=60)
+        s3.client().put_object(Bucket=bucket, Key=key, Body=newer)  # a commit publishes version 2
+    finally:
+        s3.release()
+        t.join()
+    assert "error" not in outcome, str(outcome.get("error"))[:4000]
+    want = [0, 1, 2, 3, 10, 11] + ([20, 21] if reader == "append" else [])
+    assert outcome["ids"] == want
+    if reader == "append":
+        assert manifest(s3, bucket, "swap")["manifest_version"] == 3
+    # the path under test was taken: the held GET was refused, the next one read version 2
+    gets = [r["status"] for r in s3.requests_since(mark) if r["method"] == "GET" and r["path"] == f"/{bucket}/{key}"]
+    assert gets[0] == 412 and gets[1] in (200, 206), gets  # S3A's GET is ranged (206)
 
 
 def test_throttling_is_retried_with_backoff(spark, s3, bucket):

@@ -149,10 +149,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     }
   }
 
-  private def readUtf8(p: Path): String = {
-    val in = fs.open(p)
-    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
-  }
+  private def readUtf8(p: Path): String = DatasetCommit.readText(fs, p)
 }
 
 private[spark] object DatasetCommit {
@@ -169,6 +166,38 @@ private[spark] object DatasetCommit {
   /** Tests only: called with the version a commit attempt is about to create, after the attempt
    *  read its base (lets a test make concurrent writers race for one version). */
   @volatile private[spark] var beforeCreate: Long => Unit = null
+
+  /** Reads of a replaced-whole object made before giving up (see [[readText]]). */
+  private val ReadAttempts = 10
+
+  /**
+   * The UTF-8 text of a small file that writers replace whole (`dataset_manifest.json`; a log
+   * entry or a task report is read the same way). On S3, S3A opens an object with a HEAD and then
+   * GETs it `If-Match` that ETag: a commit that replaces the object in between fails the GET with
+   * 412 (S3A's `RemoteFileChangedException`). The object is then read again, from its HEAD, so the
+   * text returned is always one whole version, the newest at that read (spec/dataset.md §5.3).
+   */
+  def readText(fs: FileSystem, p: Path): String = {
+    var attempt = 1
+    var text: Option[String] = None
+    while (text.isEmpty) {
+      try {
+        val in = fs.open(p)
+        try text = Some(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
+      } catch {
+        case e: IOException if replacedWhileRead(e) && attempt < ReadAttempts =>
+          attempt += 1
+          Thread.sleep(20L * attempt)
+      }
+    }
+    text.get
+  }
+
+  /** Whether `e` says the object changed between S3A's open and its read (by class name:
+   *  hadoop-aws need not be on the classpath). */
+  private def replacedWhileRead(e: Throwable): Boolean =
+    Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(8)
+      .exists(_.getClass.getName == "org.apache.hadoop.fs.s3a.RemoteFileChangedException")
 
   def logName(version: Long): String = f"$version%020d.json"
 

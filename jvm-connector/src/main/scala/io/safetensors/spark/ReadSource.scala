@@ -1,7 +1,6 @@
 package io.safetensors.spark
 
 import java.io.{EOFException, IOException}
-import java.nio.charset.StandardCharsets
 import java.util.concurrent.{Callable, Executors, TimeUnit}
 
 import scala.collection.mutable
@@ -156,7 +155,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       val children = fs.listStatus(dir.getPath)
       children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
-        val text = manifests.getOrElseUpdate(key, readText(fs, m.getPath))
+        val text = manifests.getOrElseUpdate(key, DatasetCommit.readText(fs, m.getPath))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
         children.find(c => c.isDirectory && c.getPath.getName == IndexName).foreach { i =>
           indexes.getOrElseUpdate(key, i.getPath.toString)
@@ -184,14 +183,6 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       }
     }
     (found.values.toSeq.sortBy(_.uri), manifests.toSeq, indexes.toMap)
-  }
-
-  private def readText(fs: FileSystem, p: Path): String =
-    new String(readBytes(fs, p), StandardCharsets.UTF_8)
-
-  private def readBytes(fs: FileSystem, p: Path): Array[Byte] = {
-    val in = fs.open(p)
-    try in.readAllBytes() finally in.close()
   }
 
   /**

@@ -116,7 +116,7 @@ private[spark] object SafetensorsWriter {
       val stagedParts = mutable.Map[String, Path]()
       results.foreach(_.indexParts.foreach { case (f, p) => stagedParts(f) = new Path(p) })
       val reports: Array[ObjectNode] = results.sortBy(_.partition)
-        .map(r => mapper.readTree(readUtf8(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
+        .map(r => mapper.readTree(DatasetCommit.readText(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
       val parts = new IndexParts(fs, dest, planJson, localTemps, objectStore)
       val kv = mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
       val generateIndex = planGeneratesIndex(planJson)
@@ -360,11 +360,6 @@ private[spark] object SafetensorsWriter {
       in.readFully(8L, header)
       (new String(header, StandardCharsets.UTF_8), len)
     } finally in.close()
-  }
-
-  private def readUtf8(fs: FileSystem, p: Path): String = {
-    val in = fs.open(p)
-    try new String(in.readAllBytes(), StandardCharsets.UTF_8) finally in.close()
   }
 
   /** Top-level shard files (dataset.md §1): `*.safetensors` not starting with `_` or `.`. */
