@@ -169,8 +169,9 @@ class S3Server:
     def fail_next(self, method, count, status=503, path="", delay=0.0, hold=0.0):
         """The next `count` requests with `method` (and `path` in their path) answer `status`
         with S3's error for it (503 SlowDown, 403 AccessDenied, 500 InternalError); with `delay`
-        (seconds) they are answered as usual, later; with `hold` (seconds) they wait for `release()` (at most that long; the first hold that runs
-        out releases the rest), then are answered as usual."""
+        (seconds) they are answered as usual, later; with `hold` (seconds) they wait for
+        `release()` (at most that long; the first hold that runs out releases the rest), then are
+        answered as usual."""
         q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path,
                                     "delay": delay, "hold": hold})
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),

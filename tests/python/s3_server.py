@@ -13,8 +13,9 @@ Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with 
 - faults on demand: `POST /_faults?method=PUT&count=N&status=503` makes the next N requests with
   that method (and, with `&path=SUBSTRING`, whose path contains it) answer STATUS with S3's
   error for it (503 SlowDown, 403 AccessDenied, 500 InternalError), without reaching moto; with
-  `&delay=SECONDS` they are answered as usual, that much later; with `&hold=SECONDS` they wait until `POST /_faults/release` (at most SECONDS; the
-  first hold that runs out releases the rest), then are answered as usual.
+  `&delay=SECONDS` they are answered as usual, that much later; with `&hold=SECONDS` they wait
+  until `POST /_faults/release` (at most SECONDS; the first hold that runs out releases the
+  rest), then are answered as usual. `GET /_faults/held` answers how many requests wait now.
 
 `Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
 3.1.9) writes `100 Continue` twice for such a request, once from http.server and once from its own

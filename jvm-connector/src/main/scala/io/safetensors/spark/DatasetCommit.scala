@@ -39,11 +39,11 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     val published = new Path(dest, ManifestName)
     val pub: Option[(Long, String)] =
       if (fs.exists(published)) {
-        val text = readUtf8(published)
+        val text = readText(fs, published)
         Some(versionOf(text) -> text)
       } else None
     logVersions().lastOption match {
-      case Some(v) if pub.forall(_._1 < v) => Some(v -> readUtf8(new Path(logDir, logName(v))))
+      case Some(v) if pub.forall(_._1 < v) => Some(v -> readText(fs, new Path(logDir, logName(v))))
       case _ => pub
     }
   }
@@ -109,7 +109,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
       logVersions().lastOption match {
         case Some(newer) if newer > v =>
           v = newer
-          t = readUtf8(new Path(logDir, logName(newer)))
+          t = readText(fs, new Path(logDir, logName(newer)))
         case _ => done = true
       }
     }
@@ -148,8 +148,6 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
       catch { case _: IOException => }
     }
   }
-
-  private def readUtf8(p: Path): String = DatasetCommit.readText(fs, p)
 }
 
 private[spark] object DatasetCommit {
