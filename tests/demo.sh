@@ -8,5 +8,5 @@ cd "$ROOT"
 echo "== building the connector jar (cargo + maven)"
 mvn -B -q -f jvm-connector/pom.xml package -DskipTests
 JAR=$(ls jvm-connector/target/safetensors-spark-*.jar)
-cargo build --release --locked -q -p safetensors-spark-core --bin safetensors-spark
+cargo build --release --locked -q -p safetensors-spark-cli --bin safetensors-spark
 "$PYTHON" tests/demo.py "$JAR"

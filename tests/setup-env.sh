@@ -19,7 +19,7 @@ PYTHON=$VENV/bin/python
 # installed editable into the venv with maturin; rebuilt when the Rust sources, the crate files or
 # this checkout's location change (Python edits need no rebuild: the install points at the source).
 ext_stamp="$VENV/.safetensors_spark.sha256"
-ext_want=$( (cd "$ROOT" && echo "$ROOT" && find Cargo.toml Cargo.lock rust-core/Cargo.toml rust-core/src \
+ext_want=$( (cd "$ROOT" && echo "$ROOT" && find Cargo.toml Cargo.lock rust-core/format rust-core/dataset \
   rust-core/python/Cargo.toml rust-core/python/pyproject.toml rust-core/python/src -type f -print0 \
   | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$ext_stamp" 2>/dev/null)" != "$ext_want" ] \

@@ -421,7 +421,7 @@ def check_consumer_equal(results):
 def run_criterion(args):
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     crit = target / "criterion"
-    cmd = ["cargo", "bench", "--locked", "-p", "safetensors-spark-core", "--bench", "convert", "--bench", "header", "--", "--warm-up-time", "1", "--measurement-time", str(args.criterion_time)]
+    cmd = ["cargo", "bench", "--locked", "-p", "safetensors-spark-format", "--bench", "convert", "--bench", "header", "--", "--warm-up-time", "1", "--measurement-time", str(args.criterion_time)]
     log("running " + " ".join(cmd))
     started = time.time()
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=sys.stderr)

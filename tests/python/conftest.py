@@ -21,7 +21,8 @@ RELEASE = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 def rust_tools():
     """Builds the CLI and the test examples once per session; returns the release directory."""
     subprocess.run(
-        ["cargo", "build", "--release", "--locked", "-p", "safetensors-spark-core", "--bins", "--examples"],
+        ["cargo", "build", "--release", "--locked", "-p", "safetensors-spark-cli", "-p", "safetensors-spark-format",
+         "-p", "safetensors-spark-engine", "--bins", "--examples"],
         cwd=ROOT,
         check=True,
     )

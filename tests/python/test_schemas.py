@@ -25,9 +25,9 @@ WRITTEN_DTYPES = [
 
 
 def dtype_table_from_rust():
-    """(name, writable) rows of rust-core/src/dtype.rs, so the schemas cannot drift from it."""
+    """(name, writable) rows of rust-core/format/src/dtype.rs, so the schemas cannot drift from it."""
     rows = []
-    for line in (ROOT / "rust-core" / "src" / "dtype.rs").read_text().splitlines():
+    for line in (ROOT / "rust-core" / "format" / "src" / "dtype.rs").read_text().splitlines():
         line = line.strip()
         if line.startswith("row(Dtype::"):
             parts = [p.strip() for p in line[len("row("):].rstrip("),").split(",")]

@@ -6,8 +6,8 @@
 //! the detailed path errs, and `parse_header` returns the detailed path's result, error included.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use safetensors_spark::forensics;
-use safetensors_spark::header::{check_paths_agree, parse_file_bytes};
+use safetensors_spark_format::forensics;
+use safetensors_spark_format::header::{check_paths_agree, parse_file_bytes};
 
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = check_paths_agree(data) {

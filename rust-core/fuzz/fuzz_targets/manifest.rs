@@ -3,8 +3,8 @@
 //! the next manifest built on it (append and overwrite) never panics either.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use safetensors_spark::dataset::manifest::{next_manifest, parse_manifest, superseded_shards};
-use safetensors_spark::dataset::names::check_shard_path;
+use safetensors_spark_dataset::manifest::{next_manifest, parse_manifest, superseded_shards};
+use safetensors_spark_dataset::names::check_shard_path;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

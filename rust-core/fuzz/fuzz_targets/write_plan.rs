@@ -4,7 +4,7 @@
 //! writer knows, so that values are fuzzed even without valid JSON).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use safetensors_spark::write::plan::plan_write;
+use safetensors_spark_engine::write::plan::plan_write;
 use std::collections::BTreeMap;
 
 const KEYS: [&str; 12] = [

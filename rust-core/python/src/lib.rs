@@ -4,7 +4,8 @@
 //! same code the Spark connector runs. Every failure is a Python exception; nothing panics.
 
 use pyo3::prelude::*;
-use safetensors_spark::{dataset, header};
+use safetensors_spark_dataset as dataset;
+use safetensors_spark_format::header;
 
 pyo3::create_exception!(
     _native,
@@ -76,7 +77,7 @@ fn parse_manifest(py: Python<'_>, text: &str) -> PyResult<String> {
 /// allocator), for leak soaks and monitoring.
 #[pyfunction]
 fn live_bytes() -> usize {
-    safetensors_spark::alloc_stats::live_bytes()
+    safetensors_spark_format::alloc_stats::live_bytes()
 }
 
 #[pyfunction]
@@ -95,7 +96,7 @@ fn index_part_name(shard: &str) -> PyResult<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", m.py().get_type::<FormatError>())?;
     m.add("ManifestError", m.py().get_type::<ManifestError>())?;
-    m.add("VERSION", safetensors_spark::VERSION)?;
+    m.add("VERSION", safetensors_spark_format::VERSION)?;
     m.add_function(wrap_pyfunction!(check_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(parse_header, m)?)?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;

@@ -15,7 +15,7 @@ import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.Platform
 
 /**
- * Builds Arrow record batches in the WIRE LAYOUT (rust-core/src/write/mod.rs) from Spark rows and
+ * Builds Arrow record batches in the WIRE LAYOUT (rust-core/engine/src/write/mod.rs) from Spark rows and
  * hands them to Rust through the C Data Interface. One builder per task; vectors come from the
  * task's allocator. The VectorSchemaRoot is reset and reused for the next batch (its buffers keep
  * the capacity they grew to, so later batches neither allocate, zero fresh pages nor copy on

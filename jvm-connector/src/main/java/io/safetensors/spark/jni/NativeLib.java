@@ -39,7 +39,7 @@ public final class NativeLib {
   /** Resource (next to this class) holding {@code version=<jar version>}. */
   static final String VERSION_RESOURCE = "safetensors-spark.properties";
 
-  /** What {@code selfTest(0)} returns (mirrors {@code SELF_TEST_OK} in rust-core/src/jni). */
+  /** What {@code selfTest(0)} returns (mirrors {@code SELF_TEST_OK} in rust-core/jni). */
   public static final int SELF_TEST_OK = 0x5AFE;
 
   private static final Object LOCK = new Object();
@@ -60,7 +60,7 @@ public final class NativeLib {
   private NativeLib() {}
 
   // ------------------------------------------------------------------------------------------
-  // Natives (rust-core/src/jni/mod.rs: Java_io_safetensors_spark_jni_NativeLib_*)
+  // Natives (rust-core/jni/src/lib.rs: Java_io_safetensors_spark_jni_NativeLib_*)
 
   /** Version of the native library (the Rust crate version). */
   public static native String version();

@@ -1,0 +1,290 @@
+//! `safetensors-spark report PATH...`: the forensic report (spec/forensics.md §6) of files,
+//! directories (recursive) and globs, as JSON lines or, on a terminal, a table.
+
+use safetensors_spark_format::forensics::sharded::{self, ModelReport};
+use safetensors_spark_format::forensics::{report_files, FileReport, Flag, Level, ReportOptions};
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+struct Args {
+    json: bool,
+    hash: bool,
+    jobs: usize,
+    paths: Vec<String>,
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut out = Args {
+        json: false,
+        hash: true,
+        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        paths: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => out.json = true,
+            "--no-hash" => out.hash = false,
+            "--jobs" => {
+                let n = it.next().ok_or("--jobs needs a number")?;
+                out.jobs = n
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("--jobs needs a number ≥ 1, got `{n}`"))?;
+            }
+            "--" => out.paths.extend(it.by_ref().cloned()),
+            s if s.starts_with("--") => return Err(format!("unknown option `{s}`")),
+            _ => out.paths.push(a.clone()),
+        }
+    }
+    if out.paths.is_empty() {
+        return Err("no PATH given".into());
+    }
+    Ok(out)
+}
+
+/// What the paths name: safetensors files and index files, each once, in the order found.
+#[derive(Default)]
+struct Found {
+    files: Vec<PathBuf>,
+    indexes: Vec<PathBuf>,
+    seen: HashSet<PathBuf>,
+    problems: Vec<String>,
+}
+
+impl Found {
+    fn add(&mut self, path: PathBuf, explicit: bool) {
+        if sharded::is_index(&path) {
+            if self.seen.insert(path.clone()) {
+                self.indexes.push(path);
+            }
+        } else if path.is_dir() {
+            self.walk(&path);
+        } else if (explicit || path.extension().is_some_and(|e| e == "safetensors"))
+            && self.seen.insert(path.clone())
+        {
+            self.files.push(path);
+        }
+    }
+
+    fn walk(&mut self, dir: &Path) {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) => {
+                self.problems.push(format!("{}: {e}", dir.display()));
+                return;
+            }
+        };
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for p in paths {
+            // Symlinked directories are not followed (no cycles); symlinked files are read.
+            let is_link_dir = p.symlink_metadata().is_ok_and(|m| m.is_symlink()) && p.is_dir();
+            if !is_link_dir {
+                self.add(p, false);
+            }
+        }
+    }
+
+    fn arg(&mut self, arg: &str) {
+        let path = PathBuf::from(arg);
+        if path.exists() {
+            self.add(path, true);
+            return;
+        }
+        if arg.contains(['*', '?', '[']) {
+            match glob::glob(arg) {
+                Ok(matches) => {
+                    let mut any = false;
+                    for m in matches {
+                        match m {
+                            Ok(p) => {
+                                any = true;
+                                self.add(p, false);
+                            }
+                            Err(e) => self.problems.push(e.to_string()),
+                        }
+                    }
+                    if !any {
+                        self.problems
+                            .push(format!("{arg}: no file matches this glob"));
+                    }
+                }
+                Err(e) => self.problems.push(format!("{arg}: invalid glob: {e}")),
+            }
+        } else {
+            self.problems
+                .push(format!("{arg}: no such file or directory"));
+        }
+    }
+}
+
+pub fn run(args: &[String], usage: &str) -> ExitCode {
+    let args = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("safetensors-spark report: {e}\n{usage}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut found = Found::default();
+    for a in &args.paths {
+        found.arg(a);
+    }
+    // Every shard an index names is reported, found by the walk or not.
+    let indexes: Vec<_> = found
+        .indexes
+        .iter()
+        .map(|p| (p.clone(), sharded::read_index(p)))
+        .collect();
+    for (p, index) in &indexes {
+        if let Ok(index) = index {
+            for shard in sharded::shard_paths(p, index) {
+                if shard.is_file() && found.seen.insert(shard.clone()) {
+                    found.files.push(shard);
+                }
+            }
+        }
+    }
+    let opts = ReportOptions { hash: args.hash };
+    let reports = report_files(&found.files, opts, args.jobs);
+    let models: Vec<ModelReport> = indexes
+        .iter()
+        .map(|(p, index)| {
+            sharded::model_report(p, index, |shard| {
+                reports.iter().find(|r| Path::new(&r.path) == shard)
+            })
+        })
+        .collect();
+
+    let mut worst: Option<Level> = None;
+    for r in &reports {
+        worst = worst.max(r.worst());
+    }
+    for m in &models {
+        worst = worst.max(m.flags.iter().map(|f| f.level).max());
+    }
+    for p in &found.problems {
+        eprintln!("safetensors-spark report: {p}");
+        worst = Some(Level::Error);
+    }
+
+    let stdout = std::io::stdout();
+    let table = !args.json && stdout.is_terminal();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let written = if table {
+        write_table(&mut out, &reports, &models)
+    } else {
+        write_json(&mut out, &reports, &models)
+    };
+    if let Err(e) = written.and_then(|()| out.flush()) {
+        eprintln!("safetensors-spark report: cannot write the report: {e}");
+        return ExitCode::from(2);
+    }
+    match worst {
+        Some(Level::Error) => ExitCode::from(2),
+        Some(Level::Warning) => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+fn write_json(
+    out: &mut impl Write,
+    reports: &[FileReport],
+    models: &[ModelReport],
+) -> std::io::Result<()> {
+    for r in reports {
+        serde_json::to_writer(&mut *out, r)?;
+        out.write_all(b"\n")?;
+    }
+    for m in models {
+        serde_json::to_writer(&mut *out, m)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn write_flags(out: &mut impl Write, flags: &[Flag]) -> std::io::Result<()> {
+    for f in flags {
+        writeln!(out, "    {:<7} {:<26} {}", f.level, f.code, f.message)?;
+    }
+    Ok(())
+}
+
+fn write_table(
+    out: &mut impl Write,
+    reports: &[FileReport],
+    models: &[ModelReport],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<9} {:>10} {:>8} {:>15} {:>6}  PATH",
+        "VERDICT", "SIZE", "TENSORS", "PARAMETERS", "FLAGS"
+    )?;
+    for r in reports {
+        writeln!(
+            out,
+            "{:<9} {:>10} {:>8} {:>15} {:>6}  {}",
+            r.verdict.name(),
+            human(r.file_size),
+            r.tensor_count,
+            r.parameter_count,
+            r.flags.len(),
+            r.path
+        )?;
+        if let Some(h) = &r.sha256 {
+            writeln!(out, "    sha256  {h}")?;
+        }
+        let info = &r.model_info;
+        let named: Vec<String> = [
+            ("name", info.name.as_deref()),
+            ("base", info.base_model.as_deref()),
+            ("arch", info.architecture.as_deref()),
+            ("tool", info.training_tool.as_deref()),
+            ("resolution", info.resolution.as_deref()),
+        ]
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+        .collect();
+        if !named.is_empty() {
+            writeln!(out, "    model   {}", named.join("  "))?;
+        }
+        if !info.trigger_words.is_empty() {
+            writeln!(out, "    trigger {}", info.trigger_words.join(", "))?;
+        }
+        write_flags(out, &r.flags)?;
+    }
+    for m in models {
+        writeln!(
+            out,
+            "{:<9} {:>10} {:>8} {:>15} {:>6}  {} (model, {} shards)",
+            m.verdict.name(),
+            human(m.data_bytes),
+            m.tensor_count,
+            m.parameter_count,
+            m.flags.len(),
+            m.path,
+            m.shards.len()
+        )?;
+        write_flags(out, &m.flags)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The dataset layout (spec/dataset.md): what a dataset directory holds and what its files mean,
+//! shared by the write path, the read path and the Python package.
+//!
+//! * [`names`] — file names (shards, manifest, manifest log, index parts) and the trust rule for
+//!   names read from a manifest or an index.
+//! * [`manifest`] — `dataset_manifest.json`: the published fields and this connector's own, parse,
+//!   validation, and the next manifest of a commit (append or overwrite).
+//! * `index` — `_tensor_index.parquet`: its Arrow schema, writing and reading its parts. Behind
+//!   the default cargo feature `index`, the only part of this crate that needs arrow and parquet;
+//!   the Python extension, which reads the index with pyarrow, leaves it off. Its tests, which
+//!   build index rows from the write path's reports, live in the engine crate.
+
+#[cfg(feature = "index")]
+pub mod index;
+pub mod manifest;
+pub mod names;
+
+pub use manifest::{
+    parse_manifest, LayoutKind, Manifest, ManifestExt, ManifestShard, TailStrategy,
+};
+pub use names::check_shard_path;
+
+/// Why a manifest cannot be used, or a name from it cannot be trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("invalid dataset manifest: {problem}")]
+    InvalidManifest { problem: String },
+
+    #[error("dataset manifest has format_version {found}; this version of safetensors-spark reads only format_version \"{}\"", manifest::FORMAT_VERSION)]
+    UnsupportedVersion { found: String },
+
+    #[error("'{name}' is not a shard file name: {problem}; a dataset lists plain file names of its own directory ending in .safetensors")]
+    UnsafeShardPath { name: String, problem: &'static str },
+
+    #[error("cannot append to the existing dataset: {problem}")]
+    AppendMismatch { problem: String },
+
+    /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.7).
+    #[error("streaming write: {problem}")]
+    StreamBatch { problem: String },
+}

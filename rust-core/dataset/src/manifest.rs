@@ -1,0 +1,741 @@
+//! `dataset_manifest.json` (spec/dataset.md §5, schemas/dataset_manifest.schema.json).
+//!
+//! The manifest carries the published dataset layout's fields under their published names
+//! (`format_version` "1.0", `safetensors_version`, `total_samples`, `total_bytes`,
+//! `shards[].shard_path/samples_count/bytes`, `schema.<column>.dtype/shape`), and, in manifests
+//! this connector writes, its own fields beside them ([`ManifestExt`]). A *published-only*
+//! manifest (as other writers of the layout produce) parses too, with `ext: None`.
+//!
+//! Every shard name passes [`check_shard_path`] when a manifest is parsed, so no caller ever
+//! joins an untrusted name to a dataset path.
+
+use super::names::{check_shard_path, parse_shard_file_name};
+use super::DatasetError;
+use safetensors_spark_format::Dtype;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// The published layout's `format_version`.
+pub const FORMAT_VERSION: &str = "1.0";
+/// The published layout's `safetensors_version`.
+pub const SAFETENSORS_VERSION: &str = "1.0";
+/// `format` of manifests this connector writes: the sign that [`ManifestExt`] is present.
+pub const MANIFEST_FORMAT: &str = "safetensors-spark-dataset";
+
+/// `"batch"` or `"kv"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayoutKind {
+    Batch,
+    Kv,
+}
+
+/// Batch mode's handling of a partition's last rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TailStrategy {
+    Write,
+    Drop,
+    Pad,
+}
+
+impl TailStrategy {
+    pub fn name(self) -> &'static str {
+        match self {
+            TailStrategy::Write => "write",
+            TailStrategy::Drop => "drop",
+            TailStrategy::Pad => "pad",
+        }
+    }
+}
+
+/// `schema.<column>`: the dtype and shape stored for a column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestTensor {
+    pub dtype: Dtype,
+    /// Batch layout: `[batch_size, …sample shape]`, the shape of a full shard's tensor. KV
+    /// layout: the shape of one row's tensor, `None` (null) when rows differ.
+    #[serde(default)]
+    pub shape: Option<Vec<u64>>,
+}
+
+/// `shards[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestShard {
+    /// File name in the dataset directory (checked by [`check_shard_path`]).
+    pub shard_path: String,
+    /// Real rows (batch) or keys (KV) in the shard; padding rows are not counted.
+    pub samples_count: u64,
+    /// The shard's file size.
+    pub bytes: u64,
+    /// The partition in the file name (this connector's manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    /// Zero rows after the real ones (`tail_strategy=pad`; this connector's manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padded_samples: Option<u64>,
+    /// Tensors in the shard's header (this connector's manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_tensors: Option<u64>,
+}
+
+impl ManifestShard {
+    pub fn padded(&self) -> u64 {
+        self.padded_samples.unwrap_or(0)
+    }
+}
+
+/// The `schema` object: column → info, in the order the columns were written (the JSON object
+/// keeps that order). Duplicate keys are rejected when parsing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ColumnMap(pub Vec<(String, ManifestTensor)>);
+
+impl ColumnMap {
+    pub fn get(&self, name: &str) -> Option<&ManifestTensor> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl Serialize for ColumnMap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ColumnMap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ColumnMap;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of column name → {dtype, shape}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ColumnMap, A::Error> {
+                let mut out: Vec<(String, ManifestTensor)> = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, ManifestTensor>()? {
+                    if out.iter().any(|(n, _)| *n == k) {
+                        return Err(de::Error::custom(format!("duplicate column `{k}`")));
+                    }
+                    out.push((k, v));
+                }
+                Ok(ColumnMap(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A field that must be present, even when its value is null.
+fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(d)
+}
+
+/// This connector's fields of a manifest (all present in what it writes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestExt {
+    /// Always [`MANIFEST_FORMAT`].
+    pub format: String,
+    pub created_by: String,
+    /// The commit number: 1 for the first commit of the directory, +1 for every later one
+    /// (spec/dataset.md §5.3).
+    pub manifest_version: u64,
+    pub layout: LayoutKind,
+    #[serde(deserialize_with = "required")]
+    pub batch_size: Option<u64>,
+    #[serde(deserialize_with = "required")]
+    pub tail_strategy: Option<TailStrategy>,
+    #[serde(deserialize_with = "required")]
+    pub kv_separator: Option<String>,
+    pub padded_samples: u64,
+    pub dropped_samples: u64,
+    /// Streaming writes (spec/dataset.md §5.7): query id → the last micro-batch id committed by
+    /// that query. Optional and additive: absent (empty) unless a streaming query wrote here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stream_commits: BTreeMap<String, u64>,
+}
+
+/// `dataset_manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    /// Always [`FORMAT_VERSION`].
+    pub format_version: String,
+    pub safetensors_version: String,
+    /// Real rows (KV: keys) stored, padding excluded: Σ `shards[].samples_count`.
+    pub total_samples: u64,
+    /// Σ `shards[].bytes`.
+    pub total_bytes: u64,
+    /// Sorted by `shard_path` as UTF-8 bytes (this connector's manifests).
+    pub shards: Vec<ManifestShard>,
+    pub schema: ColumnMap,
+    /// `None` for a published-only manifest.
+    pub ext: Option<ManifestExt>,
+}
+
+/// The published fields, as they are serialised (and parsed) in a manifest.
+#[derive(Serialize, Deserialize)]
+struct Published {
+    #[serde(deserialize_with = "string_version")]
+    format_version: String,
+    #[serde(deserialize_with = "string_version")]
+    safetensors_version: String,
+    total_samples: u64,
+    total_bytes: u64,
+    shards: Vec<ManifestShard>,
+    #[serde(default)]
+    schema: ColumnMap,
+}
+
+/// `"1.0"`, or a number the error message can show.
+fn string_version<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Ok(s),
+        other => Ok(other.to_string()),
+    }
+}
+
+impl Serialize for Manifest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("format_version", &self.format_version)?;
+        map.serialize_entry("safetensors_version", &self.safetensors_version)?;
+        map.serialize_entry("total_samples", &self.total_samples)?;
+        map.serialize_entry("total_bytes", &self.total_bytes)?;
+        map.serialize_entry("shards", &self.shards)?;
+        map.serialize_entry("schema", &self.schema)?;
+        if let Some(x) = &self.ext {
+            map.serialize_entry("format", &x.format)?;
+            map.serialize_entry("created_by", &x.created_by)?;
+            map.serialize_entry("manifest_version", &x.manifest_version)?;
+            map.serialize_entry("layout", &x.layout)?;
+            map.serialize_entry("batch_size", &x.batch_size)?;
+            map.serialize_entry("tail_strategy", &x.tail_strategy)?;
+            map.serialize_entry("kv_separator", &x.kv_separator)?;
+            map.serialize_entry("padded_samples", &x.padded_samples)?;
+            map.serialize_entry("dropped_samples", &x.dropped_samples)?;
+            if !x.stream_commits.is_empty() {
+                map.serialize_entry("stream_commits", &x.stream_commits)?;
+            }
+        }
+        map.end()
+    }
+}
+
+fn invalid(problem: impl Into<String>) -> DatasetError {
+    DatasetError::InvalidManifest {
+        problem: problem.into(),
+    }
+}
+
+/// Parses and validates a manifest: this connector's (with `format`) strictly, a published-only
+/// one by the published field rules. A `format_version` other than "1.0" is reported as such,
+/// before any other field is looked at; every shard name must pass [`check_shard_path`].
+pub fn parse_manifest(json: &str) -> Result<Manifest, DatasetError> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+    let Some(object) = value.as_object() else {
+        return Err(invalid("the manifest is not a JSON object"));
+    };
+    match object.get("format_version") {
+        Some(serde_json::Value::String(v)) if v == FORMAT_VERSION => {}
+        Some(v) => {
+            return Err(DatasetError::UnsupportedVersion {
+                found: v.to_string(),
+            })
+        }
+        None => return Err(invalid("missing field `format_version`")),
+    }
+    // From the text, not the Value: a map Value would silently keep one of two equal keys.
+    let published: Published = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+    let ext = if object.contains_key("format") {
+        Some(serde_json::from_value::<ManifestExt>(value).map_err(|e| invalid(e.to_string()))?)
+    } else {
+        None
+    };
+    let manifest = Manifest {
+        format_version: published.format_version,
+        safetensors_version: published.safetensors_version,
+        total_samples: published.total_samples,
+        total_bytes: published.total_bytes,
+        shards: published.shards,
+        schema: published.schema,
+        ext,
+    };
+    manifest.validate()?;
+    Ok(manifest)
+}
+
+impl Manifest {
+    /// A manifest of this connector with no shards.
+    pub fn empty(ext: ManifestExt) -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION.to_string(),
+            safetensors_version: SAFETENSORS_VERSION.to_string(),
+            total_samples: 0,
+            total_bytes: 0,
+            shards: Vec::new(),
+            schema: ColumnMap::default(),
+            ext: Some(ext),
+        }
+    }
+
+    /// The layout, when the manifest says it (this connector's manifests).
+    pub fn layout(&self) -> Option<LayoutKind> {
+        self.ext.as_ref().map(|x| x.layout)
+    }
+
+    /// The commit number, 0 for a published-only manifest.
+    pub fn manifest_version(&self) -> u64 {
+        self.ext.as_ref().map_or(0, |x| x.manifest_version)
+    }
+
+    /// The shape of one sample of `column`: batch layout drops the leading batch dimension of
+    /// `schema.<column>.shape`; KV layout's shape is already per row (`None` when rows differ).
+    pub fn sample_shape(&self, column: &str) -> Option<Vec<u64>> {
+        let shape = self.schema.get(column)?.shape.as_ref()?;
+        match self.layout() {
+            Some(LayoutKind::Batch) => shape.split_first().map(|(_, rest)| rest.to_vec()),
+            _ => Some(shape.clone()),
+        }
+    }
+
+    /// Pretty JSON with a final newline.
+    pub fn to_json_pretty(&self) -> Result<String, DatasetError> {
+        let mut s = serde_json::to_string_pretty(self).map_err(|e| invalid(e.to_string()))?;
+        s.push('\n');
+        Ok(s)
+    }
+
+    /// Checks every field rule: the published ones for every manifest (shard names by
+    /// [`check_shard_path`], unique; sums), and this connector's for its own manifests.
+    pub fn validate(&self) -> Result<(), DatasetError> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(DatasetError::UnsupportedVersion {
+                found: self.format_version.clone(),
+            });
+        }
+        if self.safetensors_version != SAFETENSORS_VERSION {
+            return Err(invalid(format!(
+                "safetensors_version is '{}', expected '{SAFETENSORS_VERSION}'",
+                self.safetensors_version
+            )));
+        }
+        let mut names = BTreeSet::new();
+        for s in &self.shards {
+            check_shard_path(&s.shard_path)?;
+            if !names.insert(s.shard_path.as_str()) {
+                return Err(invalid(format!("shard {} is listed twice", s.shard_path)));
+            }
+        }
+        let sum = |f: fn(&ManifestShard) -> u64| {
+            self.shards
+                .iter()
+                .try_fold(0u64, |a, s| a.checked_add(f(s)))
+        };
+        for (name, total, field) in [
+            (
+                "total_samples",
+                self.total_samples,
+                sum(|s| s.samples_count),
+            ),
+            ("total_bytes", self.total_bytes, sum(|s| s.bytes)),
+        ] {
+            if field != Some(total) {
+                return Err(invalid(format!(
+                    "{name} is {total} but the shards sum to {}",
+                    field.map_or_else(|| "more than 2^64".to_string(), |v| v.to_string())
+                )));
+            }
+        }
+        match &self.ext {
+            Some(x) => self.validate_ext(x),
+            None => Ok(()),
+        }
+    }
+
+    fn validate_ext(&self, x: &ManifestExt) -> Result<(), DatasetError> {
+        if x.format != MANIFEST_FORMAT {
+            return Err(invalid(format!(
+                "format is '{}', expected '{MANIFEST_FORMAT}'",
+                x.format
+            )));
+        }
+        if x.created_by.is_empty() {
+            return Err(invalid("created_by is empty"));
+        }
+        if x.manifest_version == 0 {
+            return Err(invalid("manifest_version must be ≥ 1"));
+        }
+        match x.layout {
+            LayoutKind::Batch => {
+                let Some(batch) = x.batch_size.filter(|b| *b >= 1) else {
+                    return Err(invalid("batch layout needs batch_size ≥ 1"));
+                };
+                if x.tail_strategy.is_none() || x.kv_separator.is_some() {
+                    return Err(invalid(
+                        "batch layout needs a tail_strategy and a null kv_separator",
+                    ));
+                }
+                for (name, t) in &self.schema.0 {
+                    if t.shape.as_ref().and_then(|s| s.first()) != Some(&batch) {
+                        return Err(invalid(format!(
+                            "column '{name}': in batch layout schema.shape is [batch_size, …sample shape], got {}",
+                            t.shape.as_ref().map_or_else(|| "null".to_string(), |s| format!("{s:?}"))
+                        )));
+                    }
+                }
+            }
+            LayoutKind::Kv => {
+                if x.batch_size.is_some() || x.tail_strategy.is_some() {
+                    return Err(invalid(
+                        "KV layout needs a null batch_size and a null tail_strategy",
+                    ));
+                }
+                if x.kv_separator.as_deref().is_none_or(str::is_empty) {
+                    return Err(invalid("KV layout needs a non-empty kv_separator"));
+                }
+            }
+        }
+        if let Some((name, t)) = self.schema.0.iter().find(|(_, t)| !t.dtype.is_writable()) {
+            return Err(invalid(format!(
+                "column '{name}' has dtype {}, which the writer does not produce",
+                t.dtype
+            )));
+        }
+        let padded_total = self
+            .shards
+            .iter()
+            .try_fold(0u64, |a, s| a.checked_add(s.padded()));
+        if padded_total != Some(x.padded_samples) {
+            return Err(invalid(format!(
+                "padded_samples is {} but the shards sum to {}",
+                x.padded_samples,
+                padded_total.map_or_else(|| "more than 2^64".to_string(), |v| v.to_string())
+            )));
+        }
+        if x.tail_strategy != Some(TailStrategy::Pad) && x.padded_samples != 0 {
+            return Err(invalid("padded samples without tail_strategy=pad"));
+        }
+        if x.tail_strategy != Some(TailStrategy::Drop) && x.dropped_samples != 0 {
+            return Err(invalid("dropped samples without tail_strategy=drop"));
+        }
+        for pair in self.shards.windows(2) {
+            if pair[0].shard_path.as_bytes() >= pair[1].shard_path.as_bytes() {
+                return Err(invalid(format!(
+                    "shards are not sorted by shard_path: {} before {}",
+                    pair[0].shard_path, pair[1].shard_path
+                )));
+            }
+        }
+        for s in &self.shards {
+            let Some((partition, _, _)) = parse_shard_file_name(&s.shard_path) else {
+                return Err(invalid(format!(
+                    "'{}' is not a shard file name of this connector",
+                    s.shard_path
+                )));
+            };
+            if s.partition != Some(partition) {
+                return Err(invalid(format!(
+                    "shard {} lists partition {:?}",
+                    s.shard_path, s.partition
+                )));
+            }
+            if s.samples_count == 0 || s.num_tensors.is_none_or(|n| n == 0) {
+                return Err(invalid(format!(
+                    "shard {} has no samples or no tensors",
+                    s.shard_path
+                )));
+            }
+            if s.padded_samples.is_none() {
+                return Err(invalid(format!(
+                    "shard {} has no padded_samples",
+                    s.shard_path
+                )));
+            }
+        }
+        if self.shards.is_empty() && !self.schema.is_empty() {
+            return Err(invalid("schema must be {} when there are no shards"));
+        }
+        if let Some(q) = x.stream_commits.keys().find(|q| !valid_query_id(q)) {
+            return Err(invalid(format!(
+                "stream_commits has the query id {q:?}; expected 1 to 128 characters of \
+                 letters, digits, '-' and '_'"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets the totals from the shards.
+    pub fn recompute_totals(&mut self) {
+        self.total_samples = self.shards.iter().map(|s| s.samples_count).sum();
+        self.total_bytes = self.shards.iter().map(|s| s.bytes).sum();
+        let padded = self.shards.iter().map(ManifestShard::padded).sum();
+        if let Some(x) = &mut self.ext {
+            x.padded_samples = padded;
+        }
+    }
+}
+
+/// One line describing a manifest's layout for error messages.
+fn describe(x: &ManifestExt) -> String {
+    match x.layout {
+        LayoutKind::Batch => format!(
+            "batch mode with batch_size={} and tail_strategy={}",
+            x.batch_size.unwrap_or_default(),
+            x.tail_strategy.map_or("none", TailStrategy::name)
+        ),
+        LayoutKind::Kv => format!(
+            "KV mode with kv_separator='{}'",
+            x.kv_separator.as_deref().unwrap_or_default()
+        ),
+    }
+}
+
+fn shape_str(s: &Option<Vec<u64>>) -> String {
+    s.as_ref()
+        .map_or_else(|| "varying shapes".to_string(), |s| format!("{s:?}"))
+}
+
+/// The manifest of a commit: `new` (one write's shards, this connector's manifest) on top of
+/// `base`, the latest committed manifest of the directory (`None`: there is none). An append
+/// merges the shards (layout, options and columns must agree, spec/dataset.md §5.2); an
+/// overwrite keeps only `new`'s. Either way the result's `manifest_version` is one more than
+/// `base`'s. `replacements` (appends only) swap shards of `base` for rewritten copies, or drop
+/// them (`None`): a KV append with `lastWin` that replaces keys an earlier write stored.
+pub fn next_manifest(
+    base: Option<&Manifest>,
+    new: &Manifest,
+    append: bool,
+    replacements: &[ShardReplacement],
+) -> Result<Manifest, DatasetError> {
+    let Some(new_ext) = &new.ext else {
+        return Err(invalid("a write's manifest must be this connector's"));
+    };
+    let version = base.map_or(0, Manifest::manifest_version) + 1;
+    let mut out = match base {
+        Some(old) if append => merge_append(old, new, new_ext)?,
+        _ => new.clone(),
+    };
+    if !replacements.is_empty() {
+        let Some(old) = base.filter(|_| append) else {
+            return Err(invalid("shard replacements need an append to a dataset"));
+        };
+        for r in replacements {
+            let at = out
+                .shards
+                .iter()
+                .position(|s| s.shard_path == r.old)
+                .filter(|_| old.shards.iter().any(|s| s.shard_path == r.old))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "replaced shard {} is not in the dataset's manifest",
+                        r.old
+                    ))
+                })?;
+            out.shards.remove(at);
+            if let Some(n) = &r.new {
+                if out.shards.iter().any(|s| s.shard_path == n.shard_path) {
+                    return Err(invalid(format!("shard {} is listed twice", n.shard_path)));
+                }
+                out.shards.push(n.clone());
+            }
+        }
+        out.shards
+            .sort_by(|a, b| a.shard_path.as_bytes().cmp(b.shard_path.as_bytes()));
+    }
+    if let Some(x) = &mut out.ext {
+        x.manifest_version = version;
+        // a stream's record outlives any write, an overwrite included: a replay of a batch the
+        // stream committed before the overwrite must still change nothing (§5.7)
+        if let Some(old) = base.and_then(|b| b.ext.as_ref()) {
+            for (q, b) in &old.stream_commits {
+                let e = x.stream_commits.entry(q.clone()).or_insert(*b);
+                *e = (*e).max(*b);
+            }
+        }
+    }
+    out.recompute_totals();
+    out.validate()?;
+    Ok(out)
+}
+
+fn merge_append(
+    old: &Manifest,
+    new: &Manifest,
+    new_ext: &ManifestExt,
+) -> Result<Manifest, DatasetError> {
+    let mismatch = |problem: String| DatasetError::AppendMismatch { problem };
+    let Some(old_ext) = &old.ext else {
+        return Err(mismatch(
+            "the dataset's manifest has only the published fields (written by another tool); \
+             this connector appends only to datasets it wrote (overwrite it instead)"
+                .to_string(),
+        ));
+    };
+    if old_ext.layout != new_ext.layout
+        || old_ext.batch_size != new_ext.batch_size
+        || old_ext.tail_strategy != new_ext.tail_strategy
+        || old_ext.kv_separator != new_ext.kv_separator
+    {
+        return Err(mismatch(format!(
+            "the dataset is in {}, this write is in {}",
+            describe(old_ext),
+            describe(new_ext)
+        )));
+    }
+    let mut schema = old.schema.clone();
+    if schema.is_empty() {
+        schema = new.schema.clone();
+    } else if !new.schema.is_empty() {
+        let old_names: BTreeSet<&str> = old.schema.names().collect();
+        let new_names: BTreeSet<&str> = new.schema.names().collect();
+        if old_names != new_names {
+            return Err(mismatch(format!(
+                "the dataset has columns {}, this write has {}",
+                old_names.into_iter().collect::<Vec<_>>().join(", "),
+                new_names.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        for (name, t) in &mut schema.0 {
+            let Some(n) = new.schema.get(name) else {
+                continue;
+            };
+            if n.dtype != t.dtype {
+                return Err(mismatch(format!(
+                    "column '{name}' is stored as {}, this write has {}",
+                    t.dtype, n.dtype
+                )));
+            }
+            if t.shape != n.shape {
+                if old_ext.layout == LayoutKind::Batch {
+                    return Err(mismatch(format!(
+                        "column '{name}' has shape {}, this write has {}",
+                        shape_str(&t.shape),
+                        shape_str(&n.shape)
+                    )));
+                }
+                t.shape = None;
+            }
+        }
+    }
+    let mut shards = old.shards.clone();
+    for s in &new.shards {
+        if shards.iter().any(|o| o.shard_path == s.shard_path) {
+            return Err(mismatch(format!(
+                "shard {} is already in the dataset",
+                s.shard_path
+            )));
+        }
+        shards.push(s.clone());
+    }
+    shards.sort_by(|a, b| a.shard_path.as_bytes().cmp(b.shard_path.as_bytes()));
+    Ok(Manifest {
+        schema,
+        shards,
+        ext: Some(ManifestExt {
+            dropped_samples: old_ext.dropped_samples + new_ext.dropped_samples,
+            stream_commits: old_ext.stream_commits.clone(),
+            ..new_ext.clone()
+        }),
+        ..new.clone()
+    })
+}
+
+/// A shard of the base manifest replaced by a commit: by a rewritten copy, or by nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardReplacement {
+    pub old: String,
+    pub new: Option<ManifestShard>,
+}
+
+/// The shards `base` lists that `next` does not: what a committed overwrite (or a replacing
+/// append) removes.
+pub fn superseded_shards<'a>(base: &'a Manifest, next: &Manifest) -> Vec<&'a str> {
+    let keep: BTreeSet<&str> = next.shards.iter().map(|s| s.shard_path.as_str()).collect();
+    base.shards
+        .iter()
+        .map(|s| s.shard_path.as_str())
+        .filter(|s| !keep.contains(s))
+        .collect()
+}
+
+/// A query id as `stream_commits` keys it (Spark's are UUIDs).
+fn valid_query_id(q: &str) -> bool {
+    !q.is_empty()
+        && q.len() <= 128
+        && q.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// One micro-batch of a streaming query (spec/dataset.md §5.7).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamBatch {
+    pub query_id: String,
+    pub batch_id: u64,
+}
+
+/// Whether `base` (the latest committed manifest; `None`: there is none) already records
+/// `batch`: its query committed this batch id or a later one. Such a batch is a replay and its
+/// commit must change nothing.
+pub fn stream_batch_committed(base: Option<&Manifest>, batch: &StreamBatch) -> bool {
+    base.and_then(|m| m.ext.as_ref())
+        .and_then(|x| x.stream_commits.get(&batch.query_id))
+        .is_some_and(|last| *last >= batch.batch_id)
+}
+
+/// The manifest of a streaming micro-batch's commit: an append of `new` on top of `base`
+/// ([`next_manifest`]) that also records `batch` as its query's last committed batch, in the
+/// same manifest version, so the check ([`stream_batch_committed`]) and the shard listing are one
+/// atomic commit. A batch `base` already records is refused ([`DatasetError::InvalidManifest`]
+/// naming the query and ids): the caller checks first and drops the replay's shards.
+pub fn next_stream_manifest(
+    base: Option<&Manifest>,
+    new: &Manifest,
+    replacements: &[ShardReplacement],
+    batch: &StreamBatch,
+) -> Result<Manifest, DatasetError> {
+    let stream_err = |problem: String| DatasetError::StreamBatch { problem };
+    if !valid_query_id(&batch.query_id) {
+        return Err(stream_err(format!(
+            "query id {:?}: expected 1 to 128 characters of letters, digits, '-' and '_'",
+            batch.query_id
+        )));
+    }
+    if stream_batch_committed(base, batch) {
+        return Err(stream_err(format!(
+            "query {} already committed batch {} (the dataset records batch {}); a replayed \
+             batch is not committed again",
+            batch.query_id,
+            batch.batch_id,
+            base.and_then(|m| m.ext.as_ref())
+                .and_then(|x| x.stream_commits.get(&batch.query_id))
+                .copied()
+                .unwrap_or_default()
+        )));
+    }
+    let mut out = next_manifest(base, new, true, replacements)?;
+    if let Some(x) = &mut out.ext {
+        x.stream_commits
+            .insert(batch.query_id.clone(), batch.batch_id);
+    }
+    out.validate()?;
+    Ok(out)
+}

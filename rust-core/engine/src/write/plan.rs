@@ -1,0 +1,1103 @@
+//! Plan-time validation (driver side, before anything on disk changes): the DataFrame schema
+//! (Spark's own `StructType.json`) and the user's options become a [`WritePlan`], or a
+//! [`PlanError`] that names the option or column and lists what is allowed.
+//!
+//! Rules: spec/options.md (options) and spec/dataset.md (layouts).
+
+use super::{
+    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
+};
+use safetensors_spark_dataset::{LayoutKind, Manifest};
+use safetensors_spark_format::Dtype;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::RangeInclusive;
+
+/// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
+pub const WRITE_OPTIONS: [&str; 12] = [
+    "batch_size",
+    "columns",
+    "dtype",
+    "dtypes",
+    "duplicatesStrategy",
+    "generate_index",
+    "kv_separator",
+    "metadata",
+    "name_col",
+    "shapes",
+    "tail_strategy",
+    "target_shard_size_mb",
+];
+
+/// Keys Spark itself passes with the options; allowed and ignored.
+pub const SPARK_SUPPLIED_OPTIONS: [&str; 2] = ["path", "paths"];
+
+/// Options that only apply in batch mode.
+pub const BATCH_ONLY_OPTIONS: [&str; 1] = ["tail_strategy"];
+/// Options that only apply in KV mode.
+pub const KV_ONLY_OPTIONS: [&str; 3] =
+    ["kv_separator", "target_shard_size_mb", "duplicatesStrategy"];
+
+pub const DEFAULT_KV_SEPARATOR: &str = "__";
+pub const DEFAULT_TARGET_SHARD_SIZE_MB: u64 = 300;
+/// Allowed values of `target_shard_size_mb` (MiB): 1 MiB to 64 GiB.
+pub const TARGET_SHARD_SIZE_MB_RANGE: RangeInclusive<u64> = 1..=65536;
+/// Metadata keys starting with this prefix are written by the engine, never by the user.
+pub const RESERVED_METADATA_PREFIX: &str = "safetensors_spark.";
+
+/// The classes Spark uses for ML vectors (`pyspark.ml.linalg.VectorUDT` and the old mllib one).
+pub const VECTOR_UDT_CLASSES: [&str; 4] = [
+    "org.apache.spark.ml.linalg.VectorUDT",
+    "org.apache.spark.mllib.linalg.VectorUDT",
+    "pyspark.ml.linalg.VectorUDT",
+    "pyspark.mllib.linalg.VectorUDT",
+];
+
+const SUPPORTED_TYPES: &str = "numeric arrays (of boolean, byte, short, integer, long, float or \
+double, nested to any depth), numeric scalars, binary (with dtype and shapes), the Tensor Struct \
+(data binary, shape array<integer|long>, dtype string) and ML vectors";
+
+/// Why a write cannot be planned. Every message names the option or column and what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("unknown option '{key}'; valid options: {valid}")]
+    UnknownOption { key: String, valid: String },
+
+    #[error("option {option} is given twice ('{first}' and '{second}'; option keys are case-insensitive)")]
+    RepeatedOption {
+        option: &'static str,
+        first: String,
+        second: String,
+    },
+
+    #[error("options batch_size and name_col are mutually exclusive: give batch_size for batch mode or name_col for KV mode, not both")]
+    BothModes,
+
+    #[error("one of the options batch_size (batch mode) or name_col (KV mode) is required")]
+    NoMode,
+
+    #[error("option {option} does not apply to {mode} mode; it applies only to {applies_to} mode")]
+    InapplicableOption {
+        option: &'static str,
+        mode: &'static str,
+        applies_to: &'static str,
+    },
+
+    #[error("option {option}: '{value}' is not one of {allowed}")]
+    InvalidChoice {
+        option: String,
+        value: String,
+        allowed: String,
+    },
+
+    #[error("option {option}: '{value}' is not {expected}")]
+    InvalidValue {
+        option: String,
+        value: String,
+        expected: String,
+    },
+
+    #[error("invalid DataFrame schema JSON: {message}")]
+    InvalidSchema { message: String },
+
+    #[error("option {option}: column '{name}' does not exist; columns: {available}")]
+    UnknownColumn {
+        option: &'static str,
+        name: String,
+        available: String,
+    },
+
+    #[error("option {option}: column '{name}' is ambiguous, it matches {matches}{hint}")]
+    AmbiguousColumn {
+        option: &'static str,
+        name: String,
+        matches: String,
+        hint: &'static str,
+    },
+
+    #[error("option {option}: column '{name}' is listed twice")]
+    DuplicateColumn { option: &'static str, name: String },
+
+    #[error(
+        "option columns: '{name}' is the name_col key column, which is never written as a tensor"
+    )]
+    NameColInColumns { name: String },
+
+    #[error("the schema has two columns named '{name}'; written columns must have distinct names")]
+    DuplicateSchemaColumn { name: String },
+
+    #[error("columns '{a}' and '{b}' cannot both be written with kv_separator '{separator}': a tensor named <key>{separator}{b} could also be key <…> with column '{a}', so names would not split into key and column one way; rename one, choose another kv_separator, or leave one out with the columns option")]
+    AmbiguousKvColumns {
+        a: String,
+        b: String,
+        separator: String,
+    },
+
+    #[error("column '{name}' cannot be written in batch mode: {reason}; rename it (e.g. df.withColumnRenamed) or leave it out with the columns option")]
+    ReservedColumnName { name: String, reason: &'static str },
+
+    #[error("no columns to write: {reason}")]
+    NoColumns { reason: &'static str },
+
+    #[error("column '{name}' has type {spark_type}; writable columns are {SUPPORTED_TYPES}")]
+    UnsupportedType { name: String, spark_type: String },
+
+    #[error("column '{name}' has type {spark_type}, which is not a Tensor Struct: {problem}; a Tensor Struct has exactly the fields data (binary), shape (array of integer or long) and dtype (string), in any order")]
+    BadTensorStruct {
+        name: String,
+        spark_type: String,
+        problem: String,
+    },
+
+    #[error("name_col '{name}' has type {spark_type}; the key column must be a string column")]
+    NameColNotString { name: String, spark_type: String },
+
+    #[error("binary column '{name}' needs {missing}: raw bytes carry no dtype or shape, so set the dtype (or dtypes) option and a shapes entry for it")]
+    BinaryNeeds { name: String, missing: &'static str },
+
+    #[error("option {option}: column '{name}' is not written (written columns: {written})")]
+    ColumnNotWritten {
+        option: &'static str,
+        name: String,
+        written: String,
+    },
+
+    #[error("option shapes: column '{name}' is a scalar column (one element per row), so its shape must have exactly 1 element; {shape:?} has {elements}")]
+    ScalarShape {
+        name: String,
+        shape: Vec<u64>,
+        elements: String,
+    },
+
+    #[error("option metadata: key '{key}' starts with the reserved prefix '{RESERVED_METADATA_PREFIX}' (those keys are written by the engine)")]
+    ReservedMetadataKey { key: String },
+
+    #[error("cannot append to the existing dataset: {problem}")]
+    AppendMismatch { problem: String },
+}
+
+fn invalid_value(option: &str, value: &str, expected: impl Into<String>) -> PlanError {
+    PlanError::InvalidValue {
+        option: option.to_string(),
+        value: value.to_string(),
+        expected: expected.into(),
+    }
+}
+
+fn invalid_choice(option: &str, value: &str, allowed: &[&str]) -> PlanError {
+    PlanError::InvalidChoice {
+        option: option.to_string(),
+        value: value.to_string(),
+        allowed: allowed.join(", "),
+    }
+}
+
+/// The options, keyed by canonical name (as in [`WRITE_OPTIONS`]).
+struct Options {
+    values: BTreeMap<&'static str, String>,
+}
+
+impl Options {
+    fn parse(raw: &BTreeMap<String, String>) -> Result<Self, PlanError> {
+        let mut values = BTreeMap::new();
+        let mut given_as: BTreeMap<&'static str, &str> = BTreeMap::new();
+        for (key, value) in raw {
+            if SPARK_SUPPLIED_OPTIONS
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(key))
+            {
+                continue;
+            }
+            let Some(canonical) = WRITE_OPTIONS
+                .iter()
+                .copied()
+                .find(|o| o.eq_ignore_ascii_case(key))
+            else {
+                return Err(PlanError::UnknownOption {
+                    key: key.clone(),
+                    valid: WRITE_OPTIONS.join(", "),
+                });
+            };
+            if let Some(first) = given_as.insert(canonical, key) {
+                return Err(PlanError::RepeatedOption {
+                    option: canonical,
+                    first: first.to_string(),
+                    second: key.clone(),
+                });
+            }
+            values.insert(canonical, value.clone());
+        }
+        Ok(Options { values })
+    }
+
+    fn get(&self, option: &'static str) -> Option<&str> {
+        self.values.get(option).map(String::as_str)
+    }
+
+    fn has(&self, option: &'static str) -> bool {
+        self.values.contains_key(option)
+    }
+}
+
+fn parse_choice<T: Copy>(
+    option: &'static str,
+    value: &str,
+    choices: &[(&'static str, T)],
+) -> Result<T, PlanError> {
+    let v = value.trim();
+    choices
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(v))
+        .map(|(_, t)| *t)
+        .ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            invalid_choice(option, value, &names)
+        })
+}
+
+fn parse_u64_in(
+    option: &'static str,
+    value: &str,
+    range: RangeInclusive<u64>,
+) -> Result<u64, PlanError> {
+    let expected = || {
+        if *range.end() == u64::MAX {
+            format!("an integer ≥ {}", range.start())
+        } else {
+            format!("an integer from {} to {}", range.start(), range.end())
+        }
+    };
+    let n: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| invalid_value(option, value, expected()))?;
+    if range.contains(&n) {
+        Ok(n)
+    } else {
+        Err(invalid_value(option, value, expected()))
+    }
+}
+
+/// Parses a dtype name case-insensitively (`bf16` = `BF16`); only writable dtypes are accepted.
+pub fn parse_writable_dtype(option: &str, value: &str) -> Result<Dtype, PlanError> {
+    Dtype::from_name(&value.trim().to_ascii_uppercase())
+        .filter(|d| d.is_writable())
+        .ok_or_else(|| invalid_choice(option, value, &Dtype::writable_names()))
+}
+
+/// A JSON object read in order, keeping duplicate keys so they can be reported.
+struct JsonEntries(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for JsonEntries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = JsonEntries;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonEntries, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                    out.push((k, v));
+                }
+                Ok(JsonEntries(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Parses an option holding a JSON object; duplicate keys are an error.
+fn parse_json_object(
+    option: &'static str,
+    value: &str,
+    expected: &str,
+) -> Result<Vec<(String, Value)>, PlanError> {
+    let entries: JsonEntries = serde_json::from_str(value)
+        .map_err(|e| invalid_value(option, value, format!("{expected} ({e})")))?;
+    let mut seen = BTreeSet::new();
+    for (k, _) in &entries.0 {
+        if !seen.insert(k.as_str()) {
+            return Err(invalid_value(
+                option,
+                value,
+                format!("{expected} (key '{k}' appears twice)"),
+            ));
+        }
+    }
+    Ok(entries.0)
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Spark's rendering of a type from its schema JSON, for messages (`array<float>`,
+/// `struct<a:integer>`, `decimal(10,2)`, the UDT class…).
+pub fn spark_type_string(t: &Value) -> String {
+    match t {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("array") => format!(
+                "array<{}>",
+                o.get("elementType")
+                    .map(spark_type_string)
+                    .unwrap_or_default()
+            ),
+            Some("map") => format!(
+                "map<{},{}>",
+                o.get("keyType").map(spark_type_string).unwrap_or_default(),
+                o.get("valueType")
+                    .map(spark_type_string)
+                    .unwrap_or_default()
+            ),
+            Some("struct") => {
+                let fields: Vec<String> = o
+                    .get("fields")
+                    .and_then(Value::as_array)
+                    .map(|fs| {
+                        fs.iter()
+                            .map(|f| {
+                                format!(
+                                    "{}:{}",
+                                    f.get("name").and_then(Value::as_str).unwrap_or_default(),
+                                    f.get("type").map(spark_type_string).unwrap_or_default()
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                format!("struct<{}>", fields.join(","))
+            }
+            Some("udt") => {
+                let class = o
+                    .get("class")
+                    .or_else(|| o.get("pyClass"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("?");
+                format!("udt({class})")
+            }
+            Some(other) => other.to_string(),
+            None => t.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn numeric_type(name: &str) -> Option<SparkNumeric> {
+    Some(match name {
+        "boolean" => SparkNumeric::Boolean,
+        "byte" => SparkNumeric::Byte,
+        "short" => SparkNumeric::Short,
+        "integer" => SparkNumeric::Int,
+        "long" => SparkNumeric::Long,
+        "float" => SparkNumeric::Float,
+        "double" => SparkNumeric::Double,
+        _ => return None,
+    })
+}
+
+fn struct_fields(t: &Value) -> Option<&Vec<Value>> {
+    (t.get("type")?.as_str()? == "struct")
+        .then(|| t.get("fields")?.as_array())
+        .flatten()
+}
+
+/// Maps one column's Spark type to how it is written, or explains why it cannot be.
+pub fn classify_column(name: &str, t: &Value) -> Result<InputKind, PlanError> {
+    let unsupported = || PlanError::UnsupportedType {
+        name: name.to_string(),
+        spark_type: spark_type_string(t),
+    };
+    match t {
+        Value::String(s) if s == "binary" => Ok(InputKind::Binary),
+        Value::String(s) => numeric_type(s)
+            .map(|element| InputKind::Scalar { element })
+            .ok_or_else(unsupported),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("array") => {
+                let mut depth = 0u32;
+                let mut cur = t;
+                while cur.get("type").and_then(Value::as_str) == Some("array") {
+                    depth += 1;
+                    cur = cur.get("elementType").ok_or_else(unsupported)?;
+                }
+                cur.as_str()
+                    .and_then(numeric_type)
+                    .map(|element| InputKind::NumericArray { element, depth })
+                    .ok_or_else(unsupported)
+            }
+            Some("struct") => classify_struct(name, t),
+            Some("udt") => {
+                let is_vector = ["class", "pyClass"].iter().any(|k| {
+                    o.get(*k)
+                        .and_then(Value::as_str)
+                        .is_some_and(|c| VECTOR_UDT_CLASSES.contains(&c))
+                });
+                if is_vector {
+                    Ok(InputKind::MlVector)
+                } else {
+                    Err(unsupported())
+                }
+            }
+            _ => Err(unsupported()),
+        },
+        _ => Err(unsupported()),
+    }
+}
+
+fn classify_struct(name: &str, t: &Value) -> Result<InputKind, PlanError> {
+    let fields = struct_fields(t).cloned().unwrap_or_default();
+    let names: Vec<&str> = fields
+        .iter()
+        .map(|f| f.get("name").and_then(Value::as_str).unwrap_or_default())
+        .collect();
+    let tensor_fields = ["data", "shape", "dtype"];
+    if !names.iter().any(|n| tensor_fields.contains(n)) {
+        return Err(PlanError::UnsupportedType {
+            name: name.to_string(),
+            spark_type: spark_type_string(t),
+        });
+    }
+    let bad = |problem: String| PlanError::BadTensorStruct {
+        name: name.to_string(),
+        spark_type: spark_type_string(t),
+        problem,
+    };
+    for n in &names {
+        if !tensor_fields.contains(n) {
+            return Err(bad(format!("unexpected field '{n}'")));
+        }
+    }
+    for want in tensor_fields {
+        let matching: Vec<&Value> = fields
+            .iter()
+            .filter(|f| f.get("name").and_then(Value::as_str) == Some(want))
+            .collect();
+        let field_type = match matching.as_slice() {
+            [] => return Err(bad(format!("field '{want}' is missing"))),
+            [f] => f.get("type").cloned().unwrap_or(Value::Null),
+            _ => return Err(bad(format!("field '{want}' appears twice"))),
+        };
+        let ok = match want {
+            "data" => field_type.as_str() == Some("binary"),
+            "dtype" => field_type.as_str() == Some("string"),
+            _ => {
+                field_type.get("type").and_then(Value::as_str) == Some("array")
+                    && matches!(
+                        field_type.get("elementType").and_then(Value::as_str),
+                        Some("integer" | "long")
+                    )
+            }
+        };
+        if !ok {
+            let wanted = match want {
+                "data" => "binary",
+                "dtype" => "string",
+                _ => "array<integer> or array<long>",
+            };
+            return Err(bad(format!(
+                "field '{want}' has type {}, not {wanted}",
+                spark_type_string(&field_type)
+            )));
+        }
+    }
+    Ok(InputKind::TensorStruct)
+}
+
+/// The top-level fields of a schema: (name, type) in order.
+fn parse_schema(json: &str) -> Result<Vec<(String, Value)>, PlanError> {
+    let err = |message: String| PlanError::InvalidSchema { message };
+    let root: Value = serde_json::from_str(json).map_err(|e| err(e.to_string()))?;
+    let fields = struct_fields(&root)
+        .ok_or_else(|| err("expected a struct type with fields".to_string()))?;
+    fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let name = f
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| err(format!("field {i} has no name")))?;
+            let t = f
+                .get("type")
+                .ok_or_else(|| err(format!("field '{name}' has no type")))?;
+            Ok((name.to_string(), t.clone()))
+        })
+        .collect()
+}
+
+/// Column lookup as Spark resolves names (`spark.sql.caseSensitive`).
+struct Resolver<'a> {
+    names: Vec<&'a str>,
+    case_sensitive: bool,
+}
+
+impl Resolver<'_> {
+    fn resolve(&self, option: &'static str, name: &str) -> Result<usize, PlanError> {
+        let matches: Vec<usize> = self
+            .names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| {
+                if self.case_sensitive {
+                    **n == name
+                } else {
+                    n.to_lowercase() == name.to_lowercase()
+                }
+            })
+            .map(|(i, _)| i)
+            .collect();
+        match matches.as_slice() {
+            [i] => Ok(*i),
+            [] => Err(PlanError::UnknownColumn {
+                option,
+                name: name.to_string(),
+                available: self.names.join(", "),
+            }),
+            many => Err(PlanError::AmbiguousColumn {
+                option,
+                name: name.to_string(),
+                matches: many
+                    .iter()
+                    .map(|i| format!("'{}'", self.names[*i]))
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+                hint: if self.case_sensitive {
+                    ""
+                } else {
+                    " (spark.sql.caseSensitive is false)"
+                },
+            }),
+        }
+    }
+}
+
+fn parse_shape(name: &str, v: &Value, raw: &str) -> Result<Vec<u64>, PlanError> {
+    let expected = || {
+        format!(
+            "a JSON object of column → array of integers ≥ 0 (column '{name}' has {}, which is not an array of non-negative integers)",
+            v
+        )
+    };
+    let dims = v
+        .as_array()
+        .ok_or_else(|| invalid_value("shapes", raw, expected()))?;
+    let shape: Vec<u64> = dims
+        .iter()
+        .map(|d| {
+            d.as_u64()
+                .ok_or_else(|| invalid_value("shapes", raw, expected()))
+        })
+        .collect::<Result<_, _>>()?;
+    if shape
+        .iter()
+        .try_fold(1u64, |a, d| a.checked_mul(*d))
+        .is_none()
+    {
+        return Err(invalid_value(
+            "shapes",
+            raw,
+            format!("a shape whose element count fits in 64 bits (column '{name}')"),
+        ));
+    }
+    Ok(shape)
+}
+
+/// Validates the DataFrame schema and the options; see the module docs.
+/// KV tensor names `<key><sep><column>` split into key and column one way only when no
+/// `<sep><column>` ends another `<sep><column>` (dataset.md §3): then exactly one written column
+/// ends any tensor name, whatever the keys are.
+fn check_kv_columns_split_one_way(
+    separator: &str,
+    columns: &[ColumnPlan],
+) -> Result<(), PlanError> {
+    for a in columns {
+        for b in columns {
+            if a.name != b.name
+                && format!("{separator}{}", b.name).ends_with(&format!("{separator}{}", a.name))
+            {
+                return Err(PlanError::AmbiguousKvColumns {
+                    a: a.name.clone(),
+                    b: b.name.clone(),
+                    separator: separator.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Largest `batch_size`: a shard's row count is a Spark array index and a tensor dimension.
+pub const MAX_BATCH_SIZE: u64 = i32::MAX as u64;
+
+/// Names a batch-mode column cannot have: they would collide with what the read layouts add
+/// (`_file`, `_metadata` per sample; `file`, `metadata` per file) or with the header's metadata
+/// key.
+const RESERVED_BATCH_COLUMNS: [(&str, &str); 5] = [
+    (
+        "__metadata__",
+        "it is the safetensors header's metadata key",
+    ),
+    (
+        "_file",
+        "the per-sample read layout adds a column of that name (the shard's URI)",
+    ),
+    (
+        "_metadata",
+        "the per-sample read layout adds a column of that name (the shard's __metadata__)",
+    ),
+    (
+        "file",
+        "the per-file read layout adds a column of that name (the shard's URI)",
+    ),
+    (
+        "metadata",
+        "the per-file read layout adds a column of that name (the shard's __metadata__)",
+    ),
+];
+
+/// The `columns` option: a comma-separated list (names trimmed), or a JSON array of names for
+/// names that contain commas or surrounding spaces (`["a,b", " c"]`).
+fn column_list(value: &str) -> Result<Vec<String>, PlanError> {
+    let names: Vec<String> = if value.trim_start().starts_with('[') {
+        serde_json::from_str(value).map_err(|e| {
+            invalid_value(
+                "columns",
+                value,
+                format!("a JSON array of column names ({e})"),
+            )
+        })?
+    } else {
+        value.split(',').map(|p| p.trim().to_string()).collect()
+    };
+    if names.iter().any(String::is_empty) {
+        return Err(invalid_value(
+            "columns",
+            value,
+            "a comma-separated list (or a JSON array) of column names (found an empty name)",
+        ));
+    }
+    Ok(names)
+}
+
+pub fn plan_write(
+    spark_schema_json: &str,
+    options: &BTreeMap<String, String>,
+    case_sensitive: bool,
+) -> Result<WritePlan, PlanError> {
+    let opts = Options::parse(options)?;
+    let fields = parse_schema(spark_schema_json)?;
+    let resolver = Resolver {
+        names: fields.iter().map(|(n, _)| n.as_str()).collect(),
+        case_sensitive,
+    };
+
+    // Mode and mode-specific options.
+    let (mode, applies_to, inapplicable): (&str, &str, &[&'static str]) =
+        match (opts.has("batch_size"), opts.has("name_col")) {
+            (true, true) => return Err(PlanError::BothModes),
+            (false, false) => return Err(PlanError::NoMode),
+            (true, false) => ("batch", "KV", &KV_ONLY_OPTIONS),
+            (false, true) => ("KV", "batch", &BATCH_ONLY_OPTIONS),
+        };
+    if let Some(option) = inapplicable.iter().copied().find(|o| opts.has(o)) {
+        return Err(PlanError::InapplicableOption {
+            option,
+            mode,
+            applies_to,
+        });
+    }
+
+    let mut name_field: Option<usize> = None;
+    let layout = if let Some(v) = opts.get("batch_size") {
+        // A shard's rows are one tensor dimension and a Spark array index: at most 2^31 - 1.
+        let batch_size = parse_u64_in("batch_size", v, 1..=MAX_BATCH_SIZE)?;
+        let tail_strategy = match opts.get("tail_strategy") {
+            None => TailStrategy::Write,
+            Some(v) => parse_choice(
+                "tail_strategy",
+                v,
+                &[
+                    ("write", TailStrategy::Write),
+                    ("drop", TailStrategy::Drop),
+                    ("pad", TailStrategy::Pad),
+                ],
+            )?,
+        };
+        WriteLayout::Batch {
+            batch_size,
+            tail_strategy,
+        }
+    } else {
+        let name = opts.get("name_col").unwrap_or_default();
+        let idx = resolver.resolve("name_col", name)?;
+        let (key_name, key_type) = &fields[idx];
+        if key_type.as_str() != Some("string") {
+            return Err(PlanError::NameColNotString {
+                name: key_name.clone(),
+                spark_type: spark_type_string(key_type),
+            });
+        }
+        name_field = Some(idx);
+        let kv_separator = match opts.get("kv_separator") {
+            None => DEFAULT_KV_SEPARATOR.to_string(),
+            Some("") => return Err(invalid_value("kv_separator", "", "a non-empty string")),
+            Some(s) => s.to_string(),
+        };
+        let mb = match opts.get("target_shard_size_mb") {
+            None => DEFAULT_TARGET_SHARD_SIZE_MB,
+            Some(v) => parse_u64_in("target_shard_size_mb", v, TARGET_SHARD_SIZE_MB_RANGE)?,
+        };
+        let duplicates = match opts.get("duplicatesStrategy") {
+            None => DuplicatesStrategy::Fail,
+            Some(v) => parse_choice(
+                "duplicatesStrategy",
+                v,
+                &[
+                    ("fail", DuplicatesStrategy::Fail),
+                    ("lastWin", DuplicatesStrategy::LastWin),
+                ],
+            )?,
+        };
+        WriteLayout::Kv {
+            name_col: key_name.clone(),
+            name_field_index: idx,
+            kv_separator,
+            target_shard_bytes: mb << 20,
+            duplicates,
+        }
+    };
+
+    // Which columns, in which order.
+    let selected: Vec<usize> = match opts.get("columns") {
+        Some(list) => {
+            let mut out = Vec::new();
+            for part in column_list(list)? {
+                let part = part.as_str();
+                let idx = resolver.resolve("columns", part)?;
+                if Some(idx) == name_field {
+                    return Err(PlanError::NameColInColumns {
+                        name: fields[idx].0.clone(),
+                    });
+                }
+                if out.contains(&idx) {
+                    return Err(PlanError::DuplicateColumn {
+                        option: "columns",
+                        name: part.to_string(),
+                    });
+                }
+                out.push(idx);
+            }
+            out
+        }
+        None => (0..fields.len())
+            .filter(|i| Some(*i) != name_field)
+            .collect(),
+    };
+    if selected.is_empty() {
+        return Err(PlanError::NoColumns {
+            reason: if name_field.is_some() {
+                "the DataFrame has no column besides name_col"
+            } else {
+                "the DataFrame has no columns"
+            },
+        });
+    }
+    let mut seen_names = BTreeSet::new();
+    for i in &selected {
+        if !seen_names.insert(fields[*i].0.as_str()) {
+            return Err(PlanError::DuplicateSchemaColumn {
+                name: fields[*i].0.clone(),
+            });
+        }
+        if name_field.is_none() {
+            if let Some((name, reason)) = RESERVED_BATCH_COLUMNS
+                .iter()
+                .find(|(n, _)| *n == fields[*i].0)
+            {
+                return Err(PlanError::ReservedColumnName {
+                    name: name.to_string(),
+                    reason,
+                });
+            }
+        }
+    }
+    let mut columns: Vec<ColumnPlan> = selected
+        .iter()
+        .map(|&i| {
+            let (name, t) = &fields[i];
+            Ok(ColumnPlan {
+                name: name.clone(),
+                field_index: i,
+                input: classify_column(name, t)?,
+                dtype: None,
+                sample_shape: None,
+            })
+        })
+        .collect::<Result<_, PlanError>>()?;
+    let written_list = || {
+        columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let written_position = |option: &'static str, key: &str| -> Result<usize, PlanError> {
+        let idx = resolver.resolve(option, key)?;
+        selected
+            .iter()
+            .position(|&s| s == idx)
+            .ok_or_else(|| PlanError::ColumnNotWritten {
+                option,
+                name: key.to_string(),
+                written: written_list(),
+            })
+    };
+
+    // dtypes.
+    let global_dtype = opts
+        .get("dtype")
+        .map(|v| parse_writable_dtype("dtype", v))
+        .transpose()?;
+    let mut per_column: BTreeMap<usize, Dtype> = BTreeMap::new();
+    if let Some(raw) = opts.get("dtypes") {
+        let expected = "a JSON object of column → dtype name";
+        for (key, v) in parse_json_object("dtypes", raw, expected)? {
+            let pos = written_position("dtypes", &key)?;
+            let name = v.as_str().ok_or_else(|| {
+                invalid_value(
+                    "dtypes",
+                    raw,
+                    format!("{expected} (column '{key}' has {})", json_kind(&v)),
+                )
+            })?;
+            let dtype = parse_writable_dtype(&format!("dtypes (column '{key}')"), name)?;
+            if per_column.insert(pos, dtype).is_some() {
+                return Err(PlanError::DuplicateColumn {
+                    option: "dtypes",
+                    name: key,
+                });
+            }
+        }
+    }
+
+    // shapes.
+    let mut shapes: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    if let Some(raw) = opts.get("shapes") {
+        for (key, v) in parse_json_object(
+            "shapes",
+            raw,
+            "a JSON object of column → array of integers ≥ 0",
+        )? {
+            let pos = written_position("shapes", &key)?;
+            let shape = parse_shape(&key, &v, raw)?;
+            if shapes.insert(pos, shape).is_some() {
+                return Err(PlanError::DuplicateColumn {
+                    option: "shapes",
+                    name: key,
+                });
+            }
+        }
+    }
+
+    for (pos, col) in columns.iter_mut().enumerate() {
+        let explicit = per_column.get(&pos).copied().or(global_dtype);
+        col.sample_shape = shapes.remove(&pos);
+        col.dtype = match &col.input {
+            InputKind::NumericArray { element, .. } | InputKind::Scalar { element } => {
+                Some(explicit.unwrap_or(element.natural_dtype()))
+            }
+            InputKind::MlVector => Some(explicit.unwrap_or(Dtype::F64)),
+            InputKind::TensorStruct => explicit,
+            InputKind::Binary => {
+                let missing = match (explicit.is_some(), col.sample_shape.is_some()) {
+                    (true, true) => None,
+                    (false, true) => Some("a dtype"),
+                    (true, false) => Some("a shapes entry"),
+                    (false, false) => Some("a dtype and a shapes entry"),
+                };
+                if let Some(missing) = missing {
+                    return Err(PlanError::BinaryNeeds {
+                        name: col.name.clone(),
+                        missing,
+                    });
+                }
+                explicit
+            }
+        };
+        if let (InputKind::Scalar { .. }, Some(shape)) = (&col.input, &col.sample_shape) {
+            let elements: u64 = shape.iter().product();
+            if elements != 1 {
+                return Err(PlanError::ScalarShape {
+                    name: col.name.clone(),
+                    shape: shape.clone(),
+                    elements: elements.to_string(),
+                });
+            }
+        }
+    }
+
+    let generate_index = match opts.get("generate_index") {
+        None => false,
+        Some(v) => parse_choice("generate_index", v, &[("true", true), ("false", false)])?,
+    };
+
+    let mut metadata = BTreeMap::new();
+    if let Some(raw) = opts.get("metadata") {
+        let expected = "a JSON object of string → string";
+        for (key, v) in parse_json_object("metadata", raw, expected)? {
+            let Value::String(s) = v else {
+                return Err(invalid_value(
+                    "metadata",
+                    raw,
+                    format!("{expected} (key '{key}' has {})", json_kind(&v)),
+                ));
+            };
+            if key.starts_with(RESERVED_METADATA_PREFIX) {
+                return Err(PlanError::ReservedMetadataKey { key });
+            }
+            metadata.insert(key, s);
+        }
+    }
+
+    if let WriteLayout::Kv { kv_separator, .. } = &layout {
+        check_kv_columns_split_one_way(kv_separator, &columns)?;
+    }
+    Ok(WritePlan {
+        write_id: uuid::Uuid::new_v4().hyphenated().to_string(),
+        layout,
+        columns,
+        metadata,
+        generate_index,
+    })
+}
+
+/// Checks, at plan time, that a write can be appended to a dataset with manifest `existing`:
+/// same layout and layout options; when the dataset has columns, the same column set; per
+/// column the same dtype (when the plan fixes one) and, in batch mode, the same sample shape
+/// (when the plan fixes one with `shapes`). KV sample shapes may differ between rows, so they
+/// are not compared.
+pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanError> {
+    let mismatch = |problem: String| PlanError::AppendMismatch { problem };
+    let Some(ext) = &existing.ext else {
+        return Err(mismatch(
+            "the dataset's manifest has only the published fields (written by another tool); \
+             this connector appends only to datasets it wrote (overwrite it instead)"
+                .to_string(),
+        ));
+    };
+    match (&plan.layout, ext.layout) {
+        (
+            WriteLayout::Batch {
+                batch_size,
+                tail_strategy,
+            },
+            LayoutKind::Batch,
+        ) => {
+            if ext.batch_size != Some(*batch_size) {
+                return Err(mismatch(format!(
+                    "batch_size is {batch_size}, the dataset has {}",
+                    opt_to_string(ext.batch_size)
+                )));
+            }
+            if ext.tail_strategy != Some(*tail_strategy) {
+                return Err(mismatch(format!(
+                    "tail_strategy is {}, the dataset has {}",
+                    tail_strategy.name(),
+                    ext.tail_strategy.map_or("none", TailStrategy::name)
+                )));
+            }
+        }
+        (WriteLayout::Kv { kv_separator, .. }, LayoutKind::Kv) => {
+            if ext.kv_separator.as_deref() != Some(kv_separator.as_str()) {
+                return Err(mismatch(format!(
+                    "kv_separator is '{kv_separator}', the dataset has '{}'",
+                    ext.kv_separator.as_deref().unwrap_or_default()
+                )));
+            }
+        }
+        (layout, kind) => {
+            let mode = match layout {
+                WriteLayout::Batch { .. } => "batch",
+                WriteLayout::Kv { .. } => "KV",
+            };
+            return Err(mismatch(format!(
+                "this write is in {mode} mode, the dataset is in {} mode",
+                match kind {
+                    LayoutKind::Batch => "batch",
+                    LayoutKind::Kv => "KV",
+                }
+            )));
+        }
+    }
+    if existing.schema.is_empty() {
+        return Ok(());
+    }
+    let planned: BTreeSet<&str> = plan.columns.iter().map(|c| c.name.as_str()).collect();
+    let stored: BTreeSet<&str> = existing.schema.names().collect();
+    if planned != stored {
+        let extra: Vec<&str> = planned.difference(&stored).copied().collect();
+        let missing: Vec<&str> = stored.difference(&planned).copied().collect();
+        let mut parts = Vec::new();
+        if !extra.is_empty() {
+            parts.push(format!(
+                "columns {} are not in the dataset",
+                extra.join(", ")
+            ));
+        }
+        if !missing.is_empty() {
+            parts.push(format!(
+                "the dataset's columns {} are not written",
+                missing.join(", ")
+            ));
+        }
+        return Err(mismatch(format!(
+            "the column set differs: {}",
+            parts.join("; ")
+        )));
+    }
+    let batch = matches!(plan.layout, WriteLayout::Batch { .. });
+    for col in &plan.columns {
+        let Some(stored) = existing.schema.get(&col.name) else {
+            continue;
+        };
+        if let Some(d) = col.dtype {
+            if d != stored.dtype {
+                return Err(mismatch(format!(
+                    "column '{}' is written as {d}, the dataset stores {}",
+                    col.name, stored.dtype
+                )));
+            }
+        }
+        if batch {
+            if let (Some(a), Some(b)) = (&col.sample_shape, &existing.sample_shape(&col.name)) {
+                if a != b {
+                    return Err(mismatch(format!(
+                        "column '{}' has sample shape {a:?}, the dataset has {b:?}",
+                        col.name
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn opt_to_string(v: Option<u64>) -> String {
+    v.map_or_else(|| "none".to_string(), |v| v.to_string())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests;
