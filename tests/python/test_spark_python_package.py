@@ -1,18 +1,21 @@
 """The Python package safetensors_spark on datasets the Spark connector wrote: every writable
-dtype read back (numpy and torch), KV lookups with and without the index; and the PySpark helper
-(the connector jar). The package's tests that need no Spark are in package/ (they run alone:
-python -m pytest tests/python/package)."""
+dtype read back (numpy and torch), KV lookups with and without the index, MLflow digests of
+successive commits; and the PySpark helper (the connector jar). The package's tests that need no
+Spark are in package/ (they run alone: python -m pytest tests/python/package)."""
 
 import json
 import os
 
 import ml_dtypes
+import mlflow
 import numpy as np
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 import safetensors_spark
 from safetensors_spark import KeyNotFoundError, SafetensorsSparkError, open_dataset
+from safetensors_spark.mlflow import dataset, log_input
 from safetensors_spark.torch import SafetensorsDataset, SafetensorsIterableDataset, loader
 
 WRITABLE = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
@@ -73,6 +76,37 @@ def test_kv_dataset_written_by_spark_get_with_and_without_index(spark, tmp_path)
         with pytest.raises(KeyNotFoundError, match="key 'nobody' not found"):
             ds.get("nobody")
         assert sorted(ds.keys()) == sorted(f"user{i}" for i in range(40))
+
+
+# -- MLflow: a digest per committed state (spec/python.md §7) ----------------------------------
+
+@pytest.fixture
+def tracking(tmp_path):
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    yield MlflowClient()
+    mlflow.set_tracking_uri("")
+
+
+def write(spark, path, mode="errorifexists", n=10):
+    spark.createDataFrame([([float(i)] * 4, i) for i in range(n)], "x array<float>, y int").coalesce(1) \
+        .write.format("safetensors").mode(mode).option("batch_size", 4).option("dtypes", '{"x": "BF16"}').save(str(path))
+
+
+def test_the_digest_names_one_committed_state(spark, tmp_path, tracking):
+    out = tmp_path / "ds"
+    write(spark, out)
+    first = dataset(str(out)).digest
+    assert dataset(str(out), name="again").digest == first  # same state, same digest
+    write(spark, out, mode="append", n=3)
+    second = dataset(str(out)).digest
+    assert second != first
+    write(spark, out, mode="overwrite", n=10)  # the same rows again: a new commit, a new state
+    assert dataset(str(out)).digest not in (first, second)
+    with mlflow.start_run() as run:
+        log_input(str(out), context="training", name="named")
+        log_input(str(out), context="eval", name="named")
+    names = {(i.dataset.name, i.dataset.digest) for i in tracking.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert names == {("named", dataset(str(out)).digest)}
 
 
 # -- the PySpark helper -----------------------------------------------------------------------
