@@ -247,12 +247,18 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         plan = self._plan(start)
         order = EpochOrder([s.samples for s in self.dataset.shards], self.shuffle, self.seed,
                            self._epoch, self.shuffle_block_size)
-        progress = None
-        if info is None:  # the training process itself iterates: count what it takes
-            progress = {"epoch": self._epoch, "start": start, "consumed": 0}
-            self._progress = progress
-            self._resume = None
+        # the training process itself iterates: count what it takes
+        progress = self._count_from(start) if info is None else None
         return self._generate(plan, order, worker, workers, progress)
+
+    def _count_from(self, start):
+        """A new count, read by state_dict(), of the batches the training loop takes from an
+        iterator that starts at position ``start``; a pending resume state is used up. Called
+        by this iterator, or by loader() once its workers have started."""
+        progress = {"epoch": self._epoch, "start": start, "consumed": 0}
+        self._progress = progress
+        self._resume = None
+        return progress
 
     def _generate(self, plan, order, worker, workers, progress):
         reader = BatchReader(self.dataset, self.columns, self.cache_shards)

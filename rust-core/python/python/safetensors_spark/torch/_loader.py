@@ -71,10 +71,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         ds._refresh_rank()
         start = ds._start_position()
         iterator = self._start_workers(ds)
-        progress = {"epoch": ds._epoch, "start": start, "consumed": 0}
-        ds._progress = progress
-        ds._resume = None
-        return _count(iterator, progress, self._flags)
+        return _count(iterator, ds._count_from(start), self._flags)
 
     def _start_workers(self, ds):
         flags = None
