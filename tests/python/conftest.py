@@ -1,5 +1,10 @@
 """Shared fixtures: the repository root, the release build of the Rust tools, one SparkSession and
-an S3 server on loopback (moto)."""
+an S3 server on loopback (moto).
+
+package/ holds the Python package's own tests (hand-made datasets; no Spark, JVM, connector jar or
+cargo build, and none of these fixtures): `python -m pytest tests/python/package` runs them alone
+with only the package and its test dependencies installed. `python -m pytest tests/python` runs
+them with the rest."""
 import json
 import os
 import socket

@@ -1,7 +1,7 @@
-"""The Python package safetensors_spark (rust-core/python, spec/python.md): datasets written by the
-Spark connector read back with every writable dtype, KV lookups with and without the index,
-published-only manifests, remote reads through fsspec, every open-time error, pickling, and the
-PySpark helper."""
+"""The Python package safetensors_spark (rust-core/python, spec/python.md) on hand-made datasets
+(handmade.py): opening, KV lookups with and without the index, published-only manifests, remote
+reads through fsspec, every open-time error, pickling and import cost. Datasets written by the
+Spark connector and the PySpark helper: ../test_spark_python_package.py."""
 
 import json
 import os
@@ -10,10 +10,7 @@ import shutil
 
 import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
-import ml_dtypes
-import numpy as np
 import pytest
-import torch
 
 import handmade
 import safetensors_spark
@@ -27,66 +24,6 @@ from safetensors_spark import (
 )
 from safetensors_spark._storage import HEADER_READ_AHEAD
 from safetensors_spark.torch import SafetensorsDataset, SafetensorsIterableDataset, loader
-
-WRITABLE = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
-            "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
-            "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F32": np.float32, "F64": np.float64}
-
-
-# -- written by the Spark connector ------------------------------------------------------------
-
-def test_every_writable_dtype_written_by_spark_reads_back_equal(spark, tmp_path):
-    rng = np.random.default_rng(3)
-    rows = 11
-    vals = {d: (rng.integers(0, 100, (rows, 3)).astype(np.float64) / (4 if d[0] in "FB" else 1))
-            for d in WRITABLE}
-    vals["BOOL"] = (vals["BOOL"] > 50).astype(np.float64)
-    cols = {d: f"c_{d.lower()}" for d in WRITABLE}
-    data = [tuple(i for i in [n] + [[float(v) for v in vals[d][n]] for d in WRITABLE]) for n in range(rows)]
-    schema = "id long, " + ", ".join(f"{cols[d]} array<double>" for d in WRITABLE)
-    out = tmp_path / "all"
-    (spark.createDataFrame(data, schema).coalesce(1).write.format("safetensors")
-     .option("batch_size", 4).option("tail_strategy", "pad")
-     .option("dtypes", json.dumps({cols[d]: d for d in WRITABLE})).save(str(out)))
-    ds = open_dataset(str(out))
-    assert len(ds) == rows and ds.layout == "batch" and ds.columns == ["id", *cols.values()]
-    assert ds.manifest["shards"][-1]["padded_samples"] == 1
-    ids = [int(ds[i]["id"]) for i in range(rows)]
-    order = np.argsort(ids)
-    assert sorted(ids) == list(range(rows))
-    for d, c in cols.items():
-        got = np.stack([ds[i][c] for i in range(rows)])[order]
-        want = vals[d].astype(WRITABLE[d])
-        assert got.dtype == np.dtype(WRITABLE[d]), (d, got.dtype)
-        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), d
-    # the same values through torch, map-style and iterable; BF16 as torch.bfloat16
-    m = SafetensorsDataset(str(out))
-    t = m[0]
-    assert t["c_bf16"].dtype == torch.bfloat16 and t["c_f16"].dtype == torch.float16
-    assert t["c_bf16"].float().tolist() == ds[0]["c_bf16"].astype(np.float32).tolist()
-    batches = list(loader(SafetensorsIterableDataset(str(out), batch_size=4)))
-    assert [b["id"].shape[0] for b in batches] == [4, 4, 3]
-    assert torch.cat([b["c_i64"] for b in batches]).numpy().tolist() == \
-        np.stack([ds[i]["c_i64"] for i in range(rows)]).tolist()
-
-
-def test_kv_dataset_written_by_spark_get_with_and_without_index(spark, tmp_path):
-    data = [(f"user{i}", [float(i), float(-i)], i * 7) for i in range(40)]
-    df = spark.createDataFrame(data, "user string, emb array<float>, n long").repartition(3)
-    for index in (True, False):
-        out = tmp_path / f"kv{index}"
-        (df.write.format("safetensors").option("name_col", "user").option("generate_index", str(index).lower())
-         .option("target_shard_size_mb", 1).save(str(out)))
-        assert os.path.exists(out / "_tensor_index.parquet") == index
-        ds = open_dataset(str(out), check_headers=not index)
-        assert ds.layout == "kv" and len(ds) == 40 and ds.columns == ["emb", "n"]
-        for i in (0, 17, 39):
-            got = ds.get(f"user{i}")
-            assert got["emb"].tolist() == [float(i), float(-i)] and int(got["n"]) == i * 7
-        with pytest.raises(KeyNotFoundError, match="key 'nobody' not found"):
-            ds.get("nobody")
-        assert sorted(ds.keys()) == sorted(f"user{i}" for i in range(40))
-
 
 # -- opening, published-only manifests, iteration over shards --------------------------------
 
@@ -350,7 +287,7 @@ def test_errors_share_one_base_class():
     assert issubclass(KeyNotFoundError, KeyError) and issubclass(ShardError, ValueError)
 
 
-# -- pickling, import cost, the PySpark helper ------------------------------------------------
+# -- pickling and import cost -------------------------------------------------------------
 
 def test_datasets_pickle_as_paths_and_manifest(good):
     ds = open_dataset(good)
@@ -371,25 +308,3 @@ def test_import_starts_no_thread_and_does_not_import_torch_or_pyspark():
             "assert threading.active_count() == 1; "
             "assert 'torch' not in sys.modules and 'pyspark' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_spark_configure_adds_the_connector_jar(connector_jar, monkeypatch):
-    from pyspark.sql import SparkSession
-
-    from safetensors_spark import spark as sspark
-
-    assert os.path.samefile(sspark.find_jar(), connector_jar)
-    builder = sspark.configure(SparkSession.builder.config("spark.jars", "/opt/other.jar"))
-    assert builder._options["spark.jars"] == f"/opt/other.jar,{sspark.find_jar()}"
-    # the SQL functions' extensions class is added to what is configured, once
-    builder = sspark.configure(SparkSession.builder.config("spark.sql.extensions", "com.example.Ext"))
-    assert builder._options["spark.sql.extensions"] == "com.example.Ext,io.safetensors.spark.SafetensorsExtensions"
-    builder = sspark.configure(builder)
-    assert builder._options["spark.sql.extensions"] == "com.example.Ext,io.safetensors.spark.SafetensorsExtensions"
-    builder._options.pop("spark.sql.extensions", None)  # Builder options are shared by every builder
-    monkeypatch.setattr(sspark, "_JAR_PATTERN", "no-such-*.jar")
-    with pytest.raises(SafetensorsSparkError, match="no safetensors-spark connector jar found"):
-        sspark.configure(SparkSession.builder)
-    with pytest.raises(SafetensorsSparkError, match="does not exist"):
-        sspark.configure(SparkSession.builder, jar="/nonexistent.jar")
-    assert safetensors_spark.spark is sspark

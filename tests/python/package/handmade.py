@@ -16,9 +16,12 @@ def shard_name(partition, shard=0):
 
 
 def write_batch_dataset(path, shard_sizes, *, batch_size=None, padded=None, columns=("x", "y"),
-                        published_only=False, metadata=True):
-    """Batch layout: shard k holds samples with ids offset..offset+n-1; column x = [id, id*10]
-    (F32), y = id (I64). ``padded[k]`` zero rows follow the real ones. Returns all ids in order."""
+                        published_only=False, metadata=True, width=2, dtypes=None):
+    """Batch layout: shard k holds samples with ids offset..offset+n-1; column x = [id, id*10, …]
+    (``width`` values, F32), y = id (I64); ``dtypes`` gives other dtypes (column → safetensors
+    dtype name). ``padded[k]`` zero rows follow the real ones. Returns all ids in order."""
+    dtypes = {"x": "F32", "y": "I64", **(dtypes or {})}
+    numpy_types = {c: _numpy_dtype(d) for c, d in dtypes.items()}
     os.makedirs(path, exist_ok=True)
     padded = padded or [0] * len(shard_sizes)
     batch_size = batch_size or max(n + p for n, p in zip(shard_sizes, padded))
@@ -27,10 +30,10 @@ def write_batch_dataset(path, shard_sizes, *, batch_size=None, padded=None, colu
         ids = np.arange(offset, offset + n)
         tensors = {}
         if "x" in columns:
-            x = np.stack([ids, ids * 10], axis=1).astype(np.float32)
-            tensors["x"] = np.concatenate([x, np.zeros((p, 2), np.float32)])
+            x = np.stack([ids * 10**j for j in range(width)], axis=1)
+            tensors["x"] = np.concatenate([x, np.zeros((p, width))]).astype(numpy_types["x"])
         if "y" in columns:
-            tensors["y"] = np.concatenate([ids.astype(np.int64), np.zeros(p, np.int64)])
+            tensors["y"] = np.concatenate([ids, np.zeros(p, np.int64)]).astype(numpy_types["y"])
         meta = {"safetensors_spark.layout": "batch", "safetensors_spark.samples": str(n),
                 "safetensors_spark.padded_samples": str(p)} if metadata else None
         name = shard_name(k)
@@ -42,9 +45,9 @@ def write_batch_dataset(path, shard_sizes, *, batch_size=None, padded=None, colu
         offset += n
     schema = {}
     if "x" in columns:
-        schema["x"] = {"dtype": "F32", "shape": [batch_size, 2]}
+        schema["x"] = {"dtype": dtypes["x"], "shape": [batch_size, width]}
     if "y" in columns:
-        schema["y"] = {"dtype": "I64", "shape": [batch_size]}
+        schema["y"] = {"dtype": dtypes["y"], "shape": [batch_size]}
     manifest = _manifest(shards, schema)
     if not published_only:
         manifest.update(format="safetensors-spark-dataset", created_by="tests", manifest_version=1,
@@ -121,6 +124,14 @@ def write_index(path):
         stem = s["shard_path"][: -len(".safetensors")]
         pq.write_table(part, os.path.join(path, "_tensor_index.parquet", stem + ".parquet"))
     return table
+
+
+def _numpy_dtype(name):
+    if name == "BF16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64}[name]
 
 
 def _manifest(shards, schema):

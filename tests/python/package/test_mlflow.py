@@ -1,11 +1,13 @@
 """MLflow dataset inputs (safetensors_spark.mlflow, spec/python.md §7) against a real sqlite
-tracking store: source, digest, schema and profile come from the dataset's manifest."""
+tracking store: source, digest, schema and profile come from the dataset's manifest. On hand-made
+datasets (handmade.py); the digests of successive Spark commits: ../test_spark_python_package.py."""
 import json
 
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+import handmade
 from safetensors_spark import ManifestError
 from safetensors_spark.mlflow import dataset, log_input, manifest_digest
 
@@ -17,14 +19,15 @@ def tracking(tmp_path):
     mlflow.set_tracking_uri("")
 
 
-def write(spark, path, mode="errorifexists", n=10):
-    spark.createDataFrame([([float(i)] * 4, i) for i in range(n)], "x array<float>, y int").coalesce(1) \
-        .write.format("safetensors").mode(mode).option("batch_size", 4).option("dtypes", '{"x": "BF16"}').save(str(path))
+def write(path):
+    """10 samples in shards of 4, 4 and 2: x BF16 [4] per sample, y I32 (as a Spark write of
+    x array<float>, y int with batch_size 4 and dtypes {"x": "BF16"} lays them out)."""
+    handmade.write_batch_dataset(str(path), [4, 4, 2], batch_size=4, width=4, dtypes={"x": "BF16", "y": "I32"})
 
 
-def test_log_input_records_source_digest_schema_and_profile(spark, tmp_path, tracking):
+def test_log_input_records_source_digest_schema_and_profile(tmp_path, tracking):
     out = tmp_path / "train"
-    write(spark, out)
+    write(out)
     manifest = json.loads((out / "dataset_manifest.json").read_text())
     with mlflow.start_run() as run:
         logged = log_input(str(out), context="training")
@@ -44,31 +47,14 @@ def test_log_input_records_source_digest_schema_and_profile(spark, tmp_path, tra
                        "layout": "batch", "padded_samples": 0, "dropped_samples": 0, "manifest_version": 1}
 
 
-def test_the_digest_names_one_committed_state(spark, tmp_path, tracking):
-    out = tmp_path / "ds"
-    write(spark, out)
-    first = dataset(str(out)).digest
-    assert dataset(str(out), name="again").digest == first  # same state, same digest
-    write(spark, out, mode="append", n=3)
-    second = dataset(str(out)).digest
-    assert second != first
-    write(spark, out, mode="overwrite", n=10)  # the same rows again: a new commit, a new state
-    assert dataset(str(out)).digest not in (first, second)
-    with mlflow.start_run() as run:
-        log_input(str(out), context="training", name="named")
-        log_input(str(out), context="eval", name="named")
-    names = {(i.dataset.name, i.dataset.digest) for i in tracking.get_run(run.info.run_id).inputs.dataset_inputs}
-    assert names == {("named", dataset(str(out)).digest)}
-
-
-def test_only_a_committed_consistent_dataset_can_be_logged(spark, tmp_path, tracking):
+def test_only_a_committed_consistent_dataset_can_be_logged(tmp_path, tracking):
     loose = tmp_path / "loose"
     loose.mkdir()
     (loose / "a.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(ManifestError, match="not a dataset written by"):
         dataset(str(loose))
     out = tmp_path / "tampered"
-    write(spark, out)
+    write(out)
     m = json.loads((out / "dataset_manifest.json").read_text())
     m["shards"][0]["shard_path"] = "../victim.safetensors"
     (out / "dataset_manifest.json").write_text(json.dumps(m))

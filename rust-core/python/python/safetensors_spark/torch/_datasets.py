@@ -1,0 +1,285 @@
+"""The torch datasets (spec/python.md §3-§5).
+
+* :class:`SafetensorsDataset` — map-style; ``ds[i]`` → ``{column: tensor}``.
+* :class:`SafetensorsIterableDataset` — batches in a global order that depends only on the
+  manifest, ``seed`` and the epoch; split over ranks and DataLoader workers; exact resume
+  (``state_dict()`` / ``load_state_dict()``).
+"""
+
+import hashlib
+import json
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from .._dataset import Dataset
+from .._errors import StateError
+from .._sampling import EpochOrder, RankPlan
+from ._handoff import messages
+from ._reader import BatchReader, to_torch
+
+STATE_VERSION = 1
+
+
+def _dist_rank_world():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class SafetensorsDataset(torch.utils.data.Dataset):
+    """Map-style: ``len(ds)`` samples (pad rows excluded), ``ds[i]`` → ``{column: tensor}``.
+
+    Local shards are memory-mapped (private, copy-on-write): the tensors are views of the map,
+    no bytes are copied; remote shards are read by byte range into fresh tensors."""
+
+    def __init__(self, path, columns=None, *, storage_options=None, cache_dir=None):
+        self.dataset = path if isinstance(path, Dataset) else Dataset(
+            path, storage_options=storage_options, cache_dir=cache_dir)
+        self.columns = self.dataset.check_columns(columns)
+        self._reader = None  # BatchReader of __getitems__, made in the process that reads
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        ds = self.dataset
+        shard, row = ds.locate(i)
+        sample = ds.sample(shard, row, self.columns)
+        return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
+
+    def __getitems__(self, indices):
+        """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
+        fetcher calls this with the sampler's batch instead of ``ds[i]`` per index. Batch-layout
+        rows are gathered per column in one pass (a slice or ``take`` per shard run, or a row copy
+        per sample when the rows are scattered over many shards) and handed out as views of the
+        gathered tensors, which the collate function stacks (spec/python.md §4)."""
+        ds = self.dataset
+        if ds.layout != "batch" or len(indices) == 0:
+            return [self[i] for i in indices]
+        shards, rows = ds.locate_many(indices)
+        if self._reader is None:
+            self._reader = BatchReader(ds, self.columns, cache_shards=8)
+        # private memory even in a worker: the collate function stacks the views into the
+        # shared block it sends, so a shared block here would be a second fresh one per batch
+        batch = self._reader.batch(shards, rows, shared=False)
+        views = [batch[c].unbind(0) for c in self.columns]
+        return [dict(zip(self.columns, v)) for v in zip(*views)]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_reader"] = None  # maps and arrays of this process stay here
+        return state
+
+    def get(self, key):
+        """KV datasets: ``{column: tensor}`` of the row with this key."""
+        ds = self.dataset
+        return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in ds.get(key, self.columns).items()}
+
+
+class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
+    """Batches of ``batch_size`` samples (``{column: stacked tensor}``), or single samples when
+    ``batch_size`` is None. Use with ``DataLoader(ds, batch_size=None, ...)`` or :func:`loader`.
+
+    The global order of an epoch depends only on the manifest's shard sizes, ``shuffle``,
+    ``seed``, ``shuffle_block_size`` and the epoch, never on the number of ranks or workers.
+    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised (else 0/1).
+    Every rank gets the same number of batches: without ``drop_last`` the epoch is padded to a
+    multiple of ``world_size`` with samples from the start of its order; with ``drop_last`` it is
+    cut to whole rounds of ``world_size × batch_size``. See spec/python.md §3."""
+
+    def __init__(self, path, columns=None, batch_size=None, shuffle=False, seed=0, rank=None,
+                 world_size=None, drop_last=False, *, shuffle_block_size=None, storage_options=None,
+                 cache_dir=None, cache_shards=8):
+        self.dataset = path if isinstance(path, Dataset) else Dataset(
+            path, storage_options=storage_options, cache_dir=cache_dir)
+        ds = self.dataset
+        self.columns = ds.check_columns(columns)
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1 or None (single samples), got {batch_size!r}")
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if ds.layout == "kv" and batch_size is not None:
+            ragged = [c for c in self.columns if ds.schema[c].get("shape") is None]
+            if ragged:
+                raise ValueError(f"column(s) {ragged} of KV dataset {ds.path} have rows of different shapes "
+                                 f"(schema shape null), so they cannot be stacked: use batch_size=None")
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self._explicit_rank = (rank, world_size)
+        self.rank, self.world_size = self._resolve_rank(rank, world_size)
+        counts = [s.samples for s in ds.shards]
+        if shuffle_block_size is None:
+            shuffle_block_size = 4 * max(counts, default=1)
+        if not isinstance(shuffle_block_size, int) or shuffle_block_size < 1:
+            raise ValueError(f"shuffle_block_size must be an integer >= 1, got {shuffle_block_size!r}")
+        self.shuffle_block_size = shuffle_block_size
+        self.cache_shards = cache_shards
+        self._epoch = 0
+        self._resume = None  # (epoch, position) for the next iterator of that epoch
+        self._progress = None  # {"epoch", "start", "consumed"} counted in the training process
+        # batches per worker message and the block pool's release flags (workers × slots);
+        # set by loader() while its workers start
+        self._handoff = (1, None)
+
+    @staticmethod
+    def _resolve_rank(rank, world_size):
+        d_rank, d_world = _dist_rank_world()
+        world_size = d_world if world_size is None else world_size
+        rank = d_rank if rank is None else rank
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an integer in [0, world_size={world_size}), got {rank!r}")
+        return rank, world_size
+
+    def __getstate__(self):
+        # Resolved in the training process, where torch.distributed is initialised; DataLoader
+        # workers (spawn or forkserver) only see this copy.
+        self._refresh_rank()
+        state = dict(self.__dict__)
+        state["_progress"] = None
+        return state
+
+    def _refresh_rank(self):
+        if torch.utils.data.get_worker_info() is None:
+            self.rank, self.world_size = self._resolve_rank(*self._explicit_rank)
+
+    # -- epochs and resume -------------------------------------------------------------------
+
+    def set_epoch(self, epoch):
+        """Selects the epoch whose order the next iterator yields. Clears a loaded resume state
+        of another epoch."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        self._epoch = epoch
+
+    @property
+    def epoch(self):
+        return self._epoch
+
+    def _start_position(self):
+        if self._resume is not None and self._resume[0] == self._epoch:
+            return self._resume[1]
+        return 0
+
+    def _plan(self, start):
+        return RankPlan(len(self.dataset), self.batch_size or 1, self.world_size, self.rank,
+                        self.drop_last, start)
+
+    def __len__(self):
+        """Batches (or samples, without ``batch_size``) this rank yields in the next iterator."""
+        self._refresh_rank()
+        return self._plan(self._start_position()).num_batches
+
+    def _fingerprint(self):
+        shards = [[s["shard_path"], s["samples_count"], s["bytes"]] for s in self.dataset.manifest["shards"]]
+        return hashlib.sha256(json.dumps(shards).encode()).hexdigest()
+
+    def state_dict(self, batches_consumed=None):
+        """Where the training loop stands: ``{epoch, position, ...}``, ``position`` = samples of
+        the epoch's global order consumed by all ranks together.
+
+        Without arguments it counts the batches the training loop took from the current
+        iterator: exact when the iterator runs in this process (``num_workers=0``) or comes from
+        :func:`loader`. With a plain ``DataLoader`` and workers, pass ``batches_consumed`` (the
+        batches this rank took from the current iterator)."""
+        if torch.utils.data.get_worker_info() is not None:
+            raise StateError("state_dict() was called inside a DataLoader worker, which cannot know what the "
+                             "training loop has consumed (workers prefetch); call it in the training process "
+                             "(spec/python.md §5)")
+        self._refresh_rank()
+        progress = self._progress if (self._progress or {}).get("epoch") == self._epoch else None
+        start = progress["start"] if progress is not None else self._start_position()
+        if batches_consumed is None:
+            batches_consumed = progress["consumed"] if progress is not None else 0
+        elif not isinstance(batches_consumed, int) or batches_consumed < 0:
+            raise ValueError(f"batches_consumed must be an integer >= 0, got {batches_consumed!r}")
+        plan = self._plan(start)
+        if batches_consumed > plan.num_batches:
+            raise StateError(f"batches_consumed={batches_consumed} but rank {self.rank} has only "
+                             f"{plan.num_batches} batches in epoch {self._epoch} from position {start}")
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "position": plan.position_after(batches_consumed),
+            "total_samples": len(self.dataset),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "shuffle_block_size": self.shuffle_block_size,
+            "manifest_fingerprint": self._fingerprint(),
+        }
+
+    def load_state_dict(self, state):
+        """Resumes: the next iterator of ``state['epoch']`` starts at ``state['position']`` of
+        its global order. Valid with any world size, worker count or ``batch_size``; the order
+        settings (shuffle, seed, shuffle_block_size) and the dataset must be the same."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise StateError(f"not a SafetensorsIterableDataset state (version {STATE_VERSION}): {state!r}")
+        for field, mine in (("manifest_fingerprint", self._fingerprint()), ("shuffle", self.shuffle),
+                            ("seed", self.seed), ("shuffle_block_size", self.shuffle_block_size),
+                            ("total_samples", len(self.dataset))):
+            if state.get(field) != mine:
+                what = "the dataset's shards changed" if field in ("manifest_fingerprint", "total_samples") \
+                    else "the global order would differ"
+                raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this dataset "
+                                 f"iterator has {mine!r} ({what})")
+        epoch, position = state.get("epoch"), state.get("position")
+        if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or position < 0:
+            raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
+        self._epoch = epoch
+        self._resume = (epoch, position)
+        self._progress = None
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._refresh_rank()
+        start = self._start_position()
+        plan = self._plan(start)
+        order = EpochOrder([s.samples for s in self.dataset.shards], self.shuffle, self.seed,
+                           self._epoch, self.shuffle_block_size)
+        # the training process itself iterates: count what it takes
+        progress = self._count_from(start) if info is None else None
+        return self._generate(plan, order, worker, workers, progress)
+
+    def _count_from(self, start):
+        """A new count, read by state_dict(), of the batches the training loop takes from an
+        iterator that starts at position ``start``; a pending resume state is used up. Called
+        by this iterator, or by loader() once its workers have started."""
+        progress = {"epoch": self._epoch, "start": start, "consumed": 0}
+        self._progress = progress
+        self._resume = None
+        return progress
+
+    def _generate(self, plan, order, worker, workers, progress):
+        reader = BatchReader(self.dataset, self.columns, self.cache_shards)
+        total = len(self.dataset)
+        k, release_flags = self._handoff
+        if k > 1 and self.batch_size is not None and torch.utils.data.get_worker_info() is not None:
+            # loader()'s workers: the batches [b·k, (b+1)·k) of the rank's sequence go to worker
+            # b mod workers as one message, so the loader's in-order round robin over workers
+            # yields them in the same order as batch by batch; _loader._count splits them again
+            def rows_of(j0, j1):
+                spans = [plan.batch(j) for j in range(j0, j1)]
+                positions = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in spans]) % total
+                return (*order.locate(positions), [n for _, n in spans])
+
+            yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags)
+            return
+        for j in range(worker, plan.num_batches, workers):
+            first, length = plan.batch(j)
+            positions = np.arange(first, first + length, dtype=np.int64) % total
+            shards, rows = order.locate(positions)
+            out = reader.single(shards[0], rows[0]) if self.batch_size is None else reader.batch(shards, rows)
+            if progress is not None:
+                progress["consumed"] += 1
+            yield out

@@ -1,0 +1,132 @@
+"""Batches cut out of shard memory as torch tensors: views of the map where the rows are one
+contiguous run in this process, else gathered into fresh (or, in a DataLoader worker, shared)
+memory, one buffer per batch for all columns."""
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from ._handoff import new_shared_block
+
+
+def to_torch(array, dtype):
+    """A torch tensor sharing ``array``'s memory. BF16 goes through its uint16 bits."""
+    if dtype == "BF16":
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+class BatchReader:
+    """Cuts batches out of shard memory: a contiguous run of rows is a view (local) or one range
+    read (remote); scattered rows are one ``take`` per shard; KV rows are stacked."""
+
+    def __init__(self, dataset, columns, cache_shards):
+        self.ds = dataset
+        self.columns = columns
+        self.dtypes = {c: dataset.schema[c]["dtype"] for c in columns}
+        self.cache_shards = max(1, int(cache_shards))
+        self._full = {}  # (shard index, column) -> whole column array (remote: LRU)
+        self.pool = None  # a worker's BlockPool (loader() with several batches per message)
+        self.slot = None  # the pooled block the last batch went into: (worker, slot, block|None, specs)
+
+    def _column(self, shard, column):
+        key = (shard.index, column)
+        a = self._full.get(key)
+        if a is None:
+            a = self.ds.tensor_array(shard, self.ds._header(shard)[column])
+            # local: a view of the process's map of the shard, kept (costs no memory of its own);
+            # remote: a fresh read, kept for the last `cache_shards` shards
+            if not self.ds._store.is_local and len(self._full) >= self.cache_shards * len(self.columns):
+                self._full.pop(next(iter(self._full)))
+            self._full[key] = a
+        return a
+
+    def _torch(self, arrays):
+        return {c: to_torch(a, self.dtypes[c]) for c, a in arrays.items()}
+
+    def single(self, shard_index, row):
+        shard = self.ds.shards[int(shard_index)]
+        return self._torch(self.ds.sample(shard, int(row), self.columns))
+
+    def batch(self, shards, rows, shared=None):
+        """``{column: tensor}`` of the rows ``rows`` of the shards ``shards``; in shared memory
+        when ``shared`` (default: in a DataLoader worker)."""
+        ds = self.ds
+        if ds.layout == "kv":
+            out = {}
+            for c in self.columns:
+                parts = []
+                for s, r in zip(shards.tolist(), rows.tolist()):
+                    shard = ds.shards[s]
+                    ds._kv_keys(shard)
+                    parts.append(ds.kv_tensor(shard, shard.keys[r], c))
+                out[c] = np.stack(parts)
+            return self._torch(out)
+        n = len(rows)
+        cut = np.flatnonzero((np.diff(shards) != 0) | (np.diff(rows) != 1)) + 1
+        bounds = [0, *cut.tolist(), n]
+        if shared is None:
+            shared = torch.utils.data.get_worker_info() is not None
+        if len(bounds) - 1 <= 4:  # a few contiguous runs: slices
+            runs = []
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                shard = ds.shards[int(shards[a])]
+                r0 = int(rows[a])
+                runs.append((a, b, {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns}))
+            if len(runs) == 1 and not shared:
+                return self._torch(runs[0][2])  # one run, in this process: a zero-copy view of the map
+            arrays, tensors = self._alloc(n, runs[0][2], shared)
+            for a, b, run in runs:
+                for c in self.columns:
+                    arrays[c][a:b] = run[c]
+            return tensors
+        uniq = np.unique(shards).tolist()
+        if len(uniq) * 4 > n:
+            # scattered over many shards (a random sampler over the whole dataset): one row copy
+            # per sample and column beats a mask and a take per shard
+            cols = {c: {s: self._column(ds.shards[s], c) for s in uniq} for c in self.columns}
+            arrays, tensors = self._alloc(n, {c: cols[c][uniq[0]] for c in self.columns}, shared)
+            where = list(zip(shards.tolist(), rows.tolist()))
+            for c in self.columns:
+                buf, src = arrays[c], cols[c]
+                for k, (s, r) in enumerate(where):
+                    buf[k] = src[s][r]
+            return tensors
+        first = {c: self._column(ds.shards[uniq[0]], c) for c in self.columns}
+        arrays, tensors = self._alloc(n, first, shared)
+        for s in uniq:
+            m = shards == s
+            for c in self.columns:
+                arrays[c][m] = self._column(ds.shards[s], c).take(rows[m], axis=0)
+        return tensors
+
+    def _alloc(self, n, like, shared):
+        """Output buffers for a batch of ``n`` rows shaped like the arrays ``like`` (column →
+        rows): ``(column → numpy array to fill, column → tensor of the same memory)``.
+
+        In a DataLoader worker all columns share one block of shared memory (what torch's own
+        collate does for its stacked batches): sending the batch to the training process then
+        passes one handle instead of copying every tensor into shared memory of its own."""
+        specs, total = [], 0
+        for c in self.columns:
+            a = like[c]
+            shape = (n, *a.shape[1:])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * a.dtype.itemsize
+            specs.append((c, a.dtype, shape, total, nbytes))
+            total += -(-nbytes // 64) * 64  # each column 64-byte aligned
+        if not shared:
+            arrays = {c: np.empty(shape, dtype=dt) for c, dt, shape, _, _ in specs}
+            return arrays, self._torch(arrays)
+        if self.pool is not None:
+            slot, block, new = self.pool.get(total)
+        else:
+            slot, block, new = None, new_shared_block(total), True
+        arrays, tensors, layout = {}, {}, []
+        for c, dt, shape, off, nbytes in specs:
+            t = self._torch({c: np.empty((0,), dtype=dt)})[c]  # the column's torch dtype
+            tensors[c] = block[off: off + nbytes].view(t.dtype).view(shape)
+            arrays[c] = tensors[c].view(torch.uint8).numpy().view(dt).reshape(shape) if nbytes else np.empty(shape, dt)
+            layout.append((c, t.dtype, shape, off, nbytes))
+        if slot is not None:
+            self.slot = (self.pool.worker, slot, block if new else None, layout)
+        return arrays, tensors
