@@ -1,5 +1,5 @@
 """What bounds a shuffled epoch of our loader, against the page-cache read floor (issue 17,
-spec/performance.md §10.8). Decomposes one epoch over a dataset that epoch.py wrote (its
+spec/performance.md §10.7). Decomposes one epoch over a dataset that epoch.py wrote (its
 `ours-r*` output) into measured parts, each a median of REPS in this process:
 
 * floor: the shard files read sequentially from the page cache into one buffer (epoch.py's);

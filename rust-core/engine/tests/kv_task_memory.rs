@@ -1,5 +1,5 @@
-//! What a KV task holds in memory, counted by a global allocator (README "Writing a
-//! DataFrame", spec/performance.md §8.4): per row it may keep a hash-map slot (about 9–17 bytes),
+//! What a KV task holds in memory, counted by a global allocator (spec/jni.md §2; the harness
+//! figures: jvm-connector/bench/HISTORY.md §8.4): per row it may keep a hash-map slot (about 9–17 bytes),
 //! never the row's bytes, its key or its tensor records; so the heap held while writing grows by
 //! far less than a row's data per row, whatever `target_shard_size_mb` is. Sealing the one shard
 //! at `finish` may load that shard's keys plus 32 bytes per tensor.

@@ -1039,7 +1039,7 @@ impl KvState {
         // The tensors are copied from a read-only map of the spill file in layout order: rows
         // arrive in any key order, so the layout visits the spill at scattered offsets (one
         // positioned read per tensor cost a system call per tensor, 3 per row of the epoch
-        // benchmark; spec/performance.md §10.8). A map costs a page fault per few pages instead.
+        // benchmark; jvm-connector/bench/HISTORY.md §10.8). A map costs a page fault per few pages instead.
         let spill = files.spill.map()?;
         for e in &order {
             let bytes = usize::try_from(e.start)

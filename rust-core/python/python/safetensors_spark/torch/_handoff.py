@@ -26,7 +26,7 @@ class BlockPool:
     """A worker's shared-memory blocks for its messages, reused once the training process has
     released them. Writing into a fresh shared-memory block costs a page fault (a page allocated
     and zeroed by the kernel) per 4 KiB, ≈ 20 × copying into memory already mapped
-    (spec/performance.md §10.8); the training process keeps each block mapped, too.
+    (spec/performance.md §10.7); the training process keeps each block mapped, too.
 
     ``flags[worker, slot]`` is set to 1 by the training process when every tensor of the message
     in that block is gone (Handoff.batches), and to 0 by the worker when it reuses the block. A consumer
