@@ -8,6 +8,7 @@ import org.apache.spark.sql.{DataFrame, SparkSession}
 import org.apache.spark.sql.functions.{array, col, lit}
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
+import io.safetensors.spark.write.{LocalWorkDir, WriteTask}
 
 /**
  * Leaks over many writes and reads in one executor (local mode: the driver is the executor):
