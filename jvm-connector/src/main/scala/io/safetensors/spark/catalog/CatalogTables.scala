@@ -19,6 +19,7 @@ import org.apache.spark.sql.sources.InsertableRelation
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import io.safetensors.spark.SafetensorsDataSource
+import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.read.{ReadOptions, SafetensorsTable, TableSource}
 import io.safetensors.spark.write.{PartitionedWriter, WriteStats}
 
@@ -123,10 +124,7 @@ private[spark] final class SafetensorsCatalogTable(tableSchema: StructType,
   private def hasData: Boolean = options.path.exists { p =>
     val path = new Path(p)
     val fs = path.getFileSystem(SparkInternals.hadoopConf(SparkSession.active, options.read))
-    fs.exists(path) && fs.listStatus(path).exists { s =>
-      val n = s.getPath.getName
-      !n.startsWith("_") && !n.startsWith(".")
-    }
+    fs.exists(path) && fs.listStatus(path).exists(s => !DatasetFiles.isHidden(s.getPath.getName))
   }
 
   override def metadataColumns(): Array[MetadataColumn] =

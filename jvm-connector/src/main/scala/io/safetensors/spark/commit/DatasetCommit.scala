@@ -8,6 +8,7 @@ import java.nio.file.StandardCopyOption.ATOMIC_MOVE
 import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
 
 import com.fasterxml.jackson.databind.ObjectMapper
+import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, Path}
 
@@ -151,9 +152,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
 }
 
 private[spark] object DatasetCommit {
-  val ManifestName = "dataset_manifest.json"
   val LogDir = "_manifest_log"
-  val IndexDir = "_tensor_index.parquet"
   /** Log entries kept behind the newest (older ones are pruned after a commit). */
   val KeptVersions = 20
   /** A log entry is pruned only once it is at least this old. */
@@ -164,38 +163,6 @@ private[spark] object DatasetCommit {
   /** Tests only: called with the version a commit attempt is about to create, after the attempt
    *  read its base (lets a test make concurrent writers race for one version). */
   @volatile private[spark] var beforeCreate: Long => Unit = null
-
-  /** Reads of a replaced-whole object made before giving up (see [[readText]]). */
-  private val ReadAttempts = 10
-
-  /**
-   * The UTF-8 text of a small file that writers replace whole (`dataset_manifest.json`; a log
-   * entry or a task report is read the same way). On S3, S3A opens an object with a HEAD and then
-   * GETs it `If-Match` that ETag: a commit that replaces the object in between fails the GET with
-   * 412 (S3A's `RemoteFileChangedException`). The object is then read again, from its HEAD, so the
-   * text returned is always one whole version, the newest at that read (spec/dataset.md §5.3).
-   */
-  def readText(fs: FileSystem, p: Path): String = {
-    var attempt = 1
-    var text: Option[String] = None
-    while (text.isEmpty) {
-      try {
-        val in = fs.open(p)
-        try text = Some(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
-      } catch {
-        case e: IOException if replacedWhileRead(e) && attempt < ReadAttempts =>
-          attempt += 1
-          Thread.sleep(20L * attempt)
-      }
-    }
-    text.get
-  }
-
-  /** Whether `e` says the object changed between S3A's open and its read (by class name:
-   *  hadoop-aws need not be on the classpath). */
-  private def replacedWhileRead(e: Throwable): Boolean =
-    Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(8)
-      .exists(_.getClass.getName == "org.apache.hadoop.fs.s3a.RemoteFileChangedException")
 
   def logName(version: Long): String = f"$version%020d.json"
 
@@ -225,13 +192,6 @@ private[spark] object DatasetCommit {
       ch.force(true)
     } finally ch.close()
   }
-
-  /** Moves a local file to `dest` on `fs` (one upload on an object store). The source is passed as
-   *  a qualified `file:` URI: S3A's `copyFromLocalFile` (Hadoop 3.4.1, `CopyFromLocalOperation`)
-   *  relativizes the listed `file:/…` source against the path it was given and fails with
-   *  "Cannot get relative path" when that path has no scheme. */
-  def uploadLocal(fs: FileSystem, local: File, dest: Path): Unit =
-    fs.copyFromLocalFile(true, true, new Path(local.getAbsoluteFile.toURI), dest)
 
   def syncDir(dir: File): Unit = {
     val ch = FileChannel.open(dir.toPath, READ)

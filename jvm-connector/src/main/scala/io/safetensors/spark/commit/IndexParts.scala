@@ -11,7 +11,7 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.jni.{NativeReader, NativeWriter, SafetensorsException}
 import org.apache.hadoop.fs.{FileSystem, Path}
-import io.safetensors.spark.write.{SafetensorsWriter, WriteTask}
+import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
 
 /**
  * The driver's side of the per-shard index parts (spec/dataset.md §6.1): each shard's part
@@ -24,7 +24,7 @@ import io.safetensors.spark.write.{SafetensorsWriter, WriteTask}
 private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: String,
     localTemps: mutable.ArrayBuffer[File], objectStore: Boolean = false) {
   private val mapper = new ObjectMapper()
-  val indexDir = new Path(dest, DatasetCommit.IndexDir)
+  val indexDir = new Path(dest, DatasetFiles.IndexDir)
   /** A local directory for parts downloaded or built here and for mergeKeys' key lists. */
   lazy val workDir: File = {
     val d = Files.createTempDirectory("safetensors-index-").toFile
@@ -40,7 +40,7 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
   def partPath(file: String): Path = new Path(indexDir, partName(file))
 
   /** A local file with the bytes of `p` (itself when `p` is local, else a download). */
-  def local(p: Path): File = WriteTask.localFile(fs, p).getOrElse {
+  def local(p: Path): File = DatasetFiles.localFile(fs, p).getOrElse {
     val f = new File(workDir, s"dl-${java.util.UUID.randomUUID()}-${p.getName}")
     fs.copyToLocalFile(false, p, new Path(f.getAbsolutePath), true)
     f
@@ -53,7 +53,7 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
     if (fs.exists(published)) local(published)
     else {
       val f = new File(workDir, s"hdr-${existingLocal.size}-${partName(file)}")
-      val (header, len) = SafetensorsWriter.readHeaderJson(fs, new Path(dest, file))
+      val (header, len) = ShardHeaders.raw(fs, new Path(dest, file))
       NativeWriter.indexPartFromHeader(planJson, file, header, len, f.getAbsolutePath)
       f
     }
@@ -78,8 +78,8 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
    *  rewriteShardKeys ({"delete", "bytes", "samples", "num_tensors"}). */
   def rewrite(src: Path, out: Path, partOut: Option[Path], keysFile: String): JsonNode = {
     val direct = for {
-      i <- WriteTask.localFile(fs, src); o <- WriteTask.localFile(fs, out)
-      p <- partOut.map(q => WriteTask.localFile(fs, q).map(Some(_))).getOrElse(Some(None))
+      i <- DatasetFiles.localFile(fs, src); o <- DatasetFiles.localFile(fs, out)
+      p <- partOut.map(q => DatasetFiles.localFile(fs, q).map(Some(_))).getOrElse(Some(None))
     } yield (i, o, p)
     direct match {
       case Some((i, o, p)) =>
@@ -94,8 +94,8 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
         val r = mapper.readTree(NativeWriter.rewriteShardKeys(planJson, in.getAbsolutePath, o.getAbsolutePath,
           out.getName, p.map(_.getAbsolutePath).orNull, keysFile))
         if (!r.get("delete").asBoolean()) {
-          DatasetCommit.uploadLocal(fs, o, out)
-          for (pf <- p; q <- partOut) DatasetCommit.uploadLocal(fs, pf, q)
+          DatasetFiles.uploadLocal(fs, o, out)
+          for (pf <- p; q <- partOut) DatasetFiles.uploadLocal(fs, pf, q)
         }
         r
     }
@@ -106,7 +106,7 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
     val target = partPath(file)
     fs.mkdirs(indexDir)
     if (objectStore) {
-      DatasetCommit.uploadLocal(fs, local(from), target)
+      DatasetFiles.uploadLocal(fs, local(from), target)
       fs.delete(from, false)
     } else if (!fs.rename(from, target)) {
       throw new IOException(s"safetensors: cannot rename $from to $target")
@@ -120,10 +120,10 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
     val built = existingPart(f)
     val target = partPath(f)
     fs.mkdirs(indexDir)
-    if (objectStore) DatasetCommit.uploadLocal(fs, built, target) // one PUT: appears whole
+    if (objectStore) DatasetFiles.uploadLocal(fs, built, target) // one PUT: appears whole
     else {
     val tmp = new Path(indexDir, s".${target.getName}.${java.util.UUID.randomUUID()}.tmp")
-    DatasetCommit.uploadLocal(fs, built, tmp)
+    DatasetFiles.uploadLocal(fs, built, tmp)
     if (!fs.rename(tmp, target)) {
       fs.delete(tmp, false)
       if (!fs.exists(target)) throw new IOException(s"safetensors: cannot place index part $target")

@@ -3,7 +3,7 @@ package io.safetensors.spark.commit
 import java.io.IOException
 
 import org.apache.hadoop.fs.{FileSystem, Path}
-import io.safetensors.spark.write.WriteTask
+import io.safetensors.spark.files.DatasetFiles
 
 /**
  * The commit of a write on an object store (spec/dataset.md §5.6): stores whose rename is a copy
@@ -18,7 +18,7 @@ private[spark] object ObjectStoreCommit {
 
   /** Whether writes to `fs` use the direct protocol. */
   def applies(fs: FileSystem): Boolean =
-    WriteTask.localFile(fs, new Path("/")).isEmpty &&
+    DatasetFiles.localFile(fs, new Path("/")).isEmpty &&
       Option(fs.getUri.getScheme).exists(s => Schemes(s.toLowerCase(java.util.Locale.ROOT)))
 
   /** Whether `fs` is Hadoop's S3A (by class name: hadoop-aws need not be on the classpath). */
@@ -28,7 +28,7 @@ private[spark] object ObjectStoreCommit {
   def filesOfWrite(fs: FileSystem, dest: Path, writeId: String): Seq[Path] =
     if (!fs.exists(dest)) Seq.empty
     else fs.listStatus(dest).toSeq.filter(_.isFile).map(_.getPath)
-      .filter(_.getName.endsWith(s"-$writeId.safetensors"))
+      .filter(_.getName.endsWith(s"-$writeId${DatasetFiles.Extension}"))
 
   /** Deletes the shard files of write `writeId` that `keep` does not name: after a commit, the
    *  uploads of attempts that did not become part of the dataset; after a failure (`keep` empty),

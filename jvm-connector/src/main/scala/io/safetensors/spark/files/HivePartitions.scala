@@ -11,7 +11,6 @@ import org.apache.spark.sql.catalyst.expressions.GenericInternalRow
 import org.apache.spark.sql.sources._
 import org.apache.spark.sql.types._
 import org.apache.spark.unsafe.types.UTF8String
-import io.safetensors.spark.commit.DatasetCommit
 
 /**
  * Hive-style partition directories `col=value/…` (spec/dataset.md §9): the directory names a
@@ -43,15 +42,13 @@ private[spark] object HivePartitions {
   /** `col=value` → (column, value); None when the name is not a partition directory. */
   def parse(name: String): Option[(String, Option[String])] = {
     val eq = name.indexOf('=')
-    if (eq <= 0 || name.startsWith("_") || name.startsWith(".")) None
+    if (eq <= 0 || DatasetFiles.isHidden(name)) None
     else {
       val column = ExternalCatalogUtils.unescapePathName(name.substring(0, eq))
       val raw = name.substring(eq + 1)
       Some(column -> (if (raw == NullValue) None else Some(ExternalCatalogUtils.unescapePathName(raw))))
     }
   }
-
-  private def hidden(name: String): Boolean = name.startsWith("_") || name.startsWith(".")
 
   /**
    * The partition directories under `root`, leaves first-level-sorted, or None when `root` is not
@@ -60,8 +57,8 @@ private[spark] object HivePartitions {
    * beside partition directories that is not one, or files beside them, are errors naming it.
    */
   def discover(fs: FileSystem, root: Path): Option[Seq[Dir]] = {
-    val top = fs.listStatus(root).filterNot(s => hidden(s.getPath.getName))
-    if (fs.exists(new Path(root, DatasetCommit.ManifestName))) return None
+    val top = fs.listStatus(root).filterNot(s => DatasetFiles.isHidden(s.getPath.getName))
+    if (fs.exists(new Path(root, DatasetFiles.ManifestName))) return None
     if (!top.exists(s => s.isDirectory && parse(s.getPath.getName).isDefined)) return None
     val leaves = mutable.ArrayBuffer[Dir]()
     def walk(dir: Path, children: Seq[org.apache.hadoop.fs.FileStatus],
@@ -75,7 +72,7 @@ private[spark] object HivePartitions {
       }
       parts.sortBy(_.getPath.getName).foreach { p =>
         val (column, value) = parse(p.getPath.getName).get
-        walk(p.getPath, fs.listStatus(p.getPath).filterNot(s => hidden(s.getPath.getName)).toSeq,
+        walk(p.getPath, fs.listStatus(p.getPath).filterNot(s => DatasetFiles.isHidden(s.getPath.getName)).toSeq,
           values :+ (column -> value))
       }
     }

@@ -1,6 +1,5 @@
 package io.safetensors.spark.read
 
-import java.io.{EOFException, IOException}
 import java.util.concurrent.{Callable, Executors, TimeUnit}
 
 import scala.collection.mutable
@@ -10,10 +9,10 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.jni.{NativeLib, NativeReader}
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FSDataInputStream, FileStatus, FileSystem, Path}
+import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
 import org.apache.spark.sql.sources.Filter
 import org.apache.spark.sql.types.{ArrayType, DataType, StructType}
-import io.safetensors.spark.commit.DatasetCommit
+import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
 
 /** The read options (spec/options.md, "Read options"). */
 private[spark] final case class ReadOptions(
@@ -149,22 +148,21 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
     val found = mutable.LinkedHashMap[String, ListedFile]()
     val manifests = mutable.LinkedHashMap[String, String]()
     val indexes = mutable.LinkedHashMap[String, String]()
-    def isHidden(p: Path): Boolean = p.getName.startsWith("_") || p.getName.startsWith(".")
     def addFile(s: FileStatus): Unit =
       found.getOrElseUpdate(s.getPath.toString, ListedFile(s.getPath.toString, s.getLen))
     def walk(fs: FileSystem, dir: FileStatus): Unit = {
       val children = fs.listStatus(dir.getPath)
-      children.find(c => c.isFile && c.getPath.getName == ManifestName).foreach { m =>
+      children.find(c => c.isFile && c.getPath.getName == DatasetFiles.ManifestName).foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
-        val text = manifests.getOrElseUpdate(key, DatasetCommit.readText(fs, m.getPath))
+        val text = manifests.getOrElseUpdate(key, DatasetFiles.readText(fs, m.getPath))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
-        children.find(c => c.isDirectory && c.getPath.getName == IndexName).foreach { i =>
+        children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir).foreach { i =>
           indexes.getOrElseUpdate(key, i.getPath.toString)
         }
       }
-      children.filterNot(c => isHidden(c.getPath)).sortBy(_.getPath.toString).foreach { c =>
+      children.filterNot(c => DatasetFiles.isHidden(c.getPath.getName)).sortBy(_.getPath.toString).foreach { c =>
         if (c.isDirectory) { if (options.recursive) walk(fs, c) }
-        else if (c.getPath.getName.endsWith(Extension)) addFile(c)
+        else if (c.getPath.getName.endsWith(DatasetFiles.Extension)) addFile(c)
       }
     }
     options.paths.foreach { raw =>
@@ -178,7 +176,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       }
       matches.sortBy(_.getPath.toString).foreach { s =>
         if (s.isDirectory) walk(fs, s)
-        else if (!isGlob || (s.getPath.getName.endsWith(Extension) && !isHidden(s.getPath))) {
+        else if (!isGlob || DatasetFiles.isShardName(s.getPath.getName)) {
           addFile(s)
         }
       }
@@ -266,7 +264,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
           override def call(): Either[String, String] = {
             val length = byUri.get(uri).map(_.length).getOrElse(
               throw new IllegalStateException(s"safetensors: planner asked for unlisted file $uri"))
-            try Right(readHeader(new Path(uri), length, conf))
+            try Right(ShardHeaders.validated(new Path(uri), length, conf))
             catch { case e: Exception => Left(message(e)) }
           }
         })
@@ -386,53 +384,7 @@ private[spark] final case class Description(layout: String, schema: StructType,
 private[spark] final case class ReadPredicate(column: String, op: String, values: Seq[String])
 
 private[spark] object ReadSource {
-  val ManifestName = "dataset_manifest.json"
-  val IndexName: String = DatasetCommit.IndexDir
   private val mapper = new ObjectMapper()
-  val Extension = ".safetensors"
 
   def message(e: Throwable): String = Option(e.getMessage).getOrElse(e.getClass.getName)
-
-  /**
-   * Opens a file for positioned reads of a few ranges (spec/reading.md §5): with the `random`
-   * read policy, object-store connectors (S3A, ABFS, GCS) request just the ranges read (S3A: at
-   * least `fs.s3a.readahead.range`, 64 KiB by default) instead of the rest of the file from the
-   * first read on, and with the known length S3A skips its HEAD request. File systems that do
-   * not know these options ignore them (`opt`, not `must`).
-   */
-  def openForRanges(fs: FileSystem, path: Path, length: Long): FSDataInputStream = {
-    val future = fs.openFile(path)
-      .opt("fs.option.openfile.read.policy", "random")
-      .opt("fs.s3a.experimental.input.fadvise", "random") // S3A before Hadoop 3.3.5
-      .opt("fs.option.openfile.length", length.toString)
-      .build()
-    try future.get()
-    catch {
-      case e: java.util.concurrent.ExecutionException if e.getCause != null => throw e.getCause
-    }
-  }
-
-  /** The first 8 + N bytes of a file, read with two positioned reads. */
-  def readPrefixAndHeader(in: FSDataInputStream, file: String,
-      length: Long): Array[Byte] = {
-    val prefix = new Array[Byte](math.min(8L, length).toInt)
-    in.readFully(0L, prefix)
-    val n = NativeReader.headerLength(file, prefix, length)
-    val all = new Array[Byte]((8L + n).toInt)
-    System.arraycopy(prefix, 0, all, 0, prefix.length)
-    try in.readFully(8L, all, 8, n.toInt)
-    catch {
-      case e: EOFException => throw new IOException(s"$file: file ended while reading its header", e)
-    }
-    all
-  }
-
-  /** The validated header JSON text of a file. */
-  def readHeader(path: Path, length: Long, conf: Configuration): String = {
-    val fs = path.getFileSystem(conf)
-    val in = openForRanges(fs, path, length)
-    try NativeReader.validatedHeader(path.toString, readPrefixAndHeader(in, path.toString, length),
-      length)
-    finally in.close()
-  }
 }

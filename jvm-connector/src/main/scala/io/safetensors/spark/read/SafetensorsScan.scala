@@ -23,7 +23,8 @@ import org.apache.spark.sql.sources._
 import org.apache.spark.sql.types.{ArrayType, DataType, MapType, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
-import io.safetensors.spark.write.{SerializableConf, WriteTask}
+import io.safetensors.spark.files.{DatasetFiles, SerializableConf, ShardHeaders}
+import io.safetensors.spark.write.WriteTask
 
 /**
  * The table behind `format("safetensors")`. Reads: BATCH_READ through [[SafetensorsScanBuilder]].
@@ -236,11 +237,11 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
     val length = NativeReader.unitLength(handle, unit)
     val path = new Path(uri)
     val fs = path.getFileSystem(conf.value)
-    WriteTask.localFile(fs, path) match {
+    DatasetFiles.localFile(fs, path) match {
       case Some(file) => NativeReader.openLocal(handle, unit, file.getAbsolutePath)
       case None =>
-        stream = ReadSource.openForRanges(fs, path, length)
-        NativeReader.openRemote(handle, unit, ReadSource.readPrefixAndHeader(stream, uri, length))
+        stream = ShardHeaders.openForRanges(fs, path, length)
+        NativeReader.openRemote(handle, unit, ShardHeaders.readPrefixAndHeader(stream, uri, length))
     }
     opened = true
   }

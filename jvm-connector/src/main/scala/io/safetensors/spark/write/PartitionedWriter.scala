@@ -10,8 +10,7 @@ import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.sources.BaseRelation
 import org.apache.spark.sql.types._
 import org.apache.spark.storage.StorageLevel
-import io.safetensors.spark.commit.DatasetCommit
-import io.safetensors.spark.files.HivePartitions
+import io.safetensors.spark.files.{DatasetFiles, HivePartitions}
 
 /**
  * `df.write.partitionBy(c, …)` (spec/dataset.md §9): one complete dataset (shards, manifest,
@@ -100,7 +99,7 @@ private[spark] object PartitionedWriter {
         val written = targets.map(_._1.toString).toSet
         HivePartitions.discover(fs, dest).getOrElse(Seq.empty)
           .filter(d => !written(fs.makeQualified(d.path).toString))
-          .filter(d => fs.exists(new Path(d.path, DatasetCommit.ManifestName)))
+          .filter(d => fs.exists(new Path(d.path, DatasetFiles.ManifestName)))
           .foreach { d =>
             val empty = spark.createDataFrame(spark.sparkContext.emptyRDD[Row], dataSchema)
             SafetensorsWriter.write(sqlContext, SaveMode.Overwrite,
@@ -132,7 +131,7 @@ private[spark] object PartitionedWriter {
           s"safetensors: partitionBy column '${f.name}' is ${f.dataType.simpleString}; partition " +
             "columns must be string, integer (tinyint, smallint, int, bigint), boolean or date")
       }
-      if (f.name.startsWith("_") || f.name.startsWith(".")) {
+      if (DatasetFiles.isHidden(f.name)) {
         throw new IllegalArgumentException(
           s"safetensors: partitionBy column '${f.name}' starts with '${f.name.head}': its " +
             "directories would be hidden from readers; rename the column")

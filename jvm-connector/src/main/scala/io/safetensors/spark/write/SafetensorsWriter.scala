@@ -18,11 +18,10 @@ import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.sources.BaseRelation
 import org.apache.spark.sql.types.StructType
 import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
+import io.safetensors.spark.files.{DatasetFiles, SerializableConf}
 
 /** The driver side of a write: plan, mode, staging, job, commit (spec/jni.md, dataset.md). */
 private[spark] object SafetensorsWriter {
-  val ManifestName: String = DatasetCommit.ManifestName
-
   private val mapper = new ObjectMapper()
 
   /** What a write returns to Spark's V1 route: the written DataFrame's schema. */
@@ -64,7 +63,7 @@ private[spark] object SafetensorsWriter {
     // A local destination's directories, manifest and index go through java.nio: Hadoop's local
     // file system without its native library forks a `chmod` for every mkdirs and create and two
     // `readlink`s for every FileContext.rename (20-90 ms each, a third of a small write).
-    val localDest: Option[File] = WriteTask.localFile(fs, dest)
+    val localDest: Option[File] = DatasetFiles.localFile(fs, dest)
     // On an object store tasks upload their shards to their final names (spec/dataset.md §5.6).
     val objectStore = localDest.isEmpty && ObjectStoreCommit.applies(fs)
     // (4) mode. The dataset's current manifest (if any) is validated now, before anything on
@@ -86,9 +85,9 @@ private[spark] object SafetensorsWriter {
     val append = mode == SaveMode.Append
     if (append) current match {
       case Some(m) => NativeWriter.checkAppend(planJson, m)
-      case None if exists && listShards(fs, dest).nonEmpty =>
+      case None if exists && DatasetFiles.listShards(fs, dest).nonEmpty =>
         throw new IllegalArgumentException(
-          s"safetensors: cannot append to $dest: it holds .safetensors files but no $ManifestName " +
+          s"safetensors: cannot append to $dest: it holds .safetensors files but no ${DatasetFiles.ManifestName} " +
             "(not a dataset written by this connector)")
       case None =>
     }
@@ -117,7 +116,7 @@ private[spark] object SafetensorsWriter {
       val stagedParts = mutable.Map[String, Path]()
       results.foreach(_.indexParts.foreach { case (f, p) => stagedParts(f) = new Path(p) })
       val reports: Array[ObjectNode] = results.sortBy(_.partition)
-        .map(r => mapper.readTree(DatasetCommit.readText(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
+        .map(r => mapper.readTree(DatasetFiles.readText(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
       val parts = new IndexParts(fs, dest, planJson, localTemps, objectStore)
       val kv = mapper.readTree(planJson).path("layout").path("layout").asText() == "kv"
       val generateIndex = planGeneratesIndex(planJson)
@@ -280,8 +279,8 @@ private[spark] object SafetensorsWriter {
         case e: Exception =>
           throw new IOException(s"safetensors: the write to $dest was committed as manifest " +
             s"version $version (${DatasetCommit.LogDir}/${DatasetCommit.logName(version)}), but " +
-            s"replacing ${DatasetCommit.ManifestName} failed: ${e.getMessage}. Readers of " +
-            s"${DatasetCommit.ManifestName} see the previous version until the next write to this " +
+            s"replacing ${DatasetFiles.ManifestName} failed: ${e.getMessage}. Readers of " +
+            s"${DatasetFiles.ManifestName} see the previous version until the next write to this " +
             "path publishes a newer one, which includes this write's rows: do not run this write " +
             "again (spec/dataset.md §5.3)", e)
       }
@@ -344,31 +343,4 @@ private[spark] object SafetensorsWriter {
     nodes.foreach(a.add)
     mapper.writeValueAsString(a)
   }
-
-  /** The header text of a shard (ranged reads: the 8-byte prefix, then N bytes) and its length.
-   *  N is checked against the format's cap and the file length before anything is allocated. */
-  def readHeaderJson(fs: FileSystem, p: Path): (String, Long) = {
-    val len = fs.getFileStatus(p).getLen
-    if (len < 8) throw new SafetensorsException(s"$p: header too small: $len bytes")
-    val in = fs.open(p)
-    try {
-      val prefix = new Array[Byte](8)
-      in.readFully(0L, prefix)
-      val n = java.nio.ByteBuffer.wrap(prefix).order(java.nio.ByteOrder.LITTLE_ENDIAN).getLong
-      if (n < 0 || n > 100000000L || 8 + n > len)
-        throw new SafetensorsException(s"$p: invalid header length $n for a file of $len bytes")
-      val header = new Array[Byte](n.toInt)
-      in.readFully(8L, header)
-      (new String(header, StandardCharsets.UTF_8), len)
-    } finally in.close()
-  }
-
-  /** Top-level shard files (dataset.md §1): `*.safetensors` not starting with `_` or `.`. */
-  def listShards(fs: FileSystem, dir: Path): Seq[Path] =
-    if (!fs.getFileStatus(dir).isDirectory) Seq.empty
-    else fs.listStatus(dir).toSeq.filter(_.isFile).map(_.getPath).filter { p =>
-      val n = p.getName
-      n.endsWith(".safetensors") && !n.startsWith("_") && !n.startsWith(".")
-    }
-
 }

@@ -1,6 +1,6 @@
 package io.safetensors.spark.write
 
-import java.io.{File, ObjectInputStream, ObjectOutputStream}
+import java.io.File
 
 import scala.jdk.CollectionConverters._
 
@@ -8,27 +8,14 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.arrow.memory.{AllocationListener, BufferAllocator, RootAllocator}
 import org.apache.arrow.memory.rounding.SegmentRoundingPolicy
-import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.Path
 import org.apache.spark.{SparkContext, TaskContext}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.safetensors.TaskOutput
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.LongAccumulator
-import io.safetensors.spark.commit.{DatasetCommit, ObjectStoreCommit}
-
-/** Hadoop Configuration shipped to tasks (it is Writable, not Serializable). */
-private[spark] final class SerializableConf(@transient var value: Configuration) extends Serializable {
-  private def writeObject(out: ObjectOutputStream): Unit = {
-    out.defaultWriteObject()
-    value.write(out)
-  }
-  private def readObject(in: ObjectInputStream): Unit = {
-    in.defaultReadObject()
-    value = new Configuration(false)
-    value.readFields(in)
-  }
-}
+import io.safetensors.spark.commit.ObjectStoreCommit
+import io.safetensors.spark.files.{DatasetFiles, SerializableConf}
 
 /** What the driver ships to every task. */
 private[spark] final case class TaskJob(planJson: String, schema: StructType, stagingDir: String,
@@ -100,12 +87,6 @@ private[spark] object WriteTask {
 
   private val mapper = new ObjectMapper()
 
-  def localFile(fs: FileSystem, p: Path): Option[File] = fs match {
-    case l: LocalFileSystem => Some(l.pathToFile(p))
-    case r: RawLocalFileSystem => Some(r.pathToFile(p))
-    case _ => None
-  }
-
   def run(ctx: TaskContext, rows: Iterator[InternalRow], job: TaskJob): TaskResult = {
     NativeLib.ensureLoaded()
     val partition = ctx.partitionId()
@@ -113,7 +94,7 @@ private[spark] object WriteTask {
     val staging = new Path(job.stagingDir)
     val fs = staging.getFileSystem(conf)
     val attemptDir = new Path(staging, s"attempt-$partition-${ctx.taskAttemptId()}")
-    val direct = localFile(fs, attemptDir)
+    val direct = DatasetFiles.localFile(fs, attemptDir)
     val wire = WirePlan.parse(job.planJson) // before the local work dir exists: nothing to leak
     // a local work dir only when the dataset is not on the local file system; owned (locked) by
     // this JVM so that a later task removes it if this executor is killed (LocalWorkDir)
@@ -146,7 +127,7 @@ private[spark] object WriteTask {
     def stage(f: JsonNode): Path = {
       val dest = new Path(attemptDir, f.get("file").asText())
       if (direct.isEmpty) {
-        DatasetCommit.uploadLocal(fs, new File(f.get("local_path").asText()), dest)
+        DatasetFiles.uploadLocal(fs, new File(f.get("local_path").asText()), dest)
       }
       dest
     }
@@ -182,7 +163,7 @@ private[spark] object WriteTask {
         pending.foreach { case (file, local) =>
           val target = new Path(dest, file)
           uploaded += target
-          DatasetCommit.uploadLocal(fs, local, target)
+          DatasetFiles.uploadLocal(fs, local, target)
           staged(file) = target.toString
         }
       }

@@ -9,7 +9,7 @@ import org.apache.spark.sql.types._
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
 import io.safetensors.spark.{SafetensorsExtensions, TestSessions}
-import io.safetensors.spark.commit.DatasetCommit
+import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite}
 
 /**
@@ -137,12 +137,12 @@ class SafetensorsSqlSuite extends AnyFunSuite with BeforeAndAfterAll {
     withTable("ins") {
       sql(s"CREATE TABLE ins USING safetensors OPTIONS (batch_size '2', generate_index 'true') LOCATION '$path'")
       rows(6, from = 3).createOrReplaceTempView("more")
-      assert(!new File(path, DatasetCommit.IndexDir).exists())
+      assert(!new File(path, DatasetFiles.IndexDir).exists())
       sql("INSERT INTO ins SELECT id, x FROM more")
       assert(onDisk(path) == expected(0 until 9))
       assert(selected(spark.table("ins")) == expected(0 until 9))
       assert(manifest(path).get("total_samples").asInt == 9)
-      assert(new File(path, DatasetCommit.IndexDir).listFiles().nonEmpty) // the table's generate_index
+      assert(new File(path, DatasetFiles.IndexDir).listFiles().nonEmpty) // the table's generate_index
       // (a row in each of the two partitions: with generate_index, a write task of no rows is
       // a writer bug of its own, not of tables)
       sql("INSERT OVERWRITE ins SELECT id, x FROM more WHERE id IN (3, 7)")

@@ -16,7 +16,8 @@ import org.apache.spark.sql.types._
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
 import io.safetensors.spark.{TestRemoteFileSystem, TestSessions}
-import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite, SerializableConf}
+import io.safetensors.spark.files.SerializableConf
+import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite}
 
 /**
  * The read path measured by what it reads: the connector's `safetensorsBytesRead` scan metric

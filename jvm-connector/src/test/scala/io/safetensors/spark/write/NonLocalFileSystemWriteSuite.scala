@@ -14,6 +14,7 @@ import org.apache.spark.sql.types._
 import org.scalatest.BeforeAndAfterAll
 import org.scalatest.funsuite.AnyFunSuite
 import io.safetensors.spark.{TestRemoteFileSystem, TestSessions}
+import io.safetensors.spark.files.DatasetFiles
 
 /**
  * Writes to a destination FileSystem that is not a LocalFileSystem (scheme `testfs`, see
@@ -96,7 +97,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     val fs = new Path(remote).getFileSystem(conf)
     assert(fs.isInstanceOf[TestRemoteFileSystem])
     assert(!fs.isInstanceOf[LocalFileSystem] && !fs.isInstanceOf[RawLocalFileSystem])
-    assert(WriteTask.localFile(fs, new Path(remote, "x")).isEmpty)
+    assert(DatasetFiles.localFile(fs, new Path(remote, "x")).isEmpty)
   }
 
   test("batch mode through uploads: F32 values exact, staging gone, no temps") {
