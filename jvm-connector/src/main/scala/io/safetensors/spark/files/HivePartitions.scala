@@ -4,7 +4,7 @@ import java.nio.charset.StandardCharsets
 
 import scala.collection.mutable
 
-import org.apache.hadoop.fs.{FileSystem, Path}
+import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow
@@ -57,11 +57,13 @@ private[spark] object HivePartitions {
    * beside partition directories that is not one, or files beside them, are errors naming it.
    */
   def discover(fs: FileSystem, root: Path): Option[Seq[Dir]] = {
-    val top = fs.listStatus(root).filterNot(s => DatasetFiles.isHidden(s.getPath.getName))
+    def visible(dir: Path): Seq[FileStatus] =
+      fs.listStatus(dir).toSeq.filterNot(s => DatasetFiles.isHidden(s.getPath.getName))
+    val top = visible(root)
     if (fs.exists(new Path(root, DatasetFiles.ManifestName))) return None
     if (!top.exists(s => s.isDirectory && parse(s.getPath.getName).isDefined)) return None
     val leaves = mutable.ArrayBuffer[Dir]()
-    def walk(dir: Path, children: Seq[org.apache.hadoop.fs.FileStatus],
+    def walk(dir: Path, children: Seq[FileStatus],
         values: Seq[(String, Option[String])]): Unit = {
       val parts = children.filter(s => s.isDirectory && parse(s.getPath.getName).isDefined)
       if (parts.isEmpty) { leaves += Dir(dir, values); return }
@@ -72,11 +74,10 @@ private[spark] object HivePartitions {
       }
       parts.sortBy(_.getPath.getName).foreach { p =>
         val (column, value) = parse(p.getPath.getName).get
-        walk(p.getPath, fs.listStatus(p.getPath).filterNot(s => DatasetFiles.isHidden(s.getPath.getName)).toSeq,
-          values :+ (column -> value))
+        walk(p.getPath, visible(p.getPath), values :+ (column -> value))
       }
     }
-    walk(root, top.toSeq, Seq.empty)
+    walk(root, top, Seq.empty)
     val columns = leaves.head.values.map(_._1)
     leaves.find(_.values.map(_._1) != columns).foreach { odd =>
       throw new IllegalArgumentException(
