@@ -2,15 +2,12 @@ package io.safetensors.spark.catalog
 
 import java.io.File
 import java.nio.{ByteBuffer, ByteOrder}
-import java.nio.file.Files
 
-import org.apache.spark.sql.{DataFrame, Row, SaveMode, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row, SaveMode}
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.{SafetensorsExtensions, TestSessions}
+import io.safetensors.spark.{SafetensorsExtensions, SparkSuiteBase}
 import io.safetensors.spark.files.DatasetFiles
-import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite}
+import io.safetensors.spark.write.SafetensorsWriteSuite
 
 /**
  * SQL and catalog tables (spec/sql.md): SQL on files through the extensions class, CREATE TABLE
@@ -18,37 +15,19 @@ import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite}
  * table options, and that `save(path)` keeps every SaveMode. A Hive-less in-memory catalog with
  * its warehouse under this suite's temp directory.
  */
-class SafetensorsSqlSuite extends AnyFunSuite with BeforeAndAfterAll {
+class SafetensorsSqlSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite.{manifest, readShard, shardFiles}
 
-  private var spark: SparkSession = _
-  private var base: File = _
-  private var warehouse: File = _
-  private var counter = 0
+  private def warehouse: File = new File(base, "warehouse")
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    base = Files.createTempDirectory("safetensors-sql-suite").toFile
-    warehouse = new File(base, "warehouse")
-    spark = TestSessions.local("safetensors-sql",
-      "spark.sql.extensions" -> classOf[SafetensorsExtensions].getName,
-      "spark.sql.warehouse.dir" -> warehouse.getAbsolutePath,
-      "spark.sql.catalogImplementation" -> "in-memory")
-  }
+  override protected def appName: String = "safetensors-sql"
 
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
-
-  private def freshPath(): String = { counter += 1; new File(base, s"ds$counter").getAbsolutePath }
+  override protected def sparkConf: Seq[(String, String)] = Seq(
+    "spark.sql.extensions" -> classOf[SafetensorsExtensions].getName,
+    "spark.sql.warehouse.dir" -> warehouse.getAbsolutePath,
+    "spark.sql.catalogImplementation" -> "in-memory")
 
   private def sql(q: String): DataFrame = spark.sql(q)
-
-  private def messages(t: Throwable): String =
-    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
 
   private def withTable(names: String*)(body: => Unit): Unit =
     try body finally names.foreach(n => sql(s"DROP TABLE IF EXISTS $n"))

@@ -9,39 +9,21 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.node.ObjectNode
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
-import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.TestSessions
-import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite}
+import io.safetensors.spark.SparkSuiteBase
+import io.safetensors.spark.write.SafetensorsWriteSuite
 
 /**
  * A dataset directory shared by many writes (spec/dataset.md §5.3–5.4): concurrent commits, what
  * an overwrite may delete, and manifests that cannot be trusted.
  */
-class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
+class DatasetCommitSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite._
 
-  private var spark: SparkSession = _
-  private var base: File = _
-  private var counter = 0
   private val mapper = new ObjectMapper()
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-dataset-commit")
-    base = Files.createTempDirectory("safetensors-commit-suite").toFile
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
-
-  private def freshPath(): String = { counter += 1; new File(base, s"ds$counter").getAbsolutePath }
+  override protected def appName: String = "safetensors-dataset-commit"
 
   private val floatSchema = StructType(Seq(StructField("x", ArrayType(FloatType))))
 
@@ -100,9 +82,6 @@ class DatasetCommitSuite extends AnyFunSuite with BeforeAndAfterAll {
       out
     } finally DatasetCommit.beforeCreate = null
   }
-
-  private def messages(t: Throwable): String =
-    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
 
   test("4 concurrent appenders, 3 trials: every append that returned is listed, no shard unlisted") {
     for (trial <- 1 to 3) {

@@ -1,36 +1,23 @@
 package io.safetensors.spark.expressions
 
-import java.nio.file.Files
-
 import io.safetensors.spark.functions.{arr_to_st, st_to_array}
-import org.apache.spark.sql.{AnalysisException, Row, SparkSession}
+import org.apache.spark.sql.{AnalysisException, Row}
 import org.apache.spark.sql.functions.{array, col, lit}
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.TestSessions
+import io.safetensors.spark.SparkSuiteBase
 
 /**
  * The tensor functions from the Scala API, on a real local[2] session configured with our
  * `spark.sql.extensions` class (the PySpark cross-checks against numpy/ml_dtypes/safetensors are
  * tests/python/test_tensor_functions.py).
  */
-class TensorFunctionsSuite extends AnyFunSuite with BeforeAndAfterAll {
+class TensorFunctionsSuite extends SparkSuiteBase {
 
   private type CSeq[A] = scala.collection.Seq[A]
-  private var spark: SparkSession = _
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-spark-tensor-functions",
-      "spark.sql.extensions" -> "io.safetensors.spark.SafetensorsExtensions")
-  }
+  override protected def appName: String = "safetensors-spark-tensor-functions"
 
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-    } finally super.afterAll()
-  }
+  override protected def sparkConf: Seq[(String, String)] = Seq("spark.sql.extensions" -> "io.safetensors.spark.SafetensorsExtensions")
 
   private def floats(values: Seq[Double]*) = {
     val schema = StructType(Seq(StructField("x", ArrayType(DoubleType))))
@@ -54,7 +41,7 @@ class TensorFunctionsSuite extends AnyFunSuite with BeforeAndAfterAll {
       Seq(0x66, 0x2e, 0x00, 0x7c, 0x02, 0x00, 0x00, 0xc1).map(_.toByte))
     assert(first.getAs[CSeq[Int]]("shape") == Seq(2, 2) && first.getAs[String]("dtype") == "F16")
     // written as is, read back through the read path as floats
-    val dir = Files.createTempDirectory("tfuncs").resolve("out").toString
+    val dir = freshPath()
     ours.coalesce(1).write.format("safetensors").option("batch_size", "2").save(dir)
     val back = spark.read.format("safetensors").load(dir).collect()
     assert(back.length == 2)

@@ -8,49 +8,28 @@ import java.nio.file.Files
 import scala.jdk.CollectionConverters._
 
 import org.apache.spark.SparkEnv
-import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.execution.datasources.v2.BatchScanExec
 import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.{TestRemoteFileSystem, TestSessions}
+import io.safetensors.spark.{SparkSuiteBase, TestRemoteFileSystem}
 import io.safetensors.spark.files.SerializableConf
-import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite}
+import io.safetensors.spark.write.SafetensorsWriteSuite
 
 /**
  * The read path measured by what it reads: the connector's `safetensorsBytesRead` scan metric
  * (headers + data bytes the Rust task took) and, for the non-local `testfs` scheme, the bytes
  * that actually went through the Hadoop streams. Values are checked too.
  */
-class SafetensorsReadSuite extends AnyFunSuite with BeforeAndAfterAll {
+class SafetensorsReadSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite._
 
-  private var spark: SparkSession = _
-  private var base: File = _
-  private var counter = 0
+  override protected def appName: String = "safetensors-read"
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-read",
-      TestRemoteFileSystem.sparkConf :+ ("spark.sql.adaptive.enabled" -> "false"): _*)
-    base = Files.createTempDirectory("safetensors-read-suite").toFile
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
-
-  private def freshPath(): String = { counter += 1; new File(base, s"ds$counter").getAbsolutePath }
+  override protected def sparkConf: Seq[(String, String)] = TestRemoteFileSystem.sparkConf :+ ("spark.sql.adaptive.enabled" -> "false")
 
   private def remote(local: String): String = s"${TestRemoteFileSystem.Scheme}://$local"
-
-  private def messages(t: Throwable): String =
-    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
 
   /** 8 + N of a file. */
   private def headerBytes(f: File): Long = {

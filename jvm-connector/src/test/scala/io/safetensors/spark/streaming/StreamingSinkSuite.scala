@@ -1,19 +1,16 @@
 package io.safetensors.spark.streaming
 
 import java.io.File
-import java.nio.file.Files
 import java.util.concurrent.{CyclicBarrier, Executors, TimeUnit}
 
 import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.ObjectMapper
-import org.apache.spark.sql.{DataFrame, Row, SaveMode, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row, SaveMode}
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.TestSessions
+import io.safetensors.spark.SparkSuiteBase
 import io.safetensors.spark.commit.DatasetCommit
-import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite, SafetensorsWriter}
+import io.safetensors.spark.write.{SafetensorsWriteSuite, SafetensorsWriter}
 
 /**
  * The streaming sink's commit (spec/dataset.md §5.7) where the Python suite
@@ -21,25 +18,12 @@ import io.safetensors.spark.write.{LocalWorkDir, SafetensorsWriteSuite, Safetens
  * racing for one manifest version, so the replay is found by the check inside the commit loop,
  * not by the one before the job.
  */
-class StreamingSinkSuite extends AnyFunSuite with BeforeAndAfterAll {
+class StreamingSinkSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite.shardFiles
 
-  private var spark: SparkSession = _
-  private var base: File = _
   private val mapper = new ObjectMapper()
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-streaming-sink")
-    base = Files.createTempDirectory("safetensors-streaming-suite").toFile
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
+  override protected def appName: String = "safetensors-streaming-sink"
 
   private def rows(n: Int, tag: Int): DataFrame = {
     val data = (0 until n).map(i => Row(Seq((tag * 1000 + i).toFloat)))

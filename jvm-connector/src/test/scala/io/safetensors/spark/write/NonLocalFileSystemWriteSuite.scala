@@ -7,13 +7,11 @@ import java.nio.file.Files
 import scala.jdk.CollectionConverters._
 
 import org.apache.hadoop.fs.{LocalFileSystem, Path, RawLocalFileSystem}
-import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.functions.{col, udf}
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.{TestRemoteFileSystem, TestSessions}
+import io.safetensors.spark.{SparkSuiteBase, TestRemoteFileSystem}
 import io.safetensors.spark.files.DatasetFiles
 
 /**
@@ -21,38 +19,28 @@ import io.safetensors.spark.files.DatasetFiles
  * [[TestRemoteFileSystem]]): tasks write shards into a local temp dir and upload them into
  * staging; the driver commits through the Hadoop API. Files are then checked on the local disk.
  */
-class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
+class NonLocalFileSystemWriteSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite._
-
-  private var spark: SparkSession = _
-  private var base: File = _
-  private var counter = 0
 
   /** Name prefixes of the local temp files/dirs the writer creates in java.io.tmpdir. */
   private val writerTempPrefixes =
     Seq("safetensors-task-", "safetensors-rewrite-", "safetensors-index-", "safetensors-old-index-")
   private val tmpDir = new File(System.getProperty("java.io.tmpdir"))
 
+  override protected def appName: String = "safetensors-nonlocal-fs"
+
+  override protected def sparkConf: Seq[(String, String)] = TestRemoteFileSystem.sparkConf
+
   override def beforeAll(): Unit = {
-    super.beforeAll()
     // The pom gives the test JVM a java.io.tmpdir of its own (target/test-tmp), so every writer
     // temp found there is this JVM's: the leak check below needs no tolerance for other processes.
     assert(tmpDir.getName == "test-tmp", s"java.io.tmpdir is $tmpDir, not the test JVM's own target/test-tmp")
-    spark = TestSessions.local("safetensors-nonlocal-fs", TestRemoteFileSystem.sparkConf: _*)
-    base = Files.createTempDirectory("safetensors-nonlocal-suite").toFile
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
+    super.beforeAll()
   }
 
   /** (remote URI for the writer, the same directory on the local disk for checks) */
-  private def freshPath(): (String, String) = {
-    counter += 1
-    val local = new File(base, s"ds$counter").getAbsolutePath
+  private def freshRemotePath(): (String, String) = {
+    val local = freshPath()
     (s"${TestRemoteFileSystem.Scheme}://$local", local)
   }
 
@@ -88,11 +76,8 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     (0 until b.length / 4).map(i => bb.getFloat(i * 4))
   }
 
-  private def messages(t: Throwable): String =
-    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
-
   test("the testfs destination is not local: the writer's direct branch does not apply") {
-    val (remote, _) = freshPath()
+    val (remote, _) = freshRemotePath()
     val conf = SparkInternals.hadoopConf(spark.sqlContext, Map.empty)
     val fs = new Path(remote).getFileSystem(conf)
     assert(fs.isInstanceOf[TestRemoteFileSystem])
@@ -101,7 +86,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("batch mode through uploads: F32 values exact, staging gone, no temps") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     val uploads = tracked {
       floats(10).write.format("safetensors").option("batch_size", "3").save(remote)
     }
@@ -125,7 +110,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("KV lastWin with a duplicate key in two partitions: the driver rewrite goes through uploads") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
     val rows = Seq("a", "dup", "b", "dup").zipWithIndex.map { case (k, i) => Row(k, Seq.fill(4)(i.toFloat)) }
     val df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), schema)
@@ -142,7 +127,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("KV lastWin within one task across shards: the task rewrites its sealed shard before uploading it") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
     // 1 KiB per row, 1 MiB shards, 6000 rows = two Arrow batches (4096 rows each at most): "a"
     // is sealed in the task's first shard during the first batch and replaced in the second.
@@ -166,7 +151,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("generate_index: index parts uploaded; append indexes earlier shards, then adds its parts") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     val idx = new File(local, "_tensor_index.parquet")
     def indexRows(): Long = spark.read.parquet(idx.getAbsolutePath).count()
     // first write without an index, then an append that creates it (earlier shards from headers)
@@ -189,7 +174,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("overwrite and append through uploads") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     tracked(floats(4).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(remote))
     val oldShards = shardFiles(local).map(_.getName).toSet
     val u = tracked(floats(6, 1).write.format("safetensors").option("batch_size", "3").mode("overwrite").save(remote))
@@ -208,7 +193,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("a task that throws mid-write, after uploading sealed shards, leaves nothing behind, remote or local") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     // Rows reach the native writer in Arrow batches of 4096: rows 0..8191 are written before row
     // 9000 throws in the third batch. Eight shards of 1000 are sealed by then; a shard is uploaded
     // once it is in place, and at most 3 can still be on the sealing thread (2 queued + 1 being
@@ -224,7 +209,7 @@ class NonLocalFileSystemWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
   }
 
   test("a failed append leaves the existing dataset byte-identical") {
-    val (remote, local) = freshPath()
+    val (remote, local) = freshRemotePath()
     tracked(floats(4).write.format("safetensors").option("batch_size", "2").save(remote))
     val before = snapshot(local)
     val boom = udf { (i: Int) => if (i == 3) throw new RuntimeException("boom at 3") else Array(i.toFloat, 0f, 0f, 0f) }

@@ -8,38 +8,26 @@ import java.util.concurrent.ConcurrentLinkedQueue
 import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
-import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.functions.udf
 import org.apache.spark.sql.types._
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.TestSessions
+import io.safetensors.spark.SparkSuiteBase
 
 /** End-to-end writes through `df.write.format("safetensors")`, checked on disk. */
-class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
+class SafetensorsWriteSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite._
 
-  private var spark: SparkSession = _
-  private var base: File = _
   private val allocatorLeaks = new ConcurrentLinkedQueue[Long]()
-  private var counter = 0
+
+  override protected def appName: String = "safetensors-write"
 
   override def beforeAll(): Unit = {
     super.beforeAll()
-    spark = TestSessions.local("safetensors-write")
-    base = Files.createTempDirectory("safetensors-write-suite").toFile
     WriteTask.onAllocatorClose = a => allocatorLeaks.add(a.getAllocatedMemory)
   }
 
-  override def afterAll(): Unit = {
-    try {
-      WriteTask.onAllocatorClose = null
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
-
-  private def freshPath(): String = { counter += 1; new File(base, s"ds$counter").getAbsolutePath }
+  override def afterAll(): Unit =
+    try WriteTask.onAllocatorClose = null finally super.afterAll()
 
   private val floatSchema = StructType(Seq(StructField("x", ArrayType(FloatType))))
 
@@ -54,9 +42,6 @@ class SafetensorsWriteSuite extends AnyFunSuite with BeforeAndAfterAll {
     val rows = keys.zipWithIndex.map { case (k, i) => Row(k, Seq.fill(floatsPerRow)(i.toFloat)) }
     spark.createDataFrame(spark.sparkContext.parallelize(rows, parts), schema)
   }
-
-  private def messages(t: Throwable): String =
-    Iterator.iterate(t)(_.getCause).takeWhile(_ != null).map(_.toString).mkString(" | ")
 
   test("batch mode, default SaveMode on a fresh path: F32 values exact, shapes [rows, 4]") {
     val path = freshPath()

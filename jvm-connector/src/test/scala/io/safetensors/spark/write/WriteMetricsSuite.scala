@@ -7,27 +7,13 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.ObjectMapper
 import org.apache.spark.scheduler.{SparkListener, SparkListenerTaskEnd}
-import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.safetensors.TestListenerBus
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.TestSessions
+import io.safetensors.spark.SparkSuiteBase
 
 /** What a write reports to Spark's listeners (the stage page's "Output" column). */
-class WriteMetricsSuite extends AnyFunSuite with BeforeAndAfterAll {
+class WriteMetricsSuite extends SparkSuiteBase {
 
-  private var spark: SparkSession = _
-
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-spark-write-metrics")
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-    } finally super.afterAll()
-  }
+  override protected def appName: String = "safetensors-spark-write-metrics"
 
   test("task output metrics: bytes = the shards' sizes, records = the rows; named accumulators: shards, write time") {
     val outputs = mutable.ArrayBuffer[(Long, Long)]()
@@ -45,7 +31,7 @@ class WriteMetricsSuite extends AnyFunSuite with BeforeAndAfterAll {
       }
     }
     val df = spark.range(0, 1000, 1, 3).selectExpr("array(cast(id as float), 1.5f) as x", "id as label")
-    val dir = Files.createTempDirectory("metrics").resolve("out")
+    val dir = java.nio.file.Paths.get(freshPath())
     TestListenerBus.drain(spark.sparkContext)
     spark.sparkContext.addSparkListener(listener)
     try {

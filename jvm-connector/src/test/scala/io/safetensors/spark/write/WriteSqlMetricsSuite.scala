@@ -1,21 +1,18 @@
 package io.safetensors.spark.write
 
 import java.io.File
-import java.nio.file.Files
 
 import scala.collection.mutable
 import scala.jdk.CollectionConverters._
 
 import org.apache.spark.scheduler.{SparkListener, SparkListenerTaskEnd}
-import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.execution.{QueryExecution, SparkPlan}
 import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.safetensors.{TestListenerBus, TestSqlStatus}
 import org.apache.spark.sql.types._
 import org.apache.spark.sql.util.QueryExecutionListener
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
-import io.safetensors.spark.{SafetensorsExtensions, TestSessions}
+import io.safetensors.spark.{SafetensorsExtensions, SparkSuiteBase}
 
 /**
  * A write's rows, shards, bytes and conversion time as SQL metrics (spec/jni.md §3, item 5): on the
@@ -23,27 +20,15 @@ import io.safetensors.spark.{SafetensorsExtensions, TestSessions}
  * store, for `save(path)` (with the extensions class), INSERT INTO a catalog table, and
  * `writeTo(...)`; each value equal to what the manifest lists.
  */
-class WriteSqlMetricsSuite extends AnyFunSuite with BeforeAndAfterAll {
+class WriteSqlMetricsSuite extends SparkSuiteBase {
   import SafetensorsWriteSuite.{manifest, shardFiles}
 
-  private var spark: SparkSession = _
-  private var base: File = _
+  override protected def appName: String = "safetensors-write-sql-metrics"
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    base = Files.createTempDirectory("safetensors-write-sql-metrics").toFile
-    spark = TestSessions.local("safetensors-write-sql-metrics",
-      "spark.sql.extensions" -> classOf[SafetensorsExtensions].getName,
-      "spark.sql.warehouse.dir" -> new File(base, "warehouse").getAbsolutePath,
-      "spark.sql.catalogImplementation" -> "in-memory")
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
+  override protected def sparkConf: Seq[(String, String)] = Seq(
+    "spark.sql.extensions" -> classOf[SafetensorsExtensions].getName,
+    "spark.sql.warehouse.dir" -> new File(base, "warehouse").getAbsolutePath,
+    "spark.sql.catalogImplementation" -> "in-memory")
 
   /** `n` rows `(id: long, x: array<float>)` in 3 partitions. */
   private def rows(n: Int): DataFrame = {
