@@ -5,7 +5,7 @@ import java.io.File
 import io.safetensors.spark.jni.NativeLib
 import org.apache.spark.sql.DataFrame
 import org.apache.spark.sql.functions.{array, col, lit}
-import io.safetensors.spark.write.WriteTask
+import io.safetensors.spark.util.ArrowMemory
 
 /**
  * Leaks over many writes and reads in one executor (local mode: the driver is the executor):
@@ -71,7 +71,7 @@ class NativeMemorySoakSuite extends SparkSuiteBase {
   private def usage(): Usage = {
     System.gc()
     Thread.sleep(200)
-    Usage(NativeLib.nativeLiveBytes(), WriteTask.rootAllocator.getAllocatedMemory, openFds(),
+    Usage(NativeLib.nativeLiveBytes(), ArrowMemory.rootAllocator.getAllocatedMemory, openFds(),
       threadNames(), osThreads())
   }
 

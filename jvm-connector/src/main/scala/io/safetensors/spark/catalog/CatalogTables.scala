@@ -20,6 +20,7 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import io.safetensors.spark.SafetensorsDataSource
 import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.util.ConnectorOptions
 import io.safetensors.spark.read.{ReadOptions, SafetensorsTable, TableSource}
 import io.safetensors.spark.write.{PartitionedWriter, WriteStats}
 
@@ -65,7 +66,7 @@ private[spark] object TableOptions {
     properties.keys.exists(_.equalsIgnoreCase("provider"))
 
   def apply(properties: Map[String, String]): TableOptions = {
-    val path = properties.collectFirst { case (k, v) if k.equalsIgnoreCase("path") => v }
+    val path = ConnectorOptions.path(properties)
     if (!isCatalog(properties)) return TableOptions(properties, Map.empty, catalog = false, path)
     val lower = properties.keySet.map(_.toLowerCase)
     val user = properties.toSeq.flatMap { case (k, v) =>
@@ -156,7 +157,7 @@ private[spark] final class SafetensorsCatalogTable(tableSchema: StructType,
       "safetensors: the table has no location to write to"))
     // the INSERT's options (INSERT ... WITH (...), writeTo(...).option(...)) over the table's
     val merged = options.write.filterNot { case (k, _) => insertOptions.keys.exists(_.equalsIgnoreCase(k)) } ++
-      insertOptions.filterNot { case (k, _) => k.equalsIgnoreCase("path") }
+      ConnectorOptions.without(insertOptions, ConnectorOptions.Path)
     val partitioned =
       if (partitionColumns.isEmpty) Map.empty[String, String]
       else Map(PartitionedWriter.ColumnsKey -> new ObjectMapper().writeValueAsString(partitionColumns.asJava))

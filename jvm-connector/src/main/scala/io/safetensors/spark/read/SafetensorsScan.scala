@@ -23,8 +23,8 @@ import org.apache.spark.sql.sources._
 import org.apache.spark.sql.types.{ArrayType, DataType, MapType, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
-import io.safetensors.spark.files.{DatasetFiles, SerializableConf, ShardHeaders}
-import io.safetensors.spark.write.WriteTask
+import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
+import io.safetensors.spark.util.{ArrowMemory, SerializableConf}
 
 /**
  * The table behind `format("safetensors")`. Reads: BATCH_READ through [[SafetensorsScanBuilder]].
@@ -212,7 +212,7 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
   /** The columns Rust reads: `schema` without the partition columns (which are constants here). */
   private val dataSchema = StructType(schema.fields.filterNot(f => partitionSchema.fieldNames.contains(f.name)))
   NativeLib.ensureLoaded()
-  private val allocator: BufferAllocator = WriteTask.rootAllocator.newChildAllocator(
+  private val allocator: BufferAllocator = ArrowMemory.rootAllocator.newChildAllocator(
     s"safetensors-read-${Option(TaskContext.get()).map(_.taskAttemptId()).getOrElse(-1L)}",
     0, Long.MaxValue)
   private var handle: Long = NativeReader.open(specJson)

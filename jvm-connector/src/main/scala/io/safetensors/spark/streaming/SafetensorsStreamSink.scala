@@ -3,6 +3,7 @@ package io.safetensors.spark.streaming
 import org.apache.spark.sql.{DataFrame, SQLContext, SaveMode}
 import org.apache.spark.sql.execution.streaming.Sink
 import org.apache.spark.sql.streaming.OutputMode
+import io.safetensors.spark.util.ConnectorOptions
 import io.safetensors.spark.write.SafetensorsWriter
 
 /**
@@ -19,7 +20,7 @@ import io.safetensors.spark.write.SafetensorsWriter
 private[spark] final class SafetensorsStreamSink(sqlContext: SQLContext,
     parameters: Map[String, String]) extends Sink {
 
-  private val path = parameters.collectFirst { case (k, v) if k.equalsIgnoreCase("path") => v }
+  private val path = ConnectorOptions.path(parameters)
 
   override def addBatch(batchId: Long, data: DataFrame): Unit = {
     // set by Spark's stream execution on the thread that runs the batch; stable across restarts
@@ -54,7 +55,7 @@ private[spark] object SafetensorsStreamSink {
         "safetensors: partitionBy is not supported by the streaming sink (got " +
           partitionColumns.mkString(", ") + "); write each partition's stream to its own path")
     }
-    val path = parameters.collectFirst { case (k, v) if k.equalsIgnoreCase("path") => v }
+    val path = ConnectorOptions.path(parameters)
     if (path.forall(_.isEmpty)) {
       throw new IllegalArgumentException(
         "safetensors: the streaming sink needs an output path (.start(path) or .option(\"path\", ...))")

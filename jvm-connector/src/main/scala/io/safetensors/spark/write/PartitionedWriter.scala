@@ -11,6 +11,7 @@ import org.apache.spark.sql.sources.BaseRelation
 import org.apache.spark.sql.types._
 import org.apache.spark.storage.StorageLevel
 import io.safetensors.spark.files.{DatasetFiles, HivePartitions}
+import io.safetensors.spark.util.ConnectorOptions
 
 /**
  * `df.write.partitionBy(c, …)` (spec/dataset.md §9): one complete dataset (shards, manifest,
@@ -40,15 +41,13 @@ private[spark] object PartitionedWriter {
       data: DataFrame, requested: Seq[String]): BaseRelation = {
     val spark = sqlContext.sparkSession
     val caseSensitive = SparkInternals.caseSensitive(sqlContext)
-    val overwriteMode = parameters.collectFirst { case (k, v) if k.equalsIgnoreCase(OverwriteModeKey) => v }
+    val overwriteMode = ConnectorOptions.get(parameters, OverwriteModeKey)
       .getOrElse(spark.conf.get("spark.sql.sources.partitionOverwriteMode", "static")).trim.toLowerCase
     if (overwriteMode != "static" && overwriteMode != "dynamic") {
       throw new IllegalArgumentException(
         s"safetensors: option '$OverwriteModeKey' must be static or dynamic, got '$overwriteMode'")
     }
-    val params = parameters.filter { case (k, _) =>
-      k != ColumnsKey && !k.equalsIgnoreCase(OverwriteModeKey)
-    }
+    val params = ConnectorOptions.without(parameters, OverwriteModeKey) - ColumnsKey
     val fields = partitionFields(data.schema, requested, caseSensitive)
     val names = fields.map(_.name)
     val dataSchema = StructType(data.schema.fields.filterNot(f => names.contains(f.name)))
@@ -56,7 +55,7 @@ private[spark] object PartitionedWriter {
       throw new IllegalArgumentException(
         s"safetensors: partitionBy(${names.mkString(", ")}) leaves no column to write as tensors")
     }
-    params.collectFirst { case (k, v) if k.equalsIgnoreCase("name_col") => v }
+    ConnectorOptions.get(params, "name_col")
       .filter(n => names.exists(_.equalsIgnoreCase(n))).foreach { n =>
         throw new IllegalArgumentException(
           s"safetensors: the KV name column '$n' cannot also be a partitionBy column " +
@@ -65,7 +64,7 @@ private[spark] object PartitionedWriter {
     // every option and the data columns' plan are checked before anything on disk changes
     NativeLib.ensureLoaded()
     NativeWriter.planWrite(dataSchema.json, mapper.writeValueAsString(params.asJava), caseSensitive)
-    val path = params.collectFirst { case (k, v) if k.equalsIgnoreCase("path") => v }.getOrElse(
+    val path = ConnectorOptions.path(params).getOrElse(
       throw new IllegalArgumentException("safetensors: exactly one output path is required (.save(path))"))
     val root = new Path(path)
     val conf = SparkInternals.hadoopConf(sqlContext, params)
@@ -78,7 +77,7 @@ private[spark] object PartitionedWriter {
       case SaveMode.Ignore if exists => return relation
       case _ =>
     }
-    val withPath = params.filterNot(_._1.equalsIgnoreCase("path"))
+    val withPath = ConnectorOptions.without(params, ConnectorOptions.Path)
     val subMode = mode match {
       case SaveMode.Overwrite | SaveMode.Append => mode
       case _ => SaveMode.ErrorIfExists

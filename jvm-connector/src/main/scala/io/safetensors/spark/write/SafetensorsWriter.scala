@@ -9,7 +9,8 @@ import scala.jdk.CollectionConverters._
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
 import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
-import io.safetensors.spark.files.{DatasetFiles, SerializableConf}
+import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.util.{ConnectorOptions, SerializableConf}
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, Path}
@@ -59,8 +60,8 @@ private[spark] object SafetensorsWriter {
 
   /** Step 1: exactly one output path. */
   private def outputPath(parameters: Map[String, String]): Path = {
-    val path = parameters.collectFirst { case (k, v) if k.equalsIgnoreCase("path") => v }
-    val extra = parameters.collectFirst { case (k, v) if k.equalsIgnoreCase("paths") => v }
+    val path = ConnectorOptions.path(parameters)
+    val extra = ConnectorOptions.get(parameters, "paths")
       .filter(v => v.nonEmpty && v != "[]")
     if (path.forall(_.isEmpty) || extra.isDefined) {
       throw new IllegalArgumentException(

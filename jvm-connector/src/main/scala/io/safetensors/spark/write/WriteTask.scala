@@ -6,8 +6,7 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
-import org.apache.arrow.memory.{AllocationListener, BufferAllocator, RootAllocator}
-import org.apache.arrow.memory.rounding.SegmentRoundingPolicy
+import org.apache.arrow.memory.BufferAllocator
 import org.apache.hadoop.fs.Path
 import org.apache.spark.{SparkContext, TaskContext}
 import org.apache.spark.sql.catalyst.InternalRow
@@ -15,7 +14,8 @@ import org.apache.spark.sql.safetensors.TaskOutput
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.LongAccumulator
 import io.safetensors.spark.commit.ObjectStoreCommit
-import io.safetensors.spark.files.{DatasetFiles, SerializableConf}
+import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.util.{ArrowMemory, SerializableConf}
 
 /** What the driver ships to every task. */
 private[spark] final case class TaskJob(planJson: String, schema: StructType, stagingDir: String,
@@ -74,14 +74,6 @@ private[spark] final class NativeTaskWriter(planJson: String, partition: Int, wo
 }
 
 private[spark] object WriteTask {
-  /**
-   * One allocator per executor JVM; each task gets a child (which inherits its rounding). Buffer
-   * sizes are rounded up to 1 KiB, not to the next power of two (Arrow's default): a vector of
-   * 4 MiB of data plus its validity bits would otherwise take, zero and keep 8 MiB.
-   */
-  lazy val rootAllocator: BufferAllocator =
-    new RootAllocator(AllocationListener.NOOP, Long.MaxValue, new SegmentRoundingPolicy(1024))
-
   /** Test hook: when set, called with each task's allocator just before it is closed. */
   @volatile var onAllocatorClose: BufferAllocator => Unit = null
 
@@ -100,7 +92,7 @@ private[spark] object WriteTask {
     // this JVM so that a later task removes it if this executor is killed (LocalWorkDir)
     val owned = if (direct.isEmpty) Some(LocalWorkDir.create()) else None
     val workDir: File = direct.getOrElse(owned.get.dir)
-    val allocator = rootAllocator.newChildAllocator(s"safetensors-task-$partition-${ctx.taskAttemptId()}",
+    val allocator = ArrowMemory.rootAllocator.newChildAllocator(s"safetensors-task-$partition-${ctx.taskAttemptId()}",
       0, Long.MaxValue)
     val builder = new ArrowBatchBuilder(wire, job.schema, allocator)
     var writer: NativeTaskWriter = null

@@ -1,5 +1,6 @@
 package io.safetensors.spark.write
 
+import io.safetensors.spark.util.ArrowMemory
 import org.apache.arrow.c.{ArrowArray, ArrowSchema, Data}
 import org.apache.arrow.vector.{VarBinaryVector, VarCharVector}
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeArrayData, UnsafeProjection, UnsafeRow}
@@ -23,7 +24,7 @@ class ArrowBatchBuilderSuite extends AnyFunSuite {
   }
 
   test("a batch of 4096 rows × 256 floats takes its 4 MiB of elements once, not 8 MiB") {
-    val allocator = WriteTask.rootAllocator.newChildAllocator("batch-size-test", 0, Long.MaxValue)
+    val allocator = ArrowMemory.rootAllocator.newChildAllocator("batch-size-test", 0, Long.MaxValue)
     val builder = new ArrowBatchBuilder(floatsPlan, schema, allocator)
     try {
       val row = new GenericInternalRow(Array[Any](UnsafeArrayData.fromPrimitiveArray(Array.fill(256)(1.5f))))
@@ -68,7 +69,7 @@ class ArrowBatchBuilderSuite extends AnyFunSuite {
     // The same rows as GenericInternalRows take the generic path (getBinary / getBytes).
     val generic = keys.indices.map(i => new GenericInternalRow(Array[Any](Option(keys(i)).map(UTF8String.fromString).orNull, values(i))))
     for (input <- Seq(rows, generic)) {
-      val allocator = WriteTask.rootAllocator.newChildAllocator("unsafe-row-test", 0, Long.MaxValue)
+      val allocator = ArrowMemory.rootAllocator.newChildAllocator("unsafe-row-test", 0, Long.MaxValue)
       val builder = new ArrowBatchBuilder(plan, kvSchema, allocator)
       try {
         input.foreach(builder.add)

@@ -1,4 +1,4 @@
-package io.safetensors.spark.files
+package io.safetensors.spark.util
 
 import java.io.{ObjectInputStream, ObjectOutputStream}
 
