@@ -24,7 +24,7 @@ import org.apache.spark.sql.types.{ArrayType, DataType, MapType, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
 import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
-import io.safetensors.spark.util.{ArrowMemory, SerializableConf}
+import io.safetensors.spark.util.{ArrowMemory, SerializableConf, TaskMetric}
 
 /**
  * The table behind `format("safetensors")`. Reads: BATCH_READ through [[SafetensorsScanBuilder]].
@@ -332,13 +332,8 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
       bytesBefore = NativeReader.bytesRead(handle)
       skippedBefore = NativeReader.skipped(handle)
     }
-    Array(taskMetric(BytesReadMetric.Name, bytesBefore),
-      taskMetric(UnitsSkippedMetric.Name, skipped + skippedBefore))
-  }
-
-  private def taskMetric(n: String, v: Long): CustomTaskMetric = new CustomTaskMetric {
-    override def name(): String = n
-    override def value(): Long = v
+    Array(TaskMetric(BytesReadMetric.Name, bytesBefore),
+      TaskMetric(UnitsSkippedMetric.Name, skipped + skippedBefore))
   }
 
   override def close(): Unit = {

@@ -9,6 +9,7 @@ import org.apache.spark.sql.execution.datasources.SaveIntoDataSourceCommand
 import org.apache.spark.sql.execution.datasources.v2.LeafV2CommandExec
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import io.safetensors.spark.SafetensorsDataSource
+import io.safetensors.spark.util.TaskMetric
 
 /**
  * What one write added to its dataset (spec/jni.md §3, item 5): the rows (the shards'
@@ -22,10 +23,10 @@ private[spark] final case class WriteStats(rows: Long, shards: Long, bytes: Long
 
   /** The values of [[WriteStats.Metrics]], by name. */
   def taskMetrics: Array[CustomTaskMetric] = Array(
-    WriteStats.value(WriteStats.RowsName, rows),
-    WriteStats.value(WriteStats.ShardsName, shards),
-    WriteStats.value(WriteStats.BytesName, bytes),
-    WriteStats.value(WriteStats.TimeName, nanos / 1000000L))
+    TaskMetric(WriteStats.RowsName, rows),
+    TaskMetric(WriteStats.ShardsName, shards),
+    TaskMetric(WriteStats.BytesName, bytes),
+    TaskMetric(WriteStats.TimeName, nanos / 1000000L))
 }
 
 private[spark] object WriteStats {
@@ -39,11 +40,6 @@ private[spark] object WriteStats {
   /** The write metrics a write node declares (Spark instantiates each class by name to sum them). */
   def metrics: Array[CustomMetric] =
     Array(new RowsWrittenMetric, new ShardsWrittenMetric, new BytesWrittenMetric, new WriteTimeMetric)
-
-  private def value(n: String, v: Long): CustomTaskMetric = new CustomTaskMetric {
-    override def name(): String = n
-    override def value(): Long = v
-  }
 
   private final class Collector { var stats: WriteStats = Empty }
 
