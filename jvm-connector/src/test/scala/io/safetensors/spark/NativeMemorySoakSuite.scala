@@ -5,7 +5,7 @@ import java.io.File
 import io.safetensors.spark.jni.NativeLib
 import org.apache.spark.sql.DataFrame
 import org.apache.spark.sql.functions.{array, col, lit}
-import io.safetensors.spark.util.ArrowMemory
+import io.safetensors.spark.internal.ArrowMemory
 
 /**
  * Leaks over many writes and reads in one executor (local mode: the driver is the executor):

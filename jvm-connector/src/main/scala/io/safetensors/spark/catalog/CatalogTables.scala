@@ -20,7 +20,7 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import io.safetensors.spark.SafetensorsDataSource
 import io.safetensors.spark.files.DatasetFiles
-import io.safetensors.spark.util.ConnectorOptions
+import io.safetensors.spark.internal.ConnectorOptions
 import io.safetensors.spark.read.{ReadOptions, SafetensorsTable, TableSource}
 import io.safetensors.spark.write.{PartitionedWriter, WriteStats}
 

@@ -24,7 +24,7 @@ import org.apache.spark.sql.types.{ArrayType, DataType, MapType, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
 import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
-import io.safetensors.spark.util.{ArrowMemory, SerializableConf, TaskMetric}
+import io.safetensors.spark.internal.{ArrowMemory, SerializableConf, TaskMetric}
 
 /**
  * The table behind `format("safetensors")`. Reads: BATCH_READ through [[SafetensorsScanBuilder]].

@@ -3,7 +3,7 @@ package io.safetensors.spark.streaming
 import org.apache.spark.sql.{DataFrame, SQLContext, SaveMode}
 import org.apache.spark.sql.execution.streaming.Sink
 import org.apache.spark.sql.streaming.OutputMode
-import io.safetensors.spark.util.ConnectorOptions
+import io.safetensors.spark.internal.ConnectorOptions
 import io.safetensors.spark.write.SafetensorsWriter
 
 /**

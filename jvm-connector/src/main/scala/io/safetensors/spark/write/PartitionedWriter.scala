@@ -11,7 +11,7 @@ import org.apache.spark.sql.sources.BaseRelation
 import org.apache.spark.sql.types._
 import org.apache.spark.storage.StorageLevel
 import io.safetensors.spark.files.{DatasetFiles, HivePartitions}
-import io.safetensors.spark.util.ConnectorOptions
+import io.safetensors.spark.internal.ConnectorOptions
 
 /**
  * `df.write.partitionBy(c, …)` (spec/dataset.md §9): one complete dataset (shards, manifest,

@@ -10,7 +10,7 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
 import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
 import io.safetensors.spark.files.DatasetFiles
-import io.safetensors.spark.util.{ConnectorOptions, SerializableConf}
+import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, Path}

@@ -9,7 +9,7 @@ import org.apache.spark.sql.execution.datasources.SaveIntoDataSourceCommand
 import org.apache.spark.sql.execution.datasources.v2.LeafV2CommandExec
 import org.apache.spark.sql.execution.metric.{SQLMetric, SQLMetrics}
 import io.safetensors.spark.SafetensorsDataSource
-import io.safetensors.spark.util.TaskMetric
+import io.safetensors.spark.internal.TaskMetric
 
 /**
  * What one write added to its dataset (spec/jni.md §3, item 5): the rows (the shards'

@@ -15,7 +15,7 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.util.LongAccumulator
 import io.safetensors.spark.commit.ObjectStoreCommit
 import io.safetensors.spark.files.DatasetFiles
-import io.safetensors.spark.util.{ArrowMemory, SerializableConf}
+import io.safetensors.spark.internal.{ArrowMemory, SerializableConf}
 
 /** What the driver ships to every task. */
 private[spark] final case class TaskJob(planJson: String, schema: StructType, stagingDir: String,

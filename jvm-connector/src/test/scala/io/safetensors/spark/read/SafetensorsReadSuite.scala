@@ -14,7 +14,7 @@ import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types._
 import io.safetensors.spark.{SparkSuiteBase, TestRemoteFileSystem}
-import io.safetensors.spark.util.SerializableConf
+import io.safetensors.spark.internal.SerializableConf
 import io.safetensors.spark.write.SafetensorsWriteSuite
 
 /**

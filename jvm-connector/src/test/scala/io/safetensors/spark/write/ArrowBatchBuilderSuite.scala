@@ -1,6 +1,6 @@
 package io.safetensors.spark.write
 
-import io.safetensors.spark.util.ArrowMemory
+import io.safetensors.spark.internal.ArrowMemory
 import org.apache.arrow.c.{ArrowArray, ArrowSchema, Data}
 import org.apache.arrow.vector.{VarBinaryVector, VarCharVector}
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, UnsafeArrayData, UnsafeProjection, UnsafeRow}

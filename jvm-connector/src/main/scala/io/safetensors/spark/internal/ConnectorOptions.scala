@@ -1,4 +1,4 @@
-package io.safetensors.spark.util
+package io.safetensors.spark.internal
 
 /** Lookups in the options Spark passes a source or sink, whose keys arrive in any case. */
 private[spark] object ConnectorOptions {

@@ -1,4 +1,4 @@
-package io.safetensors.spark.util
+package io.safetensors.spark.internal
 
 import org.apache.arrow.memory.{AllocationListener, BufferAllocator, RootAllocator}
 import org.apache.arrow.memory.rounding.SegmentRoundingPolicy

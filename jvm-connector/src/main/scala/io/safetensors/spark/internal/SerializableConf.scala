@@ -1,4 +1,4 @@
-package io.safetensors.spark.util
+package io.safetensors.spark.internal
 
 import java.io.{ObjectInputStream, ObjectOutputStream}
 
