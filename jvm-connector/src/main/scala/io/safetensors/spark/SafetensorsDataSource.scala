@@ -14,6 +14,10 @@ import org.apache.spark.sql.sources.{BaseRelation, CreatableRelationProvider, Da
 import org.apache.spark.sql.streaming.OutputMode
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
+import io.safetensors.spark.catalog.{SafetensorsCatalogTable, TableOptions}
+import io.safetensors.spark.read.{PartitionedSource, ReadOptions, ReadSource, SafetensorsTable, TableSource}
+import io.safetensors.spark.streaming.SafetensorsStreamSink
+import io.safetensors.spark.write.{PartitionedWriter, SafetensorsWriter}
 
 /**
  * `format("safetensors")`.

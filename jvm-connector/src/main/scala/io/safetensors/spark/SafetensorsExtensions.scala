@@ -1,6 +1,9 @@
 package io.safetensors.spark
 
 import org.apache.spark.sql.SparkSessionExtensions
+import io.safetensors.spark.catalog.SqlOnFiles
+import io.safetensors.spark.expressions.TensorFunctions
+import io.safetensors.spark.write.SafetensorsSaveStrategy
 
 /**
  * The connector's `spark.sql.extensions` class:

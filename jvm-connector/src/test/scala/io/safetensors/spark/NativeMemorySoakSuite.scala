@@ -1,13 +1,11 @@
 package io.safetensors.spark
 
 import java.io.File
-import java.nio.file.Files
 
 import io.safetensors.spark.jni.NativeLib
-import org.apache.spark.sql.{DataFrame, SparkSession}
+import org.apache.spark.sql.DataFrame
 import org.apache.spark.sql.functions.{array, col, lit}
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
+import io.safetensors.spark.internal.ArrowMemory
 
 /**
  * Leaks over many writes and reads in one executor (local mode: the driver is the executor):
@@ -17,26 +15,13 @@ import org.scalatest.funsuite.AnyFunSuite
  * 25) and `-Dsafetensors.soak.partitions=P` the partitions of each write (default 10): 2·P write
  * batches and 100 read batches per round; the long soak (spec/jni.md §5) is 100 rounds of 50.
  */
-class NativeMemorySoakSuite extends AnyFunSuite with BeforeAndAfterAll {
-  private var spark: SparkSession = _
-  private var base: File = _
+class NativeMemorySoakSuite extends SparkSuiteBase {
 
   private val rounds = Integer.getInteger("safetensors.soak.rounds", 25).intValue()
   private val partitions = Integer.getInteger("safetensors.soak.partitions", 10).intValue()
   private val rowsPerRound = 100
 
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-soak")
-    base = Files.createTempDirectory("safetensors-soak").toFile
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-      if (base != null) LocalWorkDir.deleteTree(base)
-    } finally super.afterAll()
-  }
+  override protected def appName: String = "safetensors-soak"
 
   private def openFds(): Int = Option(new File("/proc/self/fd").list()).map(_.length).getOrElse(-1)
 
@@ -86,7 +71,7 @@ class NativeMemorySoakSuite extends AnyFunSuite with BeforeAndAfterAll {
   private def usage(): Usage = {
     System.gc()
     Thread.sleep(200)
-    Usage(NativeLib.nativeLiveBytes(), WriteTask.rootAllocator.getAllocatedMemory, openFds(),
+    Usage(NativeLib.nativeLiveBytes(), ArrowMemory.rootAllocator.getAllocatedMemory, openFds(),
       threadNames(), osThreads())
   }
 

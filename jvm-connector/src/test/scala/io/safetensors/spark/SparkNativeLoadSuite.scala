@@ -3,8 +3,6 @@ package io.safetensors.spark
 import io.safetensors.spark.jni.{NativeLib, SafetensorsException}
 import org.apache.spark.SparkException
 import org.apache.spark.sql.SparkSession
-import org.scalatest.BeforeAndAfterAll
-import org.scalatest.funsuite.AnyFunSuite
 
 /**
  * One real local[2] SparkSession: NativeLib called inside Spark tasks. In local mode the tasks
@@ -12,20 +10,9 @@ import org.scalatest.funsuite.AnyFunSuite
  * executor JVM loads the library from the jar: the `local-cluster` tests of
  * tests/python/test_spark_write.py and test_spark_read.py do that.
  */
-class SparkNativeLoadSuite extends AnyFunSuite with BeforeAndAfterAll {
+class SparkNativeLoadSuite extends SparkSuiteBase {
 
-  private var spark: SparkSession = _
-
-  override def beforeAll(): Unit = {
-    super.beforeAll()
-    spark = TestSessions.local("safetensors-spark-native-load")
-  }
-
-  override def afterAll(): Unit = {
-    try {
-      if (spark != null) spark.stop()
-    } finally super.afterAll()
-  }
+  override protected def appName: String = "safetensors-spark-native-load"
 
   test("native calls inside tasks (local mode: task threads of the driver JVM) return the library version") {
     val versions = spark.sparkContext

@@ -1,0 +1,51 @@
+package io.safetensors.spark.catalog
+
+import java.util.Locale
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.sql.{SparkSession, SparkSessionExtensions}
+import org.apache.spark.sql.catalyst.TableIdentifier
+import org.apache.spark.sql.catalyst.analysis.UnresolvedRelation
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan
+import org.apache.spark.sql.catalyst.rules.Rule
+import org.apache.spark.sql.safetensors.{SparkInternals, SparkLine}
+
+/**
+ * SQL on files: ``SELECT ... FROM safetensors.`/path/to/dataset` `` (spec/sql.md §1).
+ *
+ * Spark's own rule for this (`ResolveSQLOnFile`) takes only V1 `FileFormat` sources and refuses
+ * every other one with UNSUPPORTED_DATASOURCE_FOR_DIRECT_QUERY; it runs in the analyzer's
+ * Resolution batch, before any rule an extension can add there. So this rule is added to the
+ * batch that runs before it (the "Hints" batch, `injectHintResolutionRule`): it turns the
+ * two-part name `safetensors.<path>` into the relation `spark.read.format("safetensors")
+ * .load(path)` gives, unless a table of that name exists or SQL on files is off
+ * (`spark.sql.runSQLOnFiles`).
+ */
+object SqlOnFiles {
+  val Prefix = "safetensors"
+
+  /** Adds the rule where the Spark line allows it (4.x; not 3.5: SparkLine). */
+  def inject(extensions: SparkSessionExtensions): Unit =
+    SparkLine.injectPreResolutionRule(extensions, spark => new FileRule(spark))
+
+  final class FileRule(spark: SparkSession) extends Rule[LogicalPlan] {
+    override def apply(plan: LogicalPlan): LogicalPlan =
+      if (!spark.conf.get("spark.sql.runSQLOnFiles", "true").toBoolean) plan
+      else plan.resolveOperatorsUp {
+        case u: UnresolvedRelation if isFile(u) =>
+          val path = u.multipartIdentifier.last
+          if (path.isEmpty) {
+            throw new IllegalArgumentException("safetensors: SQL on files needs a path: safetensors.`/path`")
+          }
+          SparkInternals.logicalPlan(
+            spark.read.format(Prefix).options(u.options.asCaseSensitiveMap().asScala).load(path))
+      }
+
+    private def isFile(u: UnresolvedRelation): Boolean = u.multipartIdentifier match {
+      case Seq(head, name) if head.toLowerCase(Locale.ROOT) == Prefix =>
+        !SparkInternals.tableExists(spark, TableIdentifier(name, Some(head)))
+      case _ => false
+    }
+  }
+}

@@ -1,0 +1,200 @@
+package io.safetensors.spark.commit
+
+import java.io.{File, IOException}
+import java.nio.channels.FileChannel
+import java.nio.charset.StandardCharsets
+import java.nio.file.{FileAlreadyExistsException, Files}
+import java.nio.file.StandardCopyOption.ATOMIC_MOVE
+import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, Path}
+
+/**
+ * The commit protocol of a dataset directory (spec/dataset.md §5.3): every commit is one
+ * versioned manifest `_manifest_log/<version, 20 digits>.json`, created only if that version does
+ * not exist yet (hard link on a local file system, rename-without-overwrite elsewhere), so two
+ * writers can never both commit the same version; `dataset_manifest.json` is then replaced by
+ * the latest version's text. A writer whose version was taken re-reads the latest manifest and
+ * tries again on top of it.
+ *
+ * Local destinations go through java.nio (no forked `chmod`, fsync of files and directories);
+ * others through Hadoop's FileContext.
+ */
+private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Configuration,
+    localDest: Option[File]) {
+  import DatasetCommit._
+
+  private val logDir = new Path(dest, LogDir)
+  private val smallFs: FileSystem = fs match {
+    case l: LocalFileSystem => l.getRawFileSystem
+    case other => other
+  }
+
+  /** The latest committed manifest: (version, text), or None when the directory has none. The
+   *  version is the larger of the log's newest entry and `dataset_manifest.json`'s own
+   *  `manifest_version` (0 for a manifest written by another tool, or before the log existed). */
+  def latest(): Option[(Long, String)] = {
+    val published = new Path(dest, ManifestName)
+    val pub: Option[(Long, String)] =
+      if (fs.exists(published)) {
+        val text = readText(fs, published)
+        Some(versionOf(text) -> text)
+      } else None
+    logVersions().lastOption match {
+      case Some(v) if pub.forall(_._1 < v) => Some(v -> readText(fs, new Path(logDir, logName(v))))
+      case _ => pub
+    }
+  }
+
+  /** Versions in the log, ascending. */
+  def logVersions(): Seq[Long] =
+    if (!fs.exists(logDir)) Seq.empty
+    else fs.listStatus(logDir).toSeq.flatMap(s => parseLogName(s.getPath.getName)).sorted
+
+  /**
+   * Tries to commit `text` as `version`, built on `baseVersion`: false if that version exists
+   * already (another writer committed first), or if the base's log entry is gone (pruned: far
+   * behind, so read the latest again). A created version is never removed: other writers may
+   * already have built on it.
+   */
+  def tryCommit(version: Long, baseVersion: Long, text: String, writeId: String): Boolean = {
+    if (baseVersion > 0 && logVersions().nonEmpty && !fs.exists(new Path(logDir, logName(baseVersion)))) {
+      return false
+    }
+    val bytes = text.getBytes(StandardCharsets.UTF_8)
+    localDest match {
+      case Some(d) =>
+        val dir = new File(d, LogDir)
+        Files.createDirectories(dir.toPath)
+        val tmp = new File(dir, s".${logName(version)}.$writeId.tmp")
+        writeSynced(tmp, bytes)
+        try {
+          Files.createLink(new File(dir, logName(version)).toPath, tmp.toPath)
+          syncDir(dir)
+          true
+        } catch {
+          case _: FileAlreadyExistsException => false
+        } finally Files.deleteIfExists(tmp.toPath)
+      case None if ObjectStoreCommit.isS3A(fs) =>
+        // S3: one PUT with If-None-Match: * (a rename there is an existence check and a copy)
+        S3ConditionalCreate.createIfAbsent(fs, new Path(logDir, logName(version)), bytes)
+      case None =>
+        fs.mkdirs(logDir)
+        val tmp = new Path(logDir, s".${logName(version)}.$writeId.tmp")
+        val out = smallFs.create(tmp, true)
+        try out.write(bytes) finally out.close()
+        try {
+          FileContext.getFileContext(dest.toUri, conf)
+            .rename(tmp, new Path(logDir, logName(version)), Options.Rename.NONE)
+          true
+        } catch {
+          case _: org.apache.hadoop.fs.FileAlreadyExistsException | _: FileAlreadyExistsException =>
+            false
+        } finally if (fs.exists(tmp)) fs.delete(tmp, false)
+    }
+  }
+
+  /**
+   * Replaces `dataset_manifest.json` with the latest committed version's text, starting from the
+   * just committed `version`; repeats while a newer version appears, so the last writer to
+   * publish leaves the newest manifest even when publications of two commits overlap.
+   */
+  def publish(version: Long, text: String, writeId: String): Unit = {
+    var (v, t) = (version, text)
+    var done = false
+    while (!done) {
+      replaceManifest(t, writeId)
+      logVersions().lastOption match {
+        case Some(newer) if newer > v =>
+          v = newer
+          t = readText(fs, new Path(logDir, logName(newer)))
+        case _ => done = true
+      }
+    }
+  }
+
+  private def replaceManifest(text: String, writeId: String): Unit = {
+    val bytes = text.getBytes(StandardCharsets.UTF_8)
+    val tmpName = s".$ManifestName.$writeId.tmp"
+    localDest match {
+      case Some(d) =>
+        val tmp = new File(d, tmpName)
+        writeSynced(tmp, bytes)
+        Files.move(tmp.toPath, new File(d, ManifestName).toPath, ATOMIC_MOVE)
+        syncDir(d)
+      case None if ObjectStoreCommit.applies(fs) =>
+        // one PUT replaces the object whole (a rename would be a copy, §5.6)
+        val out = fs.create(new Path(dest, ManifestName), true)
+        try out.write(bytes) finally out.close()
+      case None =>
+        val tmp = new Path(dest, tmpName)
+        val out = smallFs.create(tmp, true)
+        try out.write(bytes) finally out.close()
+        FileContext.getFileContext(dest.toUri, conf)
+          .rename(tmp, new Path(dest, ManifestName), Options.Rename.OVERWRITE)
+    }
+  }
+
+  /** Deletes log entries more than [[KeptVersions]] versions behind `version` and older than
+   *  [[PruneAfterMillis]] (best effort): a writer that read one of them as its base long ago
+   *  finds it gone and reads the latest again, instead of re-creating a pruned version. */
+  def prune(version: Long): Unit = {
+    val cutoff = System.currentTimeMillis() - PruneAfterMillis
+    logVersions().filter(_ <= version - KeptVersions).foreach { v =>
+      val p = new Path(logDir, logName(v))
+      try if (fs.getFileStatus(p).getModificationTime < cutoff) fs.delete(p, false)
+      catch { case _: IOException => }
+    }
+  }
+}
+
+private[spark] object DatasetCommit {
+  val LogDir = "_manifest_log"
+  /** Log entries kept behind the newest (older ones are pruned after a commit). */
+  val KeptVersions = 20
+  /** A log entry is pruned only once it is at least this old. */
+  val PruneAfterMillis: Long = 60L * 60 * 1000
+
+  private val mapper = new ObjectMapper()
+
+  /** Tests only: called with the version a commit attempt is about to create, after the attempt
+   *  read its base (lets a test make concurrent writers race for one version). */
+  @volatile private[spark] var beforeCreate: Long => Unit = null
+
+  def logName(version: Long): String = f"$version%020d.json"
+
+  def parseLogName(name: String): Option[Long] =
+    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit))
+      Some(name.take(20).toLong)
+    else None
+
+  def indexPartName(version: Long): String = f"part-$version%020d.parquet"
+
+  def parseIndexPartName(name: String): Option[Long] =
+    if (name.length == 33 && name.startsWith("part-") && name.endsWith(".parquet") &&
+        name.slice(5, 25).forall(_.isDigit)) Some(name.slice(5, 25).toLong)
+    else None
+
+  /** `manifest_version` of a manifest's text; 0 when it has none (or is not JSON: its parse
+   *  fails later, with the reason, where it is used). */
+  def versionOf(text: String): Long =
+    try mapper.readTree(text).path("manifest_version").asLong(0L)
+    catch { case _: Exception => 0L }
+
+  def writeSynced(f: File, bytes: Array[Byte]): Unit = {
+    val ch = FileChannel.open(f.toPath, CREATE, TRUNCATE_EXISTING, WRITE)
+    try {
+      val buf = java.nio.ByteBuffer.wrap(bytes)
+      while (buf.hasRemaining) ch.write(buf)
+      ch.force(true)
+    } finally ch.close()
+  }
+
+  def syncDir(dir: File): Unit = {
+    val ch = FileChannel.open(dir.toPath, READ)
+    try ch.force(true) finally ch.close()
+  }
+}

@@ -1,0 +1,75 @@
+package io.safetensors.spark.files
+
+import java.io.{File, IOException}
+import java.nio.charset.StandardCharsets
+
+import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
+
+/**
+ * The names in a dataset directory (spec/dataset.md §1) and the small-file I/O that reads and
+ * writes share: each rule is written here once.
+ */
+private[spark] object DatasetFiles {
+  val ManifestName = "dataset_manifest.json"
+  /** The index directory: one part per shard (spec/dataset.md §6.1). */
+  val IndexDir = "_tensor_index.parquet"
+  val Extension = ".safetensors"
+
+  /** A name starting with `_` or `.` is hidden (dataset.md §1): never a shard, a partition
+   *  directory or data. */
+  def isHidden(name: String): Boolean = name.startsWith("_") || name.startsWith(".")
+
+  /** A shard file's name: `*.safetensors`, not hidden. */
+  def isShardName(name: String): Boolean = name.endsWith(Extension) && !isHidden(name)
+
+  /** Top-level shard files of `dir` (dataset.md §1). */
+  def listShards(fs: FileSystem, dir: Path): Seq[Path] =
+    if (!fs.getFileStatus(dir).isDirectory) Seq.empty
+    else fs.listStatus(dir).toSeq.filter(_.isFile).map(_.getPath).filter(p => isShardName(p.getName))
+
+  /** The local file of `p` when `fs` is the local file system. */
+  def localFile(fs: FileSystem, p: Path): Option[File] = fs match {
+    case l: LocalFileSystem => Some(l.pathToFile(p))
+    case r: RawLocalFileSystem => Some(r.pathToFile(p))
+    case _ => None
+  }
+
+  /** Reads of a replaced-whole object made before giving up (see [[readText]]). */
+  private val ReadAttempts = 10
+
+  /**
+   * The UTF-8 text of a small file that writers replace whole (`dataset_manifest.json`; a log
+   * entry or a task report is read the same way). On S3, S3A opens an object with a HEAD and then
+   * GETs it `If-Match` that ETag: a commit that replaces the object in between fails the GET with
+   * 412 (S3A's `RemoteFileChangedException`). The object is then read again, from its HEAD, so the
+   * text returned is always one whole version, the newest at that read (spec/dataset.md §5.3).
+   */
+  def readText(fs: FileSystem, p: Path): String = {
+    var attempt = 1
+    var text: Option[String] = None
+    while (text.isEmpty) {
+      try {
+        val in = fs.open(p)
+        try text = Some(new String(in.readAllBytes(), StandardCharsets.UTF_8)) finally in.close()
+      } catch {
+        case e: IOException if replacedWhileRead(e) && attempt < ReadAttempts =>
+          attempt += 1
+          Thread.sleep(20L * attempt)
+      }
+    }
+    text.get
+  }
+
+  /** Whether `e` says the object changed between S3A's open and its read (by class name:
+   *  hadoop-aws need not be on the classpath). */
+  private def replacedWhileRead(e: Throwable): Boolean =
+    Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(8)
+      .exists(_.getClass.getName == "org.apache.hadoop.fs.s3a.RemoteFileChangedException")
+
+  /** Moves a local file to `dest` on `fs` (one upload on an object store). The source is passed as
+   *  a qualified `file:` URI: S3A's `copyFromLocalFile` (Hadoop 3.4.1, `CopyFromLocalOperation`)
+   *  relativizes the listed `file:/…` source against the path it was given and fails with
+   *  "Cannot get relative path" when that path has no scheme. */
+  def uploadLocal(fs: FileSystem, local: File, dest: Path): Unit =
+    fs.copyFromLocalFile(true, true, new Path(local.getAbsoluteFile.toURI), dest)
+}

@@ -1,0 +1,472 @@
+package io.safetensors.spark.write
+
+import java.io.{File, IOException}
+import java.nio.file.Files
+
+import scala.collection.mutable
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
+import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
+import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
+import io.safetensors.spark.jni.{NativeLib, NativeWriter}
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.{FileSystem, Path}
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.{DataFrame, SQLContext, SaveMode}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.safetensors.SparkInternals
+import org.apache.spark.sql.sources.BaseRelation
+import org.apache.spark.sql.types.StructType
+
+/**
+ * The driver side of a write (spec/jni.md, dataset.md), in steps: [[outputPath]] and
+ * [[planWrite]] (all validation before anything on disk changes), [[start]] (the SaveMode against
+ * the dataset's current manifest), then a [[DriverWrite]]: staging, the tasks, their reports, the
+ * job commit, promotion of the staged files, the manifest commit and its publication.
+ */
+private[spark] object SafetensorsWriter {
+  private val mapper = new ObjectMapper()
+
+  /** What a write returns to Spark's V1 route: the written DataFrame's schema. */
+  final class WrittenRelation(val sqlContext: SQLContext, val schema: StructType)
+    extends BaseRelation
+
+  /** The error of `SaveMode.ErrorIfExists` on an existing path (a dataset or a partitioned root). */
+  def pathExists(dest: Path): IllegalArgumentException =
+    new IllegalArgumentException(
+      s"safetensors: path $dest already exists (SaveMode ErrorIfExists, the default); " +
+        "use .mode(\"overwrite\"), .mode(\"append\") or .mode(\"ignore\")")
+
+  /** One micro-batch of a streaming query ([[SafetensorsStreamSink]]): its commit records the
+   *  batch in the manifest, and a batch the manifest already records changes nothing (§5.7). */
+  final case class StreamBatch(queryId: String, batchId: Long)
+
+  def write(sqlContext: SQLContext, mode: SaveMode, parameters: Map[String, String],
+      data: DataFrame, stream: Option[StreamBatch] = None): BaseRelation = {
+    val relation = new WrittenRelation(sqlContext, data.schema)
+    val root = outputPath(parameters)
+    // Hadoop conf of this session + options; shipped to tasks
+    val conf = SparkInternals.hadoopConf(sqlContext, parameters)
+    val planJson = planWrite(sqlContext, parameters, data)
+    val target = new Target(root, conf)
+    start(target, mode, planJson, stream).foreach { s =>
+      new DriverWrite(sqlContext, data, planJson, target, s, stream).run()
+    }
+    relation
+  }
+
+  /** Step 1: exactly one output path. */
+  private def outputPath(parameters: Map[String, String]): Path = {
+    val path = ConnectorOptions.path(parameters)
+    val extra = ConnectorOptions.get(parameters, "paths")
+      .filter(v => v.nonEmpty && v != "[]")
+    if (path.forall(_.isEmpty) || extra.isDefined) {
+      throw new IllegalArgumentException(
+        "safetensors: exactly one output path is required (.save(path)); got path=" +
+          path.getOrElse("<none>") + extra.map(e => s", paths=$e").getOrElse(""))
+    }
+    new Path(path.get)
+  }
+
+  /** Step 2: the write plan (Rust; every option and column checked). */
+  private def planWrite(sqlContext: SQLContext, parameters: Map[String, String],
+      data: DataFrame): String = {
+    NativeLib.ensureLoaded()
+    NativeWriter.planWrite(data.schema.json, mapper.writeValueAsString(parameters.asJava),
+      SparkInternals.caseSensitive(sqlContext))
+  }
+
+  /** Where a write goes: the qualified destination on its file system, and how it commits there. */
+  private final class Target(root: Path, val conf: Configuration) {
+    val fs: FileSystem = root.getFileSystem(conf)
+    val dest: Path = fs.makeQualified(root)
+    // A local destination's directories, manifest and index go through java.nio: Hadoop's local
+    // file system without its native library forks a `chmod` for every mkdirs and create and two
+    // `readlink`s for every FileContext.rename (20-90 ms each, a third of a small write).
+    val localDest: Option[File] = DatasetFiles.localFile(fs, dest)
+    // On an object store tasks upload their shards to their final names (spec/dataset.md §5.6).
+    val objectStore: Boolean = localDest.isEmpty && ObjectStoreCommit.applies(fs)
+    val commits = new DatasetCommit(fs, dest, conf, localDest)
+  }
+
+  /** What a write that goes ahead starts from. */
+  private final case class Start(createdRoot: Boolean, append: Boolean)
+
+  /**
+   * Step 3, the mode: None when nothing is to be written (`ignore` on an existing path, or a
+   * micro-batch the manifest records already). The dataset's current manifest (if any) is
+   * validated now, before anything on disk changes: a tampered one (e.g. a shard named ../x)
+   * fails the write here.
+   */
+  private def start(target: Target, mode: SaveMode, planJson: String,
+      stream: Option[StreamBatch]): Option[Start] = {
+    import target.{dest, fs}
+    val exists = fs.exists(dest)
+    mode match {
+      case SaveMode.ErrorIfExists if exists => throw pathExists(dest)
+      case SaveMode.Ignore if exists => return None
+      case _ =>
+    }
+    val current: Option[String] = if (exists) target.commits.latest().map(_._2) else None
+    current.foreach(NativeWriter.checkManifest)
+    // a replayed micro-batch (its query committed it already): no job, nothing changes
+    if (stream.exists(b => NativeWriter.streamBatchCommitted(current.orNull, b.queryId, b.batchId))) {
+      return None
+    }
+    val append = mode == SaveMode.Append
+    if (append) current match {
+      case Some(m) => NativeWriter.checkAppend(planJson, m)
+      case None if exists && DatasetFiles.listShards(fs, dest).nonEmpty =>
+        throw new IllegalArgumentException(
+          s"safetensors: cannot append to $dest: it holds .safetensors files but no " +
+            s"${DatasetFiles.ManifestName} (not a dataset written by this connector)")
+      case None =>
+    }
+    Some(Start(createdRoot = !exists, append))
+  }
+
+  /**
+   * What the tasks left, by shard name: staged shards and index parts (staged with them,
+   * spec/dataset.md §6.1), and the task reports in partition order (edited by KV rewrites). Task
+   * reports hold O(shards): a KV shard reports its tensor count, its index part lists the tensors.
+   */
+  private final class Staged(val shards: mutable.Map[String, Path],
+      val parts: mutable.Map[String, Path], val reports: Array[ObjectNode]) {
+    /** The shard entries of all reports. */
+    def shardReports: Seq[JsonNode] = reports.toSeq.flatMap(_.path("shards").elements().asScala)
+  }
+
+  /** This write's manifest, as the job commit (`NativeWriter.commitJob`) made it. */
+  private final class JobManifest(val manifest: JsonNode) {
+    val json: String = mapper.writeValueAsString(manifest)
+    val listed: Set[String] =
+      manifest.get("shards").elements().asScala.map(_.get("shard_path").asText()).toSet
+  }
+
+  /**
+   * One write that goes ahead, from staging to publication. Everything it adds to the dataset
+   * directory is removed again if it fails before its manifest commit.
+   */
+  private final class DriverWrite(sqlContext: SQLContext, data: DataFrame, planJson: String,
+      target: Target, start: Start, stream: Option[StreamBatch]) {
+    import target.{dest, fs}
+    private val plan = mapper.readTree(planJson)
+    private val writeId = plan.get("write_id").asText()
+    private val staging = new Path(dest, s"_staging-$writeId")
+    private val rewrittenDir = new Path(staging, "rewritten")
+    private val kv = plan.path("layout").path("layout").asText() == "kv"
+    private val generateIndex = plan.path("generate_index").asBoolean(false)
+    /** Files placed in the dataset directory (removed again if the write fails). */
+    private val promoted = mutable.ArrayBuffer[Path]()
+    private val localTemps = mutable.ArrayBuffer[File]()
+    private val parts = new IndexParts(fs, dest, planJson, localTemps, target.objectStore)
+    private var committed = false
+    /** KV appends: shards of the dataset known to hold none of this write's keys (their content
+     *  never changes), and this commit attempt's rewritten copies of older shards (and parts). */
+    private val keysClean = mutable.Set[String]()
+    private var rewritten = Seq.empty[Path]
+
+    def run(): Unit =
+      try {
+        createStaging()
+        val job = TaskJob(planJson, data.schema, staging.toString, new SerializableConf(target.conf),
+          WriteMetrics(sqlContext.sparkContext))
+        val staged = collectReports(runTasks(sqlContext, data, job))
+        if (kv) resolveKeysWithinWrite(staged)
+        val mine = commitJob(staged)
+        promote(staged, mine)
+        commitManifest(staged, mine) match {
+          case Some(next) =>
+            val version = publish(next)
+            cleanUp(version, next, mine)
+            report(mine, job)
+          case None =>
+            // another run of this query committed the batch since the check before the job:
+            // this run's shards go, the dataset is left as that commit made it
+            promoted.foreach(p => quietly(null)(fs.delete(p, false)))
+        }
+      } catch {
+        case t: Throwable if !committed =>
+          rollBack(t)
+          throw t
+      } finally {
+        quietly(null)(fs.delete(staging, true))
+        // recursive: a rewrite's temp dir is registered before the files inside it
+        localTemps.foreach(LocalWorkDir.deleteTree)
+      }
+
+    private def createStaging(): Unit = target.localDest match {
+      case Some(d) => Files.createDirectories(new File(d, staging.getName).toPath)
+      case None => if (!fs.mkdirs(staging)) throw new IOException(s"safetensors: cannot create $staging")
+    }
+
+    /** The tasks' reports read back, and their staged files. */
+    private def collectReports(results: Array[TaskResult]): Staged = {
+      val shards = mutable.Map[String, Path]()
+      results.foreach(_.staged.foreach { case (f, p) => shards(f) = new Path(p) })
+      val stagedParts = mutable.Map[String, Path]()
+      results.foreach(_.indexParts.foreach { case (f, p) => stagedParts(f) = new Path(p) })
+      val reports: Array[ObjectNode] = results.sortBy(_.partition).map(r =>
+        mapper.readTree(DatasetFiles.readText(fs, new Path(r.reportFile))).asInstanceOf[ObjectNode])
+      new Staged(shards, stagedParts, reports)
+    }
+
+    /**
+     * KV keys across this write's shards: a streaming merge of their sorted index parts; `fail`
+     * throws, `lastWin` rewrites the shards whose keys won elsewhere.
+     */
+    private def resolveKeysWithinWrite(staged: Staged): Unit = {
+      val runs = staged.shardReports.map { s =>
+        val f = s.get("file").asText()
+        val part = staged.parts.getOrElse(f, throw new IllegalStateException(
+          s"safetensors: internal error: shard $f has no index part"))
+        (f, parts.local(part), false, s.get("partition").asLong(), s.get("shard").asLong())
+      }
+      parts.merge(runs).foreach { case (file, keys, _) => rewriteStaged(staged, file, keys) }
+    }
+
+    /** Rewrites this write's shard `file` without the keys in `keys` (a local keys file). */
+    private def rewriteStaged(staged: Staged, file: String, keys: String): Unit = {
+      // on an object store the task uploaded the shard under its final name, still unlisted:
+      // the rewrite replaces that object with one PUT (a rename there would copy it)
+      val out = if (target.objectStore) new Path(dest, file) else new Path(rewrittenDir, file)
+      val partOut = new Path(rewrittenDir, parts.partName(file))
+      val src = staged.shards(file)
+      val r = parts.rewrite(src, out, Some(partOut), keys)
+      val delete = r.get("delete").asBoolean()
+      if (delete || src != out) fs.delete(src, false)
+      fs.delete(staged.parts(file), false)
+      if (delete) {
+        staged.shards.remove(file)
+        staged.parts.remove(file)
+      } else {
+        staged.shards(file) = out
+        staged.parts(file) = partOut
+      }
+      staged.reports.filter(_.has("shards")).foreach { rep =>
+        val shards = rep.get("shards").asInstanceOf[ArrayNode]
+        (0 until shards.size()).find(i => shards.get(i).get("file").asText() == file).foreach { i =>
+          if (delete) shards.remove(i)
+          else shards.get(i).asInstanceOf[ObjectNode].put("samples", r.get("samples").asLong())
+            .put("bytes", r.get("bytes").asLong()).put("num_tensors", r.get("num_tensors").asLong())
+        }
+      }
+    }
+
+    /** The job commit: this write's manifest from the (final) task reports. */
+    private def commitJob(staged: Staged): JobManifest = {
+      val commit = mapper.readTree(NativeWriter.commitJob(planJson, arrayJson(staged.reports.toSeq)))
+      if (commit.get("rewrites").size() != 0) {
+        throw new IllegalStateException("safetensors: internal error: the job commit asks for shard rewrites")
+      }
+      new JobManifest(commit.get("manifest"))
+    }
+
+    /**
+     * Moves the staged shards to their names in the dataset (every staged shard is one of this
+     * write's manifest's), and with generate_index their parts (an unlisted part is never read
+     * through a manifest).
+     */
+    private def promote(staged: Staged, mine: JobManifest): Unit =
+      staged.shards.foreach { case (file, src) =>
+        if (!mine.listed(file)) {
+          throw new IllegalStateException(s"safetensors: staged shard $file is not in the manifest")
+        }
+        val placed = new Path(dest, file)
+        // on an object store the task placed it under its final name already
+        if (src != placed && !fs.rename(src, placed)) {
+          throw new IOException(s"safetensors: cannot rename $src to $placed")
+        }
+        promoted += placed
+        staged.parts.get(file).foreach { part =>
+          if (generateIndex) {
+            val placedPart = parts.publish(file, part)
+            promoted += placedPart
+            staged.parts(file) = placedPart
+          }
+        }
+      }
+
+    /**
+     * The commit: the next manifest version on top of the latest one, retried on top of a newer
+     * one when another writer committed first (spec/dataset.md §5.3). Its answer (version,
+     * manifest, superseded), or None when the stream's batch turned out committed already.
+     */
+    private def commitManifest(staged: Staged, mine: JobManifest): Option[JsonNode] = {
+      var attempts = 0
+      while (true) {
+        if (attempts == MaxCommitAttempts) {
+          throw new IOException(s"safetensors: could not commit to $dest: $attempts attempts " +
+            "each found a newer manifest version committed by another writer")
+        }
+        attempts += 1
+        val base = target.commits.latest()
+        // a previous attempt's rewrites were made against another base: start over
+        rewritten.foreach { p => fs.delete(p, false); promoted -= p }
+        rewritten = Seq.empty
+        // the stream's record is checked on the very manifest this attempt builds on, so the
+        // check and the listing of the batch's shards are one atomic version (§5.7)
+        if (stream.exists(b => NativeWriter.streamBatchCommitted(base.map(_._2).orNull,
+            b.queryId, b.batchId))) {
+          return None
+        }
+        val replacements =
+          if (start.append && kv) resolveKeysAcrossDataset(staged, base) else mapper.createArrayNode()
+        val next = nextManifest(base, mine, replacements)
+        Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
+        committed = target.commits.tryCommit(next.get("version").asLong(),
+          base.map(_._1).getOrElse(0L), next.get("manifest").asText(), writeId)
+        if (committed) return Some(next)
+      }
+      throw new IllegalStateException("unreachable")
+    }
+
+    /**
+     * KV appends: this write's keys against every listed shard of `base` (dataset.md §3), by
+     * merging index parts (an existing shard without one gets a temporary part from its header);
+     * `fail` throws, `lastWin` rewrites the older shards that lose keys. Their replacements in
+     * the next manifest.
+     */
+    private def resolveKeysAcrossDataset(staged: Staged, base: Option[(Long, String)]): ArrayNode = {
+      val replacements = mapper.createArrayNode()
+      val unchecked = base.toSeq.flatMap { case (_, text) =>
+        mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
+      }.filterNot(keysClean)
+      if (unchecked.nonEmpty && staged.parts.nonEmpty) {
+        val runs = unchecked.map(f => (f, parts.existingPart(f), true, 0L, 0L)) ++
+          staged.shardReports.map { s =>
+            val f = s.get("file").asText()
+            (f, parts.local(staged.parts.getOrElse(f, new Path(rewrittenDir, parts.partName(f)))),
+              false, s.get("partition").asLong(), s.get("shard").asLong())
+          }
+        val losers = parts.merge(runs)
+        val hit = losers.map(_._1).toSet
+        keysClean ++= unchecked.filterNot(hit)
+        val copyId = java.util.UUID.randomUUID().toString
+        losers.foreach { case (old, keys, _) =>
+          rewriteOlder(old, keys, copyId, replacements.addObject().put("old", old))
+        }
+      }
+      replacements
+    }
+
+    /** Copies the dataset's shard `old` without the keys in `keys` under a new name (none when
+     *  no tensor is left), recorded in `entry` as its replacement. */
+    private def rewriteOlder(old: String, keys: String, copyId: String, entry: ObjectNode): Unit = {
+      val newName =
+        old.replaceFirst("^(part-[0-9]{5,}-[0-9]{4,})-.*$", "$1-" + copyId + DatasetFiles.Extension)
+      val copy = new Path(dest, newName)
+      val partCopy = if (generateIndex) Some(parts.partPath(newName)) else None
+      val r = parts.rewrite(new Path(dest, old), copy, partCopy, keys)
+      if (r.get("delete").asBoolean()) entry.putNull("new")
+      else {
+        promoted += copy
+        rewritten :+= copy
+        partCopy.foreach { p => promoted += p; rewritten :+= p }
+        entry.putObject("new").put("shard_path", newName)
+          .put("samples_count", r.get("samples").asLong())
+          .put("bytes", r.get("bytes").asLong())
+          .put("partition", parsePartition(old))
+          .put("padded_samples", 0)
+          .put("num_tensors", r.get("num_tensors").asLong())
+      }
+    }
+
+    /** The next manifest (Rust) on top of `base`: version, manifest text, superseded shards. */
+    private def nextManifest(base: Option[(Long, String)], mine: JobManifest,
+        replacements: ArrayNode): JsonNode = {
+      val replacementsJson =
+        if (replacements.isEmpty) null else mapper.writeValueAsString(replacements)
+      mapper.readTree(stream match {
+        case Some(b) => NativeWriter.nextStreamManifest(base.map(_._2).orNull, mine.json,
+          replacementsJson, b.queryId, b.batchId)
+        case None => NativeWriter.nextManifest(base.map(_._2).orNull, mine.json, start.append,
+          replacementsJson)
+      })
+    }
+
+    /**
+     * After the commit: the version exists in the log; readers of dataset_manifest.json see it
+     * once it is published (spec/dataset.md §5.3 step 4). Returns the version.
+     */
+    private def publish(next: JsonNode): Long = {
+      val version = next.get("version").asLong()
+      try target.commits.publish(version, next.get("manifest").asText(), writeId)
+      catch {
+        case e: Exception =>
+          throw new IOException(s"safetensors: the write to $dest was committed as manifest " +
+            s"version $version (${DatasetCommit.LogDir}/${DatasetCommit.logName(version)}), but " +
+            s"replacing ${DatasetFiles.ManifestName} failed: ${e.getMessage}. Readers of " +
+            s"${DatasetFiles.ManifestName} see the previous version until the next write to this " +
+            "path publishes a newer one, which includes this write's rows: do not run this write " +
+            "again (spec/dataset.md §5.3)", e)
+      }
+      version
+    }
+
+    /** What the published version no longer needs: unlisted uploads, superseded shards and their
+     *  index parts, old log entries. */
+    private def cleanUp(version: Long, next: JsonNode, mine: JobManifest): Unit = {
+      if (target.objectStore) {
+        // uploads of attempts that did not commit (a task that failed after its upload)
+        ObjectStoreCommit.removeUnlisted(fs, dest, writeId, mine.listed, null)
+      }
+      val nowListed = mapper.readTree(next.get("manifest").asText()).path("shards").elements().asScala
+        .map(_.get("shard_path").asText()).toSeq
+      val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
+      if (generateIndex) {
+        // earlier shards without a part (an append that creates the first index) get one
+        parts.completeIndex(nowListed)
+        parts.remove(superseded)
+      } else {
+        // no index: no listed shard keeps a part (a partial index is never published)
+        parts.remove(nowListed ++ superseded)
+      }
+      superseded.foreach { f =>
+        quietly(null)(fs.delete(new Path(dest, f), false))
+      }
+      target.commits.prune(version)
+    }
+
+    /** This write's shards as listed (a KV lastWin copy of an older shard is not counted). */
+    private def report(mine: JobManifest, job: TaskJob): Unit = {
+      val shards = mine.manifest.get("shards").elements().asScala.toSeq
+      WriteStats.report(WriteStats(shards.map(_.path("samples_count").asLong()).sum,
+        shards.size.toLong, shards.map(_.path("bytes").asLong()).sum, job.metrics.writeNanos.value))
+    }
+
+    /** The dataset is untouched: removes everything this write added. */
+    private def rollBack(t: Throwable): Unit = {
+      promoted.foreach(p => quietly(t)(fs.delete(p, false)))
+      if (target.objectStore) ObjectStoreCommit.removeUnlisted(fs, dest, writeId, Set.empty, t)
+      quietly(t)(fs.delete(staging, true))
+      if (start.createdRoot) quietly(t) {
+        if (fs.exists(dest) && fs.listStatus(dest).isEmpty) fs.delete(dest, false)
+      }
+    }
+  }
+
+  /** The tasks: each writes its rows' shards to staging and returns where they are. */
+  private def runTasks(sqlContext: SQLContext, data: DataFrame, job: TaskJob): Array[TaskResult] =
+    sqlContext.sparkContext.runJob(SparkInternals.internalRows(data),
+      (ctx: TaskContext, it: Iterator[InternalRow]) => WriteTask.run(ctx, it, job))
+
+  /** The partition in a shard name of this connector (0 for another name). */
+  private def parsePartition(file: String): Long =
+    "^part-([0-9]{5,})-".r.findFirstMatchIn(file).map(_.group(1).toLong).getOrElse(0L)
+
+  /** How many times a commit is retried on top of newer versions before the write fails. */
+  private val MaxCommitAttempts = 100
+
+  private def quietly(t: Throwable)(f: => Any): Unit =
+    try f catch { case e: Throwable => if (t != null) t.addSuppressed(e) }
+
+  private def arrayJson(nodes: Seq[JsonNode]): String = {
+    val a = mapper.createArrayNode()
+    nodes.foreach(a.add)
+    mapper.writeValueAsString(a)
+  }
+}
