@@ -1,4 +1,5 @@
-//! JNI bridge: the only module of the crate that uses the `jni` crate.
+//! JNI bridge: the native library the JVM connector loads (`libsafetensors_spark.so`), the only
+//! crate of the workspace that uses the `jni` crate.
 //!
 //! Java side: `io.safetensors.spark.jni.NativeLib` (jvm-connector) declares the natives as
 //! `static native` methods; symbol names below must match `Java_<package>_<Class>_<method>`.
@@ -6,9 +7,9 @@
 //! Rules for every exported function:
 //! * its body is exactly one [`guard`] call, so no Rust panic or error ever unwinds into the JVM
 //!   (a panic escaping an `extern "system"` fn aborts the process, i.e. kills the executor);
-//! * errors are [`JniError`]s: [`JniError::InvalidArgument`] becomes
-//!   `java.lang.IllegalArgumentException`, everything else
-//!   `io.safetensors.spark.jni.SafetensorsException`; the message is the error's `Display`;
+//! * errors are [`JniError`]s, whose variant chooses the Java exception class (the `error`
+//!   module: options, format, dataset and data errors each have their own class, so the JVM
+//!   catches by type and never matches message text); the message is the error's `Display`;
 //! * if a Java exception is already pending nothing new is thrown (the pending one wins);
 //! * on error/panic the function returns `T::default()` (0 / false / null), which the JVM
 //!   ignores because an exception is pending.
@@ -21,121 +22,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ::jni::errors::{Error as JniCrateError, ErrorPolicy};
 use ::jni::objects::{JClass, JString};
-use ::jni::strings::{JNIStr, JNIString};
+use ::jni::strings::JNIString;
 use ::jni::sys::{jint, jlong};
 use ::jni::{jni_str, Env, EnvUnowned};
 
-use safetensors_spark_format::{ConvertError, FormatError};
-
+mod error;
 mod functions_api;
 mod reader_api;
 mod writer_api;
 
-/// Internal (slash) name of the Java exception thrown for format/IO/internal errors.
-pub const SAFETENSORS_EXCEPTION_CLASS: &str = "io/safetensors/spark/jni/SafetensorsException";
-/// Internal (slash) name of the Java exception thrown for invalid arguments.
-pub const ILLEGAL_ARGUMENT_CLASS: &str = "java/lang/IllegalArgumentException";
-/// Message prefix of the exception that reports a Rust panic.
-pub const PANIC_MESSAGE_PREFIX: &str = "internal error (Rust panic): ";
-
-/// Error of a bridge call; the `Display` text becomes the Java exception message.
-#[derive(Debug, thiserror::Error)]
-pub enum JniError {
-    /// The caller passed something invalid (null/0 handle, bad option, bad mode...):
-    /// thrown as `java.lang.IllegalArgumentException`.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// Anything else (format, IO, JNI, internal): thrown as `SafetensorsException`.
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl JniError {
-    /// Shorthand for [`JniError::InvalidArgument`].
-    pub fn invalid_argument(msg: impl Into<String>) -> Self {
-        JniError::InvalidArgument(msg.into())
-    }
-
-    /// Shorthand for [`JniError::Failed`].
-    pub fn failed(msg: impl Into<String>) -> Self {
-        JniError::Failed(msg.into())
-    }
-}
-
-/// Required by `EnvUnowned::with_env`; lets closures use `?` on `jni` calls.
-/// A pending Java exception (`Error::JavaException`) is never replaced: the policy checks
-/// `exception_check()` before throwing.
-impl From<JniCrateError> for JniError {
-    fn from(err: JniCrateError) -> Self {
-        JniError::Failed(format!("JNI error: {err}"))
-    }
-}
-
-impl From<FormatError> for JniError {
-    fn from(err: FormatError) -> Self {
-        JniError::Failed(err.to_string())
-    }
-}
-
-impl From<std::io::Error> for JniError {
-    fn from(err: std::io::Error) -> Self {
-        JniError::Failed(format!("I/O error: {err}"))
-    }
-}
-
-impl From<ConvertError> for JniError {
-    fn from(err: ConvertError) -> Self {
-        JniError::InvalidArgument(err.to_string())
-    }
-}
-
-/// The Java exception class a [`JniError`] maps to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JavaException {
-    /// `java.lang.IllegalArgumentException`
-    IllegalArgument,
-    /// `io.safetensors.spark.jni.SafetensorsException`
-    Safetensors,
-}
-
-impl JavaException {
-    /// Internal (slash) class name, for tests and messages.
-    pub fn class_name(self) -> &'static str {
-        match self {
-            JavaException::IllegalArgument => ILLEGAL_ARGUMENT_CLASS,
-            JavaException::Safetensors => SAFETENSORS_EXCEPTION_CLASS,
-        }
-    }
-
-    fn jni_class_name(self) -> &'static JNIStr {
-        match self {
-            JavaException::IllegalArgument => jni_str!("java/lang/IllegalArgumentException"),
-            JavaException::Safetensors => {
-                jni_str!("io/safetensors/spark/jni/SafetensorsException")
-            }
-        }
-    }
-}
-
-/// Exception class and message for an error (pure; unit-tested without a JVM).
-pub fn exception_for(err: &JniError) -> (JavaException, String) {
-    match err {
-        JniError::InvalidArgument(_) => (JavaException::IllegalArgument, err.to_string()),
-        JniError::Failed(_) => (JavaException::Safetensors, err.to_string()),
-    }
-}
-
-/// Exception message for a panic payload (`&str` and `String` payloads keep their text).
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
-    let text = if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    };
-    format!("{PANIC_MESSAGE_PREFIX}{text}")
-}
+pub use error::{exception_for, panic_message, JavaException, JniError, PANIC_MESSAGE_PREFIX};
 
 /// Throws `class(msg)` unless an exception is already pending. If the class cannot be
 /// found/instantiated (e.g. a broken jar), falls back to `java.lang.RuntimeException` so that
@@ -343,34 +239,6 @@ fn self_test(mode: jint) -> Result<jint, JniError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_map_to_java_classes_with_display_message() {
-        let (class, msg) = exception_for(&JniError::invalid_argument("bad mode"));
-        assert_eq!(class, JavaException::IllegalArgument);
-        assert_eq!(class.class_name(), "java/lang/IllegalArgumentException");
-        assert_eq!(msg, "bad mode");
-
-        let err: JniError = FormatError::HeaderTooSmall { file_len: 3 }.into();
-        let (class, msg) = exception_for(&err);
-        assert_eq!(class, JavaException::Safetensors);
-        assert_eq!(class.class_name(), SAFETENSORS_EXCEPTION_CLASS);
-        assert_eq!(msg, FormatError::HeaderTooSmall { file_len: 3 }.to_string());
-
-        let io: JniError = std::io::Error::other("disk gone").into();
-        assert_eq!(exception_for(&io).0, JavaException::Safetensors);
-        assert!(exception_for(&io).1.contains("disk gone"));
-
-        let jni: JniError = JniCrateError::JavaException.into();
-        assert_eq!(exception_for(&jni).0, JavaException::Safetensors);
-    }
-
-    #[test]
-    fn jni_class_names_match_the_string_constants() {
-        for class in [JavaException::IllegalArgument, JavaException::Safetensors] {
-            assert_eq!(class.jni_class_name().to_str(), class.class_name());
-        }
-    }
 
     #[test]
     fn panic_messages_keep_str_and_string_payloads() {

@@ -21,12 +21,7 @@ use safetensors_spark_engine::read::scan::{
     self, DescribeRequest, PartitionSpec, PlanRequest, Predicate,
 };
 use safetensors_spark_engine::read::task::ReadTask;
-use safetensors_spark_engine::read::ReadError;
 use safetensors_spark_format::header;
-
-fn read_failed(e: ReadError) -> JniError {
-    JniError::failed(e.to_string())
-}
 
 fn bytes_arg(env: &Env<'_>, b: &JByteArray<'_>, what: &str) -> Result<Vec<u8>, JniError> {
     if b.is_null() {
@@ -46,19 +41,19 @@ fn length_arg(length: jlong, what: &str) -> Result<u64, JniError> {
 
 /// `headerLength`: N of the 8-byte prefix, checked against the file length and the 100 MB cap.
 pub fn header_length(file: &str, prefix: &[u8], file_len: u64) -> Result<jlong, JniError> {
-    let n = header::check_prefix(prefix, file_len).map_err(|e| failed(format!("{file}: {e}")))?;
+    let n = header::check_prefix(prefix, file_len).map_err(|e| JniError::from(e).context(file))?;
     // check_prefix caps N at 100,000,000, so it fits a jlong.
     Ok(n as jlong)
 }
 
 pub fn describe_json(request: &str) -> Result<String, JniError> {
     let req: DescribeRequest = parse_json(request, "describe request")?;
-    to_json(&scan::describe(&req).map_err(read_failed)?)
+    to_json(&scan::describe(&req)?)
 }
 
 pub fn plan_json(request: &str) -> Result<String, JniError> {
     let req: PlanRequest = parse_json(request, "plan request")?;
-    to_json(&scan::plan(&req).map_err(read_failed)?)
+    to_json(&scan::plan(&req)?)
 }
 
 /// `indexEntries`: the [`scan::IndexSummary`] JSON of a dataset directory's
@@ -70,8 +65,7 @@ pub fn index_entries_json(
     predicates: &str,
 ) -> Result<String, JniError> {
     let predicates: Vec<Predicate> = parse_json(predicates, "predicates")?;
-    let summary =
-        scan::index_summary(dir, bytes::Bytes::from(parquet), &predicates).map_err(read_failed)?;
+    let summary = scan::index_summary(dir, bytes::Bytes::from(parquet), &predicates)?;
     to_json(&summary)
 }
 
@@ -101,7 +95,7 @@ pub fn index_part_lookup_json(
         file.add(start, data.slice(at..end));
         at = end;
     }
-    let answer = scan::index_part_summary(dir, shard, &file, &predicates).map_err(read_failed)?;
+    let answer = scan::index_part_summary(dir, shard, &file, &predicates)?;
     to_json(&answer)
 }
 
@@ -172,7 +166,7 @@ pub unsafe fn next_batch(
 ) -> Result<jlong, JniError> {
     // SAFETY: per the contract of this function.
     let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-    let Some(batch) = state.task.next_batch().map_err(read_failed)? else {
+    let Some(batch) = state.task.next_batch()? else {
         return Ok(-1);
     };
     let rows = batch.num_rows() as jlong;
@@ -214,7 +208,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_validatedHeade
         let file = arg(env, &file, "file")?;
         let bytes = bytes_arg(env, &bytes, "prefixAndHeader")?;
         let len = length_arg(file_length, "fileLength")?;
-        let text = scan::validated_header_text(&file, &bytes, len).map_err(read_failed)?;
+        let text = scan::validated_header_text(&file, &bytes, len)?;
         Ok(env.new_string(text)?)
     })
 }
@@ -384,7 +378,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_openLocal<'loc
         state
             .task
             .open_local(i, Path::new(&path))
-            .map_err(read_failed)
+            .map_err(JniError::from)
     })
 }
 
@@ -402,7 +396,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_openRemote<'lo
         // SAFETY: the Java owner serialises calls on a live handle.
         let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
         let i = unit_index(&state.task, unit)?;
-        state.task.open_remote(i, &bytes).map_err(read_failed)
+        state.task.open_remote(i, &bytes).map_err(JniError::from)
     })
 }
 
@@ -416,7 +410,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_neededRanges<'
     guard(&mut env, |env| {
         // SAFETY: the Java owner serialises calls on a live handle.
         let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let ranges = state.task.needed_ranges().map_err(read_failed)?;
+        let ranges = state.task.needed_ranges()?;
         let flat: Vec<jlong> = ranges
             .iter()
             .flat_map(|r| [r.start as jlong, r.end as jlong])
@@ -441,7 +435,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_supply<'local>
         let start = length_arg(start, "start")?;
         // SAFETY: the Java owner serialises calls on a live handle.
         let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        state.task.supply(start, bytes).map_err(read_failed)
+        state.task.supply(start, bytes).map_err(JniError::from)
     })
 }
 

@@ -24,7 +24,6 @@ use safetensors_spark_dataset::manifest::{
     ShardReplacement, StreamBatch,
 };
 use safetensors_spark_dataset::names::MANIFEST_FILE_NAME;
-use safetensors_spark_dataset::DatasetError;
 use safetensors_spark_engine::write::commit::{
     commit_manifest, merge_key_runs, rewrite_shard_without_keys, write_shard_index_part,
     KeyRunInput,
@@ -35,10 +34,6 @@ use safetensors_spark_engine::write::task::{import_batch, TaskWriter};
 /// The native state behind a `NativeWriter` handle. `None` once finished or aborted.
 pub struct WriterHandle {
     writer: Option<TaskWriter>,
-}
-
-fn plan_err(e: impl std::fmt::Display) -> JniError {
-    JniError::invalid_argument(e.to_string())
 }
 
 /// An optional Java string argument (null → `None`).
@@ -64,7 +59,7 @@ pub fn plan_write_json(
     case_sensitive: bool,
 ) -> Result<String, JniError> {
     let options: BTreeMap<String, String> = parse_json(options_json, "options")?;
-    let plan = plan_write(schema_json, &options, case_sensitive).map_err(plan_err)?;
+    let plan = plan_write(schema_json, &options, case_sensitive)?;
     to_json(&plan)
 }
 
@@ -75,18 +70,16 @@ fn parse_plan(plan_json: &str) -> Result<WritePlan, JniError> {
 pub fn check_append_json(plan_json: &str, manifest_json: &str) -> Result<(), JniError> {
     let plan = parse_plan(plan_json)?;
     let existing = parse_manifest(manifest_json).map_err(|e| {
-        JniError::invalid_argument(format!(
-            "append: the existing dataset_manifest.json is not valid: {e}"
-        ))
+        JniError::from(e).context("append: the existing dataset_manifest.json is not valid")
     })?;
-    check_append(&plan, &existing).map_err(plan_err)
+    Ok(check_append(&plan, &existing)?)
 }
 
 pub fn open_writer(plan_json: &str, partition: jint, work_dir: &str) -> Result<jlong, JniError> {
     let plan = parse_plan(plan_json)?;
     let partition = u32::try_from(partition)
         .map_err(|_| JniError::invalid_argument(format!("partition {partition} < 0")))?;
-    let writer = TaskWriter::open(plan, partition, PathBuf::from(work_dir)).map_err(failed)?;
+    let writer = TaskWriter::open(plan, partition, PathBuf::from(work_dir))?;
     Ok(into_handle(WriterHandle {
         writer: Some(writer),
     }))
@@ -114,9 +107,8 @@ pub unsafe fn write_batch_json(
     }
     // SAFETY: the JVM passes the addresses of an ArrowArray/ArrowSchema it just exported; the
     // contents are moved into Rust (the structs are left released) and dropped below.
-    let batch =
-        unsafe { import_batch(array_addr as *mut _, schema_addr as *mut _) }.map_err(failed)?;
-    let sealed = writer.write_batch(&batch).map_err(failed);
+    let batch = unsafe { import_batch(array_addr as *mut _, schema_addr as *mut _) }?;
+    let sealed = writer.write_batch(&batch).map_err(JniError::from);
     drop(batch); // the JVM may free its vectors as soon as we return
     to_json(&sealed_files(&sealed?))
 }
@@ -148,7 +140,7 @@ pub unsafe fn finish_json(handle: jlong) -> Result<String, JniError> {
         .writer
         .take()
         .ok_or_else(|| JniError::invalid_argument("writer already finished or aborted"))?;
-    let done = writer.finish().map_err(failed)?;
+    let done = writer.finish()?;
     // The report itself stays in its file (it can hold one entry per KV row); the JVM stages
     // the file like a shard and the driver reads it.
     #[derive(serde::Serialize)]
@@ -198,7 +190,7 @@ pub unsafe fn close_writer(handle: jlong) -> Result<(), JniError> {
 pub fn commit_job_json(plan_json: &str, reports_json: &str) -> Result<String, JniError> {
     let plan = parse_plan(plan_json)?;
     let reports: Vec<TaskReport> = parse_json(reports_json, "task reports")?;
-    let commit = commit_manifest(&plan, &reports).map_err(failed)?;
+    let commit = commit_manifest(&plan, &reports)?;
     // Each rewrite carries the shard's current report, so `rewriteShard` can report the new file
     // exactly (KV keys and columns included).
     let mut rewrites = Vec::with_capacity(commit.rewrites.len());
@@ -242,16 +234,12 @@ pub fn next_manifest_json(
         Some(j) => parse_json(j, "shard replacements")?,
         None => Vec::new(),
     };
-    let base = base_json
-        .map(parse_manifest)
-        .transpose()
-        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
-    let new = parse_manifest(write_manifest_json)
-        .map_err(|e| failed(format!("this write's manifest: {e}")))?;
-    let next = next_manifest(base.as_ref(), &new, append, &replacements).map_err(|e| match e {
-        DatasetError::AppendMismatch { .. } => JniError::invalid_argument(e.to_string()),
-        other => failed(other),
+    let base = base_json.map(parse_manifest).transpose().map_err(|e| {
+        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
     })?;
+    let new = parse_manifest(write_manifest_json)
+        .map_err(|e| JniError::from(e).context("this write's manifest"))?;
+    let next = next_manifest(base.as_ref(), &new, append, &replacements)?;
     let superseded: Vec<&str> = base
         .as_ref()
         .map(|b| superseded_shards(b, &next))
@@ -279,10 +267,9 @@ pub fn stream_batch_committed_json(
     base_json: Option<&str>,
     batch: &StreamBatch,
 ) -> Result<bool, JniError> {
-    let base = base_json
-        .map(parse_manifest)
-        .transpose()
-        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
+    let base = base_json.map(parse_manifest).transpose().map_err(|e| {
+        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+    })?;
     Ok(stream_batch_committed(base.as_ref(), batch))
 }
 
@@ -298,17 +285,12 @@ pub fn next_stream_manifest_json(
         Some(j) => parse_json(j, "shard replacements")?,
         None => Vec::new(),
     };
-    let base = base_json
-        .map(parse_manifest)
-        .transpose()
-        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))?;
+    let base = base_json.map(parse_manifest).transpose().map_err(|e| {
+        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+    })?;
     let new = parse_manifest(write_manifest_json)
-        .map_err(|e| failed(format!("this write's manifest: {e}")))?;
-    let next =
-        next_stream_manifest(base.as_ref(), &new, &replacements, batch).map_err(|e| match e {
-            DatasetError::AppendMismatch { .. } => JniError::invalid_argument(e.to_string()),
-            other => failed(other),
-        })?;
+        .map_err(|e| JniError::from(e).context("this write's manifest"))?;
+    let next = next_stream_manifest(base.as_ref(), &new, &replacements, batch)?;
     let superseded: Vec<&str> = base
         .as_ref()
         .map(|b| superseded_shards(b, &next))
@@ -323,9 +305,9 @@ pub fn next_stream_manifest_json(
 /// `checkManifest`: parses and validates a dataset's current manifest (every shard name passes
 /// the trust rule) before a write that would act on it changes anything.
 pub fn check_manifest_json(manifest_json: &str) -> Result<(), JniError> {
-    parse_manifest(manifest_json)
-        .map(|_| ())
-        .map_err(|e| failed(format!("the dataset's current {MANIFEST_FILE_NAME}: {e}")))
+    parse_manifest(manifest_json).map(|_| ()).map_err(|e| {
+        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+    })
 }
 
 /// One run of `mergeKeys`: a shard and its index part (a local file).
@@ -366,7 +348,7 @@ pub fn merge_keys_json(
             rank: (u64::from(r.partition) << 32) | u64::from(r.shard),
         })
         .collect();
-    let losers = merge_key_runs(&inputs, *duplicates).map_err(failed)?;
+    let losers = merge_key_runs(&inputs, *duplicates)?;
     let mut out = Vec::with_capacity(losers.len());
     for (i, (file, keys)) in losers.into_iter().enumerate() {
         let path = Path::new(work_dir).join(format!("lost-keys-{i}.json"));
@@ -399,8 +381,7 @@ pub fn rewrite_shard_keys_json(
         output_file,
         part.map(Path::new),
         &keys,
-    )
-    .map_err(failed)?;
+    )?;
     to_json(&done)
 }
 
@@ -415,8 +396,13 @@ pub fn index_part_from_header_json(
 ) -> Result<u64, JniError> {
     let plan = parse_plan(plan_json)?;
     let header = safetensors_spark_format::header::parse_header(header_json.as_bytes(), file_len)
-        .map_err(|e| failed(format!("{file}: {e}")))?;
-    write_shard_index_part(&plan, file, &header, Path::new(part)).map_err(failed)
+        .map_err(|e| JniError::from(e).context(file))?;
+    Ok(write_shard_index_part(
+        &plan,
+        file,
+        &header,
+        Path::new(part),
+    )?)
 }
 
 // ---- exports ---------------------------------------------------------------------------------
