@@ -240,16 +240,8 @@ fn write_table(
         "VERDICT", "SIZE", "TENSORS", "PARAMETERS", "FLAGS"
     )?;
     for r in reports {
-        writeln!(
-            out,
-            "{:<9} {:>10} {:>8} {:>15} {:>6}  {}",
-            r.verdict.name(),
-            human(r.file_size),
-            r.tensor_count,
-            r.parameter_count,
-            r.flags.len(),
-            r.path
-        )?;
+        let counts = (r.tensor_count, r.parameter_count, r.flags.len());
+        write_row(out, r.verdict.name(), r.file_size, counts, &r.path)?;
         if let Some(h) = &r.sha256 {
             writeln!(out, "    sha256  {h}")?;
         }
@@ -273,18 +265,25 @@ fn write_table(
         write_flags(out, &r.flags)?;
     }
     for m in models {
-        writeln!(
-            out,
-            "{:<9} {:>10} {:>8} {:>15} {:>6}  {} (model, {} shards)",
-            m.verdict.name(),
-            human(m.data_bytes),
-            m.tensor_count,
-            m.parameter_count,
-            m.flags.len(),
-            m.path,
-            m.shards.len()
-        )?;
+        let counts = (m.tensor_count, m.parameter_count, m.flags.len());
+        let path = format!("{} (model, {} shards)", m.path, m.shards.len());
+        write_row(out, m.verdict.name(), m.data_bytes, counts, &path)?;
         write_flags(out, &m.flags)?;
     }
     Ok(())
+}
+
+/// One row of the table: verdict, size, (tensors, parameters, flags), path.
+fn write_row(
+    out: &mut impl Write,
+    verdict: &str,
+    size: u64,
+    (tensors, parameters, flags): (u64, u64, usize),
+    path: &str,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{verdict:<9} {:>10} {tensors:>8} {parameters:>15} {flags:>6}  {path}",
+        human(size)
+    )
 }
