@@ -692,15 +692,23 @@ fn push_metadata(json: &mut Vec<u8>, meta: &BTreeMap<String, String>) {
     json.push(b'}');
 }
 
+/// The fixed parts of a tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[..]}`,
+/// between the name, the dtype, the shape and the offsets: [`push_entry`] writes them and
+/// [`entry_len_without_name_and_offsets`] counts them.
+const ENTRY_BEFORE_DTYPE: &[u8] = b":{\"dtype\":\"";
+const ENTRY_BEFORE_SHAPE: &[u8] = b"\",\"shape\":[";
+const ENTRY_BEFORE_OFFSETS: &[u8] = b"],\"data_offsets\":[";
+const ENTRY_END: &[u8] = b"]}";
+
 fn push_entry(json: &mut Vec<u8>, scratch: &mut Vec<u8>, t: &HeaderEntry<'_>) {
     push_json_concat(json, scratch, &t.name);
-    json.extend_from_slice(b":{\"dtype\":\"");
+    json.extend_from_slice(ENTRY_BEFORE_DTYPE);
     json.extend_from_slice(t.dtype.name().as_bytes());
-    json.extend_from_slice(b"\",\"shape\":[");
+    json.extend_from_slice(ENTRY_BEFORE_SHAPE);
     push_joined(json, t.shape);
-    json.extend_from_slice(b"],\"data_offsets\":[");
+    json.extend_from_slice(ENTRY_BEFORE_OFFSETS);
     push_joined(json, &t.data_offsets);
-    json.extend_from_slice(b"]}");
+    json.extend_from_slice(ENTRY_END);
 }
 
 /// Writes the concatenation of `parts` as one JSON string. Escaping is per character, so each
@@ -730,6 +738,76 @@ fn push_joined(out: &mut Vec<u8>, values: &[u64]) {
         // `write!` into the Vec formats without a String per number; it cannot fail.
         let _ = std::io::Write::write_fmt(out, format_args!("{v}"));
     }
+}
+
+// The lengths of what the writer above writes, for a caller that must bound a header's size
+// before it has the whole header (the KV writer's shard sealing). The tests check them against
+// the writer's own output.
+
+/// Length of `s` as a JSON string (quotes included), as the header writer escapes it.
+pub fn json_string_len(s: &str) -> u64 {
+    /// Counts the bytes written to it.
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Counter(0);
+    match serde_json::to_writer(&mut n, s) {
+        Ok(()) => n.0,
+        Err(_) => s.len() as u64 * 6 + 2,
+    }
+}
+
+/// Length of `s` as JSON string content, without the quotes (escaping is per character, so
+/// the lengths of parts add up, as in a name [`HeaderEntry::name`] gives in parts). Most names
+/// need no escaping: their length is their byte length.
+pub fn json_string_inner_len(s: &str) -> u64 {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        s.len() as u64
+    } else {
+        json_string_len(s) - 2
+    }
+}
+
+/// Number of decimal digits of `x`, as the header writer writes it.
+pub fn decimal_len(mut x: u64) -> u64 {
+    let mut d = 1;
+    while x >= 10 {
+        x /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// Header bytes of the `__metadata__` item `"__metadata__":{..}` (no comma around it).
+pub fn metadata_entry_len(meta: &BTreeMap<String, String>) -> u64 {
+    json_string_len(METADATA_KEY)
+        + 3 // :{}
+        + meta
+            .iter()
+            .map(|(k, v)| json_string_len(k) + 1 + json_string_len(v))
+            .sum::<u64>()
+        + meta.len().saturating_sub(1) as u64
+}
+
+/// Header bytes of one tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[..]}`
+/// without the name (quotes included) and the offsets' digits: add [`json_string_len`] of the
+/// name and the [`decimal_len`] of both offsets for the whole entry.
+pub fn entry_len_without_name_and_offsets(dtype: Dtype, shape: &[u64]) -> u64 {
+    let shape_len: u64 =
+        shape.iter().map(|&d| decimal_len(d)).sum::<u64>() + shape.len().saturating_sub(1) as u64;
+    let fixed = ENTRY_BEFORE_DTYPE.len()
+        + ENTRY_BEFORE_SHAPE.len()
+        + ENTRY_BEFORE_OFFSETS.len()
+        + 1 // the comma between the offsets
+        + ENTRY_END.len();
+    fixed as u64 + dtype.name().len() as u64 + shape_len
 }
 
 /// A JSON value whose objects keep every entry, duplicates included, so that duplicate keys can
@@ -856,6 +934,76 @@ pub(crate) fn assert_paths_agree(bytes: &[u8]) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_agree_with_the_writer() {
+        let names = [
+            "",
+            "k123",
+            "a\"b",
+            "back\\slash",
+            "tab\tnew\nline",
+            "\u{1}\u{1f}",
+            "del\u{7f}",
+            "é/ключ/🙂",
+            "__",
+        ];
+        for s in names {
+            let mut out = Vec::new();
+            push_json_string(&mut out, s);
+            assert_eq!(json_string_len(s), out.len() as u64, "{s:?}");
+            assert_eq!(json_string_inner_len(s) + 2, out.len() as u64, "{s:?}");
+            let expected = serde_json::to_string(s).map(|j| j.len() as u64 - 2);
+            assert_eq!(
+                Ok(json_string_inner_len(s)),
+                expected.map_err(|_| ()),
+                "{s:?}"
+            );
+        }
+        for x in [0, 9, 10, 99, 100, 12_345, u64::MAX] {
+            assert_eq!(decimal_len(x), x.to_string().len() as u64, "{x}");
+        }
+        let shapes: [&[u64]; 4] = [&[], &[0], &[3, 10, 1_000_000], &[u64::MAX, 7]];
+        let mut scratch = Vec::new();
+        for dtype in [Dtype::Bool, Dtype::F32, Dtype::F8E4M3] {
+            for shape in shapes {
+                for (parts, offsets) in [
+                    (["a", "", ""], [0, 0]),
+                    (["key\"1", "/", "col\\x"], [7, 123_456]),
+                    (["é", "::", "🙂"], [99, u64::MAX]),
+                ] {
+                    let mut out = Vec::new();
+                    let entry = HeaderEntry {
+                        name: parts,
+                        dtype,
+                        shape,
+                        data_offsets: offsets,
+                    };
+                    push_entry(&mut out, &mut scratch, &entry);
+                    let name = json_string_len(&parts.concat());
+                    let inner: u64 = parts.iter().map(|p| json_string_inner_len(p)).sum();
+                    assert_eq!(name, inner + 2, "{parts:?}");
+                    let expected = name
+                        + entry_len_without_name_and_offsets(dtype, shape)
+                        + decimal_len(offsets[0])
+                        + decimal_len(offsets[1]);
+                    assert_eq!(expected, out.len() as u64, "{parts:?} {shape:?}");
+                }
+            }
+        }
+        for meta in [
+            BTreeMap::new(),
+            BTreeMap::from([("a".to_string(), "b\"c".to_string())]),
+            BTreeMap::from([
+                ("format".to_string(), "pt".to_string()),
+                ("ключ\n".to_string(), "🙂\u{1}".to_string()),
+            ]),
+        ] {
+            let mut out = Vec::new();
+            push_metadata(&mut out, &meta);
+            assert_eq!(metadata_entry_len(&meta), out.len() as u64, "{meta:?}");
+        }
+    }
 
     #[test]
     fn streamed_header_spans_many_chunks_and_matches_its_measure() {
