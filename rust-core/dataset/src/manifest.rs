@@ -11,12 +11,12 @@
 
 use super::names::{check_shard_path, parse_shard_file_name};
 use super::DatasetError;
+use safetensors_spark_format::json_object;
 use safetensors_spark_format::Dtype;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::Deserializer;
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 /// The published layout's `format_version`.
 pub const FORMAT_VERSION: &str = "1.0";
@@ -123,24 +123,12 @@ impl Serialize for ColumnMap {
 
 impl<'de> Deserialize<'de> for ColumnMap {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ColumnMap;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object of column name → {dtype, shape}")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ColumnMap, A::Error> {
-                let mut out: Vec<(String, ManifestTensor)> = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, ManifestTensor>()? {
-                    if out.iter().any(|(n, _)| *n == k) {
-                        return Err(de::Error::custom(format!("duplicate column `{k}`")));
-                    }
-                    out.push((k, v));
-                }
-                Ok(ColumnMap(out))
-            }
-        }
-        d.deserialize_map(V)
+        json_object::deserialize_unique_entries(
+            d,
+            "an object of column name → {dtype, shape}",
+            |k| format!("duplicate column `{k}`"),
+        )
+        .map(ColumnMap)
     }
 }
 

@@ -883,12 +883,8 @@ impl<'de> Visitor<'de> for JsonVisitor {
         }
         Ok(Json::Array(items))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
-        let mut entries = Vec::new();
-        while let Some((k, v)) = map.next_entry::<String, Json>()? {
-            entries.push((k, v));
-        }
-        Ok(Json::Object(entries))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Json, A::Error> {
+        crate::json_object::read_entries(map).map(Json::Object)
     }
 }
 

@@ -8,11 +8,10 @@ use super::{
     ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
 };
 use safetensors_spark_dataset::{LayoutKind, Manifest};
+use safetensors_spark_format::json_object::{first_duplicate_key, Entries};
 use safetensors_spark_format::Dtype;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::ops::RangeInclusive;
 
 /// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
@@ -287,46 +286,20 @@ pub fn parse_writable_dtype(option: &str, value: &str) -> Result<Dtype, PlanErro
         .ok_or_else(|| invalid_choice(option, value, &Dtype::writable_names()))
 }
 
-/// A JSON object read in order, keeping duplicate keys so they can be reported.
-struct JsonEntries(Vec<(String, Value)>);
-
-impl<'de> Deserialize<'de> for JsonEntries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = JsonEntries;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonEntries, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, Value>()? {
-                    out.push((k, v));
-                }
-                Ok(JsonEntries(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
 /// Parses an option holding a JSON object; duplicate keys are an error.
 fn parse_json_object(
     option: &'static str,
     value: &str,
     expected: &str,
 ) -> Result<Vec<(String, Value)>, PlanError> {
-    let entries: JsonEntries = serde_json::from_str(value)
+    let entries: Entries<Value> = serde_json::from_str(value)
         .map_err(|e| invalid_value(option, value, format!("{expected} ({e})")))?;
-    let mut seen = BTreeSet::new();
-    for (k, _) in &entries.0 {
-        if !seen.insert(k.as_str()) {
-            return Err(invalid_value(
-                option,
-                value,
-                format!("{expected} (key '{k}' appears twice)"),
-            ));
-        }
+    if let Some(k) = first_duplicate_key(&entries.0) {
+        return Err(invalid_value(
+            option,
+            value,
+            format!("{expected} (key '{k}' appears twice)"),
+        ));
     }
     Ok(entries.0)
 }

@@ -100,14 +100,10 @@ impl<'de> Visitor<'de> for MetadataSeed {
         Ok(None)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
-        let mut out = BTreeMap::new();
-        while let Some((key, value)) = map.next_entry::<String, String>()? {
-            if out.insert(key, value).is_some() {
-                return Err(de::Error::custom("a `__metadata__` key twice"));
-            }
-        }
-        Ok(Some(out))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Metadata, A::Error> {
+        let entries: Vec<(String, String)> =
+            crate::json_object::read_unique_entries(map, |_| "a `__metadata__` key twice".into())?;
+        Ok(Some(entries.into_iter().collect()))
     }
 }
 
