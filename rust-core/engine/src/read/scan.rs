@@ -55,7 +55,7 @@ use super::layout::{
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;
 use safetensors_spark_dataset::index::{
-    lookup_sparse, read_index_from, KeyFilter, SparseFile, SparseLookup,
+    lookup_sparse, read_index_from, IndexRow, KeyFilter, SparseFile, SparseLookup,
 };
 use safetensors_spark_dataset::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME};
 use safetensors_spark_dataset::{parse_manifest, LayoutKind, Manifest};
@@ -147,6 +147,21 @@ pub struct IndexEntry {
     /// Absolute byte offsets `[data_start, data_end)` in the file.
     pub data_start: u64,
     pub data_end: u64,
+}
+
+/// The one mapping of an index row to what planning needs of it (the KV key and column are
+/// left out: planning finds tensors by name).
+impl From<IndexRow> for IndexEntry {
+    fn from(r: IndexRow) -> Self {
+        IndexEntry {
+            file_name: r.file_name,
+            tensor_key: r.tensor_key,
+            dtype: r.dtype,
+            shape: r.shape,
+            data_start: r.data_start,
+            data_end: r.data_end,
+        }
+    }
 }
 
 /// What the JVM found and read.
@@ -1506,17 +1521,7 @@ pub fn index_summary<R: ChunkReader + 'static>(
     .map_err(|e| ReadErrorKind::Index(e.to_string()).in_scan())?;
     Ok(IndexSummary {
         files,
-        rows: rows
-            .into_iter()
-            .map(|r| IndexEntry {
-                file_name: r.file_name,
-                tensor_key: r.tensor_key,
-                dtype: r.dtype,
-                shape: r.shape,
-                data_start: r.data_start,
-                data_end: r.data_end,
-            })
-            .collect(),
+        rows: rows.into_iter().map(IndexEntry::from).collect(),
         error: None,
     })
 }
@@ -1581,17 +1586,7 @@ pub fn index_part_summary(
         SparseLookup::NeedRanges(r) => PartAnswer::Need(r),
         SparseLookup::Ready(total, rows) => PartAnswer::Summary(IndexSummary {
             files: BTreeMap::from([(shard.to_string(), total)]),
-            rows: rows
-                .into_iter()
-                .map(|r| IndexEntry {
-                    file_name: r.file_name,
-                    tensor_key: r.tensor_key,
-                    dtype: r.dtype,
-                    shape: r.shape,
-                    data_start: r.data_start,
-                    data_end: r.data_end,
-                })
-                .collect(),
+            rows: rows.into_iter().map(IndexEntry::from).collect(),
             error: None,
         }),
     })

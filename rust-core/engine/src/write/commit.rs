@@ -116,16 +116,7 @@ pub fn index_rows(shard: &ShardReport) -> Vec<IndexRow> {
     shard
         .tensors
         .iter()
-        .map(|t| IndexRow {
-            tensor_key: t.name.clone(),
-            file_name: shard.file.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            data_start: t.data_start,
-            data_end: t.data_end,
-            sample_key: t.sample_key.clone(),
-            column: t.column.clone().unwrap_or_else(|| t.name.clone()),
-        })
+        .map(|t| t.clone().into_index_row(&shard.file))
         .collect()
 }
 

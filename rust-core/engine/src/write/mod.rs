@@ -30,6 +30,7 @@ pub mod commit;
 pub mod plan;
 pub mod task;
 
+use safetensors_spark_dataset::index::IndexRow;
 pub use safetensors_spark_dataset::manifest::TailStrategy;
 pub use safetensors_spark_dataset::names::shard_file_name;
 use safetensors_spark_format::header::TensorInfo;
@@ -190,6 +191,22 @@ impl TensorReport {
                 }
             })
             .collect()
+    }
+
+    /// This tensor's row of the index (spec/dataset.md §6) when it is in the shard `file_name`:
+    /// the one mapping of a written tensor to an index row. The column is the tensor name when
+    /// the report has none (batch mode).
+    pub fn into_index_row(self, file_name: &str) -> IndexRow {
+        IndexRow {
+            column: self.column.unwrap_or_else(|| self.name.clone()),
+            tensor_key: self.name,
+            file_name: file_name.to_string(),
+            dtype: self.dtype,
+            shape: self.shape,
+            data_start: self.data_start,
+            data_end: self.data_end,
+            sample_key: self.sample_key,
+        }
     }
 }
 

@@ -1119,19 +1119,7 @@ impl KvState {
                     found = None;
                     None
                 }
-                Ok(true) => {
-                    let t = self.tensor_report(&rec);
-                    Some(Ok(IndexRow {
-                        tensor_key: t.name,
-                        file_name: file.to_string(),
-                        dtype: t.dtype,
-                        shape: t.shape,
-                        data_start: t.data_start,
-                        data_end: t.data_end,
-                        sample_key: t.sample_key,
-                        column: t.column.unwrap_or_default(),
-                    }))
-                }
+                Ok(true) => Some(Ok(self.tensor_report(&rec).into_index_row(file))),
             }
         }))
     }
