@@ -33,6 +33,7 @@
 //! column; exceeding that is a [`ReadErrorKind::TooLarge`] error, never a wrapped offset — the
 //! caller reads fewer rows (or tensors) per batch.
 
+pub mod arrow_types;
 pub mod decode;
 pub mod error;
 pub mod forensic;

@@ -45,12 +45,13 @@
 //! Errors name the file (and tensor/column) and the rule; with `ignore_corrupt` a file whose
 //! header is invalid is left out (reported in `excluded` with the reason) instead.
 
+use super::arrow_types::metadata_type;
 use super::decode::{common_element, spark_element};
 use super::error::{ReadError, ReadErrorKind};
 use super::forensic;
 use super::layout::{
-    batch_samples, metadata_type, sample_target_type, FileColumn, SampleTarget, TensorColumn,
-    TensorField, LAYOUT_KEY,
+    batch_samples, sample_target_type, FileColumn, SampleTarget, TensorColumn, TensorField,
+    LAYOUT_KEY,
 };
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;

@@ -31,6 +31,7 @@
 //!   taken, bytes supplied: on a remote file every byte fetched, gaps read through included) —
 //!   the metric tests use to show pruning.
 
+use super::arrow_types::MAX_OFFSET;
 use super::error::{ReadError, ReadErrorKind};
 use super::forensic;
 use super::layout::{
@@ -53,9 +54,6 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-
-/// Largest offset of an Arrow `List`/`Binary`/`Utf8` array (Spark reads 32-bit offsets).
-const MAX_OFFSET: u64 = i32::MAX as u64;
 
 pub struct ReadTask {
     spec: PartitionSpec,
