@@ -163,7 +163,7 @@ pub fn parse_header_fast(json: &[u8], file_len: u64) -> Option<Header> {
 
 /// The detailed path of [`parse_header`]: [`parse_header_items`] (a JSON tree keeping duplicate
 /// keys, then each entry on its own), stopping at the first error in the order of format.md §3,
-/// then the layout and file-length rules.
+/// then the offset and file-length rules.
 pub fn parse_header_detailed(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let header_len = json.len() as u64;
     let items = parse_header_items(json)?;
@@ -175,7 +175,7 @@ pub fn parse_header_detailed(json: &[u8], file_len: u64) -> Result<Header, Forma
             HeaderItem::Tensor(parts) => tensors.push((*parts).into_tensor()?),
         }
     }
-    let data_len = validate_layout(&mut tensors)?;
+    let data_len = validate_offsets(&mut tensors)?;
     check_coverage(header_len, data_len, file_len)?;
     Ok(Header::new(metadata, tensors, header_len, data_len))
 }
@@ -414,7 +414,7 @@ fn unsigned_array(value: &Json) -> Result<Vec<u64>, String> {
 
 /// Sorts `tensors` into data order and checks offsets, sizes and contiguity. Returns the data
 /// section length.
-fn validate_layout(tensors: &mut [TensorInfo]) -> Result<u64, FormatError> {
+fn validate_offsets(tensors: &mut [TensorInfo]) -> Result<u64, FormatError> {
     tensors.sort_by_key(|t| t.data_offsets);
     let mut cursor = 0u64;
     for t in tensors.iter() {
@@ -506,10 +506,10 @@ pub struct TensorEntry {
     pub shape: Vec<u64>,
 }
 
-/// The layout of a file to be written: tensors in reference order with their offsets, and the
+/// The plan of a file to be written: tensors in reference order with their offsets, and the
 /// serialised prefix + padded header.
 #[derive(Debug, Clone)]
-pub struct Layout {
+pub struct FilePlan {
     /// Tensors in the order their data must be written.
     pub tensors: Vec<TensorInfo>,
     /// The 8-byte prefix followed by the space-padded header JSON.
@@ -517,7 +517,7 @@ pub struct Layout {
     pub data_len: u64,
 }
 
-impl Layout {
+impl FilePlan {
     /// Total file length.
     pub fn file_len(&self) -> u64 {
         self.header_bytes.len() as u64 + self.data_len
@@ -527,10 +527,10 @@ impl Layout {
 /// Plans a file exactly as the reference writer would: tensors sorted by dtype (descending in
 /// declaration order) then name, consecutive offsets, compact JSON with `__metadata__` first
 /// (keys sorted), spaces up to a multiple of 8.
-pub fn plan_layout(
+pub fn plan_file(
     metadata: Option<&BTreeMap<String, String>>,
     mut entries: Vec<TensorEntry>,
-) -> Result<Layout, FormatError> {
+) -> Result<FilePlan, FormatError> {
     let mut names = HashSet::with_capacity(entries.len());
     for e in &entries {
         if e.name == METADATA_KEY {
@@ -563,7 +563,7 @@ pub fn plan_layout(
         cursor = end;
     }
     let header_bytes = serialize_header(metadata, &tensors)?;
-    Ok(Layout {
+    Ok(FilePlan {
         tensors,
         header_bytes,
         data_len: cursor,
@@ -597,7 +597,7 @@ pub struct HeaderEntry<'a> {
 }
 
 /// Serialises the prefix and padded header for `count` entries given in data order (the
-/// reference's layout, as [`plan_layout`] plans it: the caller has ordered them, checked their
+/// reference's order, as [`plan_file`] plans it: the caller has ordered them, checked their
 /// names and computed consecutive offsets). The only memory it needs is the header itself.
 pub fn serialize_entries<'a, I: Iterator<Item = HeaderEntry<'a>>>(
     metadata: Option<&BTreeMap<String, String>>,
@@ -1093,7 +1093,7 @@ mod tests {
             (r#"{"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},"y":{"dtype":"BOOL","shape":[],"data_offsets":[0,1]}}"#.into(), 1),
             (r#"{"a":{"data_offsets":[0,4],"shape":[2],"dtype":"F16"}}"#.into(), 4),
             (r#"{"__metadata__":null}"#.into(), 0),
-            // Duplicates: spelled alike or through escapes, adjacent or not, with a layout error
+            // Duplicates: spelled alike or through escapes, adjacent or not, with an offsets error
             // after them (the duplicate is reported first).
             (format!(r#"{{"a":{a0},"b":{a1},"a":{a2}}}"#), 3),
             (format!(r#"{{"a":{a0},"\u0061":{a1}}}"#), 2),
@@ -1516,22 +1516,22 @@ mod tests {
     #[test]
     fn serialisation_matches_reference_vectors() {
         // V3: I32 [2,2] zeros.
-        let layout = plan_layout(None, vec![entry("test", Dtype::I32, &[2, 2])]).unwrap();
+        let plan = plan_file(None, vec![entry("test", Dtype::I32, &[2, 2])]).unwrap();
         let mut expected = 64u64.to_le_bytes().to_vec();
         expected.extend_from_slice(
             br#"{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}    "#,
         );
-        assert_eq!(layout.header_bytes, expected);
+        assert_eq!(plan.header_bytes, expected);
         // V1 and V2.
         assert_eq!(
-            plan_layout(None, vec![]).unwrap().header_bytes,
+            plan_file(None, vec![]).unwrap().header_bytes,
             [&8u64.to_le_bytes()[..], b"{}      "].concat()
         );
         let meta = BTreeMap::from([("framework".to_string(), "pt".to_string())]);
-        let v2 = plan_layout(Some(&meta), vec![]).unwrap().header_bytes;
+        let v2 = plan_file(Some(&meta), vec![]).unwrap().header_bytes;
         assert_eq!(&v2[8..], br#"{"__metadata__":{"framework":"pt"}}     "#);
         // Ordering vector: dtype descending in declaration order, then name.
-        let layout = plan_layout(
+        let plan = plan_file(
             None,
             vec![
                 entry("z", Dtype::U8, &[1]),
@@ -1548,40 +1548,39 @@ mod tests {
             ],
         )
         .unwrap();
-        let order: Vec<&str> = layout.tensors.iter().map(|t| t.name.as_str()).collect();
+        let order: Vec<&str> = plan.tensors.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(
             order,
             ["U64", "I64", "B", "c", "f", "u", "i", "m", "a", "z", "b"]
         );
-        let starts: Vec<u64> = layout.tensors.iter().map(|t| t.data_offsets[0]).collect();
+        let starts: Vec<u64> = plan.tensors.iter().map(|t| t.data_offsets[0]).collect();
         assert_eq!(starts, [0, 8, 16, 24, 32, 36, 40, 44, 50, 51, 52]);
-        assert_eq!(layout.data_len, 54);
-        assert_eq!(layout.header_bytes.len() - 8, 608);
+        assert_eq!(plan.data_len, 54);
+        assert_eq!(plan.header_bytes.len() - 8, 608);
     }
 
     #[test]
     fn serialisation_escapes_like_serde_json_and_round_trips() {
         let meta = BTreeMap::from([("k\t".to_string(), "\u{2028}".to_string())]);
-        let layout =
-            plan_layout(Some(&meta), vec![entry("é/\"\\\n\u{1}", Dtype::U8, &[1])]).unwrap();
-        let text = std::str::from_utf8(&layout.header_bytes[8..]).unwrap();
+        let plan = plan_file(Some(&meta), vec![entry("é/\"\\\n\u{1}", Dtype::U8, &[1])]).unwrap();
+        let text = std::str::from_utf8(&plan.header_bytes[8..]).unwrap();
         assert!(text.contains(r#""é/\"\\\n\u0001""#), "{text}");
-        assert_eq!(layout.header_bytes.len() - 8, 96);
-        let mut bytes = layout.header_bytes.clone();
+        assert_eq!(plan.header_bytes.len() - 8, 96);
+        let mut bytes = plan.header_bytes.clone();
         bytes.push(0);
         let h = parse_file_bytes(&bytes).unwrap();
         assert_eq!(h.metadata, Some(meta));
-        assert_eq!(h.tensors, layout.tensors);
+        assert_eq!(h.tensors, plan.tensors);
     }
 
     #[test]
     fn writer_rejects_reserved_and_duplicate_names_and_oversize_headers() {
         assert!(matches!(
-            plan_layout(None, vec![entry("__metadata__", Dtype::U8, &[1])]),
+            plan_file(None, vec![entry("__metadata__", Dtype::U8, &[1])]),
             Err(FormatError::ReservedName)
         ));
         assert!(matches!(
-            plan_layout(
+            plan_file(
                 None,
                 vec![entry("a", Dtype::U8, &[1]), entry("a", Dtype::F32, &[1])]
             ),
@@ -1589,11 +1588,11 @@ mod tests {
         ));
         let meta = BTreeMap::from([("k".to_string(), "x".repeat(MAX_HEADER_SIZE as usize))]);
         assert!(matches!(
-            plan_layout(Some(&meta), vec![]),
+            plan_file(Some(&meta), vec![]),
             Err(FormatError::HeaderTooLarge { .. })
         ));
         assert!(matches!(
-            plan_layout(None, vec![entry("a", Dtype::F4, &[3])]),
+            plan_file(None, vec![entry("a", Dtype::F4, &[3])]),
             Err(FormatError::MisalignedSubByte { .. })
         ));
     }

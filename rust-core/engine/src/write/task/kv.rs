@@ -941,7 +941,7 @@ impl KvState {
         let sep = self.separator.as_bytes();
         let column_names = &self.columns;
         let column_of = |c: u32| column_names.get(c as usize).map_or("", String::as_str);
-        // The reference layout (header::plan_layout's order): dtype descending, then name.
+        // The reference order (header::plan_file's): dtype descending, then name.
         order.sort_unstable_by(|a, b| {
             b.dtype.cmp(&a.dtype).then_with(|| {
                 cmp_names(

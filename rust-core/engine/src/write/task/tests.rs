@@ -1110,8 +1110,8 @@ fn kv_names_metadata_and_reports() {
     fs::remove_dir_all(dir).unwrap();
 }
 
-/// A KV shard's header is serialised from the task's records, not through `plan_layout`: it
-/// must be byte-for-byte what `plan_layout` produces for the same tensors (order, escaping,
+/// A KV shard's header is serialised from the task's records, not through `plan_file`: it
+/// must be byte-for-byte what `plan_file` produces for the same tensors (order, escaping,
 /// offsets, padding), with keys that need JSON escaping and several dtypes.
 #[test]
 fn kv_header_is_the_reference_layout() {
@@ -1143,8 +1143,7 @@ fn kv_header_is_the_reference_layout() {
         .collect();
     assert_eq!(entries.len(), 10);
     let layout =
-        safetensors_spark_format::header::plan_layout(f.header().metadata.as_ref(), entries)
-            .unwrap();
+        safetensors_spark_format::header::plan_file(f.header().metadata.as_ref(), entries).unwrap();
     let raw = fs::read(&report.shards[0].local_path).unwrap();
     assert_eq!(&raw[..layout.header_bytes.len()], &layout.header_bytes[..]);
     assert_eq!(raw.len() as u64, layout.file_len());
