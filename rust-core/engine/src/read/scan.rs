@@ -59,7 +59,7 @@ use safetensors_spark_dataset::index::{
     lookup_sparse, read_index_from, IndexRow, KeyFilter, SparseFile, SparseLookup,
 };
 use safetensors_spark_dataset::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME};
-use safetensors_spark_dataset::{parse_manifest, LayoutKind, Manifest};
+use safetensors_spark_dataset::{parse_manifest, DatasetMode, Manifest};
 use safetensors_spark_format::dtype::Dtype;
 use safetensors_spark_format::header::{self, Header, PREFIX_LEN};
 use serde::{Deserialize, Serialize};
@@ -658,7 +658,7 @@ impl Catalog<'_> {
                 .manifests
                 .iter()
                 // a published-only manifest (no layout) leaves it to the shards' headers
-                .any(|m| m.manifest.layout() == Some(LayoutKind::Kv))
+                .any(|m| m.manifest.mode() == Some(DatasetMode::Kv))
         {
             return Answer::Ready(Layout::Tensor);
         }
@@ -772,7 +772,7 @@ fn sample_file<'a>(
 ) -> Result<Option<SampleFile<'a>>, ReadError> {
     let uri = e.input.file.as_str();
     if let Some((m, si)) = cat.manifest_of(e) {
-        if m.layout() == Some(LayoutKind::Kv) {
+        if m.mode() == Some(DatasetMode::Kv) {
             return Err(ReadErrorKind::ReservedMetadata {
                 key: LAYOUT_KEY,
                 value: "kv".into(),

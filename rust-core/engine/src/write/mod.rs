@@ -123,7 +123,7 @@ pub enum DuplicatesStrategy {
 /// Batch or KV mode with its mode-specific options.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "layout", rename_all = "snake_case")]
-pub enum WriteLayout {
+pub enum WriteMode {
     Batch {
         batch_size: u64,
         tail_strategy: TailStrategy,
@@ -144,7 +144,8 @@ pub enum WriteLayout {
 pub struct WritePlan {
     /// One random UUID per write; part of every shard name.
     pub write_id: String,
-    pub layout: WriteLayout,
+    #[serde(rename = "layout")]
+    pub mode: WriteMode,
     /// Columns in output order.
     pub columns: Vec<ColumnPlan>,
     /// User metadata added to every shard's `__metadata__`.

@@ -32,8 +32,8 @@ mod sealer;
 
 use crate::write::commit::index_rows;
 use crate::write::{
-    shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport,
-    WriteLayout, WritePlan,
+    shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport, WriteMode,
+    WritePlan,
 };
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, StructArray};
@@ -201,14 +201,14 @@ impl TaskWriter {
     /// Opens a writer for `partition`; shards are written into `work_dir` (created if missing).
     pub fn open(plan: WritePlan, partition: u32, work_dir: PathBuf) -> Result<Self, WriteError> {
         fs::create_dir_all(&work_dir).map_err(|e| WriteError::io(&work_dir, e))?;
-        let batch = matches!(plan.layout, WriteLayout::Batch { .. });
+        let batch = matches!(plan.mode, WriteMode::Batch { .. });
         let columns = plan
             .columns
             .iter()
             .map(|c| ColumnState::new(c.clone(), batch))
             .collect();
-        let mode = match &plan.layout {
-            WriteLayout::Batch {
+        let mode = match &plan.mode {
+            WriteMode::Batch {
                 batch_size,
                 tail_strategy,
             } => {
@@ -222,7 +222,7 @@ impl TaskWriter {
                     rows: 0,
                 })
             }
-            WriteLayout::Kv {
+            WriteMode::Kv {
                 name_col,
                 kv_separator,
                 target_shard_bytes,
@@ -626,12 +626,12 @@ pub(crate) fn shard_metadata(
     padded: u64,
 ) -> BTreeMap<String, String> {
     let mut meta = plan.metadata.clone();
-    let (layout, separator) = match &plan.layout {
-        WriteLayout::Batch { .. } => ("batch", None),
-        WriteLayout::Kv { kv_separator, .. } => ("kv", Some(kv_separator.clone())),
+    let (mode, separator) = match &plan.mode {
+        WriteMode::Batch { .. } => ("batch", None),
+        WriteMode::Kv { kv_separator, .. } => ("kv", Some(kv_separator.clone())),
     };
     meta.insert("safetensors_spark.format_version".into(), "1".into());
-    meta.insert("safetensors_spark.layout".into(), layout.into());
+    meta.insert("safetensors_spark.layout".into(), mode.into());
     meta.insert("safetensors_spark.write_id".into(), plan.write_id.clone());
     meta.insert("safetensors_spark.samples".into(), samples.to_string());
     meta.insert(

@@ -215,7 +215,7 @@ pub(crate) fn manifest(
             format: MANIFEST_FORMAT.into(),
             created_by: "test".into(),
             manifest_version: 1,
-            layout: LayoutKind::Batch,
+            mode: DatasetMode::Batch,
             batch_size: Some(4),
             tail_strategy: Some(if pad {
                 TailStrategy::Pad
@@ -1232,7 +1232,7 @@ fn kv_dataset(
             format: MANIFEST_FORMAT.into(),
             created_by: "test".into(),
             manifest_version: 1,
-            layout: LayoutKind::Kv,
+            mode: DatasetMode::Kv,
             batch_size: None,
             tail_strategy: None,
             kv_separator: Some("__".into()),
