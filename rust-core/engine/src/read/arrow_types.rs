@@ -1,5 +1,5 @@
-//! The Arrow types that the row builders ([`super::layout`]) and the forensic columns
-//! ([`super::forensic`]) both use. A leaf module: it imports neither, so neither imports the
+//! The Arrow types that the row builders ([`super::rows`]) and the forensic columns
+//! ([`super::forensic_columns`]) both use. A leaf module: it imports neither, so neither imports the
 //! other for them.
 
 use arrow_array::builder::{MapBuilder, MapFieldNames, StringBuilder};

@@ -48,10 +48,10 @@
 use super::arrow_types::metadata_type;
 use super::decode::{common_element, spark_element};
 use super::error::{ReadError, ReadErrorKind};
-use super::forensic;
-use super::layout::{
+use super::forensic_columns;
+use super::rows::{
     batch_samples, sample_target_type, FileColumn, SampleTarget, TensorColumn, TensorField,
-    LAYOUT_KEY,
+    MODE_KEY,
 };
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;
@@ -670,8 +670,8 @@ impl Catalog<'_> {
             match &e.header {
                 None => need.push(e.input.file.clone()),
                 Some(h) => {
-                    let layout = h.metadata.as_ref().and_then(|m| m.get(LAYOUT_KEY));
-                    if layout.map(String::as_str) != Some("batch") {
+                    let mode = h.metadata.as_ref().and_then(|m| m.get(MODE_KEY));
+                    if mode.map(String::as_str) != Some("batch") {
                         return Answer::Ready(Layout::Tensor);
                     }
                 }
@@ -774,7 +774,7 @@ fn sample_file<'a>(
     if let Some((m, si)) = cat.manifest_of(e) {
         if m.mode() == Some(DatasetMode::Kv) {
             return Err(ReadErrorKind::ReservedMetadata {
-                key: LAYOUT_KEY,
+                key: MODE_KEY,
                 value: "kv".into(),
                 problem: "a KV shard has no sample rows; read it per tensor",
             }
@@ -1125,13 +1125,13 @@ fn forensic_columns() -> [OutputColumn; 3] {
         OutputColumn {
             name: "flags".to_owned(),
             source: ColumnSource::Flags {
-                fields: forensic::all_fields(&forensic::FLAG_FIELDS),
+                fields: forensic_columns::all_fields(&forensic_columns::FLAG_FIELDS),
             },
         },
         OutputColumn {
             name: "model_info".to_owned(),
             source: ColumnSource::ModelInfo {
-                fields: forensic::all_fields(&forensic::MODEL_INFO_FIELDS),
+                fields: forensic_columns::all_fields(&forensic_columns::MODEL_INFO_FIELDS),
             },
         },
         OutputColumn {
@@ -1173,12 +1173,14 @@ fn output_column(
             .collect::<Result<_, _>>()?;
     }
     let struct_fields = match &mut out.source {
-        ColumnSource::Flags { fields } => Some((fields, &forensic::FLAG_FIELDS[..])),
-        ColumnSource::ModelInfo { fields } => Some((fields, &forensic::MODEL_INFO_FIELDS[..])),
+        ColumnSource::Flags { fields } => Some((fields, &forensic_columns::FLAG_FIELDS[..])),
+        ColumnSource::ModelInfo { fields } => {
+            Some((fields, &forensic_columns::MODEL_INFO_FIELDS[..]))
+        }
         _ => None,
     };
     if let (Some((fields, all)), Some(wanted)) = (struct_fields, &rc.fields) {
-        forensic::check_fields(&rc.name, wanted, all)
+        forensic_columns::check_fields(&rc.name, wanted, all)
             .map_err(|m| ReadError::new("", Some(&rc.name), ReadErrorKind::Invalid(m)))?;
         *fields = wanted.clone();
     }

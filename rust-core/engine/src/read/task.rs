@@ -33,8 +33,8 @@
 
 use super::arrow_types::MAX_OFFSET;
 use super::error::{ReadError, ReadErrorKind};
-use super::forensic;
-use super::layout::{
+use super::forensic_columns;
+use super::rows::{
     batch_samples, file_columns, metadata_column, row_byte_range, sample_column_as, tensor_columns,
     FileColumn, SampleTarget, TensorColumn, TensorField,
 };
@@ -640,7 +640,10 @@ impl ReadTask {
                 // computed once per batch.
                 let forensic_size =
                     if has(|c| matches!(c, TensorColumn::Flags(_) | TensorColumn::ModelInfo(_))) {
-                        forensic::text_size(&forensic::flags_of(h), &forensic::model_info_of(h))
+                        forensic_columns::text_size(
+                            &forensic_columns::flags_of(h),
+                            &forensic_columns::model_info_of(h),
+                        )
                     } else {
                         0
                     };

@@ -8,7 +8,7 @@
 use super::arrow_types::{metadata_type, string_map_builder, MAX_OFFSET};
 use super::decode::{decode_values, spark_element, widen};
 use super::error::{ReadError, ReadErrorKind};
-use super::forensic::{
+use super::forensic_columns::{
     flags_column, flags_of, flags_type, model_info_column, model_info_of, model_info_type,
 };
 use super::{tensor_bytes, TensorSource};
@@ -36,8 +36,8 @@ use std::sync::Arc;
 pub const SAMPLES_KEY: &str = "safetensors_spark.samples";
 /// Shard `__metadata__` key: zero rows appended by `tail_strategy=pad`.
 pub const PADDED_SAMPLES_KEY: &str = "safetensors_spark.padded_samples";
-/// Shard `__metadata__` key: `batch` or `kv`.
-pub const LAYOUT_KEY: &str = "safetensors_spark.layout";
+/// Shard `__metadata__` key of the dataset mode (`DatasetMode`): `batch` or `kv`.
+pub const MODE_KEY: &str = "safetensors_spark.layout";
 
 fn element_field(data_type: DataType) -> FieldRef {
     Arc::new(Field::new("element", data_type, false))
@@ -92,10 +92,10 @@ pub fn batch_samples(file: &str, header: &Header) -> Result<(u64, u64), ReadErro
             })
             .transpose()
     };
-    if let Some(layout) = get(LAYOUT_KEY).filter(|l| *l == "kv") {
+    if let Some(mode) = get(MODE_KEY).filter(|l| *l == "kv") {
         return Err(ReadErrorKind::ReservedMetadata {
-            key: LAYOUT_KEY,
-            value: layout.clone(),
+            key: MODE_KEY,
+            value: mode.clone(),
             problem: "a KV shard has no sample rows; read it per tensor",
         }
         .in_file(file));
@@ -488,7 +488,7 @@ pub enum TensorColumn {
     Decoded(DataType),
     /// `metadata`: the file's `__metadata__`.
     Metadata,
-    /// `flags`: the file's forensic flags, cut to these fields (see [`super::forensic`]).
+    /// `flags`: the file's forensic flags, cut to these fields (see [`super::forensic_columns`]).
     Flags(Vec<String>),
     /// `model_info`: the file's model information, cut to these fields.
     ModelInfo(Vec<String>),
