@@ -6,14 +6,14 @@
 //!    JSON) and the user's options into a [`WritePlan`], or an error naming the option/column.
 //!    Nothing on disk has changed yet.
 //! 2. Each task: a [`task::TaskWriter`] opened from the plan receives Arrow record batches (the
-//!    "wire" layout below), validates every row, converts values and writes sealed shards into a
+//!    "wire" format below), validates every row, converts values and writes sealed shards into a
 //!    local work directory, reporting each sealed shard as a [`ShardReport`].
 //! 3. Driver, job commit: [`commit`] checks the tasks' reports against each other (dtypes and
 //!    sample shapes agree, KV keys unique across the write) and builds this write's manifest and
-//!    index rows; the dataset layout ([`safetensors_spark_dataset`]) puts them on top of the directory's
+//!    index rows; the dataset crate ([`safetensors_spark_dataset`]) puts them on top of the directory's
 //!    latest manifest and writes `_tensor_index.parquet`.
 //!
-//! ## Wire layout of a record batch (JVM → Rust, Arrow C Data Interface)
+//! ## Wire format of a record batch (JVM → Rust, Arrow C Data Interface)
 //! A struct array whose children are, in order: the KV key column (Utf8, KV mode only), then one
 //! child per [`ColumnPlan`] in plan order. Child types by [`InputKind`]:
 //! * `NumericArray { element, depth }`: `List` nested `depth` times around the primitive of

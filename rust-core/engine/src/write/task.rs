@@ -1,4 +1,4 @@
-//! The per-task shard writer: receives wire-layout record batches (see the `write` module docs),
+//! The per-task shard writer: receives wire-format record batches (see the `write` module docs),
 //! validates every row, converts values and writes sealed shards into the task's work directory.
 //!
 //! ## Memory bounds
@@ -70,7 +70,7 @@ pub enum WriteError {
         row: u64,
         source: ConvertError,
     },
-    /// The batch does not have the wire layout the plan expects.
+    /// The batch does not have the wire format the plan expects.
     #[error("column '{column}': malformed batch: {message}")]
     Malformed { column: String, message: String },
     /// The batch as a whole does not match the plan (child count, not a struct, …).
@@ -252,7 +252,7 @@ impl TaskWriter {
         })
     }
 
-    /// Writes one wire-layout batch. Returns the shards that came into place (synced and renamed
+    /// Writes one wire-format batch. Returns the shards that came into place (synced and renamed
     /// onto their final names) since the previous call; a shard filled by this batch may come
     /// later (module docs).
     pub fn write_batch(&mut self, batch: &StructArray) -> Result<Vec<ShardReport>, WriteError> {

@@ -719,7 +719,7 @@ fn append_merge() {
     assert_eq!(m2.total_samples, 2);
 }
 
-/// A manifest as another writer of the published layout produces it: only the published fields.
+/// A manifest as another writer of the published dataset format produces it: only the published fields.
 const PUBLISHED_ONLY: &str = r#"{
   "format_version" : "1.0",
   "safetensors_version" : "1.0",

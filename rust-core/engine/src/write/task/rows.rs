@@ -1,4 +1,4 @@
-//! Arrow → per-row tensors: validates the rows of one wire-layout column and appends their
+//! Arrow → per-row tensors: validates the rows of one wire-format column and appends their
 //! converted bytes to a buffer.
 //!
 //! Numeric arrays and scalars are converted in bulk over a whole run of rows (the values of
@@ -145,7 +145,7 @@ fn primitive_type(e: SparkNumeric) -> DataType {
     }
 }
 
-/// The Arrow type the wire layout uses for a column, for error messages.
+/// The Arrow type the wire format uses for a column, for error messages.
 pub(crate) fn expected_type(input: &InputKind) -> String {
     match input {
         InputKind::NumericArray { element, depth } => {
