@@ -1,4 +1,4 @@
-//! The dataset layout (spec/dataset.md): what a dataset directory holds and what its files mean,
+//! The dataset format (spec/dataset.md): what a dataset directory holds and what its files mean,
 //! shared by the write path, the read path and the Python package.
 //!
 //! * [`names`] — file names (shards, manifest, manifest log, index parts) and the trust rule for
@@ -16,7 +16,7 @@ pub mod manifest;
 pub mod names;
 
 pub use manifest::{
-    parse_manifest, LayoutKind, Manifest, ManifestExt, ManifestShard, TailStrategy,
+    parse_manifest, DatasetMode, Manifest, ManifestExt, ManifestShard, TailStrategy,
 };
 pub use names::check_shard_path;
 

@@ -1,34 +1,36 @@
 //! `dataset_manifest.json` (spec/dataset.md §5, schemas/dataset_manifest.schema.json).
 //!
-//! The manifest carries the published dataset layout's fields under their published names
+//! The manifest carries the published dataset format's fields under their published names
 //! (`format_version` "1.0", `safetensors_version`, `total_samples`, `total_bytes`,
 //! `shards[].shard_path/samples_count/bytes`, `schema.<column>.dtype/shape`), and, in manifests
 //! this connector writes, its own fields beside them ([`ManifestExt`]). A *published-only*
-//! manifest (as other writers of the layout produce) parses too, with `ext: None`.
+//! manifest (as other writers of the format produce) parses too, with `ext: None`.
 //!
 //! Every shard name passes [`check_shard_path`] when a manifest is parsed, so no caller ever
 //! joins an untrusted name to a dataset path.
 
 use super::names::{check_shard_path, parse_shard_file_name};
 use super::DatasetError;
+use safetensors_spark_format::json_object;
 use safetensors_spark_format::Dtype;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::Deserializer;
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
-/// The published layout's `format_version`.
+/// The published dataset format's `format_version`.
 pub const FORMAT_VERSION: &str = "1.0";
-/// The published layout's `safetensors_version`.
+/// The published dataset format's `safetensors_version`.
 pub const SAFETENSORS_VERSION: &str = "1.0";
 /// `format` of manifests this connector writes: the sign that [`ManifestExt`] is present.
 pub const MANIFEST_FORMAT: &str = "safetensors-spark-dataset";
 
-/// `"batch"` or `"kv"`.
+/// How a dataset's shards hold its rows: `"batch"` (a shard's tensors stack a batch of
+/// samples) or `"kv"` (one tensor per key and column). Serialised as the manifest's `layout`
+/// and the shards' `safetensors_spark.layout`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum LayoutKind {
+pub enum DatasetMode {
     Batch,
     Kv,
 }
@@ -56,8 +58,8 @@ impl TailStrategy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestTensor {
     pub dtype: Dtype,
-    /// Batch layout: `[batch_size, …sample shape]`, the shape of a full shard's tensor. KV
-    /// layout: the shape of one row's tensor, `None` (null) when rows differ.
+    /// Batch mode: `[batch_size, …sample shape]`, the shape of a full shard's tensor. KV
+    /// mode: the shape of one row's tensor, `None` (null) when rows differ.
     #[serde(default)]
     pub shape: Option<Vec<u64>>,
 }
@@ -123,24 +125,12 @@ impl Serialize for ColumnMap {
 
 impl<'de> Deserialize<'de> for ColumnMap {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ColumnMap;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object of column name → {dtype, shape}")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ColumnMap, A::Error> {
-                let mut out: Vec<(String, ManifestTensor)> = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, ManifestTensor>()? {
-                    if out.iter().any(|(n, _)| *n == k) {
-                        return Err(de::Error::custom(format!("duplicate column `{k}`")));
-                    }
-                    out.push((k, v));
-                }
-                Ok(ColumnMap(out))
-            }
-        }
-        d.deserialize_map(V)
+        json_object::deserialize_unique_entries(
+            d,
+            "an object of column name → {dtype, shape}",
+            |k| format!("duplicate column `{k}`"),
+        )
+        .map(ColumnMap)
     }
 }
 
@@ -158,7 +148,8 @@ pub struct ManifestExt {
     /// The commit number: 1 for the first commit of the directory, +1 for every later one
     /// (spec/dataset.md §5.3).
     pub manifest_version: u64,
-    pub layout: LayoutKind,
+    #[serde(rename = "layout")]
+    pub mode: DatasetMode,
     #[serde(deserialize_with = "required")]
     pub batch_size: Option<u64>,
     #[serde(deserialize_with = "required")]
@@ -225,7 +216,7 @@ impl Serialize for Manifest {
             map.serialize_entry("format", &x.format)?;
             map.serialize_entry("created_by", &x.created_by)?;
             map.serialize_entry("manifest_version", &x.manifest_version)?;
-            map.serialize_entry("layout", &x.layout)?;
+            map.serialize_entry("layout", &x.mode)?;
             map.serialize_entry("batch_size", &x.batch_size)?;
             map.serialize_entry("tail_strategy", &x.tail_strategy)?;
             map.serialize_entry("kv_separator", &x.kv_separator)?;
@@ -297,9 +288,9 @@ impl Manifest {
         }
     }
 
-    /// The layout, when the manifest says it (this connector's manifests).
-    pub fn layout(&self) -> Option<LayoutKind> {
-        self.ext.as_ref().map(|x| x.layout)
+    /// The dataset mode, when the manifest says it (this connector's manifests).
+    pub fn mode(&self) -> Option<DatasetMode> {
+        self.ext.as_ref().map(|x| x.mode)
     }
 
     /// The commit number, 0 for a published-only manifest.
@@ -307,12 +298,12 @@ impl Manifest {
         self.ext.as_ref().map_or(0, |x| x.manifest_version)
     }
 
-    /// The shape of one sample of `column`: batch layout drops the leading batch dimension of
-    /// `schema.<column>.shape`; KV layout's shape is already per row (`None` when rows differ).
+    /// The shape of one sample of `column`: batch mode drops the leading batch dimension of
+    /// `schema.<column>.shape`; KV mode's shape is already per row (`None` when rows differ).
     pub fn sample_shape(&self, column: &str) -> Option<Vec<u64>> {
         let shape = self.schema.get(column)?.shape.as_ref()?;
-        match self.layout() {
-            Some(LayoutKind::Batch) => shape.split_first().map(|(_, rest)| rest.to_vec()),
+        match self.mode() {
+            Some(DatasetMode::Batch) => shape.split_first().map(|(_, rest)| rest.to_vec()),
             _ => Some(shape.clone()),
         }
     }
@@ -384,8 +375,8 @@ impl Manifest {
         if x.manifest_version == 0 {
             return Err(invalid("manifest_version must be ≥ 1"));
         }
-        match x.layout {
-            LayoutKind::Batch => {
+        match x.mode {
+            DatasetMode::Batch => {
                 let Some(batch) = x.batch_size.filter(|b| *b >= 1) else {
                     return Err(invalid("batch layout needs batch_size ≥ 1"));
                 };
@@ -403,7 +394,7 @@ impl Manifest {
                     }
                 }
             }
-            LayoutKind::Kv => {
+            DatasetMode::Kv => {
                 if x.batch_size.is_some() || x.tail_strategy.is_some() {
                     return Err(invalid(
                         "KV layout needs a null batch_size and a null tail_strategy",
@@ -494,15 +485,15 @@ impl Manifest {
     }
 }
 
-/// One line describing a manifest's layout for error messages.
+/// One line describing a manifest's mode and its options, for error messages.
 fn describe(x: &ManifestExt) -> String {
-    match x.layout {
-        LayoutKind::Batch => format!(
+    match x.mode {
+        DatasetMode::Batch => format!(
             "batch mode with batch_size={} and tail_strategy={}",
             x.batch_size.unwrap_or_default(),
             x.tail_strategy.map_or("none", TailStrategy::name)
         ),
-        LayoutKind::Kv => format!(
+        DatasetMode::Kv => format!(
             "KV mode with kv_separator='{}'",
             x.kv_separator.as_deref().unwrap_or_default()
         ),
@@ -516,7 +507,7 @@ fn shape_str(s: &Option<Vec<u64>>) -> String {
 
 /// The manifest of a commit: `new` (one write's shards, this connector's manifest) on top of
 /// `base`, the latest committed manifest of the directory (`None`: there is none). An append
-/// merges the shards (layout, options and columns must agree, spec/dataset.md §5.2); an
+/// merges the shards (mode, options and columns must agree, spec/dataset.md §5.2); an
 /// overwrite keeps only `new`'s. Either way the result's `manifest_version` is one more than
 /// `base`'s. `replacements` (appends only) swap shards of `base` for rewritten copies, or drop
 /// them (`None`): a KV append with `lastWin` that replaces keys an earlier write stored.
@@ -590,7 +581,7 @@ fn merge_append(
                 .to_string(),
         ));
     };
-    if old_ext.layout != new_ext.layout
+    if old_ext.mode != new_ext.mode
         || old_ext.batch_size != new_ext.batch_size
         || old_ext.tail_strategy != new_ext.tail_strategy
         || old_ext.kv_separator != new_ext.kv_separator
@@ -625,7 +616,7 @@ fn merge_append(
                 )));
             }
             if t.shape != n.shape {
-                if old_ext.layout == LayoutKind::Batch {
+                if old_ext.mode == DatasetMode::Batch {
                     return Err(mismatch(format!(
                         "column '{name}' has shape {}, this write has {}",
                         shape_str(&t.shape),

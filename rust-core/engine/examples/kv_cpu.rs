@@ -17,7 +17,7 @@ use arrow_array::{ArrayRef, BinaryArray, Int64Array, ListArray, StringArray, Str
 use arrow_schema::Field;
 use safetensors_spark_engine::write::task::TaskWriter;
 use safetensors_spark_engine::write::{
-    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, WriteLayout, WritePlan,
+    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, WriteMode, WritePlan,
 };
 use safetensors_spark_format::Dtype;
 use std::collections::BTreeMap;
@@ -125,7 +125,7 @@ fn main() {
     );
     let plan = WritePlan {
         write_id: "0b7c6f4e-1111-2222-3333-444455556666".into(),
-        layout: WriteLayout::Kv {
+        mode: WriteMode::Kv {
             name_col: "key".into(),
             name_field_index: 0,
             kv_separator: "__".into(),

@@ -15,7 +15,7 @@ use arrow_array::{ArrayRef, ListArray, StringArray, StructArray};
 use arrow_schema::Field;
 use safetensors_spark_engine::write::task::{read_report, TaskWriter};
 use safetensors_spark_engine::write::{
-    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
+    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteMode, WritePlan,
 };
 use safetensors_spark_format::alloc_stats::{
     allocations, live_bytes as current, peak_bytes, track_peak,
@@ -68,8 +68,8 @@ fn main() {
         || std::env::temp_dir().join(format!("kv-memory-{}", std::process::id())),
         PathBuf::from,
     );
-    let layout = if kv {
-        WriteLayout::Kv {
+    let mode = if kv {
+        WriteMode::Kv {
             name_col: "key".into(),
             name_field_index: 0,
             kv_separator: "__".into(),
@@ -77,14 +77,14 @@ fn main() {
             duplicates: DuplicatesStrategy::Fail,
         }
     } else {
-        WriteLayout::Batch {
+        WriteMode::Batch {
             batch_size: BATCH_ROWS as u64,
             tail_strategy: TailStrategy::Write,
         }
     };
     let plan = WritePlan {
         write_id: "0b7c6f4e-1111-2222-3333-444455556666".into(),
-        layout,
+        mode,
         columns: vec![ColumnPlan {
             name: "xf".into(),
             field_index: 1,

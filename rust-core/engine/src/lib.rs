@@ -1,5 +1,5 @@
 //! The Spark engine of safetensors-spark, on top of the format ([`safetensors_spark_format`]) and
-//! the dataset layout ([`safetensors_spark_dataset`]); JNI-free: the bridge crate
+//! the dataset crate ([`safetensors_spark_dataset`]); JNI-free: the bridge crate
 //! (`rust-core/jni`) exposes it to the JVM connector.
 //!
 //! * [`read`] — the Spark read path: dtype decoding, the per-sample, per-tensor and per-file row

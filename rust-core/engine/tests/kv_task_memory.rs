@@ -20,7 +20,7 @@ use arrow_array::{ArrayRef, ListArray, StringArray, StructArray};
 use arrow_schema::Field;
 use safetensors_spark_engine::write::task::{read_report, TaskWriter};
 use safetensors_spark_engine::write::{
-    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, WriteLayout, WritePlan,
+    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, WriteMode, WritePlan,
 };
 use safetensors_spark_format::alloc_stats::{live_bytes as current, peak_bytes, track_peak};
 use safetensors_spark_format::Dtype;
@@ -53,7 +53,7 @@ fn batch(from: usize, rows: usize) -> StructArray {
 fn plan() -> WritePlan {
     WritePlan {
         write_id: "0b7c6f4e-1111-2222-3333-444455556666".into(),
-        layout: WriteLayout::Kv {
+        mode: WriteMode::Kv {
             name_col: "key".into(),
             name_field_index: 0,
             kv_separator: "__".into(),

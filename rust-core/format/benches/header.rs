@@ -1,7 +1,7 @@
-//! Header parse + validate (`header::parse_header`: JSON, every rule of format.md §3, the layout
+//! Header parse + validate (`header::parse_header`: JSON, every rule of format.md §3, the offset
 //! check against the file length) for headers of 10 and 100,000 tensors (tensors/s), and of
 //! 100,000 and 1,000,000 tensors (bytes/s), as written by our own
-//! serialiser (`plan_layout`). `parse_file_bytes` on the whole file is checked once per size.
+//! serialiser (`plan_file`). `parse_file_bytes` on the whole file is checked once per size.
 //! `header_parse_bytes_detailed` runs the same headers through the detailed path alone
 //! (`parse_header_detailed`, what `parse_header` ran before its fast path).
 //!
@@ -16,7 +16,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use safetensors_spark_format::dtype::Dtype;
 use safetensors_spark_format::error::FormatError;
 use safetensors_spark_format::header::{
-    parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast, plan_layout, Header,
+    parse_file_bytes, parse_header, parse_header_detailed, parse_header_fast, plan_file, Header,
     TensorEntry,
 };
 
@@ -37,9 +37,9 @@ fn file_with(n: usize) -> Vec<u8> {
             shape: vec![4],
         })
         .collect();
-    let layout = plan_layout(Some(&meta), entries).unwrap();
-    let mut bytes = layout.header_bytes.clone();
-    bytes.resize(layout.file_len() as usize, 0);
+    let plan = plan_file(Some(&meta), entries).unwrap();
+    let mut bytes = plan.header_bytes.clone();
+    bytes.resize(plan.file_len() as usize, 0);
     bytes
 }
 

@@ -1,7 +1,7 @@
 //! Writing safetensors files (temporary sibling + rename) and reading them through a memory map.
 
 use crate::error::FormatError;
-use crate::header::{self, Header, Layout, TensorEntry, TensorInfo, PREFIX_LEN};
+use crate::header::{self, FilePlan, Header, TensorEntry, TensorInfo, PREFIX_LEN};
 use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -29,7 +29,7 @@ pub struct FileWriter {
     dest: PathBuf,
     tmp: PathBuf,
     out: Option<BufWriter<File>>,
-    layout: Layout,
+    plan: FilePlan,
     /// Length of the prefix and header (written first; its bytes are not kept).
     header_len: u64,
     written: u64,
@@ -48,20 +48,20 @@ pub fn temp_sibling(dest: &Path) -> PathBuf {
 }
 
 impl FileWriter {
-    /// Plans the layout, creates the temporary file and writes the header.
+    /// Plans the file, creates the temporary file and writes the header.
     pub fn create(
         dest: impl AsRef<Path>,
         metadata: Option<&BTreeMap<String, String>>,
         entries: Vec<TensorEntry>,
     ) -> Result<Self, FormatError> {
-        Self::create_laid_out(dest, header::plan_layout(metadata, entries)?)
+        Self::create_planned(dest, header::plan_file(metadata, entries)?)
     }
 
-    /// Creates the temporary file and writes the header of a layout planned by the caller
-    /// (e.g. with [`header::serialize_entries`]; `layout.tensors` may then be empty: they are
+    /// Creates the temporary file and writes the header of a file planned by the caller
+    /// (e.g. with [`header::serialize_entries`]; `plan.tensors` may then be empty: they are
     /// used only to name a tensor in errors and in [`WrittenFile::tensors`]). The header bytes
     /// are released once written.
-    pub fn create_laid_out(dest: impl AsRef<Path>, layout: Layout) -> Result<Self, FormatError> {
+    pub fn create_planned(dest: impl AsRef<Path>, plan: FilePlan) -> Result<Self, FormatError> {
         let dest = dest.as_ref().to_path_buf();
         let tmp = temp_sibling(&dest);
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
@@ -69,11 +69,11 @@ impl FileWriter {
             dest,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             tmp,
-            header_len: layout.header_bytes.len() as u64,
-            layout,
+            header_len: plan.header_bytes.len() as u64,
+            plan,
             written: 0,
         };
-        let header = std::mem::take(&mut writer.layout.header_bytes);
+        let header = std::mem::take(&mut writer.plan.header_bytes);
         writer.write_raw(&header)?;
         Ok(writer)
     }
@@ -96,7 +96,7 @@ impl FileWriter {
             out: Some(BufWriter::with_capacity(buffer, file)),
             tmp,
             header_len: 0,
-            layout: Layout {
+            plan: FilePlan {
                 tensors: Vec::new(),
                 header_bytes: Vec::new(),
                 data_len,
@@ -116,15 +116,15 @@ impl FileWriter {
 
     /// The tensors in the order their data must be written, with their offsets.
     pub fn tensors(&self) -> &[TensorInfo] {
-        &self.layout.tensors
+        &self.plan.tensors
     }
 
     /// Appends data bytes (the tensors' bytes back to back, in [`FileWriter::tensors`] order).
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
-        let remaining = self.layout.data_len - self.written;
+        let remaining = self.plan.data_len - self.written;
         if bytes.len() as u64 > remaining {
             let name = self
-                .layout
+                .plan
                 .tensors
                 .last()
                 .map(|t| t.name.clone())
@@ -164,15 +164,15 @@ impl FileWriter {
     /// or another) syncs and renames it; dropping the [`PendingFile`] deletes it. The returned
     /// [`WrittenFile`] describes the file as it will be at its destination.
     pub fn close(mut self) -> Result<(WrittenFile, PendingFile), FormatError> {
-        if self.written != self.layout.data_len {
+        if self.written != self.plan.data_len {
             let incomplete = self
-                .layout
+                .plan
                 .tensors
                 .iter()
                 .find(|t| t.data_offsets[1] > self.written)
                 .map(|t| t.name.clone())
                 .unwrap_or_default();
-            let missing = self.layout.data_len - self.written;
+            let missing = self.plan.data_len - self.written;
             return Err(FormatError::DataLengthMismatch {
                 name: incomplete,
                 expected: missing,
@@ -197,8 +197,8 @@ impl FileWriter {
         };
         let written = WrittenFile {
             path: self.dest.clone(),
-            bytes: self.header_len + self.layout.data_len,
-            tensors: std::mem::take(&mut self.layout.tensors),
+            bytes: self.header_len + self.plan.data_len,
+            tensors: std::mem::take(&mut self.plan.tensors),
             data_start: self.header_len,
         };
         Ok((written, pending))
@@ -269,16 +269,16 @@ impl Drop for PendingFile {
     }
 }
 
-/// Orders in-memory tensors as the layout requires, checking each one's byte length.
+/// Orders in-memory tensors as the plan requires, checking each one's byte length.
 fn ordered_data<'a>(
-    layout_tensors: &[TensorInfo],
+    planned: &[TensorInfo],
     tensors: &[(TensorEntry, &'a [u8])],
 ) -> Result<Vec<&'a [u8]>, FormatError> {
     let by_name: HashMap<&str, &[u8]> = tensors
         .iter()
         .map(|(e, data)| (e.name.as_str(), *data))
         .collect();
-    layout_tensors
+    planned
         .iter()
         .map(|t| {
             let data = by_name.get(t.name.as_str()).copied().ok_or_else(|| {
@@ -347,10 +347,10 @@ pub fn serialize(
     tensors: &[(TensorEntry, &[u8])],
 ) -> Result<Vec<u8>, FormatError> {
     let entries = tensors.iter().map(|(e, _)| e.clone()).collect();
-    let layout = header::plan_layout(metadata, entries)?;
-    let mut out = Vec::with_capacity(layout.file_len() as usize);
-    out.extend_from_slice(&layout.header_bytes);
-    for data in ordered_data(&layout.tensors, tensors)? {
+    let plan = header::plan_file(metadata, entries)?;
+    let mut out = Vec::with_capacity(plan.file_len() as usize);
+    out.extend_from_slice(&plan.header_bytes);
+    for data in ordered_data(&plan.tensors, tensors)? {
         out.extend_from_slice(data);
     }
     Ok(out)

@@ -163,7 +163,7 @@ pub fn parse_header_fast(json: &[u8], file_len: u64) -> Option<Header> {
 
 /// The detailed path of [`parse_header`]: [`parse_header_items`] (a JSON tree keeping duplicate
 /// keys, then each entry on its own), stopping at the first error in the order of format.md §3,
-/// then the layout and file-length rules.
+/// then the offset and file-length rules.
 pub fn parse_header_detailed(json: &[u8], file_len: u64) -> Result<Header, FormatError> {
     let header_len = json.len() as u64;
     let items = parse_header_items(json)?;
@@ -175,7 +175,7 @@ pub fn parse_header_detailed(json: &[u8], file_len: u64) -> Result<Header, Forma
             HeaderItem::Tensor(parts) => tensors.push((*parts).into_tensor()?),
         }
     }
-    let data_len = validate_layout(&mut tensors)?;
+    let data_len = validate_offsets(&mut tensors)?;
     check_coverage(header_len, data_len, file_len)?;
     Ok(Header::new(metadata, tensors, header_len, data_len))
 }
@@ -414,7 +414,7 @@ fn unsigned_array(value: &Json) -> Result<Vec<u64>, String> {
 
 /// Sorts `tensors` into data order and checks offsets, sizes and contiguity. Returns the data
 /// section length.
-fn validate_layout(tensors: &mut [TensorInfo]) -> Result<u64, FormatError> {
+fn validate_offsets(tensors: &mut [TensorInfo]) -> Result<u64, FormatError> {
     tensors.sort_by_key(|t| t.data_offsets);
     let mut cursor = 0u64;
     for t in tensors.iter() {
@@ -506,10 +506,10 @@ pub struct TensorEntry {
     pub shape: Vec<u64>,
 }
 
-/// The layout of a file to be written: tensors in reference order with their offsets, and the
+/// The plan of a file to be written: tensors in reference order with their offsets, and the
 /// serialised prefix + padded header.
 #[derive(Debug, Clone)]
-pub struct Layout {
+pub struct FilePlan {
     /// Tensors in the order their data must be written.
     pub tensors: Vec<TensorInfo>,
     /// The 8-byte prefix followed by the space-padded header JSON.
@@ -517,7 +517,7 @@ pub struct Layout {
     pub data_len: u64,
 }
 
-impl Layout {
+impl FilePlan {
     /// Total file length.
     pub fn file_len(&self) -> u64 {
         self.header_bytes.len() as u64 + self.data_len
@@ -527,10 +527,10 @@ impl Layout {
 /// Plans a file exactly as the reference writer would: tensors sorted by dtype (descending in
 /// declaration order) then name, consecutive offsets, compact JSON with `__metadata__` first
 /// (keys sorted), spaces up to a multiple of 8.
-pub fn plan_layout(
+pub fn plan_file(
     metadata: Option<&BTreeMap<String, String>>,
     mut entries: Vec<TensorEntry>,
-) -> Result<Layout, FormatError> {
+) -> Result<FilePlan, FormatError> {
     let mut names = HashSet::with_capacity(entries.len());
     for e in &entries {
         if e.name == METADATA_KEY {
@@ -563,7 +563,7 @@ pub fn plan_layout(
         cursor = end;
     }
     let header_bytes = serialize_header(metadata, &tensors)?;
-    Ok(Layout {
+    Ok(FilePlan {
         tensors,
         header_bytes,
         data_len: cursor,
@@ -597,7 +597,7 @@ pub struct HeaderEntry<'a> {
 }
 
 /// Serialises the prefix and padded header for `count` entries given in data order (the
-/// reference's layout, as [`plan_layout`] plans it: the caller has ordered them, checked their
+/// reference's order, as [`plan_file`] plans it: the caller has ordered them, checked their
 /// names and computed consecutive offsets). The only memory it needs is the header itself.
 pub fn serialize_entries<'a, I: Iterator<Item = HeaderEntry<'a>>>(
     metadata: Option<&BTreeMap<String, String>>,
@@ -692,15 +692,23 @@ fn push_metadata(json: &mut Vec<u8>, meta: &BTreeMap<String, String>) {
     json.push(b'}');
 }
 
+/// The fixed parts of a tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[..]}`,
+/// between the name, the dtype, the shape and the offsets: [`push_entry`] writes them and
+/// [`entry_len_without_name_and_offsets`] counts them.
+const ENTRY_BEFORE_DTYPE: &[u8] = b":{\"dtype\":\"";
+const ENTRY_BEFORE_SHAPE: &[u8] = b"\",\"shape\":[";
+const ENTRY_BEFORE_OFFSETS: &[u8] = b"],\"data_offsets\":[";
+const ENTRY_END: &[u8] = b"]}";
+
 fn push_entry(json: &mut Vec<u8>, scratch: &mut Vec<u8>, t: &HeaderEntry<'_>) {
     push_json_concat(json, scratch, &t.name);
-    json.extend_from_slice(b":{\"dtype\":\"");
+    json.extend_from_slice(ENTRY_BEFORE_DTYPE);
     json.extend_from_slice(t.dtype.name().as_bytes());
-    json.extend_from_slice(b"\",\"shape\":[");
+    json.extend_from_slice(ENTRY_BEFORE_SHAPE);
     push_joined(json, t.shape);
-    json.extend_from_slice(b"],\"data_offsets\":[");
+    json.extend_from_slice(ENTRY_BEFORE_OFFSETS);
     push_joined(json, &t.data_offsets);
-    json.extend_from_slice(b"]}");
+    json.extend_from_slice(ENTRY_END);
 }
 
 /// Writes the concatenation of `parts` as one JSON string. Escaping is per character, so each
@@ -730,6 +738,76 @@ fn push_joined(out: &mut Vec<u8>, values: &[u64]) {
         // `write!` into the Vec formats without a String per number; it cannot fail.
         let _ = std::io::Write::write_fmt(out, format_args!("{v}"));
     }
+}
+
+// The lengths of what the writer above writes, for a caller that must bound a header's size
+// before it has the whole header (the KV writer's shard sealing). The tests check them against
+// the writer's own output.
+
+/// Length of `s` as a JSON string (quotes included), as the header writer escapes it.
+pub fn json_string_len(s: &str) -> u64 {
+    /// Counts the bytes written to it.
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Counter(0);
+    match serde_json::to_writer(&mut n, s) {
+        Ok(()) => n.0,
+        Err(_) => s.len() as u64 * 6 + 2,
+    }
+}
+
+/// Length of `s` as JSON string content, without the quotes (escaping is per character, so
+/// the lengths of parts add up, as in a name [`HeaderEntry::name`] gives in parts). Most names
+/// need no escaping: their length is their byte length.
+pub fn json_string_inner_len(s: &str) -> u64 {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        s.len() as u64
+    } else {
+        json_string_len(s) - 2
+    }
+}
+
+/// Number of decimal digits of `x`, as the header writer writes it.
+pub fn decimal_len(mut x: u64) -> u64 {
+    let mut d = 1;
+    while x >= 10 {
+        x /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// Header bytes of the `__metadata__` item `"__metadata__":{..}` (no comma around it).
+pub fn metadata_entry_len(meta: &BTreeMap<String, String>) -> u64 {
+    json_string_len(METADATA_KEY)
+        + 3 // :{}
+        + meta
+            .iter()
+            .map(|(k, v)| json_string_len(k) + 1 + json_string_len(v))
+            .sum::<u64>()
+        + meta.len().saturating_sub(1) as u64
+}
+
+/// Header bytes of one tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[..]}`
+/// without the name (quotes included) and the offsets' digits: add [`json_string_len`] of the
+/// name and the [`decimal_len`] of both offsets for the whole entry.
+pub fn entry_len_without_name_and_offsets(dtype: Dtype, shape: &[u64]) -> u64 {
+    let shape_len: u64 =
+        shape.iter().map(|&d| decimal_len(d)).sum::<u64>() + shape.len().saturating_sub(1) as u64;
+    let fixed = ENTRY_BEFORE_DTYPE.len()
+        + ENTRY_BEFORE_SHAPE.len()
+        + ENTRY_BEFORE_OFFSETS.len()
+        + 1 // the comma between the offsets
+        + ENTRY_END.len();
+    fixed as u64 + dtype.name().len() as u64 + shape_len
 }
 
 /// A JSON value whose objects keep every entry, duplicates included, so that duplicate keys can
@@ -805,12 +883,8 @@ impl<'de> Visitor<'de> for JsonVisitor {
         }
         Ok(Json::Array(items))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
-        let mut entries = Vec::new();
-        while let Some((k, v)) = map.next_entry::<String, Json>()? {
-            entries.push((k, v));
-        }
-        Ok(Json::Object(entries))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Json, A::Error> {
+        crate::json_object::read_entries(map).map(Json::Object)
     }
 }
 
@@ -856,6 +930,76 @@ pub(crate) fn assert_paths_agree(bytes: &[u8]) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_agree_with_the_writer() {
+        let names = [
+            "",
+            "k123",
+            "a\"b",
+            "back\\slash",
+            "tab\tnew\nline",
+            "\u{1}\u{1f}",
+            "del\u{7f}",
+            "é/ключ/🙂",
+            "__",
+        ];
+        for s in names {
+            let mut out = Vec::new();
+            push_json_string(&mut out, s);
+            assert_eq!(json_string_len(s), out.len() as u64, "{s:?}");
+            assert_eq!(json_string_inner_len(s) + 2, out.len() as u64, "{s:?}");
+            let expected = serde_json::to_string(s).map(|j| j.len() as u64 - 2);
+            assert_eq!(
+                Ok(json_string_inner_len(s)),
+                expected.map_err(|_| ()),
+                "{s:?}"
+            );
+        }
+        for x in [0, 9, 10, 99, 100, 12_345, u64::MAX] {
+            assert_eq!(decimal_len(x), x.to_string().len() as u64, "{x}");
+        }
+        let shapes: [&[u64]; 4] = [&[], &[0], &[3, 10, 1_000_000], &[u64::MAX, 7]];
+        let mut scratch = Vec::new();
+        for dtype in [Dtype::Bool, Dtype::F32, Dtype::F8E4M3] {
+            for shape in shapes {
+                for (parts, offsets) in [
+                    (["a", "", ""], [0, 0]),
+                    (["key\"1", "/", "col\\x"], [7, 123_456]),
+                    (["é", "::", "🙂"], [99, u64::MAX]),
+                ] {
+                    let mut out = Vec::new();
+                    let entry = HeaderEntry {
+                        name: parts,
+                        dtype,
+                        shape,
+                        data_offsets: offsets,
+                    };
+                    push_entry(&mut out, &mut scratch, &entry);
+                    let name = json_string_len(&parts.concat());
+                    let inner: u64 = parts.iter().map(|p| json_string_inner_len(p)).sum();
+                    assert_eq!(name, inner + 2, "{parts:?}");
+                    let expected = name
+                        + entry_len_without_name_and_offsets(dtype, shape)
+                        + decimal_len(offsets[0])
+                        + decimal_len(offsets[1]);
+                    assert_eq!(expected, out.len() as u64, "{parts:?} {shape:?}");
+                }
+            }
+        }
+        for meta in [
+            BTreeMap::new(),
+            BTreeMap::from([("a".to_string(), "b\"c".to_string())]),
+            BTreeMap::from([
+                ("format".to_string(), "pt".to_string()),
+                ("ключ\n".to_string(), "🙂\u{1}".to_string()),
+            ]),
+        ] {
+            let mut out = Vec::new();
+            push_metadata(&mut out, &meta);
+            assert_eq!(metadata_entry_len(&meta), out.len() as u64, "{meta:?}");
+        }
+    }
 
     #[test]
     fn streamed_header_spans_many_chunks_and_matches_its_measure() {
@@ -949,7 +1093,7 @@ mod tests {
             (r#"{"z":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},"y":{"dtype":"BOOL","shape":[],"data_offsets":[0,1]}}"#.into(), 1),
             (r#"{"a":{"data_offsets":[0,4],"shape":[2],"dtype":"F16"}}"#.into(), 4),
             (r#"{"__metadata__":null}"#.into(), 0),
-            // Duplicates: spelled alike or through escapes, adjacent or not, with a layout error
+            // Duplicates: spelled alike or through escapes, adjacent or not, with an offsets error
             // after them (the duplicate is reported first).
             (format!(r#"{{"a":{a0},"b":{a1},"a":{a2}}}"#), 3),
             (format!(r#"{{"a":{a0},"\u0061":{a1}}}"#), 2),
@@ -1372,22 +1516,22 @@ mod tests {
     #[test]
     fn serialisation_matches_reference_vectors() {
         // V3: I32 [2,2] zeros.
-        let layout = plan_layout(None, vec![entry("test", Dtype::I32, &[2, 2])]).unwrap();
+        let plan = plan_file(None, vec![entry("test", Dtype::I32, &[2, 2])]).unwrap();
         let mut expected = 64u64.to_le_bytes().to_vec();
         expected.extend_from_slice(
             br#"{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}    "#,
         );
-        assert_eq!(layout.header_bytes, expected);
+        assert_eq!(plan.header_bytes, expected);
         // V1 and V2.
         assert_eq!(
-            plan_layout(None, vec![]).unwrap().header_bytes,
+            plan_file(None, vec![]).unwrap().header_bytes,
             [&8u64.to_le_bytes()[..], b"{}      "].concat()
         );
         let meta = BTreeMap::from([("framework".to_string(), "pt".to_string())]);
-        let v2 = plan_layout(Some(&meta), vec![]).unwrap().header_bytes;
+        let v2 = plan_file(Some(&meta), vec![]).unwrap().header_bytes;
         assert_eq!(&v2[8..], br#"{"__metadata__":{"framework":"pt"}}     "#);
         // Ordering vector: dtype descending in declaration order, then name.
-        let layout = plan_layout(
+        let plan = plan_file(
             None,
             vec![
                 entry("z", Dtype::U8, &[1]),
@@ -1404,40 +1548,39 @@ mod tests {
             ],
         )
         .unwrap();
-        let order: Vec<&str> = layout.tensors.iter().map(|t| t.name.as_str()).collect();
+        let order: Vec<&str> = plan.tensors.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(
             order,
             ["U64", "I64", "B", "c", "f", "u", "i", "m", "a", "z", "b"]
         );
-        let starts: Vec<u64> = layout.tensors.iter().map(|t| t.data_offsets[0]).collect();
+        let starts: Vec<u64> = plan.tensors.iter().map(|t| t.data_offsets[0]).collect();
         assert_eq!(starts, [0, 8, 16, 24, 32, 36, 40, 44, 50, 51, 52]);
-        assert_eq!(layout.data_len, 54);
-        assert_eq!(layout.header_bytes.len() - 8, 608);
+        assert_eq!(plan.data_len, 54);
+        assert_eq!(plan.header_bytes.len() - 8, 608);
     }
 
     #[test]
     fn serialisation_escapes_like_serde_json_and_round_trips() {
         let meta = BTreeMap::from([("k\t".to_string(), "\u{2028}".to_string())]);
-        let layout =
-            plan_layout(Some(&meta), vec![entry("é/\"\\\n\u{1}", Dtype::U8, &[1])]).unwrap();
-        let text = std::str::from_utf8(&layout.header_bytes[8..]).unwrap();
+        let plan = plan_file(Some(&meta), vec![entry("é/\"\\\n\u{1}", Dtype::U8, &[1])]).unwrap();
+        let text = std::str::from_utf8(&plan.header_bytes[8..]).unwrap();
         assert!(text.contains(r#""é/\"\\\n\u0001""#), "{text}");
-        assert_eq!(layout.header_bytes.len() - 8, 96);
-        let mut bytes = layout.header_bytes.clone();
+        assert_eq!(plan.header_bytes.len() - 8, 96);
+        let mut bytes = plan.header_bytes.clone();
         bytes.push(0);
         let h = parse_file_bytes(&bytes).unwrap();
         assert_eq!(h.metadata, Some(meta));
-        assert_eq!(h.tensors, layout.tensors);
+        assert_eq!(h.tensors, plan.tensors);
     }
 
     #[test]
     fn writer_rejects_reserved_and_duplicate_names_and_oversize_headers() {
         assert!(matches!(
-            plan_layout(None, vec![entry("__metadata__", Dtype::U8, &[1])]),
+            plan_file(None, vec![entry("__metadata__", Dtype::U8, &[1])]),
             Err(FormatError::ReservedName)
         ));
         assert!(matches!(
-            plan_layout(
+            plan_file(
                 None,
                 vec![entry("a", Dtype::U8, &[1]), entry("a", Dtype::F32, &[1])]
             ),
@@ -1445,11 +1588,11 @@ mod tests {
         ));
         let meta = BTreeMap::from([("k".to_string(), "x".repeat(MAX_HEADER_SIZE as usize))]);
         assert!(matches!(
-            plan_layout(Some(&meta), vec![]),
+            plan_file(Some(&meta), vec![]),
             Err(FormatError::HeaderTooLarge { .. })
         ));
         assert!(matches!(
-            plan_layout(None, vec![entry("a", Dtype::F4, &[3])]),
+            plan_file(None, vec![entry("a", Dtype::F4, &[3])]),
             Err(FormatError::MisalignedSubByte { .. })
         ));
     }

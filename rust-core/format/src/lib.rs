@@ -17,6 +17,7 @@ pub mod error;
 pub mod file;
 pub mod forensics;
 pub mod header;
+pub mod json_object;
 
 pub use convert::ConvertError;
 pub use dtype::Dtype;

@@ -17,7 +17,7 @@ use serde_json::json;
 use super::{
     arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
 };
-use safetensors_spark_engine::write::{ShardReport, TaskReport, WriteLayout, WritePlan};
+use safetensors_spark_engine::write::{ShardReport, TaskReport, WriteMode, WritePlan};
 
 use safetensors_spark_dataset::manifest::{
     next_manifest, next_stream_manifest, parse_manifest, stream_batch_committed, superseded_shards,
@@ -335,7 +335,7 @@ pub fn merge_keys_json(
     work_dir: &str,
 ) -> Result<String, JniError> {
     let plan = parse_plan(plan_json)?;
-    let WriteLayout::Kv { duplicates, .. } = &plan.layout else {
+    let WriteMode::Kv { duplicates, .. } = &plan.mode else {
         return to_json(&Vec::<()>::new());
     };
     let runs: Vec<RunRequest> = parse_json(runs_json, "key runs")?;

@@ -8,7 +8,7 @@
 //!
 //! * [`decode`] — the dtype → Spark element type table ([`spark_element`]) and the bulk
 //!   little-endian decoders ([`decode_values`]).
-//! * [`layout`] — the row layouts:
+//! * [`rows`] — the rows of each layout:
 //!   * per sample (batch-mode datasets): [`sample_rows`] / [`sample_column`], one row per index
 //!     of the leading dimension within a row range; pad rows are excluded via
 //!     [`batch_samples`];
@@ -33,16 +33,17 @@
 //! column; exceeding that is a [`ReadErrorKind::TooLarge`] error, never a wrapped offset — the
 //! caller reads fewer rows (or tensors) per batch.
 
+pub mod arrow_types;
 pub mod decode;
 pub mod error;
-pub mod forensic;
-pub mod layout;
+pub mod forensic_columns;
+pub mod rows;
 pub mod scan;
 pub mod task;
 
 pub use decode::{common_element, decode_values, spark_element, widen};
 pub use error::{ReadError, ReadErrorKind};
-pub use layout::{
+pub use rows::{
     batch_samples, file_columns, file_rows, file_rows_schema, row_byte_range, sample_array,
     sample_column, sample_column_as, sample_data_type, sample_rows, sample_target_type,
     tensor_columns, tensor_rows, tensor_rows_schema, FileColumn, SampleOptions, SampleTarget,

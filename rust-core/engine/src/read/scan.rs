@@ -45,20 +45,21 @@
 //! Errors name the file (and tensor/column) and the rule; with `ignore_corrupt` a file whose
 //! header is invalid is left out (reported in `excluded` with the reason) instead.
 
+use super::arrow_types::metadata_type;
 use super::decode::{common_element, spark_element};
 use super::error::{ReadError, ReadErrorKind};
-use super::forensic;
-use super::layout::{
-    batch_samples, metadata_type, sample_target_type, FileColumn, SampleTarget, TensorColumn,
-    TensorField, LAYOUT_KEY,
+use super::forensic_columns;
+use super::rows::{
+    batch_samples, sample_target_type, FileColumn, SampleTarget, TensorColumn, TensorField,
+    MODE_KEY,
 };
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;
 use safetensors_spark_dataset::index::{
-    lookup_sparse, read_index_from, KeyFilter, SparseFile, SparseLookup,
+    lookup_sparse, read_index_from, IndexRow, KeyFilter, SparseFile, SparseLookup,
 };
 use safetensors_spark_dataset::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME};
-use safetensors_spark_dataset::{parse_manifest, LayoutKind, Manifest};
+use safetensors_spark_dataset::{parse_manifest, DatasetMode, Manifest};
 use safetensors_spark_format::dtype::Dtype;
 use safetensors_spark_format::header::{self, Header, PREFIX_LEN};
 use serde::{Deserialize, Serialize};
@@ -147,6 +148,21 @@ pub struct IndexEntry {
     /// Absolute byte offsets `[data_start, data_end)` in the file.
     pub data_start: u64,
     pub data_end: u64,
+}
+
+/// The one mapping of an index row to what planning needs of it (the KV key and column are
+/// left out: planning finds tensors by name).
+impl From<IndexRow> for IndexEntry {
+    fn from(r: IndexRow) -> Self {
+        IndexEntry {
+            file_name: r.file_name,
+            tensor_key: r.tensor_key,
+            dtype: r.dtype,
+            shape: r.shape,
+            data_start: r.data_start,
+            data_end: r.data_end,
+        }
+    }
 }
 
 /// What the JVM found and read.
@@ -642,7 +658,7 @@ impl Catalog<'_> {
                 .manifests
                 .iter()
                 // a published-only manifest (no layout) leaves it to the shards' headers
-                .any(|m| m.manifest.layout() == Some(LayoutKind::Kv))
+                .any(|m| m.manifest.mode() == Some(DatasetMode::Kv))
         {
             return Answer::Ready(Layout::Tensor);
         }
@@ -654,8 +670,8 @@ impl Catalog<'_> {
             match &e.header {
                 None => need.push(e.input.file.clone()),
                 Some(h) => {
-                    let layout = h.metadata.as_ref().and_then(|m| m.get(LAYOUT_KEY));
-                    if layout.map(String::as_str) != Some("batch") {
+                    let mode = h.metadata.as_ref().and_then(|m| m.get(MODE_KEY));
+                    if mode.map(String::as_str) != Some("batch") {
                         return Answer::Ready(Layout::Tensor);
                     }
                 }
@@ -756,9 +772,9 @@ fn sample_file<'a>(
 ) -> Result<Option<SampleFile<'a>>, ReadError> {
     let uri = e.input.file.as_str();
     if let Some((m, si)) = cat.manifest_of(e) {
-        if m.layout() == Some(LayoutKind::Kv) {
+        if m.mode() == Some(DatasetMode::Kv) {
             return Err(ReadErrorKind::ReservedMetadata {
-                key: LAYOUT_KEY,
+                key: MODE_KEY,
                 value: "kv".into(),
                 problem: "a KV shard has no sample rows; read it per tensor",
             }
@@ -1109,13 +1125,13 @@ fn forensic_columns() -> [OutputColumn; 3] {
         OutputColumn {
             name: "flags".to_owned(),
             source: ColumnSource::Flags {
-                fields: forensic::all_fields(&forensic::FLAG_FIELDS),
+                fields: forensic_columns::all_fields(&forensic_columns::FLAG_FIELDS),
             },
         },
         OutputColumn {
             name: "model_info".to_owned(),
             source: ColumnSource::ModelInfo {
-                fields: forensic::all_fields(&forensic::MODEL_INFO_FIELDS),
+                fields: forensic_columns::all_fields(&forensic_columns::MODEL_INFO_FIELDS),
             },
         },
         OutputColumn {
@@ -1157,12 +1173,14 @@ fn output_column(
             .collect::<Result<_, _>>()?;
     }
     let struct_fields = match &mut out.source {
-        ColumnSource::Flags { fields } => Some((fields, &forensic::FLAG_FIELDS[..])),
-        ColumnSource::ModelInfo { fields } => Some((fields, &forensic::MODEL_INFO_FIELDS[..])),
+        ColumnSource::Flags { fields } => Some((fields, &forensic_columns::FLAG_FIELDS[..])),
+        ColumnSource::ModelInfo { fields } => {
+            Some((fields, &forensic_columns::MODEL_INFO_FIELDS[..]))
+        }
         _ => None,
     };
     if let (Some((fields, all)), Some(wanted)) = (struct_fields, &rc.fields) {
-        forensic::check_fields(&rc.name, wanted, all)
+        forensic_columns::check_fields(&rc.name, wanted, all)
             .map_err(|m| ReadError::new("", Some(&rc.name), ReadErrorKind::Invalid(m)))?;
         *fields = wanted.clone();
     }
@@ -1506,17 +1524,7 @@ pub fn index_summary<R: ChunkReader + 'static>(
     .map_err(|e| ReadErrorKind::Index(e.to_string()).in_scan())?;
     Ok(IndexSummary {
         files,
-        rows: rows
-            .into_iter()
-            .map(|r| IndexEntry {
-                file_name: r.file_name,
-                tensor_key: r.tensor_key,
-                dtype: r.dtype,
-                shape: r.shape,
-                data_start: r.data_start,
-                data_end: r.data_end,
-            })
-            .collect(),
+        rows: rows.into_iter().map(IndexEntry::from).collect(),
         error: None,
     })
 }
@@ -1581,17 +1589,7 @@ pub fn index_part_summary(
         SparseLookup::NeedRanges(r) => PartAnswer::Need(r),
         SparseLookup::Ready(total, rows) => PartAnswer::Summary(IndexSummary {
             files: BTreeMap::from([(shard.to_string(), total)]),
-            rows: rows
-                .into_iter()
-                .map(|r| IndexEntry {
-                    file_name: r.file_name,
-                    tensor_key: r.tensor_key,
-                    dtype: r.dtype,
-                    shape: r.shape,
-                    data_start: r.data_start,
-                    data_end: r.data_end,
-                })
-                .collect(),
+            rows: rows.into_iter().map(IndexEntry::from).collect(),
             error: None,
         }),
     })

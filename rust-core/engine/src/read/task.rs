@@ -31,9 +31,10 @@
 //!   taken, bytes supplied: on a remote file every byte fetched, gaps read through included) —
 //!   the metric tests use to show pruning.
 
+use super::arrow_types::MAX_OFFSET;
 use super::error::{ReadError, ReadErrorKind};
-use super::forensic;
-use super::layout::{
+use super::forensic_columns;
+use super::rows::{
     batch_samples, file_columns, metadata_column, row_byte_range, sample_column_as, tensor_columns,
     FileColumn, SampleTarget, TensorColumn, TensorField,
 };
@@ -53,9 +54,6 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-
-/// Largest offset of an Arrow `List`/`Binary`/`Utf8` array (Spark reads 32-bit offsets).
-const MAX_OFFSET: u64 = i32::MAX as u64;
 
 pub struct ReadTask {
     spec: PartitionSpec,
@@ -642,7 +640,10 @@ impl ReadTask {
                 // computed once per batch.
                 let forensic_size =
                     if has(|c| matches!(c, TensorColumn::Flags(_) | TensorColumn::ModelInfo(_))) {
-                        forensic::text_size(&forensic::flags_of(h), &forensic::model_info_of(h))
+                        forensic_columns::text_size(
+                            &forensic_columns::flags_of(h),
+                            &forensic_columns::model_info_of(h),
+                        )
                     } else {
                         0
                     };

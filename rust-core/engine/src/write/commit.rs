@@ -10,7 +10,7 @@
 
 use super::{
     shard_file_name, ColumnReport, DuplicatesStrategy, ShardReport, TailStrategy, TaskReport,
-    TensorReport, WriteLayout, WritePlan,
+    TensorReport, WriteMode, WritePlan,
 };
 use safetensors_spark_dataset::index::IndexRow;
 use safetensors_spark_dataset::manifest::{
@@ -19,7 +19,7 @@ use safetensors_spark_dataset::manifest::{
 use safetensors_spark_dataset::names::{
     parse_shard_file_name, PADDED_SAMPLES_METADATA_KEY, SAMPLES_METADATA_KEY,
 };
-use safetensors_spark_dataset::{DatasetError, LayoutKind};
+use safetensors_spark_dataset::{DatasetError, DatasetMode};
 use safetensors_spark_format::error::FormatError;
 use safetensors_spark_format::file::{copy_tensors, SafetensorsFile};
 use safetensors_spark_format::header::Header;
@@ -80,28 +80,28 @@ fn bad_report(partition: u32, problem: impl Into<String>) -> CommitError {
     }
 }
 
-/// This write's manifest with no shards, for `plan`'s layout (`manifest_version` is set when
+/// This write's manifest with no shards, for `plan`'s mode (`manifest_version` is set when
 /// the commit puts it on top of the directory's latest manifest).
 pub fn empty_manifest(plan: &WritePlan) -> Manifest {
-    let (layout, batch_size, tail_strategy, kv_separator) = match &plan.layout {
-        WriteLayout::Batch {
+    let (mode, batch_size, tail_strategy, kv_separator) = match &plan.mode {
+        WriteMode::Batch {
             batch_size,
             tail_strategy,
         } => (
-            LayoutKind::Batch,
+            DatasetMode::Batch,
             Some(*batch_size),
             Some(*tail_strategy),
             None,
         ),
-        WriteLayout::Kv { kv_separator, .. } => {
-            (LayoutKind::Kv, None, None, Some(kv_separator.clone()))
+        WriteMode::Kv { kv_separator, .. } => {
+            (DatasetMode::Kv, None, None, Some(kv_separator.clone()))
         }
     };
     Manifest::empty(ManifestExt {
         format: MANIFEST_FORMAT.to_string(),
         created_by: format!("safetensors-spark {}", safetensors_spark_format::VERSION),
         manifest_version: 1,
-        layout,
+        mode,
         batch_size,
         tail_strategy,
         kv_separator,
@@ -116,16 +116,7 @@ pub fn index_rows(shard: &ShardReport) -> Vec<IndexRow> {
     shard
         .tensors
         .iter()
-        .map(|t| IndexRow {
-            tensor_key: t.name.clone(),
-            file_name: shard.file.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            data_start: t.data_start,
-            data_end: t.data_end,
-            sample_key: t.sample_key.clone(),
-            column: t.column.clone().unwrap_or_else(|| t.name.clone()),
-        })
+        .map(|t| t.clone().into_index_row(&shard.file))
         .collect()
 }
 
@@ -155,7 +146,7 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
         .map(|(p, s, _)| (p, s))
         .unwrap_or((0, 0));
     let origin = |name: &str| -> (Option<String>, Option<String>) {
-        let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
+        let WriteMode::Kv { kv_separator, .. } = &plan.mode else {
             return (None, None);
         };
         split_kv_name(name, kv_separator, plan).map_or((None, None), |(k, c)| {
@@ -302,7 +293,7 @@ pub fn rewrite_shard_without_keys(
     part: Option<&Path>,
     keys: &HashSet<String>,
 ) -> Result<KeysRewritten, CommitError> {
-    let WriteLayout::Kv { kv_separator, .. } = &plan.layout else {
+    let WriteMode::Kv { kv_separator, .. } = &plan.mode else {
         return Err(CommitError::Rewrite {
             file: output_file.to_string(),
             problem: "keys are dropped in KV mode only".to_string(),
@@ -521,13 +512,13 @@ pub fn commit_manifest(
     plan: &WritePlan,
     reports: &[TaskReport],
 ) -> Result<CommitPlan, CommitError> {
-    let kv = match &plan.layout {
-        WriteLayout::Kv { duplicates, .. } => Some(*duplicates),
-        WriteLayout::Batch { .. } => None,
+    let kv = match &plan.mode {
+        WriteMode::Kv { duplicates, .. } => Some(*duplicates),
+        WriteMode::Batch { .. } => None,
     };
-    let tail = match &plan.layout {
-        WriteLayout::Batch { tail_strategy, .. } => Some(*tail_strategy),
-        WriteLayout::Kv { .. } => None,
+    let tail = match &plan.mode {
+        WriteMode::Batch { tail_strategy, .. } => Some(*tail_strategy),
+        WriteMode::Kv { .. } => None,
     };
     let mut reports: Vec<&TaskReport> = reports.iter().collect();
     reports.sort_by_key(|r| r.partition);
@@ -587,11 +578,11 @@ pub fn commit_manifest(
                 ManifestTensor {
                     dtype: c0.dtype,
                     // batch: the shape of a full shard's tensor; KV: one row's (or null)
-                    shape: match &plan.layout {
-                        WriteLayout::Batch { batch_size, .. } => {
+                    shape: match &plan.mode {
+                        WriteMode::Batch { batch_size, .. } => {
                             common_shape.map(|s| std::iter::once(*batch_size).chain(s).collect())
                         }
-                        WriteLayout::Kv { .. } => common_shape,
+                        WriteMode::Kv { .. } => common_shape,
                     },
                 },
             ));

@@ -6,14 +6,14 @@
 //!    JSON) and the user's options into a [`WritePlan`], or an error naming the option/column.
 //!    Nothing on disk has changed yet.
 //! 2. Each task: a [`task::TaskWriter`] opened from the plan receives Arrow record batches (the
-//!    "wire" layout below), validates every row, converts values and writes sealed shards into a
+//!    "wire" format below), validates every row, converts values and writes sealed shards into a
 //!    local work directory, reporting each sealed shard as a [`ShardReport`].
 //! 3. Driver, job commit: [`commit`] checks the tasks' reports against each other (dtypes and
 //!    sample shapes agree, KV keys unique across the write) and builds this write's manifest and
-//!    index rows; the dataset layout ([`safetensors_spark_dataset`]) puts them on top of the directory's
+//!    index rows; the dataset crate ([`safetensors_spark_dataset`]) puts them on top of the directory's
 //!    latest manifest and writes `_tensor_index.parquet`.
 //!
-//! ## Wire layout of a record batch (JVM → Rust, Arrow C Data Interface)
+//! ## Wire format of a record batch (JVM → Rust, Arrow C Data Interface)
 //! A struct array whose children are, in order: the KV key column (Utf8, KV mode only), then one
 //! child per [`ColumnPlan`] in plan order. Child types by [`InputKind`]:
 //! * `NumericArray { element, depth }`: `List` nested `depth` times around the primitive of
@@ -30,6 +30,7 @@ pub mod commit;
 pub mod plan;
 pub mod task;
 
+use safetensors_spark_dataset::index::IndexRow;
 pub use safetensors_spark_dataset::manifest::TailStrategy;
 pub use safetensors_spark_dataset::names::shard_file_name;
 use safetensors_spark_format::header::TensorInfo;
@@ -122,7 +123,7 @@ pub enum DuplicatesStrategy {
 /// Batch or KV mode with its mode-specific options.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "layout", rename_all = "snake_case")]
-pub enum WriteLayout {
+pub enum WriteMode {
     Batch {
         batch_size: u64,
         tail_strategy: TailStrategy,
@@ -143,7 +144,8 @@ pub enum WriteLayout {
 pub struct WritePlan {
     /// One random UUID per write; part of every shard name.
     pub write_id: String,
-    pub layout: WriteLayout,
+    #[serde(rename = "layout")]
+    pub mode: WriteMode,
     /// Columns in output order.
     pub columns: Vec<ColumnPlan>,
     /// User metadata added to every shard's `__metadata__`.
@@ -190,6 +192,22 @@ impl TensorReport {
                 }
             })
             .collect()
+    }
+
+    /// This tensor's row of the index (spec/dataset.md §6) when it is in the shard `file_name`:
+    /// the one mapping of a written tensor to an index row. The column is the tensor name when
+    /// the report has none (batch mode).
+    pub fn into_index_row(self, file_name: &str) -> IndexRow {
+        IndexRow {
+            column: self.column.unwrap_or_else(|| self.name.clone()),
+            tensor_key: self.name,
+            file_name: file_name.to_string(),
+            dtype: self.dtype,
+            shape: self.shape,
+            data_start: self.data_start,
+            data_end: self.data_end,
+            sample_key: self.sample_key,
+        }
     }
 }
 

@@ -5,14 +5,13 @@
 //! Rules: spec/options.md (options) and spec/dataset.md (layouts).
 
 use super::{
-    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteLayout, WritePlan,
+    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteMode, WritePlan,
 };
-use safetensors_spark_dataset::{LayoutKind, Manifest};
+use safetensors_spark_dataset::{DatasetMode, Manifest};
+use safetensors_spark_format::json_object::{first_duplicate_key, Entries};
 use safetensors_spark_format::Dtype;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::ops::RangeInclusive;
 
 /// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
@@ -287,46 +286,20 @@ pub fn parse_writable_dtype(option: &str, value: &str) -> Result<Dtype, PlanErro
         .ok_or_else(|| invalid_choice(option, value, &Dtype::writable_names()))
 }
 
-/// A JSON object read in order, keeping duplicate keys so they can be reported.
-struct JsonEntries(Vec<(String, Value)>);
-
-impl<'de> Deserialize<'de> for JsonEntries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = JsonEntries;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonEntries, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, Value>()? {
-                    out.push((k, v));
-                }
-                Ok(JsonEntries(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
 /// Parses an option holding a JSON object; duplicate keys are an error.
 fn parse_json_object(
     option: &'static str,
     value: &str,
     expected: &str,
 ) -> Result<Vec<(String, Value)>, PlanError> {
-    let entries: JsonEntries = serde_json::from_str(value)
+    let entries: Entries<Value> = serde_json::from_str(value)
         .map_err(|e| invalid_value(option, value, format!("{expected} ({e})")))?;
-    let mut seen = BTreeSet::new();
-    for (k, _) in &entries.0 {
-        if !seen.insert(k.as_str()) {
-            return Err(invalid_value(
-                option,
-                value,
-                format!("{expected} (key '{k}' appears twice)"),
-            ));
-        }
+    if let Some(k) = first_duplicate_key(&entries.0) {
+        return Err(invalid_value(
+            option,
+            value,
+            format!("{expected} (key '{k}' appears twice)"),
+        ));
     }
     Ok(entries.0)
 }
@@ -720,7 +693,7 @@ pub fn plan_write(
     }
 
     let mut name_field: Option<usize> = None;
-    let layout = if let Some(v) = opts.get("batch_size") {
+    let mode = if let Some(v) = opts.get("batch_size") {
         // A shard's rows are one tensor dimension and a Spark array index: at most 2^31 - 1.
         let batch_size = parse_u64_in("batch_size", v, 1..=MAX_BATCH_SIZE)?;
         let tail_strategy = match opts.get("tail_strategy") {
@@ -735,7 +708,7 @@ pub fn plan_write(
                 ],
             )?,
         };
-        WriteLayout::Batch {
+        WriteMode::Batch {
             batch_size,
             tail_strategy,
         }
@@ -770,7 +743,7 @@ pub fn plan_write(
                 ],
             )?,
         };
-        WriteLayout::Kv {
+        WriteMode::Kv {
             name_col: key_name.clone(),
             name_field_index: idx,
             kv_separator,
@@ -971,12 +944,12 @@ pub fn plan_write(
         }
     }
 
-    if let WriteLayout::Kv { kv_separator, .. } = &layout {
+    if let WriteMode::Kv { kv_separator, .. } = &mode {
         check_kv_columns_split_one_way(kv_separator, &columns)?;
     }
     Ok(WritePlan {
         write_id: uuid::Uuid::new_v4().hyphenated().to_string(),
-        layout,
+        mode,
         columns,
         metadata,
         generate_index,
@@ -984,7 +957,7 @@ pub fn plan_write(
 }
 
 /// Checks, at plan time, that a write can be appended to a dataset with manifest `existing`:
-/// same layout and layout options; when the dataset has columns, the same column set; per
+/// same mode and mode options; when the dataset has columns, the same column set; per
 /// column the same dtype (when the plan fixes one) and, in batch mode, the same sample shape
 /// (when the plan fixes one with `shapes`). KV sample shapes may differ between rows, so they
 /// are not compared.
@@ -997,13 +970,13 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
                 .to_string(),
         ));
     };
-    match (&plan.layout, ext.layout) {
+    match (&plan.mode, ext.mode) {
         (
-            WriteLayout::Batch {
+            WriteMode::Batch {
                 batch_size,
                 tail_strategy,
             },
-            LayoutKind::Batch,
+            DatasetMode::Batch,
         ) => {
             if ext.batch_size != Some(*batch_size) {
                 return Err(mismatch(format!(
@@ -1019,7 +992,7 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
                 )));
             }
         }
-        (WriteLayout::Kv { kv_separator, .. }, LayoutKind::Kv) => {
+        (WriteMode::Kv { kv_separator, .. }, DatasetMode::Kv) => {
             if ext.kv_separator.as_deref() != Some(kv_separator.as_str()) {
                 return Err(mismatch(format!(
                     "kv_separator is '{kv_separator}', the dataset has '{}'",
@@ -1027,16 +1000,16 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
                 )));
             }
         }
-        (layout, kind) => {
-            let mode = match layout {
-                WriteLayout::Batch { .. } => "batch",
-                WriteLayout::Kv { .. } => "KV",
+        (mode, kind) => {
+            let mode = match mode {
+                WriteMode::Batch { .. } => "batch",
+                WriteMode::Kv { .. } => "KV",
             };
             return Err(mismatch(format!(
                 "this write is in {mode} mode, the dataset is in {} mode",
                 match kind {
-                    LayoutKind::Batch => "batch",
-                    LayoutKind::Kv => "KV",
+                    DatasetMode::Batch => "batch",
+                    DatasetMode::Kv => "KV",
                 }
             )));
         }
@@ -1067,7 +1040,7 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
             parts.join("; ")
         )));
     }
-    let batch = matches!(plan.layout, WriteLayout::Batch { .. });
+    let batch = matches!(plan.mode, WriteMode::Batch { .. });
     for col in &plan.columns {
         let Some(stored) = existing.schema.get(&col.name) else {
             continue;

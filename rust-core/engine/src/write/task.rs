@@ -1,4 +1,4 @@
-//! The per-task shard writer: receives wire-layout record batches (see the `write` module docs),
+//! The per-task shard writer: receives wire-format record batches (see the `write` module docs),
 //! validates every row, converts values and writes sealed shards into the task's work directory.
 //!
 //! ## Memory bounds
@@ -32,8 +32,8 @@ mod sealer;
 
 use crate::write::commit::index_rows;
 use crate::write::{
-    shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport,
-    WriteLayout, WritePlan,
+    shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport, WriteMode,
+    WritePlan,
 };
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, StructArray};
@@ -70,7 +70,7 @@ pub enum WriteError {
         row: u64,
         source: ConvertError,
     },
-    /// The batch does not have the wire layout the plan expects.
+    /// The batch does not have the wire format the plan expects.
     #[error("column '{column}': malformed batch: {message}")]
     Malformed { column: String, message: String },
     /// The batch as a whole does not match the plan (child count, not a struct, …).
@@ -201,14 +201,14 @@ impl TaskWriter {
     /// Opens a writer for `partition`; shards are written into `work_dir` (created if missing).
     pub fn open(plan: WritePlan, partition: u32, work_dir: PathBuf) -> Result<Self, WriteError> {
         fs::create_dir_all(&work_dir).map_err(|e| WriteError::io(&work_dir, e))?;
-        let batch = matches!(plan.layout, WriteLayout::Batch { .. });
+        let batch = matches!(plan.mode, WriteMode::Batch { .. });
         let columns = plan
             .columns
             .iter()
             .map(|c| ColumnState::new(c.clone(), batch))
             .collect();
-        let mode = match &plan.layout {
-            WriteLayout::Batch {
+        let mode = match &plan.mode {
+            WriteMode::Batch {
                 batch_size,
                 tail_strategy,
             } => {
@@ -222,7 +222,7 @@ impl TaskWriter {
                     rows: 0,
                 })
             }
-            WriteLayout::Kv {
+            WriteMode::Kv {
                 name_col,
                 kv_separator,
                 target_shard_bytes,
@@ -252,7 +252,7 @@ impl TaskWriter {
         })
     }
 
-    /// Writes one wire-layout batch. Returns the shards that came into place (synced and renamed
+    /// Writes one wire-format batch. Returns the shards that came into place (synced and renamed
     /// onto their final names) since the previous call; a shard filled by this batch may come
     /// later (module docs).
     pub fn write_batch(&mut self, batch: &StructArray) -> Result<Vec<ShardReport>, WriteError> {
@@ -626,12 +626,12 @@ pub(crate) fn shard_metadata(
     padded: u64,
 ) -> BTreeMap<String, String> {
     let mut meta = plan.metadata.clone();
-    let (layout, separator) = match &plan.layout {
-        WriteLayout::Batch { .. } => ("batch", None),
-        WriteLayout::Kv { kv_separator, .. } => ("kv", Some(kv_separator.clone())),
+    let (mode, separator) = match &plan.mode {
+        WriteMode::Batch { .. } => ("batch", None),
+        WriteMode::Kv { kv_separator, .. } => ("kv", Some(kv_separator.clone())),
     };
     meta.insert("safetensors_spark.format_version".into(), "1".into());
-    meta.insert("safetensors_spark.layout".into(), layout.into());
+    meta.insert("safetensors_spark.layout".into(), mode.into());
     meta.insert("safetensors_spark.write_id".into(), plan.write_id.clone());
     meta.insert("safetensors_spark.samples".into(), samples.to_string());
     meta.insert(

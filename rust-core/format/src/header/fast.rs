@@ -13,12 +13,12 @@
 //! - every other entry an object with exactly the fields `dtype` (a known dtype name), `shape`
 //!   (non-negative integers) and `data_offsets` (two of them), each once;
 //! - no tensor name twice: checked on the name index the [`Header`] builds anyway (one sort, no
-//!   hash set), after the layout checks; a duplicate found there also means the detailed path
-//!   must run, since a duplicate key is reported before any layout error;
-//! - the layout and file-length rules: the same functions as the detailed path, on the same
+//!   hash set), after the offset checks; a duplicate found there also means the detailed path
+//!   must run, since a duplicate key is reported before any offsets error;
+//! - the offset and file-length rules: the same functions as the detailed path, on the same
 //!   tensors in the same (JSON) order.
 
-use super::{check_coverage, validate_layout, Header, TensorInfo, METADATA_KEY};
+use super::{check_coverage, validate_offsets, Header, TensorInfo, METADATA_KEY};
 use crate::dtype::Dtype;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use std::collections::BTreeMap;
@@ -31,7 +31,7 @@ pub(super) fn parse(json: &[u8], file_len: u64) -> Option<Header> {
     let mut de = serde_json::Deserializer::from_str(text);
     let (metadata, mut tensors) = de.deserialize_map(Top).ok()?;
     de.end().ok()?;
-    let data_len = validate_layout(&mut tensors).ok()?;
+    let data_len = validate_offsets(&mut tensors).ok()?;
     check_coverage(json.len() as u64, data_len, file_len).ok()?;
     let header = Header::new(metadata, tensors, json.len() as u64, data_len);
     let name = |i: u32| header.tensors.get(i as usize).map(|t| t.name.as_str());
@@ -100,14 +100,10 @@ impl<'de> Visitor<'de> for MetadataSeed {
         Ok(None)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
-        let mut out = BTreeMap::new();
-        while let Some((key, value)) = map.next_entry::<String, String>()? {
-            if out.insert(key, value).is_some() {
-                return Err(de::Error::custom("a `__metadata__` key twice"));
-            }
-        }
-        Ok(Some(out))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Metadata, A::Error> {
+        let entries: Vec<(String, String)> =
+            crate::json_object::read_unique_entries(map, |_| "a `__metadata__` key twice".into())?;
+        Ok(Some(entries.into_iter().collect()))
     }
 }
 

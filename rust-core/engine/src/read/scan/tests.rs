@@ -215,7 +215,7 @@ pub(crate) fn manifest(
             format: MANIFEST_FORMAT.into(),
             created_by: "test".into(),
             manifest_version: 1,
-            layout: LayoutKind::Batch,
+            mode: DatasetMode::Batch,
             batch_size: Some(4),
             tail_strategy: Some(if pad {
                 TailStrategy::Pad
@@ -538,10 +538,10 @@ fn describe_tensor_and_file_layouts() {
 
 /// The per-tensor scan's fields: the layout's rows, then the forensic columns, every field.
 fn tensor_rows_schema_fields(decoded: Option<DataType>) -> Fields {
-    use super::super::forensic::{all_fields, FLAG_FIELDS, MODEL_INFO_FIELDS};
-    use super::super::layout::TensorColumn;
+    use super::super::forensic_columns::{all_fields, FLAG_FIELDS, MODEL_INFO_FIELDS};
+    use super::super::rows::TensorColumn;
     let mut fields: Vec<_> =
-        super::super::layout::tensor_rows_schema(&super::super::layout::TensorRowOptions {
+        super::super::rows::tensor_rows_schema(&super::super::rows::TensorRowOptions {
             data: true,
             decoded,
         })
@@ -1232,7 +1232,7 @@ fn kv_dataset(
             format: MANIFEST_FORMAT.into(),
             created_by: "test".into(),
             manifest_version: 1,
-            layout: LayoutKind::Kv,
+            mode: DatasetMode::Kv,
             batch_size: None,
             tail_strategy: None,
             kv_separator: Some("__".into()),

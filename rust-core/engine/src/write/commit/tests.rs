@@ -162,7 +162,7 @@ fn batch_write_totals_and_order() {
     let c = commit_manifest(&p, &reports).unwrap();
     assert!(c.rewrites.is_empty());
     let m = &c.manifest;
-    assert_eq!(m.layout(), Some(LayoutKind::Batch));
+    assert_eq!(m.mode(), Some(DatasetMode::Batch));
     assert_eq!(ext(m).batch_size, Some(2));
     assert_eq!(ext(m).tail_strategy, Some(TailStrategy::Write));
     assert_eq!(ext(m).kv_separator, None);
@@ -341,7 +341,7 @@ fn kv_manifest_shapes_and_counts() {
     ];
     let c = commit_manifest(&p, &reports).unwrap();
     let m = &c.manifest;
-    assert_eq!(m.layout(), Some(LayoutKind::Kv));
+    assert_eq!(m.mode(), Some(DatasetMode::Kv));
     assert_eq!((ext(m).batch_size, ext(m).tail_strategy), (None, None));
     assert_eq!(ext(m).kv_separator.as_deref(), Some("__"));
     assert_eq!(m.total_samples, 4);
@@ -719,7 +719,7 @@ fn append_merge() {
     assert_eq!(m2.total_samples, 2);
 }
 
-/// A manifest as another writer of the published layout produces it: only the published fields.
+/// A manifest as another writer of the published dataset format produces it: only the published fields.
 const PUBLISHED_ONLY: &str = r#"{
   "format_version" : "1.0",
   "safetensors_version" : "1.0",
@@ -744,7 +744,7 @@ const PUBLISHED_ONLY: &str = r#"{
 fn published_only_manifests_parse_and_cannot_be_appended_to() {
     let m = parse_manifest(PUBLISHED_ONLY).unwrap();
     assert!(m.ext.is_none());
-    assert_eq!(m.layout(), None);
+    assert_eq!(m.mode(), None);
     assert_eq!(m.manifest_version(), 0);
     assert_eq!(m.shards[1].samples_count, 2);
     assert_eq!(m.sample_shape("x"), Some(vec![4, 3]));

@@ -74,8 +74,8 @@ fn batch_defaults() {
     )
     .unwrap();
     assert_eq!(
-        p.layout,
-        WriteLayout::Batch {
+        p.mode,
+        WriteMode::Batch {
             batch_size: 4,
             tail_strategy: TailStrategy::Write
         }
@@ -294,8 +294,8 @@ fn keys_and_values_are_case_insensitive() {
     )
     .unwrap();
     assert_eq!(
-        p.layout,
-        WriteLayout::Batch {
+        p.mode,
+        WriteMode::Batch {
             batch_size: 3,
             tail_strategy: TailStrategy::Pad
         }
@@ -308,8 +308,8 @@ fn keys_and_values_are_case_insensitive() {
     ]);
     let p = plan(&s, &[("NAME_COL", "k"), ("duplicatesstrategy", "LASTWIN")]).unwrap();
     assert!(matches!(
-        p.layout,
-        WriteLayout::Kv {
+        p.mode,
+        WriteMode::Kv {
             duplicates: DuplicatesStrategy::LastWin,
             ..
         }
@@ -388,17 +388,17 @@ fn target_shard_size_range() {
     ]);
     let bytes = |v: &str| match plan(&kv, &[("name_col", "k"), ("target_shard_size_mb", v)])
         .unwrap()
-        .layout
+        .mode
     {
-        WriteLayout::Kv {
+        WriteMode::Kv {
             target_shard_bytes, ..
         } => target_shard_bytes,
         other => panic!("{other:?}"),
     };
     assert_eq!(bytes("1"), 1 << 20);
     assert_eq!(bytes("65536"), 65536 << 20);
-    match plan(&kv, &[("name_col", "k")]).unwrap().layout {
-        WriteLayout::Kv {
+    match plan(&kv, &[("name_col", "k")]).unwrap().mode {
+        WriteMode::Kv {
             target_shard_bytes,
             kv_separator,
             duplicates,
@@ -788,9 +788,9 @@ fn invalid_schema_json() {
 
 fn manifest_for(p: &WritePlan, cols: &[(&str, Dtype, Option<Vec<u64>>)]) -> Manifest {
     let mut m = crate::write::commit::empty_manifest(p);
-    let batch = match &p.layout {
-        WriteLayout::Batch { batch_size, .. } => Some(*batch_size),
-        WriteLayout::Kv { .. } => None,
+    let batch = match &p.mode {
+        WriteMode::Batch { batch_size, .. } => Some(*batch_size),
+        WriteMode::Kv { .. } => None,
     };
     m.schema = ColumnMap(
         cols.iter()
@@ -799,7 +799,7 @@ fn manifest_for(p: &WritePlan, cols: &[(&str, Dtype, Option<Vec<u64>>)]) -> Mani
                     n.to_string(),
                     ManifestTensor {
                         dtype: *d,
-                        // batch layout: [batch_size, …sample shape]
+                        // batch mode: [batch_size, …sample shape]
                         shape: match batch {
                             Some(b) => s
                                 .as_ref()

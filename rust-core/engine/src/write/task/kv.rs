@@ -510,62 +510,14 @@ pub(super) struct KvState {
     column_shapes: Vec<Option<Option<u32>>>,
     /// Header bytes of `__metadata__` with `samples` = 0 (one digit).
     meta_len: u64,
-    /// Per column, the [`json_inner_len`] of the tensor names' suffix (separator + column).
+    /// Per column, the [`header::json_string_inner_len`] of the tensor names' suffix (separator + column).
     suffix_json: Vec<u64>,
 }
 
-/// Counts the bytes written to it.
-struct Counter(u64);
-
-impl Write for Counter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Length of `s` as a JSON string (quotes included), as the header writer escapes it.
-fn json_len(s: &str) -> u64 {
-    let mut n = Counter(0);
-    match serde_json::to_writer(&mut n, s) {
-        Ok(()) => n.0,
-        Err(_) => s.len() as u64 * 6 + 2,
-    }
-}
-
-/// Length of `s` as JSON string content, without the quotes (escaping is per character, so
-/// the lengths of parts add up). Most keys need no escaping: their length is their byte length.
-fn json_inner_len(s: &str) -> u64 {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        s.len() as u64
-    } else {
-        json_len(s) - 2
-    }
-}
-
-fn digits(mut x: u64) -> u64 {
-    let mut d = 1;
-    while x >= 10 {
-        x /= 10;
-        d += 1;
-    }
-    d
-}
-
-/// Header bytes of one tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[,]}`
-/// without the offsets' digits; `name_json` is the name's [`json_len`].
+/// Header bytes of one tensor entry without the offsets' digits; `name_json` is the name's
+/// [`header::json_string_len`].
 fn entry_json_len(name_json: u64, dtype: Dtype, shape: &[u64]) -> u64 {
-    let shape_len: u64 =
-        shape.iter().map(|&d| digits(d)).sum::<u64>() + shape.len().saturating_sub(1) as u64;
-    name_json
-        + r#":{"dtype":""#.len() as u64
-        + dtype.name().len() as u64
-        + r#"","shape":["#.len() as u64
-        + shape_len
-        + r#"],"data_offsets":[,]}"#.len() as u64
+    name_json + header::entry_len_without_name_and_offsets(dtype, shape)
 }
 
 impl KvState {
@@ -577,13 +529,7 @@ impl KvState {
         plan: &WritePlan,
     ) -> Self {
         let meta = shard_metadata(plan, 0, 0);
-        let meta_len = json_len(METADATA_KEY)
-            + 3 // :{}
-            + meta
-                .iter()
-                .map(|(k, v)| json_len(k) + 1 + json_len(v))
-                .sum::<u64>()
-            + meta.len().saturating_sub(1) as u64;
+        let meta_len = header::metadata_entry_len(&meta);
         let columns: Vec<String> = plan.columns.iter().map(|c| c.name.clone()).collect();
         let collisions_possible = columns.iter().any(|a| {
             columns
@@ -592,7 +538,7 @@ impl KvState {
         });
         let suffix_json = columns
             .iter()
-            .map(|c| json_inner_len(&separator) + json_inner_len(c))
+            .map(|c| header::json_string_inner_len(&separator) + header::json_string_inner_len(c))
             .collect();
         KvState {
             suffix_json,
@@ -635,7 +581,7 @@ impl KvState {
     }
 
     /// Header bytes of a tensor's entry (see [`entry_json_len`]); `key_json` is the key's
-    /// [`json_inner_len`].
+    /// [`header::json_string_inner_len`].
     fn entry_json(&self, key_json: u64, column: u32, dtype: Dtype, shape: &[u64]) -> u64 {
         let suffix = self.suffix_json.get(column as usize).copied().unwrap_or(0);
         entry_json_len(2 + key_json + suffix, dtype, shape)
@@ -667,11 +613,11 @@ impl KvState {
         let n = self.open.live_tensors + extra_tensors;
         let data = self.open.data_len.saturating_add(extra_data);
         // prefix + braces + metadata and its comma + entries (each with a comma and two offsets
-        // of at most digits(data) digits) + padding.
-        let header = (8 + 2 + self.meta_len + (digits(samples) - 1) + 1 + 7)
+        // of at most header::decimal_len(data) digits) + padding.
+        let header = (8 + 2 + self.meta_len + (header::decimal_len(samples) - 1) + 1 + 7)
             .saturating_add(self.open.json)
             .saturating_add(extra_json)
-            .saturating_add(n.saturating_mul(1 + 2 * digits(data)));
+            .saturating_add(n.saturating_mul(1 + 2 * header::decimal_len(data)));
         (header, header.saturating_add(data))
     }
 
@@ -772,7 +718,7 @@ impl KvState {
             return Ok(());
         }
         let count = self.columns.len() as u64;
-        let key_json = json_inner_len(key);
+        let key_json = header::json_string_inner_len(key);
         for c in 0..count {
             let files = self
                 .files
@@ -853,7 +799,7 @@ impl KvState {
                 }
             }
         }
-        let key_json = json_inner_len(key);
+        let key_json = header::json_string_inner_len(key);
         let mut row_json = 0u64;
         let mut row_data = 0u64;
         for (c, (t, bytes)) in tensors.iter().enumerate() {
@@ -995,7 +941,7 @@ impl KvState {
         let sep = self.separator.as_bytes();
         let column_names = &self.columns;
         let column_of = |c: u32| column_names.get(c as usize).map_or("", String::as_str);
-        // The reference layout (header::plan_layout's order): dtype descending, then name.
+        // The reference order (header::plan_file's): dtype descending, then name.
         order.sort_unstable_by(|a, b| {
             b.dtype.cmp(&a.dtype).then_with(|| {
                 cmp_names(
@@ -1173,19 +1119,7 @@ impl KvState {
                     found = None;
                     None
                 }
-                Ok(true) => {
-                    let t = self.tensor_report(&rec);
-                    Some(Ok(IndexRow {
-                        tensor_key: t.name,
-                        file_name: file.to_string(),
-                        dtype: t.dtype,
-                        shape: t.shape,
-                        data_start: t.data_start,
-                        data_end: t.data_end,
-                        sample_key: t.sample_key,
-                        column: t.column.unwrap_or_default(),
-                    }))
-                }
+                Ok(true) => Some(Ok(self.tensor_report(&rec).into_index_row(file))),
             }
         }))
     }
@@ -1296,29 +1230,5 @@ impl KvState {
         };
         w.shards[idx] = report.clone();
         Ok(Some(report))
-    }
-}
-
-#[cfg(test)]
-mod json_len_tests {
-    use super::{json_inner_len, json_len};
-
-    #[test]
-    fn inner_length_is_the_escaped_length_without_quotes() {
-        for s in [
-            "",
-            "k123",
-            "a\"b",
-            "back\\slash",
-            "tab\tnew\nline",
-            "\u{1}\u{1f}",
-            "del\u{7f}",
-            "é/ключ/🙂",
-            "__",
-        ] {
-            let expected = serde_json::to_string(s).map(|j| j.len() as u64 - 2);
-            assert_eq!(Ok(json_inner_len(s)), expected.map_err(|_| ()), "{s:?}");
-            assert_eq!(json_len(s), json_inner_len(s) + 2, "{s:?}");
-        }
     }
 }

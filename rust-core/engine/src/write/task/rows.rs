@@ -1,4 +1,4 @@
-//! Arrow → per-row tensors: validates the rows of one wire-layout column and appends their
+//! Arrow → per-row tensors: validates the rows of one wire-format column and appends their
 //! converted bytes to a buffer.
 //!
 //! Numeric arrays and scalars are converted in bulk over a whole run of rows (the values of
@@ -145,7 +145,7 @@ fn primitive_type(e: SparkNumeric) -> DataType {
     }
 }
 
-/// The Arrow type the wire layout uses for a column, for error messages.
+/// The Arrow type the wire format uses for a column, for error messages.
 pub(crate) fn expected_type(input: &InputKind) -> String {
     match input {
         InputKind::NumericArray { element, depth } => {
@@ -213,51 +213,18 @@ pub(crate) fn type_matches(input: &InputKind, dt: &DataType) -> bool {
     }
 }
 
-/// The leaf values of a numeric column.
-#[derive(Clone, Copy)]
-enum Leaf<'a> {
-    I8(&'a [i8]),
-    I16(&'a [i16]),
-    I32(&'a [i32]),
-    I64(&'a [i64]),
-    F32(&'a [f32]),
-    F64(&'a [f64]),
-}
-
-impl<'a> Leaf<'a> {
-    fn of(array: &'a dyn Array) -> Option<Leaf<'a>> {
-        Some(match array.data_type() {
-            DataType::Int8 => Leaf::I8(array.as_primitive_opt::<Int8Type>()?.values()),
-            DataType::Int16 => Leaf::I16(array.as_primitive_opt::<Int16Type>()?.values()),
-            DataType::Int32 => Leaf::I32(array.as_primitive_opt::<Int32Type>()?.values()),
-            DataType::Int64 => Leaf::I64(array.as_primitive_opt::<Int64Type>()?.values()),
-            DataType::Float32 => Leaf::F32(array.as_primitive_opt::<Float32Type>()?.values()),
-            DataType::Float64 => Leaf::F64(array.as_primitive_opt::<Float64Type>()?.values()),
-            _ => return None,
-        })
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Leaf::I8(s) => s.len(),
-            Leaf::I16(s) => s.len(),
-            Leaf::I32(s) => s.len(),
-            Leaf::I64(s) => s.len(),
-            Leaf::F32(s) => s.len(),
-            Leaf::F64(s) => s.len(),
-        }
-    }
-
-    fn source(&self, r: Range<usize>) -> Option<Source<'a>> {
-        Some(match *self {
-            Leaf::I8(s) => Source::I8(s.get(r)?),
-            Leaf::I16(s) => Source::I16(s.get(r)?),
-            Leaf::I32(s) => Source::I32(s.get(r)?),
-            Leaf::I64(s) => Source::I64(s.get(r)?),
-            Leaf::F32(s) => Source::F32(s.get(r)?),
-            Leaf::F64(s) => Source::F64(s.get(r)?),
-        })
-    }
+/// The leaf values of a numeric column, as the conversions take them (never `Bool`: Spark's
+/// booleans reach the writer as `Int8`).
+fn leaf_values(array: &dyn Array) -> Option<Source<'_>> {
+    Some(match array.data_type() {
+        DataType::Int8 => Source::I8(array.as_primitive_opt::<Int8Type>()?.values()),
+        DataType::Int16 => Source::I16(array.as_primitive_opt::<Int16Type>()?.values()),
+        DataType::Int32 => Source::I32(array.as_primitive_opt::<Int32Type>()?.values()),
+        DataType::Int64 => Source::I64(array.as_primitive_opt::<Int64Type>()?.values()),
+        DataType::Float32 => Source::F32(array.as_primitive_opt::<Float32Type>()?.values()),
+        DataType::Float64 => Source::F64(array.as_primitive_opt::<Float64Type>()?.values()),
+        _ => return None,
+    })
 }
 
 /// A conversion error with its element index replaced (to make it relative to a row).
@@ -351,9 +318,9 @@ pub(crate) fn extract(
 }
 
 /// Checks that the bytes of a boolean column are 0 or 1; returns the first bad (index, value).
-fn bad_bool(leaf: &Leaf<'_>, r: Range<usize>) -> Option<(usize, i8)> {
+fn bad_bool(leaf: &Source<'_>, r: Range<usize>) -> Option<(usize, i8)> {
     match leaf {
-        Leaf::I8(s) => s
+        Source::I8(s) => s
             .get(r)
             .and_then(|v| v.iter().enumerate().find(|(_, &b)| b != 0 && b != 1))
             .map(|(i, &b)| (i, b)),
@@ -366,7 +333,7 @@ fn bad_bool(leaf: &Leaf<'_>, r: Range<usize>) -> Option<(usize, i8)> {
 #[allow(clippy::too_many_arguments)]
 fn convert_run(
     col: &ColumnState,
-    leaf: &Leaf<'_>,
+    leaf: &Source<'_>,
     ranges: &[Range<usize>],
     shapes: Vec<Vec<u64>>,
     dtype: Dtype,
@@ -379,7 +346,7 @@ fn convert_run(
     let all = first.start..last.end;
     let size = dtype.byte_size().unwrap_or(1);
     let src = leaf
-        .source(all.clone())
+        .slice(all.clone())
         .ok_or_else(|| malformed(col, format!("leaf values {all:?} out of bounds")))?;
     let start = out.len();
     if let Err(e) = convert::append_converted(src, dtype, out) {
@@ -430,7 +397,7 @@ fn extract_numeric(
         current = list.values().as_ref();
     }
     let leaf_array = current;
-    let leaf = Leaf::of(leaf_array).ok_or_else(|| malformed(col, found()))?;
+    let leaf = leaf_values(leaf_array).ok_or_else(|| malformed(col, found()))?;
     if primitive_type(element) != *leaf_array.data_type() {
         return Err(malformed(col, found()));
     }
@@ -529,7 +496,7 @@ fn extract_scalar(
     row_base: u64,
     out: &mut Vec<u8>,
 ) -> Result<Vec<RowTensor>, WriteError> {
-    let leaf = Leaf::of(array.as_ref())
+    let leaf = leaf_values(array.as_ref())
         .filter(|_| *array.data_type() == primitive_type(element))
         .ok_or_else(|| {
             malformed(

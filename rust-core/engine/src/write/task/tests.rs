@@ -51,7 +51,7 @@ const WID: &str = "0b7c6f4e-1111-2222-3333-444455556666";
 fn plan_batch(columns: Vec<ColumnPlan>, batch_size: u64, tail: TailStrategy) -> WritePlan {
     WritePlan {
         write_id: WID.into(),
-        layout: WriteLayout::Batch {
+        mode: WriteMode::Batch {
             batch_size,
             tail_strategy: tail,
         },
@@ -64,7 +64,7 @@ fn plan_batch(columns: Vec<ColumnPlan>, batch_size: u64, tail: TailStrategy) -> 
 fn plan_kv(columns: Vec<ColumnPlan>, target: u64, duplicates: DuplicatesStrategy) -> WritePlan {
     WritePlan {
         write_id: WID.into(),
-        layout: WriteLayout::Kv {
+        mode: WriteMode::Kv {
             name_col: "id".into(),
             name_field_index: 0,
             kv_separator: "__".into(),
@@ -1110,8 +1110,8 @@ fn kv_names_metadata_and_reports() {
     fs::remove_dir_all(dir).unwrap();
 }
 
-/// A KV shard's header is serialised from the task's records, not through `plan_layout`: it
-/// must be byte-for-byte what `plan_layout` produces for the same tensors (order, escaping,
+/// A KV shard's header is serialised from the task's records, not through `plan_file`: it
+/// must be byte-for-byte what `plan_file` produces for the same tensors (order, escaping,
 /// offsets, padding), with keys that need JSON escaping and several dtypes.
 #[test]
 fn kv_header_is_the_reference_layout() {
@@ -1142,12 +1142,14 @@ fn kv_header_is_the_reference_layout() {
         })
         .collect();
     assert_eq!(entries.len(), 10);
-    let layout =
-        safetensors_spark_format::header::plan_layout(f.header().metadata.as_ref(), entries)
-            .unwrap();
+    let file_plan =
+        safetensors_spark_format::header::plan_file(f.header().metadata.as_ref(), entries).unwrap();
     let raw = fs::read(&report.shards[0].local_path).unwrap();
-    assert_eq!(&raw[..layout.header_bytes.len()], &layout.header_bytes[..]);
-    assert_eq!(raw.len() as u64, layout.file_len());
+    assert_eq!(
+        &raw[..file_plan.header_bytes.len()],
+        &file_plan.header_bytes[..]
+    );
+    assert_eq!(raw.len() as u64, file_plan.file_len());
     // The report's offsets are the header's.
     for t in &report.shards[0].tensors {
         let (info, data) = f.tensor(&t.name).unwrap();

@@ -9,10 +9,9 @@
 //! Spark's nested-column pruning may ask for some fields of either struct; the columns are
 //! built whole and then cut to the fields asked for (in the order asked).
 
+use super::arrow_types::{metadata_type, string_map_builder};
 use super::error::ReadErrorKind;
-use arrow_array::builder::{
-    Int64Builder, ListBuilder, MapBuilder, MapFieldNames, StringBuilder, StructBuilder,
-};
+use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder, StructBuilder};
 use arrow_array::{Array, ArrayRef, ListArray, StructArray};
 use arrow_schema::{DataType, Field, FieldRef, Fields};
 use safetensors_spark_format::forensics::flags::Flag;
@@ -93,7 +92,7 @@ fn tag_count_fields() -> Fields {
 
 /// `model_info.sources`: key → source key, the same map type as the `metadata` column.
 fn sources_type() -> DataType {
-    super::layout::metadata_type()
+    metadata_type()
 }
 
 fn model_info_struct_fields() -> Fields {
@@ -319,15 +318,7 @@ pub fn model_info_column(
             }
             "distinct_tags" => number_column(rows.iter().map(|m| Some(m.distinct_tags))),
             _ => {
-                let names = MapFieldNames {
-                    entry: "entries".into(),
-                    key: "key".into(),
-                    value: "value".into(),
-                };
-                let mut b =
-                    MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new())
-                        .with_keys_field(Field::new("key", DataType::Utf8, false))
-                        .with_values_field(Field::new("value", DataType::Utf8, false));
+                let mut b = string_map_builder();
                 for m in rows {
                     for (k, v) in &m.sources {
                         b.keys().append_value(k);

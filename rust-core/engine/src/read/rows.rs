@@ -5,15 +5,14 @@
 //! `value`), null when the file has no `__metadata__`. List child fields are named `element` and
 //! are non-nullable (tensors have no nulls).
 
+use super::arrow_types::{metadata_type, string_map_builder, MAX_OFFSET};
 use super::decode::{decode_values, spark_element, widen};
 use super::error::{ReadError, ReadErrorKind};
-use super::forensic::{
+use super::forensic_columns::{
     flags_column, flags_of, flags_type, model_info_column, model_info_of, model_info_type,
 };
 use super::{tensor_bytes, TensorSource};
-use arrow_array::builder::{
-    BinaryBuilder, Int64Builder, ListBuilder, MapBuilder, MapFieldNames, StringBuilder,
-};
+use arrow_array::builder::{BinaryBuilder, Int64Builder, ListBuilder, StringBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::{
     make_array, new_null_array, Array, ArrayRef, BinaryArray, Int64Array, ListArray, RecordBatch,
@@ -37,11 +36,8 @@ use std::sync::Arc;
 pub const SAMPLES_KEY: &str = "safetensors_spark.samples";
 /// Shard `__metadata__` key: zero rows appended by `tail_strategy=pad`.
 pub const PADDED_SAMPLES_KEY: &str = "safetensors_spark.padded_samples";
-/// Shard `__metadata__` key: `batch` or `kv`.
-pub const LAYOUT_KEY: &str = "safetensors_spark.layout";
-
-/// Largest offset an Arrow `List`/`Binary`/`Utf8` array (and Spark's reader of it) can hold.
-const MAX_OFFSET: u64 = i32::MAX as u64;
+/// Shard `__metadata__` key of the dataset mode (`DatasetMode`): `batch` or `kv`.
+pub const MODE_KEY: &str = "safetensors_spark.layout";
 
 fn element_field(data_type: DataType) -> FieldRef {
     Arc::new(Field::new("element", data_type, false))
@@ -54,20 +50,6 @@ fn list_of(data_type: DataType) -> DataType {
 /// The `shape` column's type: `List<Int64>` (non-null elements).
 pub fn shape_type() -> DataType {
     list_of(DataType::Int64)
-}
-
-/// The `metadata` column's type: `Map<Utf8, Utf8>` (entries `entries`, `key`, `value`; values
-/// non-null).
-pub fn metadata_type() -> DataType {
-    let entries = Field::new(
-        "entries",
-        DataType::Struct(Fields::from(vec![
-            Field::new("key", DataType::Utf8, false),
-            Field::new("value", DataType::Utf8, false),
-        ])),
-        false,
-    );
-    DataType::Map(Arc::new(entries), false)
 }
 
 fn metadata_field() -> Field {
@@ -110,10 +92,10 @@ pub fn batch_samples(file: &str, header: &Header) -> Result<(u64, u64), ReadErro
             })
             .transpose()
     };
-    if let Some(layout) = get(LAYOUT_KEY).filter(|l| *l == "kv") {
+    if let Some(mode) = get(MODE_KEY).filter(|l| *l == "kv") {
         return Err(ReadErrorKind::ReservedMetadata {
-            key: LAYOUT_KEY,
-            value: layout.clone(),
+            key: MODE_KEY,
+            value: mode.clone(),
             problem: "a KV shard has no sample rows; read it per tensor",
         }
         .in_file(file));
@@ -449,14 +431,7 @@ fn batch(
 pub fn metadata_column<'a>(
     metas: impl Iterator<Item = Option<&'a BTreeMap<String, String>>>,
 ) -> Result<ArrayRef, ReadErrorKind> {
-    let names = MapFieldNames {
-        entry: "entries".into(),
-        key: "key".into(),
-        value: "value".into(),
-    };
-    let mut b = MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new())
-        .with_keys_field(Field::new("key", DataType::Utf8, false))
-        .with_values_field(Field::new("value", DataType::Utf8, false));
+    let mut b = string_map_builder();
     let (mut entries, mut bytes) = (0u64, 0u64);
     for meta in metas {
         match meta {
@@ -513,7 +488,7 @@ pub enum TensorColumn {
     Decoded(DataType),
     /// `metadata`: the file's `__metadata__`.
     Metadata,
-    /// `flags`: the file's forensic flags, cut to these fields (see [`super::forensic`]).
+    /// `flags`: the file's forensic flags, cut to these fields (see [`super::forensic_columns`]).
     Flags(Vec<String>),
     /// `model_info`: the file's model information, cut to these fields.
     ModelInfo(Vec<String>),
