@@ -51,20 +51,46 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
 struct Found {
     files: Vec<PathBuf>,
     indexes: Vec<PathBuf>,
+    /// [`identity`] of every file, index and directory taken.
     seen: HashSet<PathBuf>,
     problems: Vec<String>,
 }
 
+/// What makes two names of one file the same: its canonical path (symbolic links and `..`
+/// resolved), or, when the name itself does not resolve (a dangling link or a link loop), the
+/// canonical path of its directory and its name. A file reached by a second name (a glob's `**`
+/// through a link to a directory above it, `lake` and `./lake`) is then taken once.
+fn identity(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match (dir.canonicalize(), path.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
 impl Found {
+    /// Takes `path` unless a name of the same file was taken before.
+    fn first(&mut self, path: &Path) -> bool {
+        self.seen.insert(identity(path))
+    }
+
     fn add(&mut self, path: PathBuf, explicit: bool) {
         if sharded::is_index(&path) {
-            if self.seen.insert(path.clone()) {
+            if self.first(&path) {
                 self.indexes.push(path);
             }
         } else if path.is_dir() {
-            self.walk(&path);
+            if self.first(&path) {
+                self.walk(&path);
+            }
         } else if (explicit || path.extension().is_some_and(|e| e == "safetensors"))
-            && self.seen.insert(path.clone())
+            && self.first(&path)
         {
             self.files.push(path);
         }
@@ -143,7 +169,7 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
     for (p, index) in &indexes {
         if let Ok(index) = index {
             for shard in sharded::shard_paths(p, index) {
-                if shard.is_file() && found.seen.insert(shard.clone()) {
+                if shard.is_file() && found.first(&shard) {
                     found.files.push(shard);
                 }
             }
