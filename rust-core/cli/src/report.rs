@@ -1,6 +1,7 @@
 //! `safetensors-spark report PATH...`: the forensic report (spec/forensics.md §6) of files,
 //! directories (recursive) and globs, as JSON lines or, on a terminal, a table.
 
+use crate::shown;
 use safetensors_spark_format::forensics::sharded::{self, ModelReport};
 use safetensors_spark_format::forensics::{report_files, FileReport, Flag, Level, ReportOptions};
 use std::collections::HashSet;
@@ -152,7 +153,10 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
     let args = match parse_args(args) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("safetensors-spark report: {e}\n{usage}");
+            eprintln!(
+                "{}\n{usage}",
+                shown(format_args!("safetensors-spark report: {e}"))
+            );
             return ExitCode::from(2);
         }
     };
@@ -194,7 +198,7 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
         worst = worst.max(m.flags.iter().map(|f| f.level).max());
     }
     for p in &found.problems {
-        eprintln!("safetensors-spark report: {p}");
+        eprintln!("{}", shown(format_args!("safetensors-spark report: {p}")));
         worst = Some(Level::Error);
     }
 
@@ -248,9 +252,17 @@ fn human(bytes: u64) -> String {
     }
 }
 
+/// Writes one line of the table, escaped by [`shown`].
+fn line(out: &mut impl Write, text: std::fmt::Arguments) -> std::io::Result<()> {
+    writeln!(out, "{}", shown(text))
+}
+
 fn write_flags(out: &mut impl Write, flags: &[Flag]) -> std::io::Result<()> {
     for f in flags {
-        writeln!(out, "    {:<7} {:<26} {}", f.level, f.code, f.message)?;
+        line(
+            out,
+            format_args!("    {:<7} {:<26} {}", f.level, f.code, f.message),
+        )?;
     }
     Ok(())
 }
@@ -260,16 +272,18 @@ fn write_table(
     reports: &[FileReport],
     models: &[ModelReport],
 ) -> std::io::Result<()> {
-    writeln!(
+    line(
         out,
-        "{:<9} {:>10} {:>8} {:>15} {:>6}  PATH",
-        "VERDICT", "SIZE", "TENSORS", "PARAMETERS", "FLAGS"
+        format_args!(
+            "{:<9} {:>10} {:>8} {:>15} {:>6}  PATH",
+            "VERDICT", "SIZE", "TENSORS", "PARAMETERS", "FLAGS"
+        ),
     )?;
     for r in reports {
         let counts = (r.tensor_count, r.parameter_count, r.flags.len());
         write_row(out, r.verdict.name(), r.file_size, counts, &r.path)?;
         if let Some(h) = &r.sha256 {
-            writeln!(out, "    sha256  {h}")?;
+            line(out, format_args!("    sha256  {h}"))?;
         }
         let info = &r.model_info;
         let named: Vec<String> = [
@@ -283,10 +297,13 @@ fn write_table(
         .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
         .collect();
         if !named.is_empty() {
-            writeln!(out, "    model   {}", named.join("  "))?;
+            line(out, format_args!("    model   {}", named.join("  ")))?;
         }
         if !info.trigger_words.is_empty() {
-            writeln!(out, "    trigger {}", info.trigger_words.join(", "))?;
+            line(
+                out,
+                format_args!("    trigger {}", info.trigger_words.join(", ")),
+            )?;
         }
         write_flags(out, &r.flags)?;
     }
@@ -307,9 +324,11 @@ fn write_row(
     (tensors, parameters, flags): (u64, u64, usize),
     path: &str,
 ) -> std::io::Result<()> {
-    writeln!(
+    line(
         out,
-        "{verdict:<9} {:>10} {tensors:>8} {parameters:>15} {flags:>6}  {path}",
-        human(size)
+        format_args!(
+            "{verdict:<9} {:>10} {tensors:>8} {parameters:>15} {flags:>6}  {path}",
+            human(size)
+        ),
     )
 }
