@@ -6,13 +6,12 @@ characters in file names and `__metadata__` values (escaped in human output, exa
 Every run has a timeout, so a hang fails the test instead of stopping the suite."""
 import json
 import os
-import pty
 import socket
 import subprocess
 
 import numpy as np
-import pytest
 from safetensors.numpy import save_file
+from test_forensics import on_terminal
 
 TIMEOUT = 60
 ESC = "\x1b"
@@ -22,21 +21,9 @@ def run(rust_tools, *args, tty=False):
     cmd = [str(rust_tools / "safetensors-spark"), *map(str, args)]
     if not tty:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
-    master, slave = pty.openpty()
-    proc = subprocess.run(cmd, stdout=slave, stderr=subprocess.PIPE, timeout=TIMEOUT)
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
+    proc, out = on_terminal(cmd, timeout=TIMEOUT)
     # The terminal turns "\n" into "\r\n"; any other "\r" came from the program.
-    return proc, out.decode().replace("\r\n", "\n")
+    return proc, out.replace("\r\n", "\n")
 
 
 def good(path, metadata=None):
