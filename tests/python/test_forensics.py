@@ -291,12 +291,13 @@ def test_directories_globs_order_and_exit_status(cli, tmp_path):
     assert p.returncode == 2 and "no PATH" in p.stderr
 
 
-def test_a_table_on_a_terminal(rust_tools, tmp_path):
-    path = tmp_path / "kohya.safetensors"
-    lora(path, {**KOHYA, "payload": "x"})
+def on_terminal(cmd, timeout=None):
+    """Runs `cmd` with its stdout on a pseudo-terminal: the CompletedProcess and what it wrote there."""
     master, slave = pty.openpty()
-    proc = subprocess.run([str(rust_tools / "safetensors-spark"), "report", str(path)], stdout=slave, stderr=subprocess.PIPE)
-    os.close(slave)
+    try:
+        proc = subprocess.run(cmd, stdout=slave, stderr=subprocess.PIPE, timeout=timeout)
+    finally:
+        os.close(slave)
     out = b""
     while True:
         try:
@@ -307,7 +308,13 @@ def test_a_table_on_a_terminal(rust_tools, tmp_path):
             break
         out += chunk
     os.close(master)
-    text = out.decode()
+    return proc, out.decode()
+
+
+def test_a_table_on_a_terminal(rust_tools, tmp_path):
+    path = tmp_path / "kohya.safetensors"
+    lora(path, {**KOHYA, "payload": "x"})
+    proc, text = on_terminal([str(rust_tools / "safetensors-spark"), "report", str(path)])
     assert proc.returncode == 1
     assert "VERDICT" in text and "warnings" in text and "metadata_unlisted_keys" in text
     assert "name=inkwash_style" in text

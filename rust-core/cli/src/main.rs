@@ -11,6 +11,7 @@
 mod report;
 
 use safetensors_spark_format::file::read_header;
+use safetensors_spark_format::forensics::metadata::escape;
 use safetensors_spark_format::header::Header;
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -34,6 +35,15 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// One line of human output (a table row, `validate`'s verdict, an error on stderr) with its
+/// control and invisible characters written as `\u{…}`: a file name or `__metadata__` value
+/// holding an escape sequence, a carriage return, a newline or a bidi override reaches the
+/// terminal as text, and cannot recolour it, overwrite a line or forge an `ok` line. Every human
+/// line goes through here; JSON output does not (serde_json escapes control characters itself).
+fn shown(line: std::fmt::Arguments) -> String {
+    escape(&line.to_string())
 }
 
 fn describe(path: &str, header: &Header) -> Value {
@@ -65,12 +75,12 @@ fn inspect(files: &[String]) -> ExitCode {
             Ok(header) => match serde_json::to_string_pretty(&describe(path, &header)) {
                 Ok(text) => println!("{text}"),
                 Err(e) => {
-                    eprintln!("{path}: {e}");
+                    eprintln!("{}", shown(format_args!("{path}: {e}")));
                     ok = false;
                 }
             },
             Err(e) => {
-                eprintln!("{path}: {e}");
+                eprintln!("{}", shown(format_args!("{path}: {e}")));
                 ok = false;
             }
         }
@@ -87,12 +97,15 @@ fn validate(files: &[String]) -> ExitCode {
     for path in files {
         match read_header(path) {
             Ok(h) => println!(
-                "{path}: ok ({} tensors, {} bytes)",
-                h.tensors.len(),
-                h.file_len()
+                "{}",
+                shown(format_args!(
+                    "{path}: ok ({} tensors, {} bytes)",
+                    h.tensors.len(),
+                    h.file_len()
+                ))
             ),
             Err(e) => {
-                println!("{path}: {e}");
+                println!("{}", shown(format_args!("{path}: {e}")));
                 ok = false;
             }
         }

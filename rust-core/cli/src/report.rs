@@ -1,6 +1,7 @@
 //! `safetensors-spark report PATH...`: the forensic report (spec/forensics.md §6) of files,
 //! directories (recursive) and globs, as JSON lines or, on a terminal, a table.
 
+use crate::shown;
 use safetensors_spark_format::forensics::sharded::{self, ModelReport};
 use safetensors_spark_format::forensics::{report_files, FileReport, Flag, Level, ReportOptions};
 use std::collections::HashSet;
@@ -51,20 +52,46 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
 struct Found {
     files: Vec<PathBuf>,
     indexes: Vec<PathBuf>,
+    /// [`identity`] of every file, index and directory taken.
     seen: HashSet<PathBuf>,
     problems: Vec<String>,
 }
 
+/// What makes two names of one file the same: its canonical path (symbolic links and `..`
+/// resolved), or, when the name itself does not resolve (a dangling link or a link loop), the
+/// canonical path of its directory and its name. A file reached by a second name (a glob's `**`
+/// through a link to a directory above it, `lake` and `./lake`) is then taken once.
+fn identity(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match (dir.canonicalize(), path.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
 impl Found {
+    /// Takes `path` unless a name of the same file was taken before.
+    fn first(&mut self, path: &Path) -> bool {
+        self.seen.insert(identity(path))
+    }
+
     fn add(&mut self, path: PathBuf, explicit: bool) {
         if sharded::is_index(&path) {
-            if self.seen.insert(path.clone()) {
+            if self.first(&path) {
                 self.indexes.push(path);
             }
         } else if path.is_dir() {
-            self.walk(&path);
+            if self.first(&path) {
+                self.walk(&path);
+            }
         } else if (explicit || path.extension().is_some_and(|e| e == "safetensors"))
-            && self.seen.insert(path.clone())
+            && self.first(&path)
         {
             self.files.push(path);
         }
@@ -126,7 +153,10 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
     let args = match parse_args(args) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("safetensors-spark report: {e}\n{usage}");
+            eprintln!(
+                "{}\n{usage}",
+                shown(format_args!("safetensors-spark report: {e}"))
+            );
             return ExitCode::from(2);
         }
     };
@@ -143,7 +173,7 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
     for (p, index) in &indexes {
         if let Ok(index) = index {
             for shard in sharded::shard_paths(p, index) {
-                if shard.is_file() && found.seen.insert(shard.clone()) {
+                if shard.is_file() && found.first(&shard) {
                     found.files.push(shard);
                 }
             }
@@ -168,7 +198,7 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
         worst = worst.max(m.flags.iter().map(|f| f.level).max());
     }
     for p in &found.problems {
-        eprintln!("safetensors-spark report: {p}");
+        eprintln!("{}", shown(format_args!("safetensors-spark report: {p}")));
         worst = Some(Level::Error);
     }
 
@@ -222,9 +252,17 @@ fn human(bytes: u64) -> String {
     }
 }
 
+/// Writes one line of the table, escaped by [`shown`].
+fn line(out: &mut impl Write, text: std::fmt::Arguments) -> std::io::Result<()> {
+    writeln!(out, "{}", shown(text))
+}
+
 fn write_flags(out: &mut impl Write, flags: &[Flag]) -> std::io::Result<()> {
     for f in flags {
-        writeln!(out, "    {:<7} {:<26} {}", f.level, f.code, f.message)?;
+        line(
+            out,
+            format_args!("    {:<7} {:<26} {}", f.level, f.code, f.message),
+        )?;
     }
     Ok(())
 }
@@ -234,16 +272,18 @@ fn write_table(
     reports: &[FileReport],
     models: &[ModelReport],
 ) -> std::io::Result<()> {
-    writeln!(
+    line(
         out,
-        "{:<9} {:>10} {:>8} {:>15} {:>6}  PATH",
-        "VERDICT", "SIZE", "TENSORS", "PARAMETERS", "FLAGS"
+        format_args!(
+            "{:<9} {:>10} {:>8} {:>15} {:>6}  PATH",
+            "VERDICT", "SIZE", "TENSORS", "PARAMETERS", "FLAGS"
+        ),
     )?;
     for r in reports {
         let counts = (r.tensor_count, r.parameter_count, r.flags.len());
         write_row(out, r.verdict.name(), r.file_size, counts, &r.path)?;
         if let Some(h) = &r.sha256 {
-            writeln!(out, "    sha256  {h}")?;
+            line(out, format_args!("    sha256  {h}"))?;
         }
         let info = &r.model_info;
         let named: Vec<String> = [
@@ -257,10 +297,13 @@ fn write_table(
         .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
         .collect();
         if !named.is_empty() {
-            writeln!(out, "    model   {}", named.join("  "))?;
+            line(out, format_args!("    model   {}", named.join("  ")))?;
         }
         if !info.trigger_words.is_empty() {
-            writeln!(out, "    trigger {}", info.trigger_words.join(", "))?;
+            line(
+                out,
+                format_args!("    trigger {}", info.trigger_words.join(", ")),
+            )?;
         }
         write_flags(out, &r.flags)?;
     }
@@ -281,9 +324,11 @@ fn write_row(
     (tensors, parameters, flags): (u64, u64, usize),
     path: &str,
 ) -> std::io::Result<()> {
-    writeln!(
+    line(
         out,
-        "{verdict:<9} {:>10} {tensors:>8} {parameters:>15} {flags:>6}  {path}",
-        human(size)
+        format_args!(
+            "{verdict:<9} {:>10} {tensors:>8} {parameters:>15} {flags:>6}  {path}",
+            human(size)
+        ),
     )
 }

@@ -356,10 +356,98 @@ pub fn serialize(
     Ok(out)
 }
 
+/// `O_NONBLOCK`, where its value is known without the libc crate: an open with it returns at once
+/// on a FIFO with no writer instead of waiting for one. Elsewhere 0, and only the check of the
+/// path before the open guards against special files.
+const O_NONBLOCK: i32 = if cfg!(any(target_os = "linux", target_os = "android")) {
+    if cfg!(any(target_arch = "mips", target_arch = "mips64")) {
+        0x80
+    } else if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
+        0x4000
+    } else {
+        0o4000
+    }
+} else if cfg!(any(
+    target_os = "macos",
+    target_os = "ios",
+    target_os = "freebsd",
+    target_os = "netbsd",
+    target_os = "openbsd",
+    target_os = "dragonfly"
+)) {
+    0x4
+} else {
+    0
+};
+
+/// What a file that is not a regular file is, for messages: `FIFO`, `socket`, `directory`, ….
+fn file_kind(t: fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "FIFO";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+        if t.is_char_device() {
+            return "character device";
+        }
+        if t.is_block_device() {
+            return "block device";
+        }
+    }
+    if t.is_dir() {
+        "directory"
+    } else if t.is_symlink() {
+        "symbolic link"
+    } else {
+        "unknown type"
+    }
+}
+
+/// The error for a path that is not a regular file: `not a regular file (FIFO)`.
+fn not_regular(t: fs::FileType) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("not a regular file ({})", file_kind(t)),
+    )
+}
+
+/// Opens a file for reading only if it is a regular file (symbolic links followed). Every reader
+/// of files named by a user (header reads, the forensic report, hashing, index files) opens
+/// through this one function, so a FIFO, socket or device is reported as such and never read:
+/// reading a FIFO blocks forever, reading a device has no end.
+///
+/// The path is checked first, so a special file is never opened. A regular file replaced by a
+/// FIFO between that check and the open cannot block the open either: it is opened with
+/// `O_NONBLOCK` (a FIFO opened so for reading returns at once), and the type of the *opened*
+/// handle is checked again. On a regular file `O_NONBLOCK` changes nothing.
+pub fn open_regular(path: &Path) -> std::io::Result<File> {
+    let before = fs::metadata(path)?;
+    if !before.is_file() {
+        return Err(not_regular(before.file_type()));
+    }
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    let after = file.metadata()?;
+    if !after.is_file() {
+        return Err(not_regular(after.file_type()));
+    }
+    Ok(file)
+}
+
 /// Reads and validates the header of a file without mapping its data.
 pub fn read_header(path: impl AsRef<Path>) -> Result<Header, FormatError> {
     let path = path.as_ref();
-    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let mut file = open_regular(path).map_err(|e| FormatError::io(path, e))?;
     read_header_from(path, &mut file)
 }
 
@@ -392,7 +480,7 @@ impl SafetensorsFile {
     /// Opens, validates and maps a file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
         let path = path.as_ref().to_path_buf();
-        let mut file = File::open(&path).map_err(|e| FormatError::io(&path, e))?;
+        let mut file = open_regular(&path).map_err(|e| FormatError::io(&path, e))?;
         let header = read_header_from(&path, &mut file)?;
         let map = if header.data_len == 0 {
             None
@@ -621,6 +709,49 @@ mod tests {
             read_header(dir.join("missing")),
             Err(FormatError::Io { .. })
         ));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A FIFO with no writer: every reader refuses it at once instead of waiting for a writer,
+    /// and an open with [`O_NONBLOCK`] (the guard against a file swapped for a FIFO after the
+    /// check of its path) returns at once on this platform.
+    #[cfg(unix)]
+    #[test]
+    fn special_files_are_refused_without_blocking() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempdir("fifo");
+        let fifo = dir.join("f.safetensors");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let guarded = open_regular(&path).map(drop).map_err(|e| e.to_string());
+            let header = read_header(&path).map(drop).map_err(|e| e.to_string());
+            let mapped = SafetensorsFile::open(&path)
+                .map(drop)
+                .map_err(|e| e.to_string());
+            let nonblocking = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(O_NONBLOCK)
+                .open(&path)
+                .and_then(|f| f.metadata())
+                .map(|m| m.file_type());
+            tx.send((guarded, header, mapped, nonblocking)).unwrap();
+        });
+        let timeout = std::time::Duration::from_secs(20);
+        let (guarded, header, mapped, nonblocking) = rx.recv_timeout(timeout).unwrap();
+        assert_eq!(guarded.unwrap_err(), "not a regular file (FIFO)");
+        assert!(header.unwrap_err().ends_with("not a regular file (FIFO)"));
+        assert!(mapped.unwrap_err().ends_with("not a regular file (FIFO)"));
+        assert_eq!(
+            not_regular(nonblocking.unwrap()).to_string(),
+            "not a regular file (FIFO)"
+        );
+        assert_eq!(
+            open_regular(&dir).unwrap_err().to_string(),
+            "not a regular file (directory)"
+        );
         fs::remove_dir_all(dir).unwrap();
     }
 }

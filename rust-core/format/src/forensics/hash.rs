@@ -50,7 +50,7 @@ const MAX_BUFFERS: usize = IN_FLIGHT + 2;
 /// runs on a second thread fed the same buffers, so the two digests of every byte overlap.
 /// Memory: at most [`MAX_BUFFERS`] buffers of [`BUFFER`] bytes, whatever the file's size.
 pub fn hash_file(path: &Path, ranges: &[[u64; 2]], file_len: u64) -> std::io::Result<FileHashes> {
-    let mut file = File::open(path)?;
+    let mut file = crate::file::open_regular(path)?;
     let mut tensors = RangeHashes::new(ranges, file_len);
     let (file_digest, pos) = if file_len >= PARALLEL_FROM && !tensors.order.is_empty() {
         std::thread::scope(|s| {

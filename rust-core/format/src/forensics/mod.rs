@@ -26,7 +26,6 @@ use crate::error::FormatError;
 use crate::header::{self, HeaderItem, TensorInfo, PREFIX_LEN};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -167,13 +166,12 @@ pub fn report_file(path: &Path, opts: ReportOptions) -> FileReport {
         r.verdict = Verdict::Invalid;
         r
     };
-    let mut file = match File::open(path) {
+    let mut file = match crate::file::open_regular(path) {
         Ok(f) => f,
         Err(e) => return unreadable(e, 0),
     };
     let file_len = match file.metadata() {
-        Ok(m) if m.is_file() => m.len(),
-        Ok(_) => return unreadable(std::io::Error::other("not a regular file"), 0),
+        Ok(m) => m.len(),
         Err(e) => return unreadable(e, 0),
     };
     let mut prefix = [0u8; 8];

@@ -41,7 +41,10 @@ pub fn is_index(path: &Path) -> bool {
 
 /// Reads and checks an index file; the error says what is wrong with it.
 pub fn read_index(path: &Path) -> Result<Index, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let mut text = String::new();
+    crate::file::open_regular(path)
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .map_err(|e| format!("cannot be read: {e}"))?;
     let value: Value =
         serde_json::from_str(&text).map_err(|e| format!("is not valid JSON: {e}"))?;
     let Some(map) = value.get("weight_map").and_then(Value::as_object) else {
