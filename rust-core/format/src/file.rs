@@ -356,30 +356,6 @@ pub fn serialize(
     Ok(out)
 }
 
-/// `O_NONBLOCK`, where its value is known without the libc crate: an open with it returns at once
-/// on a FIFO with no writer instead of waiting for one. Elsewhere 0, and only the check of the
-/// path before the open guards against special files.
-const O_NONBLOCK: i32 = if cfg!(any(target_os = "linux", target_os = "android")) {
-    if cfg!(any(target_arch = "mips", target_arch = "mips64")) {
-        0x80
-    } else if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
-        0x4000
-    } else {
-        0o4000
-    }
-} else if cfg!(any(
-    target_os = "macos",
-    target_os = "ios",
-    target_os = "freebsd",
-    target_os = "netbsd",
-    target_os = "openbsd",
-    target_os = "dragonfly"
-)) {
-    0x4
-} else {
-    0
-};
-
 /// What a file that is not a regular file is, for messages: `FIFO`, `socket`, `directory`, ….
 fn file_kind(t: fs::FileType) -> &'static str {
     #[cfg(unix)]
@@ -434,7 +410,7 @@ pub fn open_regular(path: &Path) -> std::io::Result<File> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(O_NONBLOCK);
+        options.custom_flags(libc::O_NONBLOCK);
     }
     let file = options.open(path)?;
     let after = file.metadata()?;
@@ -713,7 +689,7 @@ mod tests {
     }
 
     /// A FIFO with no writer: every reader refuses it at once instead of waiting for a writer,
-    /// and an open with [`O_NONBLOCK`] (the guard against a file swapped for a FIFO after the
+    /// and an open with `O_NONBLOCK` (the guard against a file swapped for a FIFO after the
     /// check of its path) returns at once on this platform.
     #[cfg(unix)]
     #[test]
@@ -733,7 +709,7 @@ mod tests {
                 .map_err(|e| e.to_string());
             let nonblocking = fs::OpenOptions::new()
                 .read(true)
-                .custom_flags(O_NONBLOCK)
+                .custom_flags(libc::O_NONBLOCK)
                 .open(&path)
                 .and_then(|f| f.metadata())
                 .map(|m| m.file_type());
