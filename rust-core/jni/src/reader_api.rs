@@ -512,14 +512,14 @@ mod tests {
             open_reader("{\"layout\":\"sample\"}"),
             Err(JniError::InvalidArgument(_))
         ));
-        // indexEntries: bad predicates are the caller's fault, a bad index is a data error.
+        // indexEntries: bad predicates are the caller's fault, a bad index a dataset error.
         assert!(matches!(
             index_entries_json("file:/d", vec![], "{"),
             Err(JniError::InvalidArgument(_))
         ));
         let bad = index_entries_json("file:/d", b"not parquet".to_vec(), "[]");
         assert!(
-            matches!(&bad, Err(JniError::Failed(m)) if m.contains("file:/d/_tensor_index.parquet")),
+            matches!(&bad, Err(JniError::Dataset(m)) if m.contains("file:/d/_tensor_index.parquet")),
             "{bad:?}"
         );
     }
@@ -529,7 +529,7 @@ mod tests {
         let prefix = 10u64.to_le_bytes();
         assert!(matches!(header_length("f", &prefix, 18), Ok(10)));
         match header_length("some/file.safetensors", &prefix, 12) {
-            Err(JniError::Failed(m)) => assert!(m.contains("some/file.safetensors"), "{m}"),
+            Err(JniError::Format(m)) => assert!(m.contains("some/file.safetensors"), "{m}"),
             other => unreachable!("{other:?}"),
         }
     }

@@ -692,9 +692,14 @@ mod tests {
     const SCHEMA: &str = r#"{"type":"struct","fields":[{"name":"x","type":{"type":"array","elementType":"float","containsNull":true},"nullable":true,"metadata":{}}]}"#;
 
     #[test]
-    fn plan_errors_are_invalid_argument_and_plans_round_trip() {
+    fn plan_errors_are_options_errors_and_plans_round_trip() {
+        // an option the plan refuses is the user's (SafetensorsOptionsException); options that
+        // are not JSON at all are the JVM side's (IllegalArgumentException)
         let e = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","bogus":"1"}"#, false);
-        assert!(matches!(e, Err(JniError::InvalidArgument(_))));
+        assert!(
+            matches!(&e, Err(JniError::Options(m)) if m.contains("bogus")),
+            "{e:?}"
+        );
         let e = plan_write_json(SCHEMA, "not json", false);
         assert!(matches!(e, Err(JniError::InvalidArgument(_))));
         let plan = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","batch_size":"2"}"#, false);
