@@ -48,6 +48,7 @@ pub enum Source<'a> {
 
 impl<'a> Source<'a> {
     /// Elements `range` of this slice, of the same type; `None` when out of bounds.
+    #[inline]
     pub fn slice(&self, range: std::ops::Range<usize>) -> Option<Source<'a>> {
         Some(match *self {
             Source::F64(s) => Source::F64(s.get(range)?),

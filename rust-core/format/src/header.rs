@@ -745,6 +745,7 @@ fn push_joined(out: &mut Vec<u8>, values: &[u64]) {
 // the writer's own output.
 
 /// Length of `s` as a JSON string (quotes included), as the header writer escapes it.
+#[inline]
 pub fn json_string_len(s: &str) -> u64 {
     /// Counts the bytes written to it.
     struct Counter(u64);
@@ -767,6 +768,7 @@ pub fn json_string_len(s: &str) -> u64 {
 /// Length of `s` as JSON string content, without the quotes (escaping is per character, so
 /// the lengths of parts add up, as in a name [`HeaderEntry::name`] gives in parts). Most names
 /// need no escaping: their length is their byte length.
+#[inline]
 pub fn json_string_inner_len(s: &str) -> u64 {
     if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
         s.len() as u64
@@ -776,6 +778,7 @@ pub fn json_string_inner_len(s: &str) -> u64 {
 }
 
 /// Number of decimal digits of `x`, as the header writer writes it.
+#[inline]
 pub fn decimal_len(mut x: u64) -> u64 {
     let mut d = 1;
     while x >= 10 {
@@ -799,6 +802,7 @@ pub fn metadata_entry_len(meta: &BTreeMap<String, String>) -> u64 {
 /// Header bytes of one tensor entry `"name":{"dtype":"..","shape":[..],"data_offsets":[..]}`
 /// without the name (quotes included) and the offsets' digits: add [`json_string_len`] of the
 /// name and the [`decimal_len`] of both offsets for the whole entry.
+#[inline]
 pub fn entry_len_without_name_and_offsets(dtype: Dtype, shape: &[u64]) -> u64 {
     let shape_len: u64 =
         shape.iter().map(|&d| decimal_len(d)).sum::<u64>() + shape.len().saturating_sub(1) as u64;
