@@ -502,8 +502,6 @@ class Dataset:
     def _index_rows(self, shard, url, pf, key):
         """The rows of ``key`` in one part: only the row groups whose ``sample_key`` min/max can
         hold it are read (a row group without statistics is read)."""
-        import pyarrow.compute as pc
-
         md = pf.metadata
         leaf = next(i for i in range(md.num_columns) if md.schema.column(i).path == "sample_key")
         groups = []
@@ -515,10 +513,11 @@ class Dataset:
             return []
         try:
             table = pf.read_row_groups(groups, columns=self._INDEX_COLUMNS)
-            table = table.filter(pc.equal(table["sample_key"], key))
+            # matched in Python: pyarrow.compute would import pandas, seconds on a first lookup
+            at = [i for i, k in enumerate(table.column("sample_key").to_pylist()) if k == key]
+            rows = [r for i in at for r in table.slice(i, 1).to_pylist()]
         except Exception as e:  # pyarrow raises several types for unreadable or foreign files
             raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
-        rows = table.to_pylist()
         for r in rows:
             try:
                 _native.check_shard_path(r["file_name"])
