@@ -128,15 +128,16 @@ def test_an_index_part_with_rows_of_another_shard_is_an_error(tmp_path):
 
 
 def tamper_index(path, shard, fn):
-    """Rewrites one index part: ``fn(rows)`` edits its rows (dicts) in place."""
+    """Rewrites one index part: ``fn(rows)`` edits ``{tensor_key: row dict}`` in place (or drops
+    rows from it)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     part = f"{path}/_tensor_index.parquet/{shard[: -len('.safetensors')]}.parquet"
     table = pq.read_table(part)
-    rows = table.to_pylist()
-    fn({r["tensor_key"]: r for r in rows})
-    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), part)
+    rows = {r["tensor_key"]: r for r in table.to_pylist()}
+    fn(rows)
+    pq.write_table(pa.Table.from_pylist(list(rows.values()), schema=table.schema), part)
     return part
 
 
@@ -181,6 +182,29 @@ def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
         # the other keys' rows still agree with the header
         assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
         assert ds.get("d", columns="label")["label"].tolist() == values["d"]["label"].tolist()
+
+
+def test_an_index_part_that_lost_rows_or_claims_another_shards_key(tmp_path):
+    """A part without the manifest's num_tensors rows does not cover its shard (its header answers,
+    as in Spark); a key with rows in the parts of two shards is an error naming both."""
+    path = str(tmp_path / "kv")
+    values = handmade.write_kv_dataset(path, [["a", "b", "c"], ["d"]])
+    handmade.write_index(path)
+    first, second = (s["shard_path"] for s in handmade.read_manifest(path)["shards"])
+    tamper_index(path, first, lambda rows: [rows.pop(k) for k in ("b__emb", "b__label")])
+    ds = open_dataset(path)
+    assert ds.get("b")["emb"].tolist() == values["b"]["emb"].tolist()
+    assert [s.name in ds._index_parts() for s in ds.shards] == [False, True]
+    handmade.write_index(path)
+
+    def claim_a(rows):
+        for r in rows.values():
+            r.update(sample_key="a", tensor_key=f"a__{r['column']}")
+
+    part = tamper_index(path, second, claim_a)
+    with pytest.raises(safetensors_spark.IndexFileError, match=f"key 'a' has rows in the index parts of several "
+                       f"shards: .*{first[:-12]}.parquet.*{part}"):
+        open_dataset(path).get("a")
 
 
 def test_kv_get_reads_only_the_row_groups_that_can_hold_the_key(tmp_path, monkeypatch):
