@@ -7,12 +7,16 @@ through the index (spec/performance.md §11). Not part of CI: 10M keys take minu
 Prints one JSON object: rows, partitions, write seconds, the driver JVM's peak RSS (VmHWM of
 /proc/<pid>/status; local[2], so the tasks run in it too), its max heap, shards, index parts,
 and two lookups' seconds (each a new DataFrame, `key = ...`, collect; the second one of a key in
-another shard, once the read path is warm)."""
+another shard, once the read path is warm). Then the same two keys through the Python package in
+a new process (`py_open_s`: `open_dataset(out)`, which checks every header against the manifest;
+`py_lookup_s`, `py_lookup2_s`: `ds.get(key)`)."""
 import argparse
 import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 from pyspark.sql import SparkSession, functions as F
@@ -59,6 +63,8 @@ def main():
     # read path's classes loaded and compiled.
     lookup_s, hit = lookup(f"key-{args.rows * 7 // 10:09d}__v")
     lookup2_s, hit2 = lookup(f"key-{args.rows * 3 // 10:09d}__v")
+    spark.stop()
+    py = python_lookups(args.out, [f"key-{args.rows * 7 // 10:09d}", f"key-{args.rows * 3 // 10:09d}"])
     manifest = json.load(open(os.path.join(args.out, "dataset_manifest.json")))
     print(json.dumps({
         "rows": args.rows, "partitions": args.partitions, "write_s": write_s,
@@ -66,9 +72,29 @@ def main():
         "driver_max_heap_mib": jvm.java.lang.Runtime.getRuntime().maxMemory() // 2**20,
         "total_samples": manifest["total_samples"], "shards": len(manifest["shards"]),
         "index_parts": len(os.listdir(os.path.join(args.out, "_tensor_index.parquet"))),
-        "lookup_s": lookup_s, "lookup_hit": hit, "lookup2_s": lookup2_s, "lookup2_hit": hit2,
+        "lookup_s": lookup_s, "lookup_hit": hit, "lookup2_s": lookup2_s, "lookup2_hit": hit2, **py,
     }))
-    spark.stop()
+
+
+PYTHON_LOOKUPS = """
+import json, sys, time
+from safetensors_spark import open_dataset
+t0 = time.perf_counter()
+ds = open_dataset(sys.argv[1])
+t1 = time.perf_counter()
+a = ds.get(sys.argv[2])
+t2 = time.perf_counter()
+b = ds.get(sys.argv[3])
+t3 = time.perf_counter()
+print(json.dumps({"py_open_s": round(t1 - t0, 2), "py_lookup_s": round(t2 - t1, 2),
+                  "py_lookup2_s": round(t3 - t2, 2), "py_hits": [float(a["v"][0]), float(b["v"][0])]}))
+"""
+
+
+def python_lookups(out, keys):
+    """`open_dataset` and two `get`s in a new Python process (the package imported before timing)."""
+    run = subprocess.run([sys.executable, "-c", PYTHON_LOOKUPS, out, *keys], check=True, capture_output=True, text=True)
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

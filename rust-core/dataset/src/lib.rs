@@ -9,9 +9,12 @@
 //!   the default cargo feature `index`, the only part of this crate that needs arrow and parquet;
 //!   the Python extension, which reads the index with pyarrow, leaves it off. Its tests, which
 //!   build index rows from the write path's reports, live in the engine crate.
+//! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
+//!   an index row checked against the header it describes (no arrow: every reader calls it).
 
 #[cfg(feature = "index")]
 pub mod index;
+pub mod kv;
 pub mod manifest;
 pub mod names;
 

@@ -90,9 +90,10 @@ def write_kv_dataset(path, shard_keys, *, published_only=False, separator="__", 
     return values
 
 
-def write_index(path):
+def write_index(path, row_group_size=None):
     """``_tensor_index.parquet/<shard stem>.parquet``: one part per shard, from its header, rows
-    sorted by tensor_key (spec/dataset.md §6.1), as the engine writes it. Returns all rows."""
+    sorted by tensor_key (spec/dataset.md §6.1), as the engine writes it (in row groups of
+    ``row_group_size`` rows when given). Returns all rows."""
     import pyarrow as pa
     import pyarrow.compute  # noqa: F401 (pa.compute)
     import pyarrow.parquet as pq
@@ -122,7 +123,8 @@ def write_index(path):
     for s in manifest["shards"]:
         part = table.filter(pa.compute.equal(table["file_name"], s["shard_path"])).sort_by("tensor_key")
         stem = s["shard_path"][: -len(".safetensors")]
-        pq.write_table(part, os.path.join(path, "_tensor_index.parquet", stem + ".parquet"))
+        pq.write_table(part, os.path.join(path, "_tensor_index.parquet", stem + ".parquet"),
+                       row_group_size=row_group_size)
     return table
 
 

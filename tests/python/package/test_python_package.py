@@ -80,32 +80,35 @@ def test_published_only_manifests_open(tmp_path, metadata):
     assert ds.get("c")["emb"].tolist() == values["c"]["emb"].tolist()
 
 
-def test_kv_get_through_the_index_reads_no_shard_header(tmp_path):
+def test_kv_get_through_the_index_reads_only_the_holding_shards_header(tmp_path):
     path = str(tmp_path / "kv")
     values = handmade.write_kv_dataset(path, [["a", "b", "c"], ["d", "e"]])
     handmade.write_index(path)
     ds = open_dataset(path, check_headers=False)
     got = ds.get("e")
     assert got["emb"].tolist() == values["e"]["emb"].tolist() and int(got["label"]) == int(values["e"]["label"])
-    assert all(s.tensors is None for s in ds.shards), "a lookup through the index must not parse shard headers"
+    read = lambda: [s.header is not None for s in ds.shards]  # noqa: E731
+    assert read() == [False, True], "the index finds the shard; only its header is read (to check the rows)"
     with pytest.raises(KeyNotFoundError, match="key 'zz' not found"):
         ds.get("zz")
-    assert all(s.tensors is None for s in ds.shards)
+    assert read() == [False, True]
     # one part per listed shard (spec/dataset.md §6.1): other files in the directory are not read
     with open(f"{path}/_tensor_index.parquet/part-00000000000000000000.parquet", "wb") as f:
         f.write(b"a part of the earlier layout that must not be read")
     ds = open_dataset(path, check_headers=False)
     assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
-    assert all(s.tensors is None for s in ds.shards)
+    assert read() == [True, False]
     # a shard without its part is not covered: its header answers for its keys
     m = handmade.read_manifest(path)
     second = m["shards"][1]["shard_path"]
     os.remove(f"{path}/_tensor_index.parquet/{second[:-len('.safetensors')]}.parquet")
     ds = open_dataset(path, check_headers=False)
+    with pytest.raises(KeyNotFoundError, match="key 'zz' not found"):
+        ds.get("zz")
+    assert read() == [False, True]
     assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
-    assert all(s.tensors is None for s in ds.shards)
     assert ds.get("e")["emb"].tolist() == values["e"]["emb"].tolist()
-    assert [s.tensors is not None for s in ds.shards] == [False, True]
+    assert read() == [True, True]
 
 
 def test_an_index_part_with_rows_of_another_shard_is_an_error(tmp_path):
@@ -122,6 +125,119 @@ def test_an_index_part_with_rows_of_another_shard_is_an_error(tmp_path):
     with pytest.raises(safetensors_spark.IndexFileError,
                        match=f"the index part of {second}.safetensors has a row for tensor 'a__.*' of shard {first}"):
         open_dataset(path).get("a")
+
+
+def tamper_index(path, shard, fn):
+    """Rewrites one index part: ``fn(rows)`` edits ``{tensor_key: row dict}`` in place (or drops
+    rows from it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = f"{path}/_tensor_index.parquet/{shard[: -len('.safetensors')]}.parquet"
+    table = pq.read_table(part)
+    rows = {r["tensor_key"]: r for r in table.to_pylist()}
+    fn(rows)
+    pq.write_table(pa.Table.from_pylist(list(rows.values()), schema=table.schema), part)
+    return part
+
+
+@pytest.mark.parametrize("tamper", ["another_key", "header_bytes", "past_the_end", "dtype", "shape", "name"])
+def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
+    """A damaged or tampered index part never makes get() return other bytes: every row of the key
+    is checked against the holding shard's header (spec/python.md §2), and a disagreement names
+    the dataset, the part, the key and what disagrees."""
+    path = str(tmp_path / "kv")
+    values = handmade.write_kv_dataset(path, [["a", "b", "c"], ["d"]])
+    handmade.write_index(path)
+    shard = handmade.read_manifest(path)["shards"][0]
+    size = shard["bytes"]
+
+    def edit(rows):
+        b, a = rows["b__emb"], rows["a__emb"]
+        if tamper == "another_key":
+            b["data_start"], b["data_end"] = a["data_start"], a["data_end"]
+        elif tamper == "header_bytes":
+            b["data_start"], b["data_end"] = 8, 16
+        elif tamper == "past_the_end":
+            b["data_start"], b["data_end"] = size, size + 8
+        elif tamper == "dtype":  # same size, another type: the bytes would be read as I32
+            b["dtype"] = "I32"
+        elif tamper == "shape":
+            b["shape"] = [1, 2]
+        else:  # the row of key b points at key a's tensor, range and all
+            b.update(tensor_key="a__emb", data_start=a["data_start"], data_end=a["data_end"])
+
+    part = tamper_index(path, shard["shard_path"], edit)
+    what = {"another_key": r"byte range \[\d+, \d+\) \(header: \[\d+, \d+\)\)", "header_bytes": r"byte range \[8, 16\)",
+            "past_the_end": rf"byte range \[{size}, {size + 8}\)", "dtype": r"dtype I32 \(header: F32\)",
+            "shape": r"shape \[1, 2\] \(header: \[2\]\)",
+            "name": r"the row for tensor 'a__emb' has sample_key 'b' and column 'emb'"}[tamper]
+    for check_headers in (False, True):
+        ds = open_dataset(path, check_headers=check_headers)
+        with pytest.raises(safetensors_spark.IndexFileError) as e:
+            ds.get("b")
+        msg = str(e.value)
+        assert msg.startswith(f"{part}: key 'b' of dataset {path} disagrees with the header of {shard['shard_path']}"), msg
+        assert __import__("re").search(what, msg), msg
+        # the other keys' rows still agree with the header
+        assert ds.get("a")["emb"].tolist() == values["a"]["emb"].tolist()
+        assert ds.get("d", columns="label")["label"].tolist() == values["d"]["label"].tolist()
+
+
+def test_an_index_part_that_lost_rows_or_claims_another_shards_key(tmp_path):
+    """A part without the manifest's num_tensors rows does not cover its shard (its header answers,
+    as in Spark); a key with rows in the parts of two shards is an error naming both."""
+    path = str(tmp_path / "kv")
+    values = handmade.write_kv_dataset(path, [["a", "b", "c"], ["d"]])
+    handmade.write_index(path)
+    first, second = (s["shard_path"] for s in handmade.read_manifest(path)["shards"])
+    tamper_index(path, first, lambda rows: [rows.pop(k) for k in ("b__emb", "b__label")])
+    ds = open_dataset(path)
+    assert ds.get("b")["emb"].tolist() == values["b"]["emb"].tolist()
+    assert [s.name in ds._index_parts() for s in ds.shards] == [False, True]
+    handmade.write_index(path)
+
+    def claim_a(rows):
+        for r in rows.values():
+            r.update(sample_key="a", tensor_key=f"a__{r['column']}")
+
+    part = tamper_index(path, second, claim_a)
+    with pytest.raises(safetensors_spark.IndexFileError, match=f"key 'a' has rows in the index parts of several "
+                       f"shards: .*{first[:-12]}.parquet.*{part}"):
+        open_dataset(path).get("a")
+
+
+@pytest.mark.parametrize("group_rows", [6, 5])
+def test_kv_get_reads_only_the_row_groups_that_can_hold_the_key(tmp_path, monkeypatch, group_rows):
+    """Hits and misses across several row groups and parts: per part only the row groups whose
+    sample_key statistics can hold the key are read (with 5 rows a group, some keys' two rows
+    straddle two groups, and both are read)."""
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "kv")
+    keys = [f"k{i:03d}" for i in range(40)]
+    values = handmade.write_kv_dataset(path, [keys[:25], keys[25:]])
+    handmade.write_index(path, row_group_size=group_rows)  # 2 rows a key
+    groups = pq.ParquetFile(f"{path}/_tensor_index.parquet/{handmade.shard_name(0)[:-12]}.parquet").num_row_groups
+    assert groups == -(-50 // group_rows)
+    reads = []
+    real = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, groups, *a, **kw: reads.append(list(groups)) or real(self, groups, *a, **kw))
+    ds = open_dataset(path)
+    for key in keys:
+        reads.clear()
+        got = ds.get(key)
+        assert got["emb"].tolist() == values[key]["emb"].tolist()
+        assert int(got["label"]) == int(values[key]["label"])
+        straddles = group_rows % 2 and (2 * (keys.index(key) % 25)) % group_rows == group_rows - 1
+        assert len(reads) == 1 and len(reads[0]) == (2 if straddles else 1), (key, reads)  # one part
+    for miss in ["a", "k", "k0245", "k024a", "k1", "zz"]:
+        reads.clear()
+        with pytest.raises(KeyNotFoundError, match=f"key '{miss}' not found"):
+            ds.get(miss)
+        assert sum(len(r) for r in reads) <= 1, (miss, reads)
+    assert all(s.kv is None for s in ds.shards), "no lookup split a header into Python objects"
 
 
 def test_get_on_a_batch_dataset_and_unknown_columns_are_errors(tmp_path):

@@ -76,7 +76,9 @@ class Tensor:
 
 
 class Shard:
-    """A shard listed in the manifest; ``tensors`` is filled from its header when needed."""
+    """A shard listed in the manifest. ``header`` is its parsed header (a ``_native.Header``,
+    kept in Rust), read when first needed; ``tensors`` (name -> Tensor) and the KV split
+    (``keys``, ``kv``) are built from it only when asked for."""
 
     def __init__(self, index, name, samples, padded, size, offset):
         self.index = index
@@ -86,6 +88,7 @@ class Shard:
         self.size = size
         self.offset = offset  # global index of its first sample
         self.metadata = None
+        self.header = None  # _native.Header; not pickled (a worker reads it again when needed)
         self.tensors = None  # name -> Tensor
         self.keys = None  # KV: sorted keys
         self.kv = None  # KV: key -> {column: Tensor}
@@ -93,9 +96,15 @@ class Shard:
     def __repr__(self):
         return f"Shard({self.name!r}, samples={self.samples})"
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["header"] = None
+        return state
+
 
 def _read_header(store, shard):
-    """Reads and validates a shard's header (Rust rules) with at most two range reads."""
+    """Reads and validates a shard's header (Rust rules) with at most two range reads; returns
+    the ``_native.Header``."""
     url = store.url(shard.name)
     size = shard.size
     head = store.read(shard.name, 0, min(size, HEADER_READ_AHEAD))
@@ -103,10 +112,9 @@ def _read_header(store, shard):
         n = _native.check_prefix(head[:8], size)
         if 8 + n > len(head):
             head = head + store.read(shard.name, len(head), 8 + n)
-        metadata, tensors = _native.parse_header(bytes(head[8 : 8 + n]), size)
+        return _native.Header.parse(bytes(head[8 : 8 + n]), size)
     except _native.FormatError as e:
         raise ShardError(f"{url}: invalid safetensors file: {e}") from None
-    return metadata, {t[0]: Tensor(*t) for t in tensors}
 
 
 class Dataset:
@@ -138,7 +146,7 @@ class Dataset:
         self.batch_size = m.get("batch_size")
         if self.layout is None or check_headers:
             for shard in self.shards:
-                self._header(shard)
+                self._native_header(shard)
         if self.layout is None:
             self._infer_layout()
         if self.layout == "kv" and self.kv_separator is None:
@@ -148,15 +156,18 @@ class Dataset:
         if check_headers:
             for shard in self.shards:
                 self._check_header(shard)
-        self._index = None  # KV: key -> [(shard, column, Tensor)], from _tensor_index.parquet
-        self._index_loaded = False
+        self._parts = None  # KV: {shard name: (part url, pyarrow ParquetFile)}, opened on first get
 
-    # -- pickling: the store (paths), the manifest and the parsed headers; no open files -------
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_parts", None)
+
+    # -- pickling: the store (paths), the manifest and the tensors built from headers so far; no
+    # open files, no index part, no native header (a process that needs one reads it again) ---
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_index"] = None
-        state["_index_loaded"] = False
+        state["_parts"] = None
         return state
 
     # -- opening ---------------------------------------------------------------------------------
@@ -196,9 +207,17 @@ class Dataset:
                 raise ShardError(f"{url}: the file has {size} bytes but {MANIFEST_FILE_NAME} says "
                                  f"{shard.size} (shards[].bytes)")
 
+    def _native_header(self, shard):
+        """The shard's parsed, validated header (read on first use)."""
+        if shard.header is None:
+            shard.header = _read_header(self._store, shard)
+            shard.metadata = shard.header.metadata
+        return shard.header
+
     def _header(self, shard):
+        """The shard's tensors as ``{name: Tensor}`` (built from the header on first use)."""
         if shard.tensors is None:
-            shard.metadata, shard.tensors = _read_header(self._store, shard)
+            shard.tensors = {t[0]: Tensor(*t) for t in self._native_header(shard).tensors()}
         return shard.tensors
 
     def _infer_layout(self):
@@ -215,7 +234,8 @@ class Dataset:
         else:
             def is_batch(s):
                 rows = s.samples + self._padded_from_metadata(s)
-                return all(c in s.tensors and len(s.tensors[c].shape) >= 1 and s.tensors[c].shape[0] == rows
+                tensors = self._header(s)
+                return all(c in tensors and len(tensors[c].shape) >= 1 and tensors[c].shape[0] == rows
                            for c in self.columns)
 
             self.layout = "batch" if all(is_batch(s) for s in self.shards) else "kv"
@@ -233,13 +253,14 @@ class Dataset:
 
     def _check_header(self, shard):
         """Every fact the manifest states about a shard must hold in its header."""
-        tensors = self._header(shard)
+        header = self._native_header(shard)
         url = self._store.url(shard.name)
         nt = self.manifest["shards"][shard.index].get("num_tensors")
-        if nt is not None and nt != len(tensors):
-            raise ShardError(f"{url}: the header has {len(tensors)} tensors but {MANIFEST_FILE_NAME} "
+        if nt is not None and nt != len(header):
+            raise ShardError(f"{url}: the header has {len(header)} tensors but {MANIFEST_FILE_NAME} "
                              f"says {nt} (shards[].num_tensors)")
         if self.layout == "batch":
+            tensors = self._header(shard)
             rows = shard.samples + shard.padded
             for c in self.columns:
                 t = tensors.get(c)
@@ -254,9 +275,12 @@ class Dataset:
                     raise ShardError(f"{url}: tensor '{c}' has sample shape {list(t.shape[1:])} but "
                                      f"{MANIFEST_FILE_NAME} schema says {list(want[1:])} (schema shape {want})")
         else:
-            self._kv_keys(shard, url)
-            if len(shard.keys) != shard.samples:
-                raise ShardError(f"{url}: the header holds {len(shard.keys)} keys but {MANIFEST_FILE_NAME} "
+            try:
+                keys = header.count_kv_keys(self._kv_columns(), self.kv_separator)
+            except _native.FormatError as e:
+                raise ShardError(f"{url}: {e}") from None
+            if keys != shard.samples:
+                raise ShardError(f"{url}: the header holds {keys} keys but {MANIFEST_FILE_NAME} "
                                  f"says samples_count {shard.samples}")
 
     def _check_dtype(self, url, t, column):
@@ -265,33 +289,25 @@ class Dataset:
             raise ShardError(f"{url}: tensor '{t.name}' has dtype {t.dtype} but {MANIFEST_FILE_NAME} "
                              f"schema says {want} for column '{column}'")
 
+    def _kv_columns(self):
+        """The schema as the KV rules take it: ``[(column, dtype, shape or None)]``."""
+        return [(c, self.schema[c]["dtype"], self.schema[c].get("shape")) for c in self.columns]
+
     def _kv_keys(self, shard, url=None):
-        """Splits a KV shard's tensor names into key and column (the longest column that ends the
-        name after the separator)."""
+        """Splits a KV shard's tensor names into key and column (the Rust rule
+        ``dataset::kv::split_kv_header``: the longest column that ends the name after the
+        separator; dtypes and shapes as the schema says; every key has every column)."""
         if shard.kv is not None:
             return shard.kv
         url = url or self._store.url(shard.name)
-        sep = self.kv_separator
-        suffixes = sorted(((sep + c, c) for c in self.columns), key=lambda p: -len(p[0]))
+        header = self._native_header(shard)
+        try:
+            split = header.split_kv(self._kv_columns(), self.kv_separator)
+        except _native.FormatError as e:
+            raise ShardError(f"{url}: {e}") from None
         kv = {}
-        for name, t in self._header(shard).items():
-            for suffix, column in suffixes:
-                if name.endswith(suffix):
-                    key = name[: -len(suffix)]
-                    break
-            else:
-                raise ShardError(f"{url}: tensor '{name}' is not <key>{sep}<column> for any column of "
-                                 f"{MANIFEST_FILE_NAME} schema {self.columns}")
-            self._check_dtype(url, t, column)
-            want = self.schema[column].get("shape")
-            if want is not None and list(t.shape) != list(want):
-                raise ShardError(f"{url}: tensor '{name}' has shape {list(t.shape)} but {MANIFEST_FILE_NAME} "
-                                 f"schema says {want} for column '{column}'")
-            kv.setdefault(key, {})[column] = t
-        for key, cols in kv.items():
-            if len(cols) != len(self.columns):
-                missing = [c for c in self.columns if c not in cols]
-                raise ShardError(f"{url}: key '{key}' has no tensor for column(s) {missing}")
+        for t, (key, i) in zip(header.tensors(), split):
+            kv.setdefault(key, {})[self.columns[i]] = Tensor(*t)
         shard.kv = kv
         shard.keys = sorted(kv)
         return kv
@@ -424,77 +440,117 @@ class Dataset:
 
     def get(self, key, columns=None):
         """KV datasets: ``{column: array}`` of the row with this key. Looked up in
-        ``_tensor_index.parquet`` when the dataset has one (no shard header is read), else in the
-        shard headers."""
+        ``_tensor_index.parquet`` when the dataset has one: per listed shard's part, its footer
+        and only the row groups whose ``sample_key`` statistics can hold the key; the holding
+        shard's header is then read and every row checked against it (spec/python.md §2).
+        Shards the index does not cover are searched through their headers."""
         self._require_kv("get(key)")
         columns = self.check_columns(columns)
-        index = self._load_index()
+        parts = self._index_parts()
         uncovered = self.shards
-        if index is not None:
-            found, covered = index
-            hits = found.get(key)
-            if hits is not None:
-                out = {}
-                for shard, column, t in hits:
-                    if column in columns:
-                        out[column] = self.tensor_array(shard, t)
-                missing = [c for c in columns if c not in out]
-                if missing:
-                    raise IndexFileError(f"{self._store.url(INDEX_NAME)}: key '{key}' has no row for column(s) {missing}")
-                return out
-            uncovered = [s for s in self.shards if s.name not in covered]
+        if parts:
+            hits = [(shard, url, rows) for shard in self.shards if shard.name in parts
+                    for url, pf in [parts[shard.name]]
+                    for rows in [self._index_rows(shard, url, pf, key)] if rows]
+            if len(hits) > 1:
+                raise IndexFileError(f"{self.path}: key '{key}' has rows in the index parts of several shards: "
+                                     f"{[url for _, url, _ in hits]}")
+            if hits:
+                return self._get_indexed(key, columns, *hits[0])
+            uncovered = [s for s in self.shards if s.name not in parts]
         for shard in uncovered:
             cols = self._kv_keys(shard).get(key)
             if cols is not None:
                 return {c: self.tensor_array(shard, cols[c]) for c in columns}
         raise KeyNotFoundError(f"key '{key}' not found in dataset {self.path} ({self.total_samples} keys)")
 
-    def _load_index(self):
-        """``(key -> [(shard, column, Tensor)], names of the shards it covers)`` from
-        ``_tensor_index.parquet``, or None without one. The index is a directory of one part per
-        shard (spec/dataset.md §6.1): only the parts of the shards the manifest lists are read; a
-        listed shard without a part is not covered (``get`` reads its header instead)."""
-        if self._index_loaded:
-            return self._index
-        self._index_loaded = True
-        if not self._store.exists(INDEX_NAME) or not self._store.isdir(INDEX_NAME):
-            return None
-        import pyarrow.parquet as pq
+    _INDEX_COLUMNS = ["tensor_key", "file_name", "dtype", "shape", "data_start", "data_end", "sample_key", "column"]
 
-        cols = ["file_name", "tensor_key", "dtype", "shape", "data_start", "data_end", "sample_key", "column"]
-        found, covered = {}, set()
-        for shard in self.shards:
-            name = f"{INDEX_NAME}/{_native.index_part_name(shard.name)}"
-            if not self._store.exists(name):
-                continue
-            source, fs = self._store.parquet_source(name)
-            url = self._store.url(name)
-            try:
-                table = pq.read_table(source, filesystem=fs, columns=cols)
-            except Exception as e:  # pyarrow raises several types for unreadable or foreign files
-                raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
-            data = table.to_pydict()
-            for file_name, tname, dtype, shape, start, end, key, column in zip(*(data[c] for c in cols)):
+    def _index_parts(self):
+        """``{shard name: (part url, pyarrow.parquet.ParquetFile)}`` of the shards the index
+        covers (opened once: each footer is read once), or ``{}`` without an index. The index is
+        a directory of one part per shard (spec/dataset.md §6.1): only the parts of the shards the
+        manifest lists are read; a listed shard without a part, or whose part has not the
+        manifest's ``num_tensors`` rows, is not covered (its header answers for its keys, as the
+        Spark reader does)."""
+        if self._parts is not None:
+            return self._parts
+        parts = {}
+        if self._store.exists(INDEX_NAME) and self._store.isdir(INDEX_NAME):
+            import pyarrow.parquet as pq
+
+            for shard in self.shards:
+                name = f"{INDEX_NAME}/{_native.index_part_name(shard.name)}"
+                if not self._store.exists(name):
+                    continue
+                source, fs = self._store.parquet_source(name)
+                url = self._store.url(name)
                 try:
-                    _native.check_shard_path(file_name)
-                except _native.ManifestError as e:
-                    raise IndexFileError(f"{url}: file_name {e}") from None
-                if file_name != shard.name:
-                    raise IndexFileError(f"{url}: the index part of {shard.name} has a row for tensor '{tname}' "
-                                         f"of shard {file_name} (stale or misplaced index part)")
-                if column not in self.schema:
-                    raise IndexFileError(f"{url}: tensor '{tname}' has column '{column}', not in the schema {self.columns}")
-                t = Tensor(tname, dtype, shape, start, end)
-                need = int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype, url).itemsize
-                if not 0 <= start <= end <= shard.size or end - start != need:
-                    raise IndexFileError(f"{url}: tensor '{tname}' of {file_name}: byte range [{start}, {end}) does "
-                                         f"not fit its {dtype} shape {shape} inside the {shard.size}-byte shard")
-                found.setdefault(key, []).append((shard, column, t))
-            covered.add(shard.name)
-        if not covered:
-            return None
-        self._index = (found, covered)
-        return self._index
+                    pf = pq.ParquetFile(source, filesystem=fs)
+                    missing = [c for c in self._INDEX_COLUMNS if c not in pf.schema_arrow.names]
+                except Exception as e:  # pyarrow raises several types for unreadable or foreign files
+                    raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
+                if missing:
+                    raise IndexFileError(f"{url}: cannot be read as the tensor index (no column(s) {missing})")
+                nt = self.manifest["shards"][shard.index].get("num_tensors")
+                if nt is not None and pf.metadata.num_rows != nt:
+                    continue
+                parts[shard.name] = (url, pf)
+        self._parts = parts
+        return parts
+
+    def _index_rows(self, shard, url, pf, key):
+        """The rows of ``key`` in one part: only the row groups whose ``sample_key`` min/max can
+        hold it are read (a row group without statistics is read)."""
+        md = pf.metadata
+        leaf = next(i for i in range(md.num_columns) if md.schema.column(i).path == "sample_key")
+        groups = []
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(leaf).statistics
+            if st is None or not st.has_min_max or st.min <= key <= st.max:
+                groups.append(g)
+        if not groups:
+            return []
+        try:
+            table = pf.read_row_groups(groups, columns=self._INDEX_COLUMNS)
+            # matched in Python: pyarrow.compute would import pandas, seconds on a first lookup
+            at = [i for i, k in enumerate(table.column("sample_key").to_pylist()) if k == key]
+            rows = [r for i in at for r in table.slice(i, 1).to_pylist()]
+        except Exception as e:  # pyarrow raises several types for unreadable or foreign files
+            raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
+        for r in rows:
+            try:
+                _native.check_shard_path(r["file_name"])
+            except _native.ManifestError as e:
+                raise IndexFileError(f"{url}: file_name {e}") from None
+            if r["file_name"] != shard.name:
+                raise IndexFileError(f"{url}: the index part of {shard.name} has a row for tensor '{r['tensor_key']}' "
+                                     f"of shard {r['file_name']} (stale or misplaced index part)")
+            if r["column"] not in self.schema:
+                raise IndexFileError(f"{url}: tensor '{r['tensor_key']}' has column '{r['column']}', "
+                                     f"not in the schema {self.columns}")
+        return rows
+
+    def _get_indexed(self, key, columns, shard, url, rows):
+        """Reads the holding shard's header and checks every row of the key against it (the Rust
+        rule ``dataset::kv::check_index_entry``: name, dtype, shape and byte range); the bytes
+        read are the header's tensor's. A disagreement raises naming the dataset, the part, the
+        key and what disagrees, never returns other bytes."""
+        header = self._native_header(shard)
+        out = {}
+        for r in rows:
+            try:
+                t = header.check_index_entry(r["tensor_key"], r["dtype"], r["shape"], r["data_start"],
+                                             r["data_end"], r["sample_key"], r["column"], self.kv_separator)
+            except _native.IndexEntryError as e:
+                raise IndexFileError(f"{url}: key '{key}' of dataset {self.path} disagrees with the header of "
+                                     f"{shard.name}: {e}") from None
+            if r["column"] in columns:
+                out[r["column"]] = self.tensor_array(shard, Tensor(*t))
+        missing = [c for c in columns if c not in out]
+        if missing:
+            raise IndexFileError(f"{url}: key '{key}' has no row for column(s) {missing}")
+        return out
 
 
 def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True):
