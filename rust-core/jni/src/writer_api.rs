@@ -758,4 +758,27 @@ mod tests {
         assert_eq!(v["manifest"]["total_samples"], json!(0));
         assert_eq!(v["rewrites"], json!([]));
     }
+
+    #[test]
+    fn an_append_is_planned_on_top_of_the_manifest() {
+        let plan =
+            plan_write_json(SCHEMA, r#"{"batch_size":"3"}"#, false, None).unwrap_or_default();
+        let out = commit_job_json(&plan, "[]").unwrap_or_default();
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        let manifest = v["manifest"].to_string();
+        // no options: the manifest's batch_size
+        let append = plan_write_json(SCHEMA, "{}", false, Some(&manifest)).unwrap_or_default();
+        let p: Value = serde_json::from_str(&append).unwrap_or(Value::Null);
+        assert_eq!(p["layout"]["batch_size"], json!(3));
+        let e = plan_write_json(SCHEMA, r#"{"batch_size":"4"}"#, false, Some(&manifest));
+        assert!(
+            matches!(&e, Err(JniError::Options(m)) if m.contains("option batch_size is 4, the dataset has 3")),
+            "{e:?}"
+        );
+        let e = plan_write_json(SCHEMA, "{}", false, Some("{}"));
+        assert!(
+            matches!(&e, Err(e) if e.to_string().contains("existing dataset_manifest.json is not valid")),
+            "{e:?}"
+        );
+    }
 }
