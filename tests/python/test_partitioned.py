@@ -137,6 +137,15 @@ def test_append_adds_to_each_directory_and_creates_new_ones(spark, tmp_path):
     assert "already exists" in error_text(lambda: w(frame(spark, 8), "errorifexists"))
     w(frame(spark, 8), "ignore")
     assert spark.read.format("safetensors").load(str(out)).count() == 12
+    # an append without options takes each directory's settings (its manifest); a new directory
+    # has none to take, and fails the append before any directory is written
+    append = lambda df: df.write.format("safetensors").mode("append").partitionBy("split").save(str(out))
+    before = {d: manifest(d)["manifest_version"] for d in leaves(out)}
+    assert "batch_size" in error_text(lambda: append(frame(spark, 8)))
+    assert {d: manifest(d)["manifest_version"] for d in leaves(out)} == before
+    append(frame(spark, 8).where("split = 'val'"))
+    val = manifest(out / "split=val")
+    assert (val["batch_size"], val["total_samples"], val["manifest_version"]) == (4, 4, 2)
 
 
 def test_static_overwrite_empties_unwritten_directories_and_dynamic_keeps_them(spark, tmp_path):

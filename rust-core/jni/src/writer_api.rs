@@ -28,7 +28,7 @@ use safetensors_spark_engine::write::commit::{
     commit_manifest, merge_key_runs, rewrite_shard_without_keys, write_shard_index_part,
     KeyRunInput,
 };
-use safetensors_spark_engine::write::plan::{check_append, plan_write};
+use safetensors_spark_engine::write::plan::{plan_append, plan_write};
 use safetensors_spark_engine::write::task::{import_batch, TaskWriter};
 
 /// The native state behind a `NativeWriter` handle. `None` once finished or aborted.
@@ -52,27 +52,29 @@ fn new_string<'local>(env: &mut Env<'local>, s: &str) -> Result<JString<'local>,
 // ---- pure bodies (unit-tested without a JVM) -------------------------------------------------
 
 /// `planWrite`: options JSON is an object of string → string (Spark's parameters, `path`
-/// included).
+/// included). With the text of the dataset's latest manifest, the plan of an append on top of
+/// it: the settings it records fill the options left out, and it must fit (spec/dataset.md §5.2).
 pub fn plan_write_json(
     schema_json: &str,
     options_json: &str,
     case_sensitive: bool,
+    existing_manifest_json: Option<&str>,
 ) -> Result<String, JniError> {
     let options: BTreeMap<String, String> = parse_json(options_json, "options")?;
-    let plan = plan_write(schema_json, &options, case_sensitive)?;
+    let plan = match existing_manifest_json {
+        None => plan_write(schema_json, &options, case_sensitive)?,
+        Some(m) => {
+            let existing = parse_manifest(m).map_err(|e| {
+                JniError::from(e).context("append: the existing dataset_manifest.json is not valid")
+            })?;
+            plan_append(schema_json, &options, case_sensitive, &existing)?
+        }
+    };
     to_json(&plan)
 }
 
 fn parse_plan(plan_json: &str) -> Result<WritePlan, JniError> {
     parse_json(plan_json, "write plan")
-}
-
-pub fn check_append_json(plan_json: &str, manifest_json: &str) -> Result<(), JniError> {
-    let plan = parse_plan(plan_json)?;
-    let existing = parse_manifest(manifest_json).map_err(|e| {
-        JniError::from(e).context("append: the existing dataset_manifest.json is not valid")
-    })?;
-    Ok(check_append(&plan, &existing)?)
 }
 
 pub fn open_writer(plan_json: &str, partition: jint, work_dir: &str) -> Result<jlong, JniError> {
@@ -476,7 +478,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_indexPartFromH
     })
 }
 
-/// `static native String planWrite(String sparkSchemaJson, String optionsJson, boolean caseSensitive)`
+/// `static native String planWrite(String sparkSchemaJson, String optionsJson, boolean caseSensitive, String existingManifestJsonOrNull)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_planWrite<'local>(
     mut env: EnvUnowned<'local>,
@@ -484,27 +486,14 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_planWrite<'loc
     schema: JString<'local>,
     options: JString<'local>,
     case_sensitive: jboolean,
+    existing_manifest: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let schema = arg(env, &schema, "sparkSchemaJson")?;
         let options = arg(env, &options, "optionsJson")?;
-        let plan = plan_write_json(&schema, &options, case_sensitive)?;
+        let existing = opt_arg(env, &existing_manifest)?;
+        let plan = plan_write_json(&schema, &options, case_sensitive, existing.as_deref())?;
         new_string(env, &plan)
-    })
-}
-
-/// `static native void checkAppend(String planJson, String existingManifestJson)`
-#[no_mangle]
-pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkAppend<'local>(
-    mut env: EnvUnowned<'local>,
-    _class: JClass<'local>,
-    plan: JString<'local>,
-    manifest: JString<'local>,
-) {
-    guard(&mut env, |env| {
-        let plan = arg(env, &plan, "planJson")?;
-        let manifest = arg(env, &manifest, "existingManifestJson")?;
-        check_append_json(&plan, &manifest)
     })
 }
 
@@ -695,14 +684,14 @@ mod tests {
     fn plan_errors_are_options_errors_and_plans_round_trip() {
         // an option the plan refuses is the user's (SafetensorsOptionsException); options that
         // are not JSON at all are the JVM side's (IllegalArgumentException)
-        let e = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","bogus":"1"}"#, false);
+        let e = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","bogus":"1"}"#, false, None);
         assert!(
             matches!(&e, Err(JniError::Options(m)) if m.contains("bogus")),
             "{e:?}"
         );
-        let e = plan_write_json(SCHEMA, "not json", false);
+        let e = plan_write_json(SCHEMA, "not json", false, None);
         assert!(matches!(e, Err(JniError::InvalidArgument(_))));
-        let plan = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","batch_size":"2"}"#, false);
+        let plan = plan_write_json(SCHEMA, r#"{"path":"/tmp/x","batch_size":"2"}"#, false, None);
         let plan = plan
             .ok()
             .and_then(|p| serde_json::from_str::<WritePlan>(&p).ok());
@@ -726,7 +715,7 @@ mod tests {
     #[test]
     fn open_finish_close_an_empty_task() {
         let dir = std::env::temp_dir().join(format!("jvmw-glue-{}", std::process::id()));
-        let plan = plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false);
+        let plan = plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false, None);
         let Ok(plan) = plan else {
             unreachable!("plan failed: {plan:?}")
         };
@@ -761,11 +750,35 @@ mod tests {
 
     #[test]
     fn commit_of_no_reports_is_an_empty_manifest() {
-        let plan = plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false).unwrap_or_default();
+        let plan =
+            plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false, None).unwrap_or_default();
         let out = commit_job_json(&plan, "[]").unwrap_or_default();
         let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
         assert_eq!(v["manifest"]["shards"], json!([]));
         assert_eq!(v["manifest"]["total_samples"], json!(0));
         assert_eq!(v["rewrites"], json!([]));
+    }
+
+    #[test]
+    fn an_append_is_planned_on_top_of_the_manifest() {
+        let plan =
+            plan_write_json(SCHEMA, r#"{"batch_size":"3"}"#, false, None).unwrap_or_default();
+        let out = commit_job_json(&plan, "[]").unwrap_or_default();
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        let manifest = v["manifest"].to_string();
+        // no options: the manifest's batch_size
+        let append = plan_write_json(SCHEMA, "{}", false, Some(&manifest)).unwrap_or_default();
+        let p: Value = serde_json::from_str(&append).unwrap_or(Value::Null);
+        assert_eq!(p["layout"]["batch_size"], json!(3));
+        let e = plan_write_json(SCHEMA, r#"{"batch_size":"4"}"#, false, Some(&manifest));
+        assert!(
+            matches!(&e, Err(JniError::Options(m)) if m.contains("option batch_size is 4, the dataset has 3")),
+            "{e:?}"
+        );
+        let e = plan_write_json(SCHEMA, "{}", false, Some("{}"));
+        assert!(
+            matches!(&e, Err(e) if e.to_string().contains("existing dataset_manifest.json is not valid")),
+            "{e:?}"
+        );
     }
 }

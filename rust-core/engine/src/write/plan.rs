@@ -7,6 +7,7 @@
 use super::{
     ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteMode, WritePlan,
 };
+use safetensors_spark_dataset::manifest::ManifestExt;
 use safetensors_spark_dataset::{DatasetMode, Manifest};
 use safetensors_spark_format::json_object::{first_duplicate_key, Entries};
 use safetensors_spark_format::Dtype;
@@ -175,6 +176,16 @@ pub enum PlanError {
 
     #[error("cannot append to the existing dataset: {problem}")]
     AppendMismatch { problem: String },
+
+    #[error("cannot append to the existing dataset: option {option} is {given}, the dataset has {dataset} (an append takes the dataset's {option} when the option is left out)")]
+    AppendConflict {
+        option: String,
+        given: String,
+        dataset: String,
+    },
+
+    #[error("cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; the key column is the DataFrame's one string column that is not one of the dataset's columns ({stored}), but {found}: give option name_col")]
+    AppendKeyColumn { stored: String, found: String },
 }
 
 fn invalid_value(option: &str, value: &str, expected: impl Into<String>) -> PlanError {
@@ -669,8 +680,125 @@ pub fn plan_write(
     options: &BTreeMap<String, String>,
     case_sensitive: bool,
 ) -> Result<WritePlan, PlanError> {
-    let opts = Options::parse(options)?;
+    plan(spark_schema_json, options, case_sensitive, None)
+}
+
+/// Plans an append to the dataset whose latest manifest is `existing` (spec/dataset.md §5.2):
+/// the settings the manifest records fill in the options the user left out (the mode with its
+/// `batch_size` and `tail_strategy`, or the key column and `kv_separator`; each written column's
+/// dtype; a binary column's sample shape in batch mode), an option the user gives must agree with
+/// the dataset's setting ([`PlanError::AppendConflict`] names the option and both values), and
+/// the plan is then checked against the manifest as a whole ([`check_append`]).
+pub fn plan_append(
+    spark_schema_json: &str,
+    options: &BTreeMap<String, String>,
+    case_sensitive: bool,
+    existing: &Manifest,
+) -> Result<WritePlan, PlanError> {
+    let plan = plan(spark_schema_json, options, case_sensitive, Some(existing))?;
+    check_append(&plan, existing)?;
+    Ok(plan)
+}
+
+/// This connector's fields of a manifest an append goes on top of; a published-only manifest
+/// does not record the settings an append must keep.
+fn appendable(existing: &Manifest) -> Result<&ManifestExt, PlanError> {
+    existing
+        .ext
+        .as_ref()
+        .ok_or_else(|| PlanError::AppendMismatch {
+            problem: "the dataset's manifest has only the published fields (written by another \
+                      tool); this connector appends only to datasets it wrote (overwrite it instead)"
+                .to_string(),
+        })
+}
+
+fn mode_name(mode: DatasetMode) -> &'static str {
+    match mode {
+        DatasetMode::Batch => "batch",
+        DatasetMode::Kv => "KV",
+    }
+}
+
+/// Fills in the mode options an append leaves out from the dataset's manifest: with neither
+/// `batch_size` nor `name_col` given, the dataset's mode (a KV dataset's key column is the one
+/// string column of the DataFrame that is not a dataset column: string columns are never
+/// tensors); then, when the write is in the dataset's mode, `tail_strategy` or `kv_separator`.
+fn inherit_mode_options(
+    opts: &mut Options,
+    fields: &[(String, Value)],
+    existing: &Manifest,
+) -> Result<(), PlanError> {
+    let ext = appendable(existing)?;
+    fn inherit(opts: &mut Options, option: &'static str, value: Option<String>) {
+        if let (false, Some(v)) = (opts.has(option), value) {
+            opts.values.insert(option, v);
+        }
+    }
+    match ext.mode {
+        DatasetMode::Batch => {
+            if !opts.has("name_col") {
+                inherit(opts, "batch_size", ext.batch_size.map(|b| b.to_string()));
+                inherit(
+                    opts,
+                    "tail_strategy",
+                    ext.tail_strategy.map(|t| t.name().to_string()),
+                );
+            }
+        }
+        DatasetMode::Kv => {
+            if !opts.has("batch_size") {
+                if !opts.has("name_col") {
+                    let stored: BTreeSet<&str> = existing.schema.names().collect();
+                    let keys: Vec<&str> = fields
+                        .iter()
+                        .filter(|(n, t)| {
+                            t.as_str() == Some("string") && !stored.contains(n.as_str())
+                        })
+                        .map(|(n, _)| n.as_str())
+                        .collect();
+                    let [key] = keys.as_slice() else {
+                        let quoted = |names: Vec<&str>| {
+                            names
+                                .iter()
+                                .map(|n| format!("'{n}'"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        };
+                        return Err(PlanError::AppendKeyColumn {
+                            stored: if stored.is_empty() {
+                                "none: it has no shards".to_string()
+                            } else {
+                                quoted(stored.into_iter().collect())
+                            },
+                            found: if keys.is_empty() {
+                                "the DataFrame has none".to_string()
+                            } else {
+                                format!("the DataFrame has {}", quoted(keys))
+                            },
+                        });
+                    };
+                    opts.values.insert("name_col", key.to_string());
+                }
+                inherit(opts, "kv_separator", ext.kv_separator.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn plan(
+    spark_schema_json: &str,
+    options: &BTreeMap<String, String>,
+    case_sensitive: bool,
+    existing: Option<&Manifest>,
+) -> Result<WritePlan, PlanError> {
+    let mut opts = Options::parse(options)?;
     let fields = parse_schema(spark_schema_json)?;
+    if let Some(m) = existing {
+        inherit_mode_options(&mut opts, &fields, m)?;
+    }
+    let opts = opts;
     let resolver = Resolver {
         names: fields.iter().map(|(n, _)| n.as_str()).collect(),
         case_sensitive,
@@ -884,9 +1012,41 @@ pub fn plan_write(
         }
     }
 
+    let batch = matches!(mode, WriteMode::Batch { .. });
     for (pos, col) in columns.iter_mut().enumerate() {
-        let explicit = per_column.get(&pos).copied().or(global_dtype);
+        let given = per_column
+            .get(&pos)
+            .map(|d| ("dtypes", *d))
+            .or(global_dtype.map(|d| ("dtype", d)));
         col.sample_shape = shapes.remove(&pos);
+        // An append: the dataset's dtype (and a binary column's batch sample shape) unless given.
+        let stored = existing.and_then(|m| m.schema.get(&col.name).map(|t| (m, t)));
+        let explicit = match (given, stored) {
+            (Some((option, d)), Some((_, t))) if d != t.dtype => {
+                return Err(PlanError::AppendConflict {
+                    option: option.to_string(),
+                    given: format!("{d} for column '{}'", col.name),
+                    dataset: t.dtype.to_string(),
+                })
+            }
+            (Some((_, d)), _) => Some(d),
+            (None, Some((_, t))) => Some(t.dtype),
+            (None, None) => None,
+        };
+        if let (true, Some((m, _))) = (batch, stored) {
+            let dataset_shape = m.sample_shape(&col.name);
+            match (&col.sample_shape, dataset_shape) {
+                (Some(a), Some(b)) if *a != b => {
+                    return Err(PlanError::AppendConflict {
+                        option: "shapes".to_string(),
+                        given: format!("{a:?} for column '{}'", col.name),
+                        dataset: format!("{b:?}"),
+                    })
+                }
+                (None, Some(b)) if col.input == InputKind::Binary => col.sample_shape = Some(b),
+                _ => {}
+            }
+        }
         col.dtype = match &col.input {
             InputKind::NumericArray { element, .. } | InputKind::Scalar { element } => {
                 Some(explicit.unwrap_or(element.natural_dtype()))
@@ -963,13 +1123,12 @@ pub fn plan_write(
 /// are not compared.
 pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanError> {
     let mismatch = |problem: String| PlanError::AppendMismatch { problem };
-    let Some(ext) = &existing.ext else {
-        return Err(mismatch(
-            "the dataset's manifest has only the published fields (written by another tool); \
-             this connector appends only to datasets it wrote (overwrite it instead)"
-                .to_string(),
-        ));
+    let conflict = |option: &str, given: String, dataset: String| PlanError::AppendConflict {
+        option: option.to_string(),
+        given,
+        dataset,
     };
+    let ext = appendable(existing)?;
     match (&plan.mode, ext.mode) {
         (
             WriteMode::Batch {
@@ -979,38 +1138,40 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
             DatasetMode::Batch,
         ) => {
             if ext.batch_size != Some(*batch_size) {
-                return Err(mismatch(format!(
-                    "batch_size is {batch_size}, the dataset has {}",
-                    opt_to_string(ext.batch_size)
-                )));
+                return Err(conflict(
+                    "batch_size",
+                    batch_size.to_string(),
+                    opt_to_string(ext.batch_size),
+                ));
             }
             if ext.tail_strategy != Some(*tail_strategy) {
-                return Err(mismatch(format!(
-                    "tail_strategy is {}, the dataset has {}",
-                    tail_strategy.name(),
-                    ext.tail_strategy.map_or("none", TailStrategy::name)
-                )));
+                return Err(conflict(
+                    "tail_strategy",
+                    tail_strategy.name().to_string(),
+                    ext.tail_strategy
+                        .map_or("none", TailStrategy::name)
+                        .to_string(),
+                ));
             }
         }
         (WriteMode::Kv { kv_separator, .. }, DatasetMode::Kv) => {
             if ext.kv_separator.as_deref() != Some(kv_separator.as_str()) {
-                return Err(mismatch(format!(
-                    "kv_separator is '{kv_separator}', the dataset has '{}'",
-                    ext.kv_separator.as_deref().unwrap_or_default()
-                )));
+                return Err(conflict(
+                    "kv_separator",
+                    format!("'{kv_separator}'"),
+                    format!("'{}'", ext.kv_separator.as_deref().unwrap_or_default()),
+                ));
             }
         }
         (mode, kind) => {
-            let mode = match mode {
-                WriteMode::Batch { .. } => "batch",
-                WriteMode::Kv { .. } => "KV",
+            let (mode, option) = match mode {
+                WriteMode::Batch { .. } => ("batch", "batch_size"),
+                WriteMode::Kv { .. } => ("KV", "name_col"),
             };
             return Err(mismatch(format!(
-                "this write is in {mode} mode, the dataset is in {} mode",
-                match kind {
-                    DatasetMode::Batch => "batch",
-                    DatasetMode::Kv => "KV",
-                }
+                "this write is in {mode} mode (option {option}), the dataset is in {} mode \
+                 (leave {option} out to append in the dataset's mode)",
+                mode_name(kind)
             )));
         }
     }

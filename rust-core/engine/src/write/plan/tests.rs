@@ -841,7 +841,7 @@ fn append_compatibility() {
     let e = check_append(&other_batch, &ok).unwrap_err().to_string();
     assert_eq!(
         e,
-        "cannot append to the existing dataset: batch_size is 5, the dataset has 4"
+        "cannot append to the existing dataset: option batch_size is 5, the dataset has 4 (an append takes the dataset's batch_size when the option is left out)"
     );
     let pad = plan(
         &s,
@@ -855,12 +855,12 @@ fn append_compatibility() {
     assert!(check_append(&pad, &ok)
         .unwrap_err()
         .to_string()
-        .contains("tail_strategy is pad, the dataset has write"));
+        .contains("option tail_strategy is pad, the dataset has write"));
     let kvp = plan(&s, &[("name_col", "k"), ("columns", "x,s")]).unwrap();
     assert!(check_append(&kvp, &ok)
         .unwrap_err()
         .to_string()
-        .contains("this write is in KV mode, the dataset is in batch mode"));
+        .contains("this write is in KV mode (option name_col), the dataset is in batch mode"));
 
     let wrong_dtype = manifest_for(
         &p,
@@ -910,5 +910,158 @@ fn append_compatibility() {
     assert!(check_append(&kv_sep, &kv_ok)
         .unwrap_err()
         .to_string()
-        .contains("kv_separator is '/', the dataset has '__'"));
+        .contains("option kv_separator is '/', the dataset has '__'"));
+}
+
+fn append(
+    schema: &str,
+    pairs: &[(&str, &str)],
+    existing: &Manifest,
+) -> Result<WritePlan, PlanError> {
+    plan_append(schema, &opts(pairs), false, existing)
+}
+
+#[test]
+fn an_append_takes_the_settings_its_manifest_records() {
+    let s = base();
+    // batch: batch_size, tail_strategy and the stored dtypes fill what the append leaves out
+    let created = plan(
+        &s,
+        &[
+            ("batch_size", "8"),
+            ("tail_strategy", "pad"),
+            ("columns", "x,s"),
+            ("dtypes", r#"{"x":"F16"}"#),
+        ],
+    )
+    .unwrap();
+    let m = manifest_for(
+        &created,
+        &[
+            ("x", Dtype::F16, Some(vec![2])),
+            ("s", Dtype::F64, Some(vec![])),
+        ],
+    );
+    let p = append(&s, &[("columns", "x,s")], &m).unwrap();
+    assert_eq!(
+        p.mode,
+        WriteMode::Batch {
+            batch_size: 8,
+            tail_strategy: TailStrategy::Pad
+        }
+    );
+    assert_eq!(
+        p.columns.iter().map(|c| c.dtype).collect::<Vec<_>>(),
+        vec![Some(Dtype::F16), Some(Dtype::F64)]
+    );
+    // the same values given are no conflict; a global dtype equal to every stored one neither
+    append(
+        &s,
+        &[
+            ("columns", "x,s"),
+            ("batch_size", "8"),
+            ("dtypes", r#"{"x":"f16"}"#),
+        ],
+        &m,
+    )
+    .unwrap();
+    // a value that differs is refused naming the option and both values
+    let conflict = |pairs: &[(&str, &str)]| append(&s, pairs, &m).unwrap_err().to_string();
+    assert_eq!(
+        conflict(&[("columns", "x,s"), ("batch_size", "4")]),
+        "cannot append to the existing dataset: option batch_size is 4, the dataset has 8 (an append takes the dataset's batch_size when the option is left out)"
+    );
+    assert!(conflict(&[("columns", "x,s"), ("tail_strategy", "drop")])
+        .contains("option tail_strategy is drop, the dataset has pad"));
+    assert!(
+        conflict(&[("columns", "x,s"), ("dtypes", r#"{"x":"BF16"}"#)])
+            .contains("option dtypes is BF16 for column 'x', the dataset has F16")
+    );
+    assert!(conflict(&[("columns", "x,s"), ("dtype", "F64")])
+        .contains("option dtype is F64 for column 'x', the dataset has F16"));
+    assert!(
+        conflict(&[("columns", "x,s"), ("shapes", r#"{"x":[1,2]}"#)])
+            .contains("option shapes is [1, 2] for column 'x', the dataset has [2]")
+    );
+    assert!(conflict(&[("columns", "x,s"), ("kv_separator", "/")])
+        .contains("option kv_separator does not apply to batch mode"));
+    assert!(conflict(&[("columns", "x,s"), ("name_col", "k")])
+        .contains("this write is in KV mode (option name_col), the dataset is in batch mode"));
+
+    // a binary column takes the stored sample shape with the dtype (raw bytes carry neither)
+    let bin = schema(vec![field("b", json!("binary"))]);
+    let bp = plan(
+        &bin,
+        &[
+            ("batch_size", "2"),
+            ("dtype", "I16"),
+            ("shapes", r#"{"b":[3]}"#),
+        ],
+    )
+    .unwrap();
+    let bm = manifest_for(&bp, &[("b", Dtype::I16, Some(vec![3]))]);
+    let p = append(&bin, &[], &bm).unwrap();
+    assert_eq!(p.columns[0].dtype, Some(Dtype::I16));
+    assert_eq!(p.columns[0].sample_shape, Some(vec![3]));
+    // other columns keep their own shape (a value is never reshaped unless asked)
+    let p = append(&s, &[("columns", "x,s")], &m).unwrap();
+    assert!(p.columns.iter().all(|c| c.sample_shape.is_none()));
+
+    // a published-only manifest records no settings: no append
+    let mut published = m.clone();
+    published.ext = None;
+    assert!(
+        append(&s, &[("batch_size", "8"), ("columns", "x,s")], &published)
+            .unwrap_err()
+            .to_string()
+            .contains("has only the published fields")
+    );
+}
+
+#[test]
+fn a_kv_append_finds_its_key_column_and_separator() {
+    let s = base();
+    let created = plan(
+        &s,
+        &[("name_col", "k"), ("columns", "x,s"), ("kv_separator", "/")],
+    )
+    .unwrap();
+    let m = manifest_for(
+        &created,
+        &[("x", Dtype::F32, None), ("s", Dtype::F64, None)],
+    );
+    // k is the one string column that is not a dataset column
+    let p = append(&s, &[("columns", "x,s")], &m).unwrap();
+    assert!(matches!(
+        &p.mode,
+        WriteMode::Kv { name_col, kv_separator, .. } if name_col == "k" && kv_separator == "/"
+    ));
+    // KV-only options alone leave the mode to the dataset
+    append(
+        &s,
+        &[("columns", "x,s"), ("duplicatesStrategy", "lastWin")],
+        &m,
+    )
+    .unwrap();
+    let two = schema(vec![
+        field("k", json!("string")),
+        field("j", json!("string")),
+        field("x", arr(json!("float"))),
+    ]);
+    let m2 = manifest_for(&created, &[("x", Dtype::F32, None)]);
+    assert_eq!(
+        append(&two, &[], &m2).unwrap_err().to_string(),
+        "cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; the key column is the DataFrame's one string column that is not one of the dataset's columns ('x'), but the DataFrame has 'k', 'j': give option name_col"
+    );
+    append(&two, &[("name_col", "j"), ("columns", "x")], &m2).unwrap();
+    assert!(
+        append(&s, &[("columns", "x,s"), ("kv_separator", "__")], &m)
+            .unwrap_err()
+            .to_string()
+            .contains("option kv_separator is '__', the dataset has '/'")
+    );
+    assert!(append(&s, &[("columns", "x,s"), ("batch_size", "2")], &m)
+        .unwrap_err()
+        .to_string()
+        .contains("this write is in batch mode (option batch_size), the dataset is in KV mode"));
 }

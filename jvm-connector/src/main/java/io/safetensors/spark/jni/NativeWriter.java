@@ -13,18 +13,19 @@ package io.safetensors.spark.jni;
 public final class NativeWriter {
   private NativeWriter() {}
 
-  /** Driver, plan time: the validated plan as JSON. Nothing on disk is touched. */
+  /**
+   * Driver, plan time: the validated plan as JSON. Nothing on disk is touched. With the text of
+   * the dataset's latest manifest (an append to an existing dataset; else null) the plan takes the
+   * settings the manifest records for the options left out and must fit the dataset.
+   */
   public static native String planWrite(String sparkSchemaJson, String optionsJson,
-      boolean caseSensitive);
+      boolean caseSensitive, String existingManifestJsonOrNull);
 
   /**
    * Driver: the writer's user option names (a JSON array, spelled as in spec/options.md); a
    * catalog table sorts its options into read and write ones with it.
    */
   public static native String writeOptionNames();
-
-  /** Driver: throws IllegalArgumentException if the plan cannot append to the dataset. */
-  public static native void checkAppend(String planJson, String existingManifestJson);
 
   /** Task: opens a writer whose sealed shards go to {@code workDir} (a local directory). */
   public static native long open(String planJson, int partition, String workDir);

@@ -61,9 +61,12 @@ private[spark] object PartitionedWriter {
           s"safetensors: the KV name column '$n' cannot also be a partitionBy column " +
             "(its values name the tensors in every directory)")
       }
-    // every option and the data columns' plan are checked before anything on disk changes
+    // every option and the data columns' plan are checked before anything on disk changes (an
+    // append's, which takes each directory's settings, once the directories are known)
     NativeLib.ensureLoaded()
-    NativeWriter.planWrite(dataSchema.json, mapper.writeValueAsString(params.asJava), caseSensitive)
+    def checkOptions(): Unit =
+      NativeWriter.planWrite(dataSchema.json, mapper.writeValueAsString(params.asJava), caseSensitive, null)
+    if (mode != SaveMode.Append) checkOptions()
     val path = ConnectorOptions.path(params).getOrElse(
       throw new IllegalArgumentException("safetensors: exactly one output path is required (.save(path))"))
     val root = new Path(path)
@@ -88,6 +91,12 @@ private[spark] object PartitionedWriter {
       // every name is checked before the first directory is written
       val targets: Seq[(Path, Seq[Row])] = cached.select(names.map(n => org.apache.spark.sql.functions.col(quoted(n))): _*).distinct().collect()
         .toSeq.groupBy(r => dirOf(dest, fields, r)).toSeq.sortBy(_._1.toString)
+      if (mode == SaveMode.Append) {
+        if (targets.isEmpty) checkOptions()
+        targets.foreach { case (dir, _) =>
+          SafetensorsWriter.checkPlan(sqlContext, subMode, withPath + ("path" -> dir.toString), dataSchema)
+        }
+      }
       targets.foreach { case (dir, rows) =>
         val subset = cached.filter(rows.map(r => matches(fields, r)).reduce(_ || _)).drop(names: _*)
         SafetensorsWriter.write(sqlContext, subMode, withPath + ("path" -> dir.toString), subset)

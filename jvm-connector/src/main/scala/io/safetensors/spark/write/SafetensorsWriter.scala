@@ -50,9 +50,12 @@ private[spark] object SafetensorsWriter {
     val root = outputPath(parameters)
     // Hadoop conf of this session + options; shipped to tasks
     val conf = SparkInternals.hadoopConf(sqlContext, parameters)
-    val planJson = planWrite(sqlContext, parameters, data)
     val target = new Target(root, conf)
-    start(target, mode, planJson, stream).foreach { s =>
+    // an append plans on top of the dataset's latest manifest: its settings fill the options
+    // left out, and the plan must fit it; any other write is planned from its options alone
+    val base = if (mode == SaveMode.Append) appendBase(target) else None
+    val planJson = planWrite(sqlContext, parameters, data.schema, base)
+    start(target, mode, base, stream).foreach { s =>
       new DriverWrite(sqlContext, data, planJson, target, s, stream).run()
     }
     relation
@@ -71,12 +74,49 @@ private[spark] object SafetensorsWriter {
     new Path(path.get)
   }
 
-  /** Step 2: the write plan (Rust; every option and column checked). */
+  /**
+   * Step 2: the write plan (Rust; every option and column checked). An append to an existing
+   * dataset passes its latest manifest (`base`): the plan takes the dataset's settings for the
+   * options left out and is checked against the dataset (spec/dataset.md §5.2).
+   */
   private def planWrite(sqlContext: SQLContext, parameters: Map[String, String],
-      data: DataFrame): String = {
+      schema: StructType, base: Option[String]): String = {
     NativeLib.ensureLoaded()
-    NativeWriter.planWrite(data.schema.json, mapper.writeValueAsString(parameters.asJava),
-      SparkInternals.caseSensitive(sqlContext))
+    NativeWriter.planWrite(schema.json, mapper.writeValueAsString(parameters.asJava),
+      SparkInternals.caseSensitive(sqlContext), base.orNull)
+  }
+
+  /**
+   * Steps 1 and 2 alone, for a write of rows of `schema` that runs later ([[PartitionedWriter]]
+   * checks every directory's plan before it writes the first): throws what [[write]] would throw
+   * for its options and columns. Changes nothing on disk.
+   */
+  def checkPlan(sqlContext: SQLContext, mode: SaveMode, parameters: Map[String, String],
+      schema: StructType): Unit = {
+    val target = new Target(outputPath(parameters), SparkInternals.hadoopConf(sqlContext, parameters))
+    val base = if (mode == SaveMode.Append) appendBase(target) else None
+    planWrite(sqlContext, parameters, schema, base)
+  }
+
+  /**
+   * The latest manifest an append goes on top of, when the path holds a dataset (validated: a
+   * tampered one, e.g. a shard named ../x, fails the write here). A directory with shards but no
+   * manifest is not a dataset of this connector: an append to it fails.
+   */
+  private def appendBase(target: Target): Option[String] = {
+    import target.{dest, fs}
+    if (!fs.exists(dest)) return None
+    target.commits.latest().map(_._2) match {
+      case Some(m) =>
+        NativeLib.ensureLoaded()
+        NativeWriter.checkManifest(m)
+        Some(m)
+      case None if DatasetFiles.listShards(fs, dest).nonEmpty =>
+        throw new IllegalArgumentException(
+          s"safetensors: cannot append to $dest: it holds .safetensors files but no " +
+            s"${DatasetFiles.ManifestName} (not a dataset written by this connector)")
+      case None => None
+    }
   }
 
   /** Where a write goes: the qualified destination on its file system, and how it commits there. */
@@ -99,9 +139,9 @@ private[spark] object SafetensorsWriter {
    * Step 3, the mode: None when nothing is to be written (`ignore` on an existing path, or a
    * micro-batch the manifest records already). The dataset's current manifest (if any) is
    * validated now, before anything on disk changes: a tampered one (e.g. a shard named ../x)
-   * fails the write here.
+   * fails the write here. An append's manifest (`base`) was read and validated before its plan.
    */
-  private def start(target: Target, mode: SaveMode, planJson: String,
+  private def start(target: Target, mode: SaveMode, base: Option[String],
       stream: Option[StreamBatch]): Option[Start] = {
     import target.{dest, fs}
     val exists = fs.exists(dest)
@@ -110,20 +150,15 @@ private[spark] object SafetensorsWriter {
       case SaveMode.Ignore if exists => return None
       case _ =>
     }
-    val current: Option[String] = if (exists) target.commits.latest().map(_._2) else None
-    current.foreach(NativeWriter.checkManifest)
+    val append = mode == SaveMode.Append
+    val current: Option[String] =
+      if (append) base
+      else if (exists) target.commits.latest().map(_._2)
+      else None
+    if (!append) current.foreach(NativeWriter.checkManifest)
     // a replayed micro-batch (its query committed it already): no job, nothing changes
     if (stream.exists(b => NativeWriter.streamBatchCommitted(current.orNull, b.queryId, b.batchId))) {
       return None
-    }
-    val append = mode == SaveMode.Append
-    if (append) current match {
-      case Some(m) => NativeWriter.checkAppend(planJson, m)
-      case None if exists && DatasetFiles.listShards(fs, dest).nonEmpty =>
-        throw new IllegalArgumentException(
-          s"safetensors: cannot append to $dest: it holds .safetensors files but no " +
-            s"${DatasetFiles.ManifestName} (not a dataset written by this connector)")
-      case None =>
     }
     Some(Start(createdRoot = !exists, append))
   }
