@@ -1014,11 +1014,8 @@ fn scan_schema<'a>(
             // is then the hidden `_<name>`, which must not be a tensor's name too.
             for fixed in FILE_LAYOUT_COLUMNS {
                 let hidden = format!("_{fixed}");
-                if seen.contains(fixed) && seen.contains(hidden.as_str()) {
-                    let (e, _) = files
-                        .iter()
-                        .find(|(_, h)| h.tensor(&hidden).is_some())
-                        .expect("a file has the tensor");
+                let holder = files.iter().find(|(_, h)| h.tensor(&hidden).is_some());
+                if let (true, Some((e, _))) = (seen.contains(fixed), holder) {
                     return Err(ReadErrorKind::Invalid(format!(
                         "tensors `{fixed}` and `{hidden}`: a tensor named `{fixed}` moves the \
                          per-file layout's `{fixed}` column to the hidden column `{hidden}`, \
