@@ -114,3 +114,25 @@ def test_json_output_stays_exact(rust_tools, tmp_path):
     p = run(rust_tools, "inspect", path)
     assert p.returncode == 0 and ESC not in p.stdout
     assert json.loads(p.stdout)["metadata"] == META
+
+
+def test_walks_follow_links_once_and_end_loops(rust_tools, tmp_path):
+    """The walk rule of spec/reading.md §1, as the Spark reader applies it: links are followed,
+    each directory entered once and each file reported once, by its real path."""
+    lake = tmp_path / "lake"
+    (lake / "a").mkdir(parents=True)
+    good(lake / "a" / "x.safetensors")
+    (lake / "a" / "up").symlink_to("..")  # a loop through the parent
+    (lake / "alias").symlink_to("a")  # a directory by a second name
+    (lake / "y.safetensors").symlink_to("a/x.safetensors")  # a file by a second name
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    good(outside / "z.safetensors")
+    (lake / "ext").symlink_to(outside)  # a directory reachable only through a link
+    for args in [[lake], [lake, lake / "alias", lake / "a" / "up" / "a"]]:
+        p = run(rust_tools, "report", "--json", "--no-hash", *args)
+        assert p.returncode == 0, p.stderr
+        paths = [json.loads(line)["path"] for line in p.stdout.splitlines()]
+        assert sorted(map(os.path.realpath, paths)) == [
+            str((lake / "a" / "x.safetensors").resolve()), str((outside / "z.safetensors").resolve())
+        ], paths

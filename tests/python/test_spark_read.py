@@ -495,6 +495,38 @@ def test_file_layout_one_row_per_file_one_struct_per_key(spark, tmp_path):
     assert df.where(F.col("file").endswith("/a.safetensors")).count() == 1
 
 
+def test_columns_named_file_and_metadata_round_trip_and_the_file_layout_hides_its_own(spark, tmp_path):
+    """reading.md §2.3: `file` and `metadata` are ordinary column names in batch mode; per file, a
+    tensor of such a name takes the column's place and the layout's column becomes the hidden
+    metadata column `_file` / `_metadata` (as a data column named `_metadata` hides Spark file
+    sources' own)."""
+    rows = [(i, [float(i), -float(i)], i * 10) for i in range(6)]
+    df = spark.createDataFrame(rows, "id long, metadata array<float>, file long").coalesce(1)
+    out = write_batch(df, tmp_path / "ds", 4, metadata=json.dumps({"origin": "clash"}))
+    back = read(spark, out)
+    assert back.columns == ["id", "metadata", "file"]
+    assert sorted(tuple(r) for r in back.collect()) == [(i, [float(i), -float(i)], i * 10) for i in range(6)]
+
+    per_file = read(spark, out, layout="file")
+    assert per_file.columns[-3:] == ["flags", "model_info", "sha256"]
+    assert sorted(per_file.columns[:-3]) == ["file", "id", "metadata"]  # the tensors
+    struct = "struct<data:binary,shape:array<bigint>,dtype:string>"
+    assert per_file.schema["file"].dataType.simpleString() == struct
+    assert per_file.schema["metadata"].dataType.simpleString() == struct
+    got = per_file.select("_file", "_metadata", "file", "metadata").collect()
+    assert sorted(basename(r["_file"]) for r in got) == [p.name for p in shards(out)]
+    for r in got:
+        ids = safetensors.numpy.load_file(str(out / basename(r["_file"])))
+        assert r["_metadata"]["origin"] == "clash"
+        assert (bytes(r["file"]["data"]), r["file"]["dtype"]) == (ids["file"].tobytes(), "I64")
+        assert bytes(r["metadata"]["data"]) == ids["metadata"].tobytes()
+    first = shards(out)[0].name
+    assert per_file.where(F.col("_file").endswith(first)).count() == 1
+    # The per-tensor layout has no tensor columns: its `file` and `metadata` stay the file's.
+    per_tensor = read(spark, out, layout="tensor").where(F.col("key") == "metadata")
+    assert {basename(r["file"]) for r in per_tensor.collect()} == {p.name for p in shards(out)}
+
+
 def test_infer_schema_option_of_the_other_connector_reads_one_row_per_file(spark, tmp_path):
     """reading.md §2: `inferSchema=true` (the other Spark connector's only way to read files) is
     layout `file`; it conflicts with any other layout and takes no other value."""

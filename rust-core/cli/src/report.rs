@@ -108,11 +108,10 @@ impl Found {
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
         paths.sort();
         for p in paths {
-            // Symlinked directories are not followed (no cycles); symlinked files are read.
-            let is_link_dir = p.symlink_metadata().is_ok_and(|m| m.is_symlink()) && p.is_dir();
-            if !is_link_dir {
-                self.add(p, false);
-            }
+            // The walk rule of spec/reading.md §1: links are followed, but each directory is
+            // entered and each file taken once, by its real path (`add` → `first`), so a link
+            // loop ends at once and a second name of a file is not reported twice.
+            self.add(p, false);
         }
     }
 

@@ -4,8 +4,9 @@
 //! module; everything it answers is serde JSON so the JNI layer is a pass-through:
 //!
 //! 1. [`describe`]: the resolved layout and the Spark schema (`StructType` JSON, parsed by
-//!    `DataType.fromJson` on the JVM) of the scan; plus, for the per-sample layout, the hidden
-//!    metadata columns `_file` and `_metadata`.
+//!    `DataType.fromJson` on the JVM) of the scan; plus the hidden metadata columns (the
+//!    per-sample layout's `_file` and `_metadata`; per file, `_<name>` for each of its own
+//!    columns a tensor of that name displaced).
 //! 2. [`plan`]: the input partitions for a set of required columns and pushed key/dtype/file
 //!    predicates. Each [`PartitionSpec`] is shipped to an executor as JSON and run by
 //!    [`super::task::ReadTask`].
@@ -29,7 +30,8 @@
 //! Files and manifests:
 //! * A file in a directory that has a manifest ([`ManifestInput::dir`] equals the file's parent
 //!   URI) is part of the scan only if the manifest lists it (`shards[].file`); others are
-//!   left out (reported in [`ScanDescription::excluded`]).
+//!   left out (reported in [`ScanDescription::excluded`]). A file in a subdirectory of such a
+//!   directory (at any depth) is left out too: a dataset is exactly its manifest's shards.
 //! * A manifest is *consistent* when every listed shard was listed by the JVM with the listed
 //!   `bytes` as its length. An inconsistent manifest is not trusted: its files need headers,
 //!   and only the files it lists that exist are read.
@@ -192,9 +194,9 @@ pub struct ScanDescription {
     pub layout: Layout,
     /// Spark `StructType` JSON of the scan's columns (see `spec/reading.md` for each layout).
     pub schema: serde_json::Value,
-    /// Spark `StructType` JSON of the hidden metadata columns (`_file`, `_metadata`) of the
-    /// per-sample layout; an empty struct for the other layouts (they carry `file` and
-    /// `metadata` as ordinary columns).
+    /// Spark `StructType` JSON of the hidden metadata columns: `_file`, `_metadata` of the
+    /// per-sample layout; per file, `_<name>` for each of its own columns a tensor's name
+    /// displaced ([`OutputColumn::is_hidden`]); otherwise an empty struct.
     pub metadata_columns: serde_json::Value,
     /// Files left out, with why (not in their directory's manifest, or corrupt under
     /// `ignore_corrupt`).
@@ -410,6 +412,15 @@ impl ElementType {
 }
 
 impl OutputColumn {
+    /// A hidden metadata column (selected by name only): a layout's own column named `_…` —
+    /// `_file` and `_metadata` per sample, and per file the columns a tensor's name displaced.
+    pub fn is_hidden(&self) -> bool {
+        !matches!(
+            self.source,
+            ColumnSource::Sample { .. } | ColumnSource::Tensor { .. }
+        ) && self.name.starts_with('_')
+    }
+
     /// The Arrow field of this column in every batch (named [`OutputColumn::name`]).
     pub fn arrow_field(&self) -> Field {
         let named = |f: Field| f.with_name(self.name.clone());
@@ -599,6 +610,23 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
     for f in sorted {
         let (dir, name) = split_uri(&f.file);
         let mut shard = None;
+        // A dataset is its manifest's shards: a file deeper under a manifest's directory (a
+        // stray copy in a subdirectory, a nested dataset, a path through a link back into the
+        // directory) is never one of them, whoever listed it.
+        if let Some(m) = manifests.iter().find(|m| {
+            dir.strip_prefix(m.dir.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        }) {
+            excluded.push(Excluded {
+                file: f.file.clone(),
+                reason: format!(
+                    "in a subdirectory of the dataset {}, whose {MANIFEST_FILE_NAME} lists its \
+                     shards (a dataset is its manifest's shards; shard paths have no directory)",
+                    m.dir
+                ),
+            });
+            continue;
+        }
         if let Some((mi, m)) = manifests.iter().enumerate().find(|(_, m)| m.dir == dir) {
             match m.shard_at.get(name).copied() {
                 // A published-only manifest decides membership; its shards' layout and
@@ -975,20 +1003,25 @@ fn scan_schema<'a>(
             };
             let mut keys: Vec<String> = Vec::new();
             let mut seen = std::collections::HashSet::new();
-            for (e, h) in &files {
+            for (_, h) in &files {
                 for t in &h.tensors {
                     if seen.insert(t.name.as_str()) {
-                        if ["file", "metadata", "flags", "model_info", "sha256"]
-                            .contains(&t.name.as_str())
-                        {
-                            return Err(ReadErrorKind::Invalid(format!(
-                                "tensor `{}` has the name of the per-file layout's `{}` column",
-                                t.name, t.name
-                            ))
-                            .at(&e.input.file, &t.name));
-                        }
                         keys.push(t.name.clone());
                     }
+                }
+            }
+            // A tensor named like one of the layout's own columns takes its place; that column
+            // is then the hidden `_<name>`, which must not be a tensor's name too.
+            for fixed in FILE_LAYOUT_COLUMNS {
+                let hidden = format!("_{fixed}");
+                let holder = files.iter().find(|(_, h)| h.tensor(&hidden).is_some());
+                if let (true, Some((e, _))) = (seen.contains(fixed), holder) {
+                    return Err(ReadErrorKind::Invalid(format!(
+                        "tensors `{fixed}` and `{hidden}`: a tensor named `{fixed}` moves the \
+                         per-file layout's `{fixed}` column to the hidden column `{hidden}`, \
+                         which a tensor has the name of"
+                    ))
+                    .at(&e.input.file, &hidden));
                 }
             }
             ScanSchema::File { keys, files }
@@ -1039,7 +1072,20 @@ impl ScanSchema<'_> {
                 out
             }
             ScanSchema::File { keys, .. } => {
-                let mut out = vec![col("file", ColumnSource::File)];
+                // The layout's own columns keep their names unless a tensor has one: then the
+                // tensor is that column and the layout's is the hidden `_<name>` (as a data
+                // column named `_metadata` hides Spark file sources' `_metadata`).
+                let own = |c: OutputColumn| {
+                    if keys.contains(&c.name) {
+                        OutputColumn {
+                            name: format!("_{}", c.name),
+                            ..c
+                        }
+                    } else {
+                        c
+                    }
+                };
+                let mut out = vec![own(col("file", ColumnSource::File))];
                 out.extend(keys.iter().map(|k| {
                     col(
                         k,
@@ -1049,27 +1095,17 @@ impl ScanSchema<'_> {
                         },
                     )
                 }));
-                out.push(col("metadata", ColumnSource::Metadata));
-                out.extend(forensic_columns());
+                out.push(own(col("metadata", ColumnSource::Metadata)));
+                out.extend(forensic_columns().map(own));
                 out
             }
-        }
-    }
-
-    fn layout(&self) -> Layout {
-        match self {
-            ScanSchema::Sample { .. } => Layout::Sample,
-            ScanSchema::Tensor { .. } => Layout::Tensor,
-            ScanSchema::File { .. } => Layout::File,
         }
     }
 
     /// Visible columns and hidden metadata columns as Spark struct JSON.
     fn spark_json(&self) -> (serde_json::Value, serde_json::Value) {
         let all = self.columns();
-        let hidden = |c: &OutputColumn| {
-            self.layout() == Layout::Sample && (c.name == "_file" || c.name == "_metadata")
-        };
+        let hidden = |c: &OutputColumn| c.is_hidden();
         let visible: Vec<Field> = all
             .iter()
             .filter(|c| !hidden(c))
@@ -1118,6 +1154,10 @@ fn layout_name(layout: Layout) -> &'static str {
         Layout::File => "file",
     }
 }
+
+/// The per-file layout's own columns: a tensor of one of these names takes the column's place,
+/// and the column becomes the hidden metadata column `_<name>`.
+const FILE_LAYOUT_COLUMNS: [&str; 5] = ["file", "metadata", "flags", "model_info", "sha256"];
 
 /// The forensic report's columns of the per-tensor and per-file layouts, every field.
 fn forensic_columns() -> [OutputColumn; 3] {
@@ -1668,6 +1708,21 @@ pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> 
         Err(ask) => return Ok(ask),
     };
     let all = schema.columns();
+    if let Some(p) = req.predicates.iter().find(|p| {
+        p.column == "file"
+            && all
+                .iter()
+                .any(|c| c.name == "file" && c.source != ColumnSource::File)
+    }) {
+        return Err(ReadError::new(
+            "",
+            Some(&p.column),
+            ReadErrorKind::Invalid(
+                "`file` is a tensor column here; a predicate on the file's URI names `_file`"
+                    .into(),
+            ),
+        ));
+    }
     let columns = req
         .required
         .iter()

@@ -625,10 +625,11 @@ fn check_kv_columns_split_one_way(
 /// Largest `batch_size`: a shard's row count is a Spark array index and a tensor dimension.
 pub const MAX_BATCH_SIZE: u64 = i32::MAX as u64;
 
-/// Names a batch-mode column cannot have: they would collide with what the read layouts add
-/// (`_file`, `_metadata` per sample; `file`, `metadata` per file) or with the header's metadata
-/// key.
-const RESERVED_BATCH_COLUMNS: [(&str, &str); 5] = [
+/// Names a batch-mode column cannot have: they would collide with the per-sample layout's
+/// hidden columns (`_file`, `_metadata`) or with the header's metadata key. (`file` and
+/// `metadata` are ordinary names: per file, a tensor of such a name takes the column's place and
+/// the layout's column becomes hidden, spec/reading.md §2.3.)
+const RESERVED_BATCH_COLUMNS: [(&str, &str); 3] = [
     (
         "__metadata__",
         "it is the safetensors header's metadata key",
@@ -640,14 +641,6 @@ const RESERVED_BATCH_COLUMNS: [(&str, &str); 5] = [
     (
         "_metadata",
         "the per-sample read layout adds a column of that name (the shard's __metadata__)",
-    ),
-    (
-        "file",
-        "the per-file read layout adds a column of that name (the shard's URI)",
-    ),
-    (
-        "metadata",
-        "the per-file read layout adds a column of that name (the shard's __metadata__)",
     ),
 ];
 

@@ -632,6 +632,53 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
 }
 
 #[test]
+fn files_in_subdirectories_of_a_dataset_are_not_part_of_it() {
+    let dir = Dir::new("subdir");
+    let (a, b, m) = two_shards(&dir);
+    let name = a.file.rsplit_once('/').unwrap().1;
+    // a stray copy of a listed shard, and the same through a loop back into the directory
+    let copy = |sub: &str| {
+        let p = dir.0.join(sub);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::copy(path_of(&a.file), p.join(name)).unwrap();
+        FileInput {
+            file: format!("{}/{sub}/{name}", dir.uri()),
+            ..a.clone()
+        }
+    };
+    let strays = [copy("sub"), copy("loop/loop")];
+    // a sibling directory whose name starts with the dataset's is not under it
+    let sibling = Dir(PathBuf::from(format!("{}2", dir.0.display())));
+    std::fs::create_dir_all(&sibling.0).unwrap();
+    let loose = shard(
+        &sibling,
+        "loose.safetensors",
+        2,
+        0,
+        &[("x", Dtype::F32, &[2, 3])],
+    );
+    let mut files = vec![a.clone(), b.clone(), with_header(&loose)];
+    files.extend(strays.iter().cloned());
+    let d = describe_ok(LayoutOption::Auto, input(&files, std::slice::from_ref(&m)));
+    let excluded: Vec<&str> = d.excluded.iter().map(|e| e.file.as_str()).collect();
+    assert_eq!(excluded, [strays[1].file.as_str(), strays[0].file.as_str()]); // by URI
+    assert!(
+        d.excluded[0].reason.contains("subdirectory of the dataset"),
+        "{}",
+        d.excluded[0].reason
+    );
+    let specs = plan_ok(&plan_req(Layout::Sample, input(&files, &[m]), &["y"]));
+    let planned: std::collections::HashSet<&str> = specs
+        .iter()
+        .flat_map(|s| s.units.iter().map(|u| u.file.as_str()))
+        .collect();
+    assert_eq!(
+        planned,
+        std::collections::HashSet::from([a.file.as_str(), b.file.as_str(), loose.file.as_str()])
+    );
+}
+
+#[test]
 fn a_listed_shard_that_is_missing_fails_the_scan_naming_it_unless_ignored() {
     let dir = Dir::new("missing");
     let (a, b, m) = two_shards(&dir);
@@ -1107,6 +1154,80 @@ fn plan_file_layout_pruned_struct() {
     assert_eq!(specs.iter().map(|s| s.bytes).sum::<u64>(), 32);
     r.required[1].fields = Some(vec!["bytes".into()]);
     assert!(err_text(plan(&r)).contains("`bytes`"));
+}
+
+#[test]
+fn file_layout_tensors_named_like_its_columns_take_their_place() {
+    let dir = Dir::new("pfile-clash");
+    let a = with_header(&write(
+        &dir,
+        "a.safetensors",
+        Some(&[("k", "v")]),
+        &[
+            ("file", Dtype::F32, &[2]),
+            ("metadata", Dtype::I64, &[1]),
+            ("w", Dtype::F32, &[1]),
+        ],
+    ));
+    let d = describe_ok(LayoutOption::File, input(std::slice::from_ref(&a), &[]));
+    let mut visible = field_names(&d.schema);
+    visible.sort();
+    assert_eq!(
+        visible,
+        ["file", "flags", "metadata", "model_info", "sha256", "w"]
+    );
+    assert_eq!(field_names(&d.metadata_columns), ["_file", "_metadata"]);
+    let at = |name: &str| {
+        d.schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap()["type"]["type"]
+            .clone()
+    };
+    assert_eq!(
+        (at("file"), at("metadata")),
+        (json!("struct"), json!("struct"))
+    );
+    assert_eq!(d.metadata_columns["fields"][0]["type"], json!("string"));
+
+    let mut r = plan_req(
+        Layout::File,
+        input(std::slice::from_ref(&a), &[]),
+        &["_file", "file", "_metadata", "metadata"],
+    );
+    let sources: Vec<ColumnSource> = plan_ok(&r)[0]
+        .columns
+        .iter()
+        .map(|c| c.source.clone())
+        .collect();
+    assert_eq!(sources[0], ColumnSource::File);
+    assert!(matches!(&sources[1], ColumnSource::Tensor { key, .. } if key == "file"));
+    assert_eq!(sources[2], ColumnSource::Metadata);
+    assert!(matches!(&sources[3], ColumnSource::Tensor { key, .. } if key == "metadata"));
+    // the URI is `_file` now: a predicate on `file` (the tensor) is refused, on `_file` applied
+    r.predicates = vec![Predicate {
+        column: "file".into(),
+        test: PredicateTest::In(vec![a.file.clone()]),
+    }];
+    assert!(err_text(plan(&r)).contains("`_file`"));
+    r.predicates[0].column = "_file".into();
+    r.predicates[0].test = PredicateTest::In(vec!["elsewhere".into()]);
+    assert!(plan_ok(&r).is_empty());
+
+    // a tensor `_file` beside a tensor `file`: no name is left for the URI
+    let b = with_header(&write(
+        &dir,
+        "b.safetensors",
+        None,
+        &[("file", Dtype::F32, &[2]), ("_file", Dtype::F32, &[2])],
+    ));
+    let e = err_text(describe(&DescribeRequest {
+        layout: LayoutOption::File,
+        input: input(&[b], &[]),
+    }));
+    assert!(e.contains("b.safetensors") && e.contains("`_file`"), "{e}");
 }
 
 #[test]

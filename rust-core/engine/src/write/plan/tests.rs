@@ -577,7 +577,7 @@ fn columns_as_a_json_array_name_any_column() {
 
 #[test]
 fn batch_columns_that_would_collide_with_read_columns_are_refused_at_plan_time() {
-    for name in ["_file", "_metadata", "file", "metadata", "__metadata__"] {
+    for name in ["_file", "_metadata", "__metadata__"] {
         let s = schema(vec![field(name, arr(json!("float")))]);
         let e = msg(&s, &[("batch_size", "1")]);
         assert!(
@@ -592,6 +592,11 @@ fn batch_columns_that_would_collide_with_read_columns_are_refused_at_plan_time()
         ]);
         plan(&s2, &[("batch_size", "1"), ("columns", "x")]).unwrap();
         plan(&s2, &[("name_col", "k")]).unwrap();
+    }
+    // The per-file layout's own column names are ordinary names (spec/reading.md §2.3).
+    for name in ["file", "metadata", "flags", "model_info", "sha256"] {
+        let s = schema(vec![field(name, arr(json!("float")))]);
+        plan(&s, &[("batch_size", "1")]).unwrap();
     }
 }
 

@@ -143,16 +143,28 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
   /**
    * Files, manifests (dir → text) and, for a directory with a manifest, its
    * `_tensor_index.parquet` (dir → URI; read only when the planner asks, `need_index`).
+   *
+   * The walk (spec/reading.md §1): a directory holding a manifest is a dataset, listed at its
+   * top level only (its shards have no directory part; what the manifest lists the Rust planner
+   * decides, and it leaves out any file below a manifest's directory); other directories are
+   * walked recursively. Each directory is entered once and each file listed once, by its real
+   * path on the local file system (symbolic links resolved), so a link loop ends at once and a
+   * file or directory reached by a second name is not read twice; a dataset's own files are
+   * always listed under the dataset's name.
    */
   private def list(): (Seq[ListedFile], Seq[(String, String)], Map[String, String]) = {
-    val found = mutable.LinkedHashMap[String, ListedFile]()
+    val found = mutable.LinkedHashMap[String, (ListedFile, String, Boolean)]()
     val manifests = mutable.LinkedHashMap[String, String]()
     val indexes = mutable.LinkedHashMap[String, String]()
-    def addFile(s: FileStatus): Unit =
-      found.getOrElseUpdate(s.getPath.toString, ListedFile(s.getPath.toString, s.getLen))
-    def walk(fs: FileSystem, dir: FileStatus): Unit = {
+    val entered = mutable.Set[String]()
+    def addFile(fs: FileSystem, s: FileStatus, inDataset: Boolean): Unit = {
+      val uri = s.getPath.toString
+      if (!found.contains(uri)) found(uri) = (ListedFile(uri, s.getLen), realName(fs, s.getPath), inDataset)
+    }
+    def walk(fs: FileSystem, dir: FileStatus): Unit = if (entered.add(realName(fs, dir.getPath))) {
       val children = fs.listStatus(dir.getPath)
-      children.find(c => c.isFile && c.getPath.getName == DatasetFiles.ManifestName).foreach { m =>
+      val manifest = children.find(c => c.isFile && c.getPath.getName == DatasetFiles.ManifestName)
+      manifest.foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
         val text = manifests.getOrElseUpdate(key, DatasetFiles.readText(fs, m.getPath))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
@@ -161,8 +173,8 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         }
       }
       children.filterNot(c => DatasetFiles.isHidden(c.getPath.getName)).sortBy(_.getPath.toString).foreach { c =>
-        if (c.isDirectory) { if (options.recursive) walk(fs, c) }
-        else if (c.getPath.getName.endsWith(DatasetFiles.Extension)) addFile(c)
+        if (c.isDirectory) { if (options.recursive && manifest.isEmpty) walk(fs, c) }
+        else if (c.getPath.getName.endsWith(DatasetFiles.Extension)) addFile(fs, c, manifest.nonEmpty)
       }
     }
     options.paths.foreach { raw =>
@@ -177,11 +189,17 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       matches.sortBy(_.getPath.toString).foreach { s =>
         if (s.isDirectory) walk(fs, s)
         else if (!isGlob || DatasetFiles.isShardName(s.getPath.getName)) {
-          addFile(s)
+          addFile(fs, s, inDataset = false)
         }
       }
     }
-    (found.values.toSeq.sortBy(_.uri), manifests.toSeq, indexes.toMap)
+    // one file, one name: a dataset's files keep theirs, others the first found
+    val taken = mutable.Set[String]() ++ found.values.collect { case (_, real, true) => real }
+    val kept = found.values.collect {
+      case (f, _, true) => f
+      case (f, real, false) if taken.add(real) => f
+    }
+    (kept.toSeq.sortBy(_.uri), manifests.toSeq, indexes.toMap)
   }
 
   /**
@@ -385,6 +403,16 @@ private[spark] final case class ReadPredicate(column: String, op: String, values
 
 private[spark] object ReadSource {
   private val mapper = new ObjectMapper()
+
+  /**
+   * What makes two names of one file or directory the same: on the local file system its real
+   * path (symbolic links resolved; the name itself when that fails, e.g. a dangling link); on
+   * other file systems (object stores have no links) the qualified name.
+   */
+  def realName(fs: FileSystem, p: Path): String =
+    if (fs.getScheme == "file") {
+      scala.util.Try(java.nio.file.Paths.get(p.toUri).toRealPath().toString).getOrElse(p.toString)
+    } else p.toString
 
   def message(e: Throwable): String = Option(e.getMessage).getOrElse(e.getClass.getName)
 }

@@ -102,7 +102,8 @@ private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema:
   override def pushFilters(filters: Array[Filter]): Array[Filter] = {
     val columns = src.description.layout match {
       case "tensor" => Set("key", "dtype", "file")
-      case "file" => Set("file")
+      // a tensor named `file` moves the file's URI to the hidden `_file` (reading.md §2.3)
+      case "file" => Set(if (src.description.metadataColumns.fieldNames.contains("_file")) "_file" else "file")
       case _ => Set("_file")
     }
     val used = mutable.ArrayBuffer[Filter]()
@@ -113,11 +114,11 @@ private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema:
         val y = translate(b)
         x || y
       case EqualTo(c, v: String) if columns(c) =>
-        preds += ReadPredicate(column(c), "in", Seq(v)); true
+        preds += ReadPredicate(c, "in", Seq(v)); true
       case In(c, vs) if columns(c) && vs.forall(_.isInstanceOf[String]) =>
-        preds += ReadPredicate(column(c), "in", vs.map(_.asInstanceOf[String]).toSeq); true
+        preds += ReadPredicate(c, "in", vs.map(_.asInstanceOf[String]).toSeq); true
       case StringStartsWith(c, p) if columns(c) =>
-        preds += ReadPredicate(column(c), "prefix", Seq(p)); true
+        preds += ReadPredicate(c, "prefix", Seq(p)); true
       case _ => false
     }
     filters.foreach(f => if (translate(f)) used += f)
@@ -128,8 +129,6 @@ private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema:
     predicates = preds.toSeq
     filters
   }
-
-  private def column(c: String): String = if (c == "_file") "file" else c
 
   override def pushedFilters(): Array[Filter] = pushed
 
