@@ -268,7 +268,7 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
     first appender's create of the next manifest version (a PUT `If-None-Match: *` of
     `_manifest_log/<v>.json`) is held by the server until another appender has created that
     version, so S3 refuses it (412) and that appender commits again on top. A plain PUT there
-    would overwrite the other appender's version and lose its rows."""
+    would overwrite the other appender's version and lose its rows (tried: 11 rows of 14)."""
     import threading
 
     url = f"s3a://{bucket}/conc"
