@@ -4,6 +4,7 @@ fsspec's s3fs. Every file written is cross-checked with the `safetensors` packag
 import io
 import json
 import os
+import re
 import signal
 import sys
 import uuid
@@ -263,7 +264,11 @@ def test_manifest_versions_are_created_with_a_conditional_put(spark, s3, bucket)
 
 def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
     """Four appends at once to one s3a:// dataset: every save() that returns is in the final
-    manifest (the losers of a version retry on top of the winner)."""
+    manifest (the losers of a version retry on top of the winner). The conflict is forced: the
+    first appender's create of the next manifest version (a PUT `If-None-Match: *` of
+    `_manifest_log/<v>.json`) is held by the server until another appender has created that
+    version, so S3 refuses it (412) and that appender commits again on top. A plain PUT there
+    would overwrite the other appender's version and lose its rows (tried: 11 rows of 14)."""
     import threading
 
     url = f"s3a://{bucket}/conc"
@@ -279,15 +284,24 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
             errors.append(e)
 
     mark = s3.mark()
+    s3.fail_next("PUT", 1, path=f"/{bucket}/conc/_manifest_log/", hold=60)
     threads = [threading.Thread(target=append, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads[0].start()
+    try:
+        wait_for(lambda: s3.held() == 1 or not threads[0].is_alive(), "the first commit to be held")
+        for t in threads[1:]:
+            t.start()
+        # released once another appender has created version 2 (the held create's version)
+        wait_for(lambda: "conc/_manifest_log/00000000000000000002.json" in keys(s3, bucket, "conc/_manifest_log/")
+                 or not any(t.is_alive() for t in threads[1:]), "another appender to commit version 2")
+    finally:
+        s3.release()
+        for t in threads:
+            t.join()
     assert not errors, "\n\n".join(str(e)[:4000] for e in errors)
     assert sorted(done) == [0, 1, 2, 3]
     m = manifest(s3, bucket, "conc")
-    assert m["total_samples"] == 2 + 4 * 3 and m["manifest_version"] >= 5
+    assert m["total_samples"] == 2 + 4 * 3 and m["manifest_version"] == 5
     ids = sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect())
     assert ids == sorted([0, 1] + [100 * (w + 1) + i for w in range(4) for i in range(3)])
     listed = {s["shard_path"] for s in m["shards"]}
@@ -295,6 +309,11 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
     assert on_store == listed
     creates = [r for r in s3.requests_since(mark) if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
     assert all(r["if_none_match"] == "*" for r in creates)
+    # a create of version 2 was refused (another appender had made it) and retried
+    refused = [r["path"].rsplit("/", 1)[1] for r in creates if r["status"] == 412]
+    assert "00000000000000000002.json" in refused, [(r["path"], r["status"]) for r in creates]
+    assert sorted(r["path"].rsplit("/", 1)[1] for r in creates if r["status"] == 200) == \
+        [f"{v:020d}.json" for v in range(2, 6)]
 
 
 @pytest.mark.parametrize("reader", ["read", "append"])
@@ -888,3 +907,75 @@ def test_speculation_writes_no_duplicate_rows_or_shards(s3, bucket, connector_ja
     # the path under test was taken: one attempt of partition 1 asked to commit and was denied
     denied = [l for l in (tmp_path / "cluster.log").read_text().splitlines() if "TaskCommitDenied" in l]
     assert len(denied) == 1 and "partition: 1," in denied[0], denied
+
+
+def tamper_entry(read, write, delete, shards):
+    m = json.loads(read("dataset_manifest.json"))
+    m["shards"][0]["shard_path"] = "../x.safetensors"
+    write("dataset_manifest.json", json.dumps(m).encode())
+    return "../x.safetensors"
+
+
+def tamper_size(read, write, delete, shards):
+    write(shards[1], read(shards[1]) + b"\0")
+    return shards[1]
+
+
+def tamper_header(read, write, delete, shards):
+    data = read(shards[0])
+    write(shards[0], b"\xff" * 16 + data[16:])
+    return shards[0]
+
+
+def tamper_missing(read, write, delete, shards):
+    delete(shards[1])
+    return shards[1]
+
+
+# what each tampering must give, on local disk as on S3: (Spark's message, the Python package's)
+TAMPERINGS = {
+    "entry": (tamper_entry, r"is not a shard file name", r"shard"),
+    "size": (tamper_size, r"file not fully covered: .* = (\d+) bytes, but the file has \d+",
+             r"the file has \d+ bytes but dataset_manifest.json says \d+"),
+    "header": (tamper_header, r"header too large", r"invalid safetensors file: header too large"),
+    "missing": (tamper_missing, r"listed in .*dataset_manifest.json.* missing", r"listed in dataset_manifest.json but missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERINGS))
+def test_a_tampered_dataset_on_s3_fails_as_on_local_disk(spark, s3, bucket, tmp_path, case):
+    """A dataset's manifest or a shard changed on the S3 server (through boto3): Spark (S3A) and
+    the Python package (s3fs) fail naming the entry or shard, with the error they give for the
+    same change on local disk."""
+    import shutil
+
+    from py4j.protocol import Py4JJavaError
+    from safetensors_spark import SafetensorsSparkError, open_dataset
+
+    src = tmp_path / "src"
+    batch_frame(spark, 8, parts=1).write.format("safetensors").option("batch_size", 4).save(str(src))
+    shards = sorted(s["shard_path"] for s in json.loads((src / "dataset_manifest.json").read_text())["shards"])
+    assert len(shards) == 2
+    files = [p for p in src.rglob("*") if p.is_file() and not p.name.startswith((".", "_SUCCESS"))]
+    local = tmp_path / "local"
+    shutil.copytree(src, local)
+    c = s3.client()
+    for p in files:
+        c.put_object(Bucket=bucket, Key=f"ds/{p.relative_to(src).as_posix()}", Body=p.read_bytes())
+
+    tamper, spark_msg, py_msg = TAMPERINGS[case]
+    named = tamper(lambda n: (local / n).read_bytes(), lambda n, b: (local / n).write_bytes(b),
+                   lambda n: (local / n).unlink(), shards)
+    assert named == tamper(lambda n: get(s3, bucket, f"ds/{n}"),
+                           lambda n, b: c.put_object(Bucket=bucket, Key=f"ds/{n}", Body=b),
+                           lambda n: c.delete_object(Bucket=bucket, Key=f"ds/{n}"), shards)
+
+    for where, url in (("local", str(local)), ("s3", f"s3a://{bucket}/ds")):
+        with pytest.raises(Py4JJavaError) as e:
+            spark.read.format("safetensors").load(url).collect()
+        msg = str(e.value.java_exception)
+        assert named in msg and re.search(spark_msg, msg), f"{where}: {msg[:3000]}"
+    for where, url, opts in (("local", str(local), None), ("s3", f"s3://{bucket}/ds", s3.storage_options())):
+        with pytest.raises(SafetensorsSparkError, match=py_msg) as e:
+            open_dataset(url, storage_options=opts)
+        assert named in str(e.value), f"{where}: {e.value}"

@@ -140,12 +140,26 @@ fn kv_task_heap_per_row_is_a_hash_slot_not_the_row() {
          finish peak {} -> {} B ({finish:.1} B/row)",
         a.held, b.held, a.batch_peak, b.batch_peak, a.finish_peak, b.finish_peak
     );
-    // A row's data is 256 bytes and its key 13: holding either per row, or a record per
-    // tensor, breaks these.
-    assert!(held <= 24.0, "held while writing: {held:.1} B per row");
-    assert!(during <= 24.0, "peak while writing: {during:.1} B per row");
-    // Sealing: the shard's keys (13 B) + a 32-byte sort entry per tensor + the hash slot.
-    assert!(finish <= 96.0, "peak at finish: {finish:.1} B per row");
+    // The figures spec/jni.md §2 states, with a 10% margin (measured: 11.1, 16.6 and 26.4 B per
+    // row): while writing, a hash slot of at most 17 B per row (a row's data is 256 bytes and
+    // its key 13: holding either per row, or a record per tensor, breaks these); sealing adds
+    // the shard's keys and a 32-byte sort entry per tensor.
+    let slot = 17.0;
+    let key = "user-00000000".len() as f64;
+    let margin = 1.1;
+    assert!(
+        held <= slot * margin,
+        "held while writing: {held:.1} B per row"
+    );
+    assert!(
+        during <= slot * margin,
+        "peak while writing: {during:.1} B per row"
+    );
+    let sealing = slot + key + 32.0;
+    assert!(
+        finish <= sealing * margin,
+        "peak at finish: {finish:.1} B per row (bound {sealing} B + 10%)"
+    );
     // And in absolute terms, 100,000 rows (25 MiB of data) in a few MiB.
     assert!(b.held < 4 << 20, "held {} B for {large} rows", b.held);
 }

@@ -73,8 +73,8 @@ class LocalStore:
 
 
 class FsspecStore:
-    """A dataset directory behind an fsspec file system (``s3://``, ``gs://``, ``hdfs://``,
-    ``memory://``...): only byte ranges are read, never whole shards."""
+    """A dataset directory behind an fsspec file system (tested: ``s3://`` through s3fs and
+    ``memory://``): only byte ranges are read, never whole shards."""
 
     is_local = False
 
