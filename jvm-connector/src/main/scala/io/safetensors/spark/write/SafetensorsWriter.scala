@@ -110,8 +110,10 @@ private[spark] object SafetensorsWriter {
       case SaveMode.Ignore if exists => return None
       case _ =>
     }
-    val current: Option[String] = if (exists) target.commits.latest().map(_._2) else None
-    current.foreach(NativeWriter.checkManifest)
+    val latest = if (exists) target.commits.latestWithSource() else None
+    // named as the file it came from: a damaged log entry is not dataset_manifest.json's fault
+    latest.foreach { case (_, text, source) => NativeWriter.checkManifest(text, source.toString) }
+    val current: Option[String] = latest.map(_._2)
     // a replayed micro-batch (its query committed it already): no job, nothing changes
     if (stream.exists(b => NativeWriter.streamBatchCommitted(current.orNull, b.queryId, b.batchId))) {
       return None
