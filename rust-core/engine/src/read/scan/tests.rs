@@ -1715,7 +1715,10 @@ fn per_file_layout_limits_tensors_per_file_and_columns_over_the_scan() {
         .collect();
     assert_eq!(files, [small.file.as_str()]);
     // The other layouts have no such limit.
-    let d = describe_ok(LayoutOption::Tensor, limited(&[big.clone()], false));
+    let d = describe_ok(
+        LayoutOption::Tensor,
+        limited(std::slice::from_ref(&big), false),
+    );
     assert!(d.excluded.is_empty());
     // Files within it whose names add up beyond it: an error naming the file that adds the
     // column beyond the limit (not skippable: no file is at fault alone).
