@@ -76,3 +76,39 @@ def test_header_at_the_100_mb_cap_is_read_and_one_byte_more_is_refused(spark, tm
     with pytest.raises(Exception) as e:
         spark.read.format("safetensors").load(str(bad)).collect()
     assert "over.safetensors" in errors(e.value) and "header too large" in errors(e.value), errors(e.value)
+
+
+def write_many_empty(path, n):
+    """A valid file of `n` zero-size F32 tensors `t0`…: a header of about 58 bytes a tensor."""
+    header = json.dumps({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(n)},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+
+
+def test_per_file_layout_of_200k_tensors_is_a_named_error_not_a_dead_driver(spark, tmp_path):
+    # 200,000 zero-size tensors (an 11 MB header, valid): a column each per file took the
+    # driver's heap (OutOfMemoryError, dead SparkContext); now the file is refused by name
+    hostile = tmp_path / "hostile.safetensors"
+    write_many_empty(hostile, 200_000)
+    with pytest.raises(Exception) as e:
+        spark.read.format("safetensors").option("layout", "file").load(str(hostile)).count()
+    msg = errors(e.value)
+    for part in ["hostile.safetensors", "200000 tensors", "at most 10000", "file_layout_max_tensors",
+                 "layout `tensor`"]:
+        assert part in msg, msg[:2000]
+    # skipped with ignoreCorruptFiles, beside a good file that is read
+    good = tmp_path / "good.safetensors"
+    write_many_empty(good, 3)
+    both = (spark.read.format("safetensors").option("layout", "file").option("ignoreCorruptFiles", "true")
+            .load([str(hostile), str(good)]))
+    assert [r.file for r in both.select("file").collect()] == [good.as_uri().replace("file:///", "file:/")]
+    assert [f.name for f in both.schema.fields][:4] == ["file", "t0", "t1", "t2"]
+    # the session lives on
+    assert spark.range(3).count() == 3
+    # the limit is an option: a smaller one refuses a smaller file
+    with pytest.raises(Exception) as e:
+        spark.read.format("safetensors").option("layout", "file").option("file_layout_max_tensors", "2") \
+            .load(str(good)).count()
+    assert "3 tensors" in errors(e.value) and "at most 2" in errors(e.value), errors(e.value)[:2000]

@@ -137,6 +137,7 @@ impl From<ReadError> for JniError {
             ReadErrorKind::NotDecodable { .. }
             | ReadErrorKind::NoRowDimension
             | ReadErrorKind::TooLarge { .. }
+            | ReadErrorKind::TooManyColumns { .. }
             | ReadErrorKind::NotWidenable { .. }
             | ReadErrorKind::ColumnConflict(_)
             | ReadErrorKind::UnknownColumn { .. }

@@ -23,7 +23,7 @@ use safetensors_spark_dataset::manifest::{
     next_manifest, next_stream_manifest, parse_manifest, stream_batch_committed, superseded_shards,
     ShardReplacement, StreamBatch,
 };
-use safetensors_spark_dataset::names::MANIFEST_FILE_NAME;
+use safetensors_spark_dataset::names::{MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
 use safetensors_spark_engine::write::commit::{
     commit_manifest, merge_key_runs, rewrite_shard_without_keys, write_shard_index_part,
     KeyRunInput,
@@ -237,7 +237,7 @@ pub fn next_manifest_json(
         None => Vec::new(),
     };
     let base = base_json.map(parse_manifest).transpose().map_err(|e| {
-        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+        JniError::from(e).context(format_args!("the dataset's current manifest ({MANIFEST_FILE_NAME} or its newest {MANIFEST_LOG_DIR}/ entry)"))
     })?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
@@ -270,7 +270,7 @@ pub fn stream_batch_committed_json(
     batch: &StreamBatch,
 ) -> Result<bool, JniError> {
     let base = base_json.map(parse_manifest).transpose().map_err(|e| {
-        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+        JniError::from(e).context(format_args!("the dataset's current manifest ({MANIFEST_FILE_NAME} or its newest {MANIFEST_LOG_DIR}/ entry)"))
     })?;
     Ok(stream_batch_committed(base.as_ref(), batch))
 }
@@ -288,7 +288,7 @@ pub fn next_stream_manifest_json(
         None => Vec::new(),
     };
     let base = base_json.map(parse_manifest).transpose().map_err(|e| {
-        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+        JniError::from(e).context(format_args!("the dataset's current manifest ({MANIFEST_FILE_NAME} or its newest {MANIFEST_LOG_DIR}/ entry)"))
     })?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
@@ -305,10 +305,12 @@ pub fn next_stream_manifest_json(
 }
 
 /// `checkManifest`: parses and validates a dataset's current manifest (every shard name passes
-/// the trust rule) before a write that would act on it changes anything.
-pub fn check_manifest_json(manifest_json: &str) -> Result<(), JniError> {
+/// the trust rule) before a write that would act on it changes anything. `source` is the file
+/// the text was read from (`dataset_manifest.json`, or the `_manifest_log/` entry of a newer
+/// version): the error names it.
+pub fn check_manifest_json(manifest_json: &str, source: &str) -> Result<(), JniError> {
     parse_manifest(manifest_json).map(|_| ()).map_err(|e| {
-        JniError::from(e).context(format_args!("the dataset's current {MANIFEST_FILE_NAME}"))
+        JniError::from(e).context(format_args!("the dataset's current manifest {source}"))
     })
 }
 
@@ -581,16 +583,18 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_commitJob<'loc
     })
 }
 
-/// `static native void checkManifest(String manifestJson)`
+/// `static native void checkManifest(String manifestJson, String source)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_checkManifest<'local>(
     mut env: EnvUnowned<'local>,
     _class: JClass<'local>,
     manifest: JString<'local>,
+    source: JString<'local>,
 ) {
     guard(&mut env, |env| {
         let manifest = arg(env, &manifest, "manifestJson")?;
-        check_manifest_json(&manifest)
+        let source = arg(env, &source, "source")?;
+        check_manifest_json(&manifest, &source)
     })
 }
 

@@ -391,6 +391,22 @@ def test_resume_state_is_checked(data, tmp_path):
         SafetensorsIterableDataset(str(changed), batch_size=2, shuffle=True, seed=1).load_state_dict(state)
     with pytest.raises(StateError, match="not a SafetensorsIterableDataset state"):
         ds.load_state_dict({"epoch": 0})
+    # position: at most total_samples (N: the epoch is over); beyond it is refused, naming both
+    for position, ok in ((N, True), (N + 1, False), (10**9, False), (True, False), (-1, False)):
+        fresh = SafetensorsIterableDataset(data, batch_size=2, shuffle=True, seed=1)
+        bad = dict(state, position=position)
+        if ok:
+            fresh.load_state_dict(bad)
+            assert list(fresh) == []
+        else:
+            with pytest.raises(ValueError, match="position") as e:
+                fresh.load_state_dict(bad)
+            if position == N + 1:
+                assert f"position={N + 1}" in str(e.value) and f"total_samples={N}" in str(e.value)
+    # a state taken inside the padding (4 ranks over 30 samples, 7 a batch: the epoch's positions
+    # run to 32) says N, which every world size resumes as the end of the epoch
+    padded = SafetensorsIterableDataset(data, batch_size=7, rank=0, world_size=4)
+    assert padded.state_dict(batches_consumed=2)["position"] == N
 
 
 def test_set_epoch_and_resume_of_a_later_epoch(data):

@@ -130,6 +130,15 @@ pub enum ReadErrorKind {
         available: String,
     },
 
+    /// A file (or the union of the files' tensor names) with more tensors than the per-file
+    /// layout's column limit (`spec/reading.md` §2.3).
+    #[error("{count} tensors{what}; the per-file layout makes a column of each tensor and allows at most {limit} (read option `file_layout_max_tensors`; or read per tensor, layout `tensor`)")]
+    TooManyColumns {
+        what: &'static str,
+        count: u64,
+        limit: u64,
+    },
+
     /// A request the read core cannot serve (bad predicate, bad field, bad call order).
     #[error("{0}")]
     Invalid(String),

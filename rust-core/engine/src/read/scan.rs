@@ -179,6 +179,22 @@ pub struct ScanInput {
     /// scan's error.
     #[serde(default)]
     pub ignore_missing: bool,
+    /// The per-file layout's limit on tensors per file and on tensor columns over the scan
+    /// (read option `file_layout_max_tensors`); `None`: [`FILE_LAYOUT_MAX_TENSORS`].
+    #[serde(default)]
+    pub file_layout_max_tensors: Option<u64>,
+}
+
+/// Default of the per-file layout's limit on tensors (one Spark column each) per file and over
+/// the scan (`spec/reading.md` §2.3): beyond it Spark's planning of the schema alone takes the
+/// driver's memory (200,000 columns: out of memory in a 1 GiB driver).
+pub const FILE_LAYOUT_MAX_TENSORS: u64 = 10_000;
+
+impl ScanInput {
+    fn file_layout_max_tensors(&self) -> u64 {
+        self.file_layout_max_tensors
+            .unwrap_or(FILE_LAYOUT_MAX_TENSORS)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -547,13 +563,17 @@ struct Catalog<'a> {
     /// Included files, sorted by URI.
     files: Vec<Entry<'a>>,
     excluded: Vec<Excluded>,
+    /// [`ScanInput::file_layout_max_tensors`].
+    file_layout_max_tensors: u64,
 }
 
 fn split_uri(uri: &str) -> (&str, &str) {
     uri.rsplit_once('/').unwrap_or(("", uri))
 }
 
-fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
+/// `per_file`: the scan's layout is `file`, whose limit on tensors per file
+/// ([`ScanInput::file_layout_max_tensors`]) makes a file beyond it an error of that file.
+fn catalog(input: &ScanInput, per_file: bool) -> Result<Catalog<'_>, ReadError> {
     let mut manifests = Vec::with_capacity(input.manifests.len());
     for m in &input.manifests {
         let name = format!("{}/{MANIFEST_FILE_NAME}", m.dir);
@@ -644,8 +664,20 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         let header = match (&f.header_error, &f.header) {
             (Some(msg), _) => Err(ReadErrorKind::Corrupt(msg.clone()).in_file(&f.file)),
             (None, Some(text)) => header::parse_header(text.as_bytes(), f.length)
-                .map(Some)
-                .map_err(|e| ReadErrorKind::Format(e).in_file(&f.file)),
+                .map_err(|e| ReadErrorKind::Format(e).in_file(&f.file))
+                .and_then(|h| {
+                    let (count, limit) = (h.tensors.len() as u64, input.file_layout_max_tensors());
+                    if per_file && count > limit {
+                        Err(ReadErrorKind::TooManyColumns {
+                            what: "",
+                            count,
+                            limit,
+                        }
+                        .in_file(&f.file))
+                    } else {
+                        Ok(Some(h))
+                    }
+                }),
             (None, None) => Ok(None),
         };
         match header {
@@ -665,6 +697,7 @@ fn catalog(input: &ScanInput) -> Result<Catalog<'_>, ReadError> {
         manifests,
         files,
         excluded,
+        file_layout_max_tensors: input.file_layout_max_tensors(),
     })
 }
 
@@ -1003,10 +1036,19 @@ fn scan_schema<'a>(
             };
             let mut keys: Vec<String> = Vec::new();
             let mut seen = std::collections::HashSet::new();
-            for (_, h) in &files {
+            for (e, h) in &files {
                 for t in &h.tensors {
                     if seen.insert(t.name.as_str()) {
                         keys.push(t.name.clone());
+                        let limit = cat.file_layout_max_tensors;
+                        if keys.len() as u64 > limit {
+                            return Err(ReadErrorKind::TooManyColumns {
+                                what: " named differently over the files read (this file adds the one beyond the limit)",
+                                count: keys.len() as u64,
+                                limit,
+                            }
+                            .in_file(&e.input.file));
+                        }
                     }
                 }
             }
@@ -1125,7 +1167,7 @@ impl ScanSchema<'_> {
 
 /// Resolves the layout and the schema.
 pub fn describe(req: &DescribeRequest) -> Result<Answer<ScanDescription>, ReadError> {
-    let cat = catalog(&req.input)?;
+    let cat = catalog(&req.input, req.layout == LayoutOption::File)?;
     let layout = match cat.resolve(req.layout).ready() {
         Ok(l) => l,
         Err(ask) => return Ok(ask),
@@ -1184,9 +1226,10 @@ fn forensic_columns() -> [OutputColumn; 3] {
 fn output_column(
     layout: Layout,
     all: &[OutputColumn],
+    by_name: &HashMap<&str, &OutputColumn>,
     rc: &RequiredColumn,
 ) -> Result<OutputColumn, ReadError> {
-    let Some(found) = all.iter().find(|c| c.name == rc.name) else {
+    let Some(&found) = by_name.get(rc.name.as_str()) else {
         let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
         return Err(ReadErrorKind::UnknownColumn {
             column: rc.name.clone(),
@@ -1681,7 +1724,7 @@ fn pack(mut units: Vec<Unit>, max_bytes: u64, open_cost: u64) -> Vec<Vec<Unit>> 
 /// layout, and drops files and tensors the predicates exclude: they appear in no unit and are
 /// never opened.
 pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> {
-    let cat = catalog(&req.input)?;
+    let cat = catalog(&req.input, req.layout == Layout::File)?;
     let filters = filters(req.layout, &req.predicates)?;
     let mut files = Vec::new();
     if req.layout == Layout::Tensor {
@@ -1723,10 +1766,13 @@ pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> 
             ),
         ));
     }
+    // by name: the per-file layout may have thousands of columns, all of them required
+    let by_name: HashMap<&str, &OutputColumn> =
+        all.iter().rev().map(|c| (c.name.as_str(), c)).collect();
     let columns = req
         .required
         .iter()
-        .map(|rc| output_column(req.layout, &all, rc))
+        .map(|rc| output_column(req.layout, &all, &by_name, rc))
         .collect::<Result<Vec<_>, _>>()?;
     let mut planned = units(&schema, &files, &columns, &filters, req.max_partition_bytes);
     let split = max_split_bytes(

@@ -9,6 +9,7 @@ use super::{
 };
 use safetensors_spark_dataset::manifest::ManifestExt;
 use safetensors_spark_dataset::{DatasetMode, Manifest};
+use safetensors_spark_format::header::MAX_HEADER_SIZE;
 use safetensors_spark_format::json_object::{first_duplicate_key, Entries};
 use safetensors_spark_format::Dtype;
 use serde_json::Value;
@@ -171,6 +172,9 @@ pub enum PlanError {
         elements: String,
     },
 
+    #[error("option metadata is {bytes} bytes as compact JSON; at most {MAX_METADATA_OPTION_BYTES} bytes are allowed (it is written into every shard's header, which the format caps at {MAX_HEADER_SIZE} bytes together with the tensor entries)")]
+    MetadataTooLarge { bytes: usize },
+
     #[error("option metadata: key '{key}' starts with the reserved prefix '{RESERVED_METADATA_PREFIX}' (those keys are written by the engine)")]
     ReservedMetadataKey { key: String },
 
@@ -187,6 +191,11 @@ pub enum PlanError {
     #[error("cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; the key column is the DataFrame's one string column that is not one of the dataset's columns ({stored}), but {found}: give option name_col")]
     AppendKeyColumn { stored: String, found: String },
 }
+
+/// The most bytes the `metadata` option may take as compact JSON (spec/options.md): it goes into
+/// every shard's header (at most `MAX_HEADER_SIZE` bytes with the tensor entries), and the
+/// JVM's JSON parser takes strings of at most 20,000,000 characters.
+pub const MAX_METADATA_OPTION_BYTES: usize = 16 << 20;
 
 fn invalid_value(option: &str, value: &str, expected: impl Into<String>) -> PlanError {
     PlanError::InvalidValue {
@@ -1094,6 +1103,10 @@ fn plan(
                 return Err(PlanError::ReservedMetadataKey { key });
             }
             metadata.insert(key, s);
+        }
+        let bytes = serde_json::to_string(&metadata).map_or(usize::MAX, |j| j.len());
+        if bytes > MAX_METADATA_OPTION_BYTES {
+            return Err(PlanError::MetadataTooLarge { bytes });
         }
     }
 

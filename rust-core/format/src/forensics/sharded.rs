@@ -23,6 +23,9 @@ pub struct Index {
     pub total_size: Option<u64>,
     /// The index's `metadata` object.
     pub metadata: Option<Value>,
+    /// `weight_map` entries that are not a plain file name in the index's directory: tensor
+    /// name → what is wrong (each gets its own `index_invalid` flag; not in `weight_map`).
+    pub invalid_entries: BTreeMap<String, String>,
 }
 
 impl Index {
@@ -51,22 +54,31 @@ pub fn read_index(path: &Path) -> Result<Index, String> {
         return Err("has no `weight_map` object".into());
     };
     let mut weight_map = BTreeMap::new();
+    let mut invalid_entries = BTreeMap::new();
     for (tensor, shard) in map {
         let Some(shard) = shard.as_str() else {
-            return Err(format!(
-                "`weight_map` entry `{}` is not a file name string",
-                escape(tensor)
-            ));
+            invalid_entries.insert(
+                tensor.clone(),
+                format!(
+                    "`weight_map` entry `{}` is not a file name string",
+                    escape(tensor)
+                ),
+            );
+            continue;
         };
         let plain = Path::new(shard)
             .file_name()
             .is_some_and(|n| n.to_str() == Some(shard));
         if !plain {
-            return Err(format!(
-                "`weight_map` entry `{}` names `{}`, which is not a file name in the index's directory",
-                escape(tensor),
-                escape(shard)
-            ));
+            invalid_entries.insert(
+                tensor.clone(),
+                format!(
+                    "`weight_map` entry `{}` names `{}`, which is not a file name in the index's directory",
+                    escape(tensor),
+                    escape(shard)
+                ),
+            );
+            continue;
         }
         weight_map.insert(tensor.clone(), shard.to_owned());
     }
@@ -82,6 +94,7 @@ pub fn read_index(path: &Path) -> Result<Index, String> {
         weight_map,
         total_size,
         metadata,
+        invalid_entries,
     })
 }
 
@@ -155,6 +168,14 @@ pub fn model_report<'a>(
     };
     m.declared_total_size = index.total_size;
     m.index_metadata = index.metadata.clone();
+    // one flag per bad entry, naming its tensor; the valid entries are still checked
+    for (tensor, why) in &index.invalid_entries {
+        m.flags.push(Flag::new(
+            FlagCode::IndexInvalid,
+            Some(tensor),
+            format!("index {label}: {why}"),
+        ));
+    }
     let dir = index_path.parent().unwrap_or(Path::new("."));
     let mut worst = Verdict::Clean;
     for name in index.shards() {
@@ -204,6 +225,8 @@ pub fn model_report<'a>(
         for t in &report.tensors {
             match index.weight_map.get(&t.name) {
                 Some(s) if s == name => {}
+                // its entry is flagged already (index_invalid)
+                None if index.invalid_entries.contains_key(&t.name) => {}
                 other => m.flags.push(Flag::new(
                     FlagCode::IndexTensorExtra,
                     Some(&t.name),

@@ -500,6 +500,35 @@ fn sharded_checkpoint_with_a_missing_and_an_extra_tensor() {
     let m = model_report(&index, &read_index(&index), lookup);
     let got: Vec<&str> = m.flags.iter().map(|f| f.code.code()).collect();
     assert_eq!(got, ["index_total_size_mismatch"]);
+    // Several bad entries: a flag for each, naming its tensor; the good entries are still checked.
+    std::fs::write(
+        &index,
+        r#"{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "../x.safetensors",
+            "extra": "/abs/y.safetensors", "q": 3, "r": "sub/z.safetensors"}}"#,
+    )
+    .unwrap();
+    let m = model_report(&index, &read_index(&index), lookup);
+    let got: Vec<(&str, Option<&str>)> = m
+        .flags
+        .iter()
+        .map(|f| (f.code.code(), f.tensor.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("index_invalid", Some("b")),
+            ("index_invalid", Some("extra")),
+            ("index_invalid", Some("q")),
+            ("index_invalid", Some("r")),
+        ]
+    );
+    assert!(
+        m.flags[0].message.contains("../x.safetensors"),
+        "{}",
+        m.flags[0].message
+    );
+    assert_eq!(m.verdict, Verdict::Invalid);
+    assert_eq!(m.shards, ["model-00001-of-00002.safetensors"]);
     for bad in [r#"{"weight_map": {"a": "../x.safetensors"}}"#, "[]", "{"] {
         std::fs::write(&index, bad).unwrap();
         let m = model_report(&index, &read_index(&index), lookup);

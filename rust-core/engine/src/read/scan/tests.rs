@@ -242,6 +242,7 @@ pub(crate) fn input(files: &[FileInput], manifests: &[ManifestInput]) -> ScanInp
         manifests: manifests.to_vec(),
         ignore_corrupt: false,
         ignore_missing: false,
+        file_layout_max_tensors: None,
     }
 }
 
@@ -1783,4 +1784,73 @@ fn index_summary_counts_rows_and_rejects_bad_input() {
     let v = serde_json::to_value(&s).unwrap();
     assert_eq!(v["rows"][0]["dtype"], json!("F32"));
     assert!(v.get("error").is_none());
+}
+
+#[test]
+fn per_file_layout_limits_tensors_per_file_and_columns_over_the_scan() {
+    let dir = Dir::new("wide");
+    let names: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
+    let wide: Vec<(&str, Dtype, &[u64])> = names
+        .iter()
+        .map(|n| (n.as_str(), Dtype::F32, &[0u64][..]))
+        .collect();
+    let big = with_header(&write(&dir, "big.safetensors", None, &wide));
+    let small = with_header(&write(&dir, "small.safetensors", None, &wide[..3]));
+    let other = with_header(&write(
+        &dir,
+        "z.safetensors",
+        None,
+        &[("u", Dtype::F32, &[1]), ("v", Dtype::F32, &[1])],
+    ));
+    let limited = |files: &[FileInput], ignore_corrupt| ScanInput {
+        file_layout_max_tensors: Some(4),
+        ignore_corrupt,
+        ..input(files, &[])
+    };
+    // A file beyond the limit: its error, naming the count, the limit and the option.
+    let e = describe(&DescribeRequest {
+        layout: LayoutOption::File,
+        input: limited(&[big.clone(), small.clone()], false),
+    })
+    .unwrap_err();
+    assert_eq!(e.file, big.file, "{e}");
+    let text = e.to_string();
+    for part in ["5 tensors", "at most 4", "file_layout_max_tensors"] {
+        assert!(text.contains(part), "{text}");
+    }
+    // ... skipped with ignoreCorruptFiles, in the description and the plan.
+    let d = describe_ok(
+        LayoutOption::File,
+        limited(&[big.clone(), small.clone()], true),
+    );
+    assert_eq!(d.excluded.len(), 1);
+    assert_eq!(d.excluded[0].file, big.file);
+    let specs = plan_ok(&plan_req(
+        Layout::File,
+        limited(&[big.clone(), small.clone()], true),
+        &["file"],
+    ));
+    let files: Vec<&str> = specs
+        .iter()
+        .flat_map(|s| s.units.iter().map(|u| u.file.as_str()))
+        .collect();
+    assert_eq!(files, [small.file.as_str()]);
+    // The other layouts have no such limit.
+    let d = describe_ok(
+        LayoutOption::Tensor,
+        limited(std::slice::from_ref(&big), false),
+    );
+    assert!(d.excluded.is_empty());
+    // Files within it whose names add up beyond it: an error naming the file that adds the
+    // column beyond the limit (not skippable: no file is at fault alone).
+    let e = describe(&DescribeRequest {
+        layout: LayoutOption::File,
+        input: limited(&[small.clone(), other.clone()], true),
+    })
+    .unwrap_err();
+    assert_eq!(e.file, other.file, "{e}");
+    assert!(e.to_string().contains("at most 4"), "{e}");
+    // The default limit lets ordinary files through.
+    let d = describe_ok(LayoutOption::File, input(&[big, small, other], &[]));
+    assert_eq!(field_names(&d.schema).len(), 1 + 7 + 4);
 }

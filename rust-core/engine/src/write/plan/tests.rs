@@ -771,6 +771,25 @@ fn metadata_option() {
     assert!(m("[]").contains("is not a JSON object of string → string"));
     assert!(m("nope").contains("is not a JSON object of string → string"));
     assert!(m(r#"{"a":"1","a":"2"}"#).contains("key 'a' appears twice"));
+    // Size: at most MAX_METADATA_OPTION_BYTES as compact JSON (`{"a":"…"}` is 8 bytes more).
+    let at = |n: usize| format!(r#"{{"a":"{}"}}"#, "x".repeat(n - 8));
+    let limit = crate::write::plan::MAX_METADATA_OPTION_BYTES;
+    assert!(plan(&xs(), &[("batch_size", "1"), ("metadata", &at(limit))]).is_ok());
+    let e = err(&xs(), &[("batch_size", "1"), ("metadata", &at(limit + 1))]);
+    assert!(
+        matches!(e, PlanError::MetadataTooLarge { bytes } if bytes == limit + 1),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.len() < 400,
+        "the message does not quote the value: {}",
+        text.len()
+    );
+    assert!(
+        text.contains("option metadata") && text.contains(&format!("at most {limit} bytes")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -208,7 +208,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
-            "position": plan.position_after(batches_consumed),
+            # a position inside the padding (>= N) ends the epoch for every world size: N says so
+            "position": min(plan.position_after(batches_consumed), len(self.dataset)),
             "total_samples": len(self.dataset),
             "shuffle": self.shuffle,
             "seed": self.seed,
@@ -231,8 +232,14 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                 raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this dataset "
                                  f"iterator has {mine!r} ({what})")
         epoch, position = state.get("epoch"), state.get("position")
-        if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or position < 0:
+        def whole(v):
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        if not whole(epoch) or not whole(position):
             raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
+        total = len(self.dataset)
+        if position > total:
+            raise StateError(f"cannot resume: state has position={position}, beyond total_samples={total} "
+                             f"(a position is at most the epoch's {total} samples)")
         self._epoch = epoch
         self._resume = (epoch, position)
         self._progress = None

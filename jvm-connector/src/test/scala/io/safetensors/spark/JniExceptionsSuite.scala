@@ -34,9 +34,10 @@ class JniExceptionsSuite extends SparkSuiteBase {
 
   test("a manifest that breaks the dataset layout is a SafetensorsDatasetException") {
     NativeLib.ensureLoaded()
-    val e = intercept[SafetensorsException](NativeWriter.checkManifest("""{"format_version": "9"}"""))
+    val e = intercept[SafetensorsException](NativeWriter.checkManifest("""{"format_version": "9"}""",
+      "/d/dataset_manifest.json"))
     assert(e.getClass == classOf[SafetensorsDatasetException], e)
-    assert(e.getMessage.startsWith("the dataset's current dataset_manifest.json: "), e.getMessage)
+    assert(e.getMessage.startsWith("the dataset's current manifest /d/dataset_manifest.json: "), e.getMessage)
   }
 
   test("a JVM-side misuse (handle 0) stays a plain IllegalArgumentException") {

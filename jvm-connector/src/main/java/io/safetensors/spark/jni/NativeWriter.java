@@ -52,8 +52,10 @@ public final class NativeWriter {
   public static native String commitJob(String planJson, String taskReportsJsonArray);
 
   /** Driver: throws SafetensorsException unless {@code manifestJson} is a valid manifest whose
-   *  every shard name passes the trust rule (spec/dataset.md §5.4). */
-  public static native void checkManifest(String manifestJson);
+   *  every shard name passes the trust rule (spec/dataset.md §5.4); the message names
+   *  {@code source}, the file the text was read from ({@code dataset_manifest.json} or a
+   *  {@code _manifest_log/} entry). */
+  public static native void checkManifest(String manifestJson, String source);
 
   /** Driver, each commit attempt: this write's manifest (from commitJob) on top of the
    *  directory's latest committed one (null: none), appended or replacing it. JSON

@@ -36,15 +36,21 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
   /** The latest committed manifest: (version, text), or None when the directory has none. The
    *  version is the larger of the log's newest entry and `dataset_manifest.json`'s own
    *  `manifest_version` (0 for a manifest written by another tool, or before the log existed). */
-  def latest(): Option[(Long, String)] = {
+  def latest(): Option[(Long, String)] = latestWithSource().map { case (v, text, _) => (v, text) }
+
+  /** [[latest]] and the file its text was read from (`dataset_manifest.json` or a log entry),
+   *  for errors that name it. */
+  def latestWithSource(): Option[(Long, String, Path)] = {
     val published = new Path(dest, ManifestName)
-    val pub: Option[(Long, String)] =
+    val pub: Option[(Long, String, Path)] =
       if (fs.exists(published)) {
         val text = readText(fs, published)
-        Some(versionOf(text) -> text)
+        Some((versionOf(text), text, published))
       } else None
     logVersions().lastOption match {
-      case Some(v) if pub.forall(_._1 < v) => Some(v -> readText(fs, new Path(logDir, logName(v))))
+      case Some(v) if pub.forall(_._1 < v) =>
+        val entry = new Path(logDir, logName(v))
+        Some((v, readText(fs, entry), entry))
       case _ => pub
     }
   }

@@ -21,13 +21,14 @@ private[spark] final case class ReadOptions(
     recursive: Boolean,
     ignoreCorruptFiles: Boolean,
     batchRows: Long,
-    ignoreMissingFiles: Boolean = false)
+    ignoreMissingFiles: Boolean = false,
+    fileLayoutMaxTensors: Option[Long] = None)
 
 private[spark] object ReadOptions {
   val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
   val Keys: Seq[String] =
     Seq("layout", "inferSchema", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles",
-      "read_batch_rows")
+      "read_batch_rows", "file_layout_max_tensors")
   val BatchBytes: Long = 64L << 20
 
   private val mapper = new ObjectMapper()
@@ -86,9 +87,19 @@ private[spark] object ReadOptions {
       }
       n
     }.getOrElse(4096L)
+    // the per-file layout's limit on tensors (columns) per file and over the scan (reading.md
+    // §2.3); the default is the engine's
+    val maxTensors = o.get("file_layout_max_tensors").map { v =>
+      val n = scala.util.Try(v.trim.toLong).getOrElse(-1L)
+      if (n < 1) {
+        throw new IllegalArgumentException(
+          s"safetensors: option 'file_layout_max_tensors' must be a positive integer, got '$v'")
+      }
+      n
+    }
     ReadOptions(paths, layout, bool(o, "recursivefilelookup", default = true),
       bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows,
-      bool(o, "ignoremissingfiles", ignoreMissingDefault))
+      bool(o, "ignoremissingfiles", ignoreMissingDefault), maxTensors)
   }
 }
 
@@ -311,6 +322,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
     }
     node.put("ignore_corrupt", options.ignoreCorruptFiles)
     node.put("ignore_missing", options.ignoreMissingFiles)
+    options.fileLayoutMaxTensors.foreach(n => node.put("file_layout_max_tensors", n))
     node
   }
 

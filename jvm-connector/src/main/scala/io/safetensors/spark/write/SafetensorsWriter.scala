@@ -106,10 +106,10 @@ private[spark] object SafetensorsWriter {
   private def appendBase(target: Target): Option[String] = {
     import target.{dest, fs}
     if (!fs.exists(dest)) return None
-    target.commits.latest().map(_._2) match {
-      case Some(m) =>
+    target.commits.latestWithSource() match {
+      case Some((_, m, source)) =>
         NativeLib.ensureLoaded()
-        NativeWriter.checkManifest(m)
+        NativeWriter.checkManifest(m, source.toString)
         Some(m)
       case None if DatasetFiles.listShards(fs, dest).nonEmpty =>
         throw new IllegalArgumentException(
@@ -153,9 +153,12 @@ private[spark] object SafetensorsWriter {
     val append = mode == SaveMode.Append
     val current: Option[String] =
       if (append) base
-      else if (exists) target.commits.latest().map(_._2)
-      else None
-    if (!append) current.foreach(NativeWriter.checkManifest)
+      else if (exists) {
+        val latest = target.commits.latestWithSource()
+        // named as the file it came from: a damaged log entry is not dataset_manifest.json's fault
+        latest.foreach { case (_, text, source) => NativeWriter.checkManifest(text, source.toString) }
+        latest.map(_._2)
+      } else None
     // a replayed micro-batch (its query committed it already): no job, nothing changes
     if (stream.exists(b => NativeWriter.streamBatchCommitted(current.orNull, b.queryId, b.batchId))) {
       return None

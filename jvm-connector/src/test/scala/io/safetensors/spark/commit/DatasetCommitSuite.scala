@@ -170,6 +170,29 @@ class DatasetCommitSuite extends SparkSuiteBase {
     }
   }
 
+  test("a tampered _manifest_log entry newer than dataset_manifest.json fails a write naming the entry, not the intact manifest") {
+    val path = freshPath()
+    tagged(8, 1).write.format("safetensors").option("batch_size", "4").save(path)
+    // a newer version in the log (as a writer that crashed before publishing leaves one), tampered
+    val m = manifest(path).asInstanceOf[ObjectNode]
+    val next = m.get("manifest_version").asLong() + 1
+    m.put("manifest_version", next)
+    m.get("shards").get(0).asInstanceOf[ObjectNode].put("shard_path", "../elsewhere.safetensors")
+    val entry = Paths.get(path, DatasetCommit.LogDir, DatasetCommit.logName(next))
+    Files.write(entry, mapper.writeValueAsBytes(m))
+    val before = snapshot(path)
+    for (mode <- Seq("overwrite", "append")) {
+      val e = intercept[Exception] {
+        tagged(4, 2).write.format("safetensors").option("batch_size", "4").mode(mode).save(path)
+      }
+      val msg = messages(e)
+      assert(msg.contains(s"${DatasetCommit.LogDir}/${DatasetCommit.logName(next)}"), s"$mode: names the log entry: $msg")
+      assert(!msg.contains("dataset_manifest.json"), s"$mode: blames the intact manifest: $msg")
+      assert(msg.contains("../elsewhere.safetensors"), s"$mode: names the bad shard entry: $msg")
+      assert(snapshot(path) == before, s"$mode changed the dataset")
+    }
+  }
+
   private def kv(keys: Seq[String], value: Float, parts: Int = 2): DataFrame = {
     val schema = StructType(Seq(StructField("k", StringType), StructField("v", ArrayType(FloatType))))
     spark.createDataFrame(spark.sparkContext.parallelize(keys.map(k => Row(k, Seq(value))), parts), schema)

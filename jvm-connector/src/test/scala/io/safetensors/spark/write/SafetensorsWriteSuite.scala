@@ -321,6 +321,14 @@ class SafetensorsWriteSuite extends SparkSuiteBase {
       floats(2).write.format("safetensors").option("batch_size", "2").option("dtype", "F33").save(path)
     }
     assert(dtype.getMessage.contains("F33"), dtype.getMessage)
+    // metadata beyond the JVM JSON parser's 20,000,000-character strings: the option's own
+    // limit, not the parser's StreamConstraintsException
+    val huge = s"""{"notes": "${"x" * 21000000}"}"""
+    val big = intercept[IllegalArgumentException] {
+      floats(2).write.format("safetensors").option("batch_size", "2").option("metadata", huge).save(path)
+    }
+    assert(big.getMessage.contains("option metadata is 21000012 bytes"), big.getMessage.take(500))
+    assert(big.getMessage.contains(s"at most ${16 << 20} bytes"), big.getMessage.take(500))
     assert(!new File(path).exists())
   }
 
