@@ -28,6 +28,55 @@ type ParsedHeader = (
     Vec<TensorRow>,
 );
 
+/// Gathers rows of an open shard with positioned reads (`safetensors_spark_format::file::
+/// read_rows_at`), the GIL released: for each little-endian u64 in `offsets`, `row_len` bytes
+/// at that absolute offset, in order, as one new `bytearray`. `fd` is a descriptor of the file
+/// the caller keeps open for the call; `path` names it in errors; `expected_len` is the length
+/// its header was validated against. A file that has become shorter raises `FormatError`
+/// naming it, instead of the SIGBUS a memory map would take (spec/format.md).
+#[pyfunction]
+fn read_rows<'py>(
+    py: Python<'py>,
+    fd: i32,
+    path: &str,
+    expected_len: u64,
+    offsets: &[u8],
+    row_len: usize,
+) -> PyResult<Bound<'py, pyo3::types::PyByteArray>> {
+    use std::os::fd::BorrowedFd;
+    let offsets: Vec<u64> = offsets
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    let total = offsets.len().checked_mul(row_len).ok_or_else(|| {
+        FormatError::new_err(format!(
+            "{path}: {} rows of {row_len} bytes overflow",
+            offsets.len()
+        ))
+    })?;
+    // SAFETY: `fd` is an open descriptor the caller holds for the duration of this call (the
+    // store's open file object); it is only duplicated here, never closed.
+    let file = std::fs::File::from(
+        unsafe { BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{path}: {e}")))?,
+    );
+    let path = std::path::Path::new(path);
+    let mut out = vec![0u8; total];
+    py.detach(|| {
+        safetensors_spark_format::file::read_rows_at(
+            &file,
+            path,
+            expected_len,
+            &offsets,
+            row_len,
+            &mut out,
+        )
+    })
+    .map_err(|e| FormatError::new_err(e.to_string()))?;
+    Ok(pyo3::types::PyByteArray::new(py, &out))
+}
+
 /// Checks the 8-byte prefix of a file of `file_len` bytes; returns N, the header length.
 #[pyfunction]
 fn check_prefix(prefix: &[u8], file_len: u64) -> PyResult<u64> {
@@ -103,5 +152,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
     m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(read_rows, m)?)?;
     Ok(())
 }

@@ -291,7 +291,7 @@ def test_errors_share_one_base_class():
 
 def test_datasets_pickle_as_paths_and_manifest(good):
     ds = open_dataset(good)
-    ds[0]  # opens a memory map
+    ds[0]  # opens the shard
     state = pickle.dumps(ds)
     assert b"mmap" not in state
     again = pickle.loads(state)

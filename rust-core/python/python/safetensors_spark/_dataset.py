@@ -2,7 +2,7 @@
 
 Format rules (manifest fields, header validity, shard names) are the Rust engine's
 (``safetensors_spark._native``); this module reads bytes, checks that shards and manifest agree,
-and cuts numpy arrays out of shard memory.
+and reads numpy arrays out of the shards (positioned reads: never a memory map, spec/python.md).
 """
 
 import bisect
@@ -355,26 +355,45 @@ class Dataset:
         return k, v - offsets[k]
 
     def tensor_array(self, shard, tensor):
-        """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
+        """The whole tensor as a fresh writable array (a positioned read or a range read)."""
+        store = self._local(shard)
+        dtype = self._dtype_of(shard, tensor)
+        return store.array(shard.name, tensor.start, tensor.end, dtype, tensor.shape, size=shard.size)
+
+    def _local(self, shard):
+        """The store, with ``shard`` copied into the local cache first when there is one."""
         store = self._store
         if isinstance(store, CachedStore):
             store.fetch(shard.name, shard.size)
-        dtype = self._dtype_of(shard, tensor)
-        return store.array(shard.name, tensor.start, tensor.end, dtype, tensor.shape)
+        return store
+
+    def gather(self, shard, column, rows):
+        """Rows ``rows`` (int array) of a batch-layout column, in that order, as a fresh array:
+        local shards with one positioned read per run of adjacent rows (``_native.read_rows``);
+        remote ones through the whole column."""
+        t = self._header(shard)[column]
+        store = self._local(shard)
+        dtype = self._dtype_of(shard, t)
+        rows = np.asarray(rows, dtype=np.int64)
+        if not store.is_local:
+            return self.tensor_array(shard, t).take(rows, axis=0)
+        row_bytes = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
+        if len(rows) and (rows.min() < 0 or rows.max() >= t.shape[0]):
+            raise IndexError(f"{store.url(shard.name)}: rows of '{column}' out of range [0, {t.shape[0]})")
+        data = store.read_rows(shard.name, shard.size, t.start + rows * row_bytes, row_bytes)
+        return np.frombuffer(data, dtype=dtype).reshape((len(rows), *t.shape[1:]))
 
     def _dtype_of(self, shard, tensor):
         return numpy_dtype(tensor.dtype, f"{self._store.url(shard.name)}: tensor '{tensor.name}'")
 
     def rows(self, shard, column, start, stop):
-        """Rows ``[start, stop)`` of a batch-layout column: a view for local files, a range read
-        of exactly those rows otherwise."""
+        """Rows ``[start, stop)`` of a batch-layout column: one read of exactly those rows, into
+        a fresh writable array."""
         t = self._header(shard)[column]
-        store = self._store
-        if store.is_local:
-            return self.tensor_array(shard, t)[start:stop]
+        store = self._local(shard)
         row_bytes = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
         return store.array(shard.name, t.start + start * row_bytes, t.start + stop * row_bytes,
-                           self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
+                           self._dtype_of(shard, t), (stop - start, *t.shape[1:]), size=shard.size)
 
     def kv_tensor(self, shard, key, column):
         return self.tensor_array(shard, self._kv_keys(shard)[key][column])
@@ -503,5 +522,5 @@ def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=Tr
     Reads the manifest and, with ``check_headers`` (default), every shard's header, checking each
     against the manifest, so a broken dataset fails here rather than during training.
     ``storage_options`` go to fsspec; with ``cache_dir`` remote shards are copied there whole on
-    first use and memory-mapped."""
+    first use and read from there."""
     return Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers)

@@ -1,4 +1,4 @@
-"""Where the bytes come from: local files (memory-mapped), fsspec range reads, or a local cache.
+"""Where the bytes come from: local files (positioned reads), fsspec range reads, or a local cache.
 
 A *store* is rooted at the dataset directory and knows only plain file names in it (the caller has
 checked them with the Rust trust rule). No thread, pool or open file survives pickling: a store
@@ -6,30 +6,35 @@ pickles as its URL pieces and reopens files lazily in the process that uses it.
 """
 
 import hashlib
-import mmap
 import os
 
 import numpy as np
+
+from . import _native
+from ._errors import ShardError
 
 HEADER_READ_AHEAD = 64 * 1024
 
 
 class LocalStore:
-    """A dataset directory on the local file system. Shards are memory-mapped copy-on-write
-    (``MAP_PRIVATE``): arrays over them are writable, writes never reach the file."""
+    """A dataset directory on the local file system. Shards are never memory-mapped: bytes are
+    read with positioned reads (Rust, ``_native.read_rows``) into fresh writable arrays, each
+    read checked against the shard's validated length, so a shard truncated while it is read
+    raises ``ShardError`` naming it instead of killing the process with SIGBUS (spec/format.md
+    §"Reading a file that changes")."""
 
     is_local = True
 
     def __init__(self, root):
         self.root = root
-        self._maps = {}
+        self._files = {}
 
     def __getstate__(self):
         return {"root": self.root}
 
     def __setstate__(self, state):
         self.root = state["root"]
-        self._maps = {}
+        self._files = {}
 
     def url(self, name):
         return os.path.join(self.root, name)
@@ -52,21 +57,35 @@ class LocalStore:
         with open(self.url(name), "rb") as f:
             return f.read()
 
-    def buffer(self, name):
-        """The whole file as a private memory map (one per file and process)."""
-        m = self._maps.get(name)
-        if m is None:
-            with open(self.url(name), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
-            self._maps[name] = m
-        return m
+    def _file(self, name):
+        """The open file ``name`` (one per file and process; kept open, so a shard replaced by a
+        rename is still read from the file that was validated)."""
+        f = self._files.get(name)
+        if f is None:
+            f = open(self.url(name), "rb")  # noqa: SIM115 - kept open for the store's lifetime
+            self._files[name] = f
+        return f
 
-    def array(self, name, start, end, dtype, shape):
-        """A zero-copy view of bytes ``[start, end)`` of file ``name``."""
-        buf = self.buffer(name)
+    def read_rows(self, name, size, offsets, row_bytes):
+        """A ``bytearray`` of the ``row_bytes`` bytes at each absolute offset of ``offsets``, in
+        order; ``size`` is the shard's validated length."""
+        offsets = np.ascontiguousarray(offsets, dtype="<u8")
+        if row_bytes == 0 or len(offsets) == 0:
+            return bytearray()
+        try:
+            return _native.read_rows(self._file(name).fileno(), self.url(name), int(size),
+                                     offsets.tobytes(), int(row_bytes))
+        except _native.FormatError as e:
+            raise ShardError(str(e)) from None
+
+    def array(self, name, start, end, dtype, shape, size=None):
+        """Bytes ``[start, end)`` of file ``name`` (``size`` bytes long, as validated) read into
+        a fresh writable array."""
+        if size is None:
+            size = os.fstat(self._file(name).fileno()).st_size
+        data = self.read_rows(name, size, [start], end - start)
         count = (end - start) // np.dtype(dtype).itemsize
-        return np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
+        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
 
     def parquet_source(self, name):
         return self.url(name), None
@@ -102,7 +121,7 @@ class FsspecStore:
     def read_text(self, name):
         return self.fs.cat_file(self.url(name))
 
-    def array(self, name, start, end, dtype, shape):
+    def array(self, name, start, end, dtype, shape, size=None):
         """Bytes ``[start, end)`` read into a fresh writable array."""
         data = bytearray(self.read(name, start, end))
         if len(data) != end - start:
@@ -115,7 +134,7 @@ class FsspecStore:
 
 
 class CachedStore(LocalStore):
-    """Whole shards of a remote dataset copied once into ``cache_dir``, then memory-mapped; the
+    """Whole shards of a remote dataset copied once into ``cache_dir``, then read as local files; the
     manifest and the index are still read from the remote store."""
 
     def __init__(self, remote, cache_dir):

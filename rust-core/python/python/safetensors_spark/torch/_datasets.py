@@ -31,8 +31,8 @@ def _dist_rank_world():
 class SafetensorsDataset(torch.utils.data.Dataset):
     """Map-style: ``len(ds)`` samples (pad rows excluded), ``ds[i]`` → ``{column: tensor}``.
 
-    Local shards are memory-mapped (private, copy-on-write): the tensors are views of the map,
-    no bytes are copied; remote shards are read by byte range into fresh tensors."""
+    Shards are read by byte range (local ones with positioned reads, never mapped) into fresh,
+    private tensors; a shard truncated while read raises ``ShardError`` naming it."""
 
     def __init__(self, path, columns=None, *, storage_options=None, cache_dir=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(

@@ -1,6 +1,7 @@
-"""Batches cut out of shard memory as torch tensors: views of the map where the rows are one
-contiguous run in this process, else gathered into fresh (or, in a DataLoader worker, shared)
-memory, one buffer per batch for all columns."""
+"""Batches read out of shards as torch tensors: one read where the rows are one contiguous run
+in this process, else gathered into fresh (or, in a DataLoader worker, shared) memory, one buffer
+per batch for all columns. Local shards are read with positioned reads, never mapped, so a shard
+truncated mid-epoch raises ``ShardError`` naming it (spec/python.md)."""
 
 import numpy as np
 import torch
@@ -17,8 +18,9 @@ def to_torch(array, dtype):
 
 
 class BatchReader:
-    """Cuts batches out of shard memory: a contiguous run of rows is a view (local) or one range
-    read (remote); scattered rows are one ``take`` per shard; KV rows are stacked."""
+    """Reads batches out of shards: a contiguous run of rows is one read; scattered rows are one
+    gather per shard and column (local: positioned reads of just those rows; remote: ``take``
+    from the cached column); KV rows are stacked."""
 
     def __init__(self, dataset, columns, cache_shards):
         self.ds = dataset
@@ -34,9 +36,9 @@ class BatchReader:
         a = self._full.get(key)
         if a is None:
             a = self.ds.tensor_array(shard, self.ds._header(shard)[column])
-            # local: a view of the process's map of the shard, kept (costs no memory of its own);
-            # remote: a fresh read, kept for the last `cache_shards` shards
-            if not self.ds._store.is_local and len(self._full) >= self.cache_shards * len(self.columns):
+            # remote only (local shards are gathered row by row): a fresh read, kept for the last
+            # `cache_shards` shards
+            if len(self._full) >= self.cache_shards * len(self.columns):
                 self._full.pop(next(iter(self._full)))
             self._full[key] = a
         return a
@@ -74,13 +76,24 @@ class BatchReader:
                 r0 = int(rows[a])
                 runs.append((a, b, {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns}))
             if len(runs) == 1 and not shared:
-                return self._torch(runs[0][2])  # one run, in this process: a zero-copy view of the map
+                return self._torch(runs[0][2])  # one run, in this process: the read's own array
             arrays, tensors = self._alloc(n, runs[0][2], shared)
             for a, b, run in runs:
                 for c in self.columns:
                     arrays[c][a:b] = run[c]
             return tensors
         uniq = np.unique(shards).tolist()
+        if ds._store.is_local:
+            # positioned reads of exactly the rows, one gather per shard and column
+            parts = {}
+            for s in uniq:
+                m = shards == s
+                for c in self.columns:
+                    parts[s, c] = (m, ds.gather(ds.shards[s], c, rows[m]))
+            arrays, tensors = self._alloc(n, {c: parts[uniq[0], c][1] for c in self.columns}, shared)
+            for (s, c), (m, part) in parts.items():
+                arrays[c][m] = part
+            return tensors
         if len(uniq) * 4 > n:
             # scattered over many shards (a random sampler over the whole dataset): one row copy
             # per sample and column beats a mask and a take per shard
