@@ -742,11 +742,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, [&big[8..12], &big[..4], &big[4..8]].concat());
-        let e =
-            read_rows_at(&raw, &path, len, &[start, cut + 4], 4, &mut vec![0u8; 8]).unwrap_err();
+        let e = read_rows_at(&raw, &path, len, &[start, cut + 4], 4, &mut [0u8; 8]).unwrap_err();
         assert!(matches!(e, FormatError::Shrank { .. }), "{e}");
         assert!(matches!(
-            read_rows_at(&raw, &path, len, &[len - 2], 4, &mut vec![0u8; 4]),
+            read_rows_at(&raw, &path, len, &[len - 2], 4, &mut [0u8; 4]),
             Err(FormatError::Io { .. })
         ));
         // A copy of the shrunk file fails the same way and leaves nothing behind.

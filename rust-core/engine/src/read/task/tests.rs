@@ -434,7 +434,11 @@ fn a_local_file_truncated_while_read_is_an_error_naming_it() {
     let cols: [(&str, Dtype, &[u64]); 1] = [("x", Dtype::F32, &[256])];
     let a = shard(&dir, &shard_name(0, 0), 64, 0, &cols);
     let m = manifest(&dir, &cols, &[(&a, 64, 0)]);
-    let mut r = plan_req(Layout::Sample, input(&[a.clone()], &[m]), &["x"]);
+    let mut r = plan_req(
+        Layout::Sample,
+        input(std::slice::from_ref(&a), &[m]),
+        &["x"],
+    );
     r.batch_rows = 16;
     let spec = only(plan_ok(&r));
     let mut task = ReadTask::new(spec);
