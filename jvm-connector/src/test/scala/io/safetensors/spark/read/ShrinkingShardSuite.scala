@@ -27,7 +27,9 @@ class ShrinkingShardSuite extends AnyFunSuite {
     val java = new File(System.getProperty("java.home"), "bin/java").getPath
     // The child gets this JVM's options (heap, --add-opens) and class path.
     val jvmArgs = ManagementFactory.getRuntimeMXBean.getInputArguments.asScala.toSeq
-    val cmd = Seq(java) ++ jvmArgs ++ Seq("-cp", System.getProperty("java.class.path"),
+    // A crash report (the old code's SIGBUS) goes to the temporary directory, not the build tree.
+    val cmd = Seq(java) ++ jvmArgs ++ Seq(s"-XX:ErrorFile=${dir.getPath}/hs_err_%p.log",
+      "-cp", System.getProperty("java.class.path"),
       ShrinkingShardMain.getClass.getName.stripSuffix("$"), dir.getPath)
     val p = new ProcessBuilder(cmd.asJava).redirectErrorStream(true).start()
     val out = new String(p.getInputStream.readAllBytes(), StandardCharsets.UTF_8)
