@@ -128,6 +128,17 @@ pub enum FormatError {
         actual: u64,
     },
 
+    /// A file became shorter than its validated length while it was being read (truncated or
+    /// replaced by another process): spec/format.md §"Reading a file that changes".
+    #[error("{path}: the file changed while being read: it is now {actual} bytes, but its header (checked when it was opened) says {expected}; bytes [{start}, {end}) are gone")]
+    Shrank {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+        start: u64,
+        end: u64,
+    },
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

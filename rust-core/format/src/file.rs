@@ -1,8 +1,8 @@
-//! Writing safetensors files (temporary sibling + rename) and reading them through a memory map.
+//! Writing safetensors files (temporary sibling + rename) and reading them through positioned
+//! reads (never a memory map: spec/format.md §"Reading a file that changes").
 
 use crate::error::FormatError;
 use crate::header::{self, FilePlan, Header, TensorEntry, TensorInfo, PREFIX_LEN};
-use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
@@ -313,8 +313,8 @@ pub fn write_file(
 }
 
 /// Copies the tensors of `input` that `keep` accepts into a new file at `output`, with
-/// `metadata` as its `__metadata__`. `output` may be `input` itself: the source stays mapped
-/// until the new file is renamed over it.
+/// `metadata` as its `__metadata__`. `output` may be `input` itself: the source stays open
+/// until the new file is renamed over it. Tensors are streamed in chunks of [`COPY_CHUNK`].
 pub fn copy_tensors(
     input: &Path,
     output: &Path,
@@ -335,8 +335,21 @@ pub fn copy_tensors(
         .collect();
     let mut writer = FileWriter::create(output, metadata, entries)?;
     let order: Vec<String> = writer.tensors().iter().map(|t| t.name.clone()).collect();
+    let mut buf = Vec::new();
     for name in &order {
-        writer.write(src.tensor(name)?.1)?;
+        let info = src
+            .header()
+            .tensor(name)
+            .ok_or_else(|| FormatError::TensorNotFound { name: name.clone() })?;
+        let mut pos = src.header().data_start() + info.data_offsets[0];
+        let end = src.header().data_start() + info.data_offsets[1];
+        while pos < end {
+            let n = (end - pos).min(COPY_CHUNK);
+            buf.resize(n as usize, 0);
+            src.read_at(pos, &mut buf)?;
+            writer.write(&buf)?;
+            pos += n;
+        }
     }
     writer.finish()
 }
@@ -441,41 +454,30 @@ fn read_header_from(path: &Path, file: &mut File) -> Result<Header, FormatError>
     header::parse_header(&json, file_len)
 }
 
-/// A validated file whose data is memory-mapped; tensor data is handed out as zero-copy slices.
+/// A validated file whose tensor bytes are read on demand with positioned reads.
 ///
-/// The header is read and validated against the file length *before* the file is mapped. The
-/// mapping is read-only; a file truncated by another process while mapped is outside what any
-/// mmap reader can defend against (SIGBUS), so files must not be modified while being read.
+/// The header is read and validated against the file length when the file is opened; every
+/// later read is checked against that length. The file is never memory-mapped: a mapped file
+/// truncated by another process kills the reading process with SIGBUS (in the JVM, the whole
+/// executor or local-mode driver), while a positioned read of bytes that are gone returns short,
+/// which is reported as [`FormatError::Shrank`] naming the file (spec/format.md §"Reading a file
+/// that changes").
 pub struct SafetensorsFile {
     path: PathBuf,
     header: Header,
-    map: Option<Mmap>,
+    file: File,
 }
 
+/// Bytes copied per read by [`copy_tensors`]: a tensor is streamed, never held whole.
+const COPY_CHUNK: u64 = 8 << 20;
+
 impl SafetensorsFile {
-    /// Opens, validates and maps a file.
+    /// Opens and validates a file (header against the file's length).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
         let path = path.as_ref().to_path_buf();
         let mut file = open_regular(&path).map_err(|e| FormatError::io(&path, e))?;
         let header = read_header_from(&path, &mut file)?;
-        let map = if header.data_len == 0 {
-            None
-        } else {
-            // SAFETY: the map is read-only and private to this object; the length was checked
-            // against the header just above. Concurrent truncation by another process is
-            // documented as unsupported.
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| FormatError::io(&path, e))?;
-            if map.len() as u64 != header.file_len() {
-                return Err(FormatError::FileLengthMismatch {
-                    header_len: header.header_len,
-                    data_len: header.data_len,
-                    expected: header.file_len(),
-                    file_len: map.len() as u64,
-                });
-            }
-            Some(map)
-        };
-        Ok(SafetensorsFile { path, header, map })
+        Ok(SafetensorsFile { path, header, file })
     }
 
     pub fn path(&self) -> &Path {
@@ -486,24 +488,141 @@ impl SafetensorsFile {
         &self.header
     }
 
-    /// The bytes of one tensor (little-endian, C order, possibly unaligned).
-    pub fn data(&self, tensor: &TensorInfo) -> &[u8] {
-        let start = (self.header.data_start() + tensor.data_offsets[0]) as usize;
-        let end = (self.header.data_start() + tensor.data_offsets[1]) as usize;
-        self.map
-            .as_ref()
-            .and_then(|m| m.get(start..end))
-            .unwrap_or(&[])
+    /// Fills `buf` with the file's bytes from absolute offset `start`. A range beyond the length
+    /// the header was validated against is refused without reading; a file that has become
+    /// shorter since it was opened is [`FormatError::Shrank`].
+    pub fn read_at(&self, start: u64, buf: &mut [u8]) -> Result<(), FormatError> {
+        let expected = self.header.file_len();
+        let end = start.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > expected) {
+            return Err(FormatError::io(
+                &self.path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "bytes [{start}, {start}+{}) lie beyond the file's {expected} bytes",
+                        buf.len()
+                    ),
+                ),
+            ));
+        }
+        read_checked(&self.file, &self.path, expected, start, buf)
+    }
+
+    /// The file's bytes `range` (absolute offsets), read into a new buffer.
+    pub fn read_range(&self, range: std::ops::Range<u64>) -> Result<Vec<u8>, FormatError> {
+        let mut buf = vec![0u8; range.end.saturating_sub(range.start) as usize];
+        self.read_at(range.start, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// The bytes of one tensor (little-endian, C order), read into a new buffer.
+    pub fn data(&self, tensor: &TensorInfo) -> Result<Vec<u8>, FormatError> {
+        let start = self.header.data_start() + tensor.data_offsets[0];
+        let end = self.header.data_start() + tensor.data_offsets[1];
+        self.read_range(start..end)
     }
 
     /// Looks a tensor up by name and returns its entry and bytes.
-    pub fn tensor(&self, name: &str) -> Result<(&TensorInfo, &[u8]), FormatError> {
+    pub fn tensor(&self, name: &str) -> Result<(&TensorInfo, Vec<u8>), FormatError> {
         let info = self
             .header
             .tensor(name)
             .ok_or_else(|| FormatError::TensorNotFound { name: name.into() })?;
-        Ok((info, self.data(info)))
+        Ok((info, self.data(info)?))
     }
+}
+
+/// Fills `buf` from offset `start` of `file` (named `path`), whose validated length is
+/// `expected`: a file now shorter is [`FormatError::Shrank`].
+fn read_checked(
+    file: &File,
+    path: &Path,
+    expected: u64,
+    start: u64,
+    buf: &mut [u8],
+) -> Result<(), FormatError> {
+    match read_exact_at(file, buf, start) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FormatError::Shrank {
+            path: path.to_path_buf(),
+            expected,
+            actual: file.metadata().map_or(0, |m| m.len()),
+            start,
+            end: start + buf.len() as u64,
+        }),
+        Err(e) => Err(FormatError::io(path, e)),
+    }
+}
+
+/// Gathers rows of a file with positioned reads: for each `offsets[i]`, the `row_len` bytes
+/// there go to `out[i·row_len..(i+1)·row_len]`; rows that follow each other in the file are read
+/// with one call. `expected` is the file's validated length: a row beyond it is refused without
+/// reading, and a file that has become shorter is [`FormatError::Shrank`] naming `path`
+/// (spec/format.md §"Reading a file that changes"). What the Python package's loader gathers
+/// its batches with, in place of a memory map.
+pub fn read_rows_at(
+    file: &File,
+    path: &Path,
+    expected: u64,
+    offsets: &[u64],
+    row_len: usize,
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    let invalid = |msg: String| {
+        FormatError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
+        )
+    };
+    if offsets.len().checked_mul(row_len) != Some(out.len()) {
+        return Err(invalid(format!(
+            "{} rows of {row_len} bytes do not fill a buffer of {} bytes",
+            offsets.len(),
+            out.len()
+        )));
+    }
+    let mut i = 0;
+    while i < offsets.len() {
+        let start = offsets[i];
+        let mut j = i + 1;
+        while j < offsets.len() && offsets[j] == offsets[j - 1].saturating_add(row_len as u64) {
+            j += 1;
+        }
+        let len = ((j - i) * row_len) as u64;
+        if start.checked_add(len).is_none_or(|e| e > expected) {
+            return Err(invalid(format!(
+                "bytes [{start}, {start}+{len}) lie beyond the file's {expected} bytes"
+            )));
+        }
+        let dest = out.get_mut(i * row_len..j * row_len).unwrap_or_default();
+        read_checked(file, path, expected, start, dest)?;
+        i = j;
+    }
+    Ok(())
+}
+
+/// `pread` until `buf` is full; `UnexpectedEof` when the file ends first.
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -531,7 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn write_then_read_back_zero_copy() {
+    fn write_then_read_back() {
         let dir = tempdir("rw");
         let path = dir.join("a.safetensors");
         let a: Vec<u8> = (0..24).collect();
@@ -570,6 +689,71 @@ mod tests {
         );
         // Only the final file is left: no temporary siblings.
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A file truncated after it was opened (header validated) is an error naming it when its
+    /// data is read, never a SIGBUS (which the old memory map raised here, killing the test).
+    #[test]
+    fn a_file_that_shrinks_after_open_is_an_error_naming_it() {
+        let dir = tempdir("shrink");
+        let path = dir.join("s.safetensors");
+        let big: Vec<u8> = (0..64 * 1024).map(|i| i as u8).collect();
+        write_file(
+            &path,
+            None,
+            &[(entry("big", Dtype::U8, &[big.len() as u64]), &big[..])],
+        )
+        .unwrap();
+        let file = SafetensorsFile::open(&path).unwrap();
+        let cut = file.header().data_start() + 1024;
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        // Bytes still there read as before.
+        let start = file.header().data_start();
+        assert_eq!(file.read_range(start..start + 16).unwrap(), &big[..16]);
+        let e = file.tensor("big").unwrap_err();
+        assert!(
+            matches!(e, FormatError::Shrank { ref path, actual, .. }
+                if path == &dir.join("s.safetensors") && actual == cut),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("s.safetensors") && msg.contains("changed while being read"),
+            "{msg}"
+        );
+        // Row gathers: rows before the cut read (adjacent rows in one call), a row past it is
+        // Shrank naming the file.
+        let raw = File::open(&path).unwrap();
+        let len = file.header().file_len();
+        let mut out = vec![0u8; 12];
+        read_rows_at(
+            &raw,
+            &path,
+            len,
+            &[start + 8, start, start + 4],
+            4,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, [&big[8..12], &big[..4], &big[4..8]].concat());
+        let e = read_rows_at(&raw, &path, len, &[start, cut + 4], 4, &mut [0u8; 8]).unwrap_err();
+        assert!(matches!(e, FormatError::Shrank { .. }), "{e}");
+        assert!(matches!(
+            read_rows_at(&raw, &path, len, &[len - 2], 4, &mut [0u8; 4]),
+            Err(FormatError::Io { .. })
+        ));
+        // A copy of the shrunk file fails the same way and leaves nothing behind.
+        let out = dir.join("copy.safetensors");
+        assert!(matches!(
+            copy_tensors(&path, &out, None, |_| true),
+            Err(FormatError::FileLengthMismatch { .. })
+        ));
         fs::remove_dir_all(dir).unwrap();
     }
 

@@ -17,7 +17,7 @@
 //!
 //!   Each layout has a schema function the driver can call at plan time, and every layout can
 //!   carry the file's `__metadata__` as a `Map<Utf8, Utf8>` column (null when the file has none).
-//! * [`TensorSource`] — where tensor bytes come from: a memory-mapped local file
+//! * [`TensorSource`] — where tensor bytes come from: a local file read with positioned reads
 //!   ([`SafetensorsFile`]), a whole file held in memory ([`FileBytes`]), or (later) ranged reads
 //!   from a Hadoop file system, which only need to implement [`TensorSource::read`] for a byte
 //!   range of one tensor.
@@ -26,7 +26,7 @@
 //!   files), the resolved layout and Spark schema ([`scan::describe`]), and the input
 //!   partitions ([`scan::plan`]); serde JSON in and out for the JNI layer.
 //! * [`task`] — executor side: [`task::ReadTask`] runs one [`scan::PartitionSpec`] on local
-//!   (mmap) or remote (ranged reads) files, batch by batch, counting the bytes it reads.
+//!   (positioned reads) or remote (ranged reads) files, batch by batch, counting the bytes it reads.
 //!
 //! Sizes: Spark's `ArrowColumnVector` reads `List` and `Binary` offsets as 32-bit integers, so a
 //! batch may hold at most `i32::MAX` elements per list level and `i32::MAX` bytes per binary
@@ -65,7 +65,7 @@ pub trait TensorSource {
 
     /// Bytes `range` of tensor `info`'s data, offsets relative to the tensor's first byte
     /// (`0..info.byte_len()` is the whole tensor). Borrowed when the bytes are already in memory
-    /// (mmap), owned when they had to be fetched.
+    /// (a whole file in memory), owned when they had to be read or fetched.
     fn read(&self, info: &TensorInfo, range: Range<u64>) -> Result<Cow<'_, [u8]>, ReadError>;
 }
 
@@ -104,7 +104,19 @@ impl TensorSource for SafetensorsFile {
     }
 
     fn read(&self, info: &TensorInfo, range: Range<u64>) -> Result<Cow<'_, [u8]>, ReadError> {
-        slice_tensor(&self.name(), self.data(info), info, range).map(Cow::Borrowed)
+        // Only the bytes asked for are read, each checked against the validated length.
+        let len = info.byte_len();
+        if range.start > range.end || range.end > len {
+            return Err(ReadErrorKind::DataLength {
+                expected: len,
+                actual: range.end,
+            }
+            .at(&self.name(), &info.name));
+        }
+        let base = self.header().data_start() + info.data_offsets[0];
+        self.read_range(base + range.start..base + range.end)
+            .map(Cow::Owned)
+            .map_err(|e| ReadErrorKind::Format(e).at(&self.name(), &info.name))
     }
 }
 

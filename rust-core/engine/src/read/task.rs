@@ -5,7 +5,7 @@
 //! ```text
 //! task = ReadTask::new(spec)
 //! for i in 0..task.unit_count():
-//!     local file  → task.open_local(i, path)         (mmap; header validated vs the length)
+//!     local file  → task.open_local(i, path)         (header validated vs the length)
 //!     otherwise   → task.open_remote(i, prefix_and_header_bytes)
 //!     loop:
 //!         for r in task.needed_ranges():  task.supply(r.start, bytes of r)   (remote only)
@@ -27,8 +27,12 @@
 //!   (per-sample values widened to the column's element type; a tensor missing from a file →
 //!   null rows; `_file` / `_metadata` / `file` / `metadata` as requested), and as many rows as
 //!   the unit yields even with no columns (`count()`).
-//! * [`ReadTask::bytes_read`] counts header bytes plus data bytes actually read (mmap slices
-//!   taken, bytes supplied: on a remote file every byte fetched, gaps read through included) —
+//! * A local file is never memory-mapped: `next_batch` reads the batch's coalesced ranges with
+//!   positioned reads, each checked against the length the header was validated with, so a file
+//!   truncated while it is read is an error naming it, not a SIGBUS that kills the JVM
+//!   (spec/format.md §"Reading a file that changes").
+//! * [`ReadTask::bytes_read`] counts header bytes plus data bytes actually read (the batch's
+//!   ranges read, bytes supplied: on a remote file every byte fetched, gaps read through included) —
 //!   the metric tests use to show pruning.
 
 use super::arrow_types::MAX_OFFSET;
@@ -76,8 +80,14 @@ struct Open {
 }
 
 enum Source {
-    Local(SafetensorsFile),
+    Local(Local),
     Remote(Remote),
+}
+
+/// A local file, read with positioned reads: the current batch's ranges, read by `next_batch`.
+struct Local {
+    file: SafetensorsFile,
+    segments: BTreeMap<u64, Vec<u8>>,
 }
 
 /// A file read through ranged reads: its header and the byte segments supplied so far.
@@ -110,7 +120,7 @@ struct Step {
 impl Source {
     fn header(&self) -> &Header {
         match self {
-            Source::Local(f) => f.header(),
+            Source::Local(l) => l.file.header(),
             Source::Remote(r) => &r.header,
         }
     }
@@ -118,6 +128,16 @@ impl Source {
 
 impl Remote {
     fn read(&self, abs: Range<u64>) -> Result<Cow<'_, [u8]>, ReadErrorKind> {
+        read_segments(&self.segments, abs)
+    }
+}
+
+/// Bytes `abs` (absolute offsets) out of the segments read or supplied for the current batch.
+fn read_segments(
+    segments: &BTreeMap<u64, Vec<u8>>,
+    abs: Range<u64>,
+) -> Result<Cow<'_, [u8]>, ReadErrorKind> {
+    {
         if abs.start >= abs.end {
             return Ok(Cow::Borrowed(&[]));
         }
@@ -125,7 +145,7 @@ impl Remote {
             start,
             end: abs.end,
         };
-        if let Some((&s, b)) = self.segments.range(..=abs.start).next_back() {
+        if let Some((&s, b)) = segments.range(..=abs.start).next_back() {
             if s + b.len() as u64 >= abs.end {
                 let (from, to) = ((abs.start - s) as usize, (abs.end - s) as usize);
                 return b.get(from..to).map(Cow::Borrowed).ok_or(missing(abs.start));
@@ -134,7 +154,7 @@ impl Remote {
         // Spread over several segments: assemble.
         let mut out = Vec::with_capacity((abs.end - abs.start) as usize);
         let mut pos = abs.start;
-        for (&s, b) in self.segments.range(..abs.end) {
+        for (&s, b) in segments.range(..abs.end) {
             let e = s + b.len() as u64;
             if e <= pos {
                 continue;
@@ -154,7 +174,9 @@ impl Remote {
         }
         Ok(Cow::Owned(out))
     }
+}
 
+impl Remote {
     /// The parts of `r` no supplied segment covers.
     fn uncovered(&self, r: &Range<u64>) -> Vec<Range<u64>> {
         let mut out = Vec::new();
@@ -199,8 +221,8 @@ impl TensorSource for View<'_> {
         let abs = absolute(self.header(), info, &range);
         self.reads.borrow_mut().push(abs.clone());
         match self.source {
-            Source::Local(f) => {
-                TensorSource::read(f, info, range).map_err(|e| e.kind.at(self.name, &info.name))
+            Source::Local(l) => {
+                read_segments(&l.segments, abs).map_err(|e| e.at(self.name, &info.name))
             }
             Source::Remote(r) => r.read(abs).map_err(|e| e.at(self.name, &info.name)),
         }
@@ -211,7 +233,7 @@ impl TensorSource for View<'_> {
 /// report's [`hash::hash_file`]); a remote one's was streamed through `supply`.
 fn whole_file_digest(unit: &Unit, source: &Source) -> Result<String, ReadError> {
     match source {
-        Source::Local(f) => hash::hash_file(f.path(), &[], unit.length)
+        Source::Local(l) => hash::hash_file(l.file.path(), &[], unit.length)
             .map(|h| h.file)
             .map_err(|e| {
                 ReadErrorKind::Invalid(format!("hashing the file: {e}")).in_file(&unit.file)
@@ -363,13 +385,21 @@ impl ReadTask {
         })
     }
 
-    /// Opens unit `i` on a local file (memory-mapped).
+    /// Opens unit `i` on a local file (read with positioned reads, batch by batch).
     pub fn open_local(&mut self, i: usize, path: &Path) -> Result<(), ReadError> {
         self.open = None;
         let uri = self.unit(i)?.file.clone();
         let opened =
             SafetensorsFile::open(path).map_err(|e| ReadErrorKind::Format(e).in_file(&uri));
-        self.finish_open(i, opened.map(Source::Local))
+        self.finish_open(
+            i,
+            opened.map(|file| {
+                Source::Local(Local {
+                    file,
+                    segments: BTreeMap::new(),
+                })
+            }),
+        )
     }
 
     /// Opens unit `i` from its file's first `8 + N` bytes (prefix and header JSON).
@@ -837,6 +867,22 @@ impl ReadTask {
         let Some(step) = step else {
             return Ok(None);
         };
+        if let Some(Open {
+            unit,
+            source: Some(Source::Local(l)),
+            ..
+        }) = &mut self.open
+        {
+            let uri = self.spec.units.get(*unit).map_or("", |u| u.file.as_str());
+            l.segments.clear();
+            for r in &step.ranges {
+                let bytes = l
+                    .file
+                    .read_range(r.clone())
+                    .map_err(|e| ReadErrorKind::Format(e).in_file(uri))?;
+                l.segments.insert(r.start, bytes);
+            }
+        }
         let (batch, taken) = {
             let Some(Open {
                 unit,
@@ -861,7 +907,7 @@ impl ReadTask {
             let taken = match source {
                 // the digest of a local file read it all
                 Source::Local(_) if digest.is_some() => unit.length,
-                Source::Local(_) => total(&coalesce(view.reads.into_inner())),
+                Source::Local(_) => total(&step.ranges),
                 Source::Remote(_) => 0, // counted when supplied
             };
             (batch, taken)
@@ -869,8 +915,10 @@ impl ReadTask {
         self.bytes_read += taken;
         if let Some(open) = &mut self.open {
             open.cursor = step.to;
-            if let Some(Source::Remote(r)) = &mut open.source {
-                r.segments.clear();
+            match &mut open.source {
+                Some(Source::Remote(r)) => r.segments.clear(),
+                Some(Source::Local(l)) => l.segments.clear(),
+                None => {}
             }
         }
         Ok(Some(batch))

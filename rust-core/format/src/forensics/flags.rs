@@ -172,6 +172,7 @@ pub fn classify(e: &FormatError) -> (FlagCode, Option<&str>) {
         | E::DuplicateTensorName { .. }
         | E::TensorNotFound { .. }
         | E::DataLengthMismatch { .. }
+        | E::Shrank { .. }
         | E::Io { .. } => (C::Unreadable, None),
     }
 }

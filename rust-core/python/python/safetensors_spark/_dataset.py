@@ -370,6 +370,12 @@ class Dataset:
         offsets = np.asarray([s.offset for s in self.shards], dtype=np.int64)
         return k, v - offsets[k]
 
+    def check_unchanged(self, shard):
+        """For a local (or locally cached) shard: raises ``ShardError`` naming it unless the file
+        still has its validated length (``LocalStore.check``); remote reads check every range."""
+        if self._store.is_local:
+            self._store.check(shard.name, shard.size)
+
     def tensor_array(self, shard, tensor):
         """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
         store = self._store

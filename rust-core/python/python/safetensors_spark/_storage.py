@@ -62,9 +62,28 @@ class LocalStore:
             self._maps[name] = m
         return m
 
+    def check(self, name, end):
+        """Raises ``ShardError`` naming file ``name`` unless it still holds bytes ``[0, end)``
+        (``end``: what its validated header says). Called before the package touches a mapped
+        shard and after it copied a batch out of one: a shard truncated under the map would
+        raise SIGBUS on a page that is gone, or read a cut page's tail as zeros (spec/python.md
+        §4). One ``fstat`` of the map's own descriptor."""
+        m = self._maps.get(name)
+        if m is None or end == 0:
+            return  # not mapped yet: the map is made, and checked, when it is first needed
+        now = m.size() if isinstance(m, mmap.mmap) else 0
+        if min(now, len(m)) < end:
+            from ._errors import ShardError
+
+            raise ShardError(f"{self.url(name)}: the file changed while being read: it is now "
+                             f"{now} bytes, but its header (checked when it was opened) needs "
+                             f"{end}; a shard must not be modified while it is read")
+
     def array(self, name, start, end, dtype, shape):
-        """A zero-copy view of bytes ``[start, end)`` of file ``name``."""
+        """A zero-copy view of bytes ``[start, end)`` of file ``name``, after checking the file
+        still holds them (:meth:`check`)."""
         buf = self.buffer(name)
+        self.check(name, end)
         count = (end - start) // np.dtype(dtype).itemsize
         return np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
 

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::read::scan::tests::{
-    input, path_of, plan_ok, plan_req, shard, shard_name, two_shards, with_header, write, Dir,
+    input, manifest, path_of, plan_ok, plan_req, shard, shard_name, two_shards, with_header, write,
+    Dir,
 };
 use crate::read::scan::{FileInput, PartitionSpec, ScanInput};
 use arrow_array::cast::AsArray;
@@ -422,6 +423,43 @@ fn header_changed_since_planning_is_an_error() {
     let mut task = ReadTask::new(spec);
     let e = task.open_local(i, &path_of(&b.file)).unwrap_err();
     assert!(e.to_string().contains("missing"), "{e}");
+}
+
+/// A local file truncated after its unit was opened (header read and checked against the plan)
+/// fails its next batch with an error naming the file; the old memory map raised SIGBUS here
+/// (the file is 64 KiB, so whole pages lie past the new end) and killed the test process.
+#[test]
+fn a_local_file_truncated_while_read_is_an_error_naming_it() {
+    let dir = Dir::new("t-shrink");
+    let cols: [(&str, Dtype, &[u64]); 1] = [("x", Dtype::F32, &[256])];
+    let a = shard(&dir, &shard_name(0, 0), 64, 0, &cols);
+    let m = manifest(&dir, &cols, &[(&a, 64, 0)]);
+    let mut r = plan_req(
+        Layout::Sample,
+        input(std::slice::from_ref(&a), &[m]),
+        &["x"],
+    );
+    r.batch_rows = 16;
+    let spec = only(plan_ok(&r));
+    let mut task = ReadTask::new(spec);
+    let path = path_of(&a.file);
+    task.open_local(0, &path).unwrap();
+    assert_eq!(task.next_batch().unwrap().unwrap().num_rows(), 16);
+    let header = header_bytes(&std::fs::read(&path).unwrap()).len() as u64;
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(header + 1024)
+        .unwrap();
+    let e = task.next_batch().unwrap_err();
+    assert_eq!(e.file, a.file);
+    let msg = e.to_string();
+    assert!(msg.contains("changed while being read"), "{msg}");
+    assert!(
+        msg.contains(&format!("now {} bytes", header + 1024)),
+        "{msg}"
+    );
 }
 
 #[test]

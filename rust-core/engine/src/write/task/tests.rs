@@ -114,14 +114,16 @@ fn wrap(inner: ArrayRef, offsets: &[i32]) -> ArrayRef {
     ))
 }
 
-fn le_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
+fn le_f32(b: impl AsRef<[u8]>) -> Vec<f32> {
+    b.as_ref()
+        .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
 
-fn le_f64(b: &[u8]) -> Vec<f64> {
-    b.chunks_exact(8)
+fn le_f64(b: impl AsRef<[u8]>) -> Vec<f64> {
+    b.as_ref()
+        .chunks_exact(8)
         .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
@@ -297,13 +299,13 @@ fn batch_shapes_values_offsets_and_metadata() {
         let f = open(s);
         let (info, data) = f.tensor("x").unwrap();
         assert_eq!(info.shape, shape);
-        assert_eq!(le_f32(data), values);
+        assert_eq!(le_f32(&data), values);
         assert_eq!(s.bytes, fs::metadata(&s.local_path).unwrap().len());
         let t = &s.tensors[0];
         assert_eq!((t.name.as_str(), t.dtype), ("x", Dtype::F32));
         assert_eq!(t.shape, shape);
         let raw = fs::read(&s.local_path).unwrap();
-        assert_eq!(&raw[t.data_start as usize..t.data_end as usize], data);
+        assert_eq!(&raw[t.data_start as usize..t.data_end as usize], &data[..]);
         assert_eq!(t.sample_key, None);
         let meta = f.header().metadata.clone().unwrap();
         assert_eq!(

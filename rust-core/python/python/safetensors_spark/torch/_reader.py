@@ -50,7 +50,18 @@ class BatchReader:
 
     def batch(self, shards, rows, shared=None):
         """``{column: tensor}`` of the rows ``rows`` of the shards ``shards``; in shared memory
-        when ``shared`` (default: in a DataLoader worker)."""
+        when ``shared`` (default: in a DataLoader worker). Local shards are checked before the
+        batch touches their maps and after it was copied out: a shard truncated meanwhile is a
+        ``ShardError`` naming it, never a batch with bytes that are gone (spec/python.md §4)."""
+        touched = [self.ds.shards[s] for s in np.unique(shards).tolist()] if self.ds._store.is_local else []
+        for shard in touched:
+            self.ds.check_unchanged(shard)
+        out = self._batch(shards, rows, shared)
+        for shard in touched:
+            self.ds.check_unchanged(shard)
+        return out
+
+    def _batch(self, shards, rows, shared):
         ds = self.ds
         if ds.layout == "kv":
             out = {}
