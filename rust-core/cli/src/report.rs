@@ -122,21 +122,17 @@ impl Found {
             return;
         }
         if arg.contains(['*', '?', '[']) {
-            match glob::glob(arg) {
-                Ok(matches) => {
-                    let mut any = false;
-                    for m in matches {
-                        match m {
-                            Ok(p) => {
-                                any = true;
-                                self.add(p, false);
-                            }
-                            Err(e) => self.problems.push(e.to_string()),
-                        }
-                    }
-                    if !any {
+            match glob::Pattern::new(arg) {
+                Ok(pattern) => {
+                    let mut matches = Vec::new();
+                    let root = literal_prefix(Path::new(arg));
+                    glob_walk(&root, &pattern, &mut HashSet::new(), &mut matches);
+                    if matches.is_empty() {
                         self.problems
                             .push(format!("{arg}: no file matches this glob"));
+                    }
+                    for p in matches {
+                        self.add(p, false);
                     }
                 }
                 Err(e) => self.problems.push(format!("{arg}: invalid glob: {e}")),
@@ -144,6 +140,54 @@ impl Found {
         } else {
             self.problems
                 .push(format!("{arg}: no such file or directory"));
+        }
+    }
+}
+
+/// The leading components of a glob that hold no wildcard: where its walk starts (empty: `.`).
+fn literal_prefix(pattern: &Path) -> PathBuf {
+    pattern
+        .components()
+        .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+        .collect()
+}
+
+/// The paths under `dir` (named as the glob names them) that `pattern` matches, in sorted order,
+/// found under the walk rule of spec/reading.md §1: links are followed but each directory is
+/// entered once, by its real path, so a glob's `**` through link loops ends (the `glob` crate's
+/// own `**` follows every link and grows exponentially with two of them).
+fn glob_walk(
+    dir: &Path,
+    pattern: &glob::Pattern,
+    entered: &mut HashSet<PathBuf>,
+    out: &mut Vec<PathBuf>,
+) {
+    let on_disk = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    if !entered.insert(identity(on_disk)) {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(on_disk) else {
+        return;
+    };
+    let mut names: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    names.sort();
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        ..glob::MatchOptions::new()
+    };
+    for name in names {
+        let path = dir.join(&name);
+        if pattern.matches_path_with(&path, opts) {
+            out.push(path.clone());
+        }
+        if path.is_dir() {
+            glob_walk(&path, pattern, entered, out);
         }
     }
 }
