@@ -54,7 +54,7 @@ private[spark] object SafetensorsWriter {
     // an append plans on top of the dataset's latest manifest: its settings fill the options
     // left out, and the plan must fit it; any other write is planned from its options alone
     val base = if (mode == SaveMode.Append) appendBase(target) else None
-    val planJson = planWrite(sqlContext, parameters, data.schema, base)
+    val planJson = planWrite(sqlContext, keepIndex(target, parameters, base), data.schema, base)
     start(target, mode, base, stream).foreach { s =>
       new DriverWrite(sqlContext, data, planJson, target, s, stream).run()
     }
@@ -95,7 +95,22 @@ private[spark] object SafetensorsWriter {
       schema: StructType): Unit = {
     val target = new Target(outputPath(parameters), SparkInternals.hadoopConf(sqlContext, parameters))
     val base = if (mode == SaveMode.Append) appendBase(target) else None
-    planWrite(sqlContext, parameters, schema, base)
+    planWrite(sqlContext, keepIndex(target, parameters, base), schema, base)
+  }
+
+  /**
+   * An append keeps the dataset's index: with `generate_index` left out, an append to a dataset
+   * whose `_tensor_index.parquet` holds parts indexes its new shards too (the manifest does not
+   * record the option; the index on disk does). `generate_index=false` drops the index
+   * (spec/dataset.md §5.2).
+   */
+  private def keepIndex(target: Target, parameters: Map[String, String],
+      base: Option[String]): Map[String, String] = {
+    val dir = new Path(target.dest, DatasetFiles.IndexDir)
+    def hasParts = target.fs.exists(dir) &&
+      target.fs.listStatus(dir).exists(s => s.isFile && !DatasetFiles.isHidden(s.getPath.getName))
+    if (base.isEmpty || ConnectorOptions.get(parameters, "generate_index").isDefined || !hasParts) parameters
+    else parameters + ("generate_index" -> "true")
   }
 
   /**

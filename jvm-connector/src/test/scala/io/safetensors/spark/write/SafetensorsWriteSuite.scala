@@ -307,8 +307,13 @@ class SafetensorsWriteSuite extends SparkSuiteBase {
     assert(manifest(path).get("manifest_version").asInt == 2)
     assert(readIndex().count() == shardFiles(path).size)
     assert(debris(path).isEmpty, debris(path))
+    // an append that leaves generate_index out keeps the dataset's index: its shards get parts
     floats(2, 1).write.format("safetensors").option("batch_size", "2").mode("append").save(path)
-    assert(!idx.exists(), "an append without generate_index removes the stale index")
+    assert(idx.list().toSeq.sorted == partsOf(path), idx.list().toSeq)
+    assert(readIndex().count() == shardFiles(path).size)
+    floats(2, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "false")
+      .mode("append").save(path)
+    assert(!idx.exists(), "an append with generate_index=false removes the index")
   }
 
   test("option errors fail before the path is created") {
