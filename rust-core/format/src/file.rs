@@ -555,53 +555,6 @@ fn read_checked(
     }
 }
 
-/// Gathers rows of a file with positioned reads: for each `offsets[i]`, the `row_len` bytes
-/// there go to `out[i·row_len..(i+1)·row_len]`; rows that follow each other in the file are read
-/// with one call. `expected` is the file's validated length: a row beyond it is refused without
-/// reading, and a file that has become shorter is [`FormatError::Shrank`] naming `path`
-/// (spec/format.md §"Reading a file that changes"). What the Python package's loader gathers
-/// its batches with, in place of a memory map.
-pub fn read_rows_at(
-    file: &File,
-    path: &Path,
-    expected: u64,
-    offsets: &[u64],
-    row_len: usize,
-    out: &mut [u8],
-) -> Result<(), FormatError> {
-    let invalid = |msg: String| {
-        FormatError::io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
-        )
-    };
-    if offsets.len().checked_mul(row_len) != Some(out.len()) {
-        return Err(invalid(format!(
-            "{} rows of {row_len} bytes do not fill a buffer of {} bytes",
-            offsets.len(),
-            out.len()
-        )));
-    }
-    let mut i = 0;
-    while i < offsets.len() {
-        let start = offsets[i];
-        let mut j = i + 1;
-        while j < offsets.len() && offsets[j] == offsets[j - 1].saturating_add(row_len as u64) {
-            j += 1;
-        }
-        let len = ((j - i) * row_len) as u64;
-        if start.checked_add(len).is_none_or(|e| e > expected) {
-            return Err(invalid(format!(
-                "bytes [{start}, {start}+{len}) lie beyond the file's {expected} bytes"
-            )));
-        }
-        let dest = out.get_mut(i * row_len..j * row_len).unwrap_or_default();
-        read_checked(file, path, expected, start, dest)?;
-        i = j;
-    }
-    Ok(())
-}
-
 /// `pread` until `buf` is full; `UnexpectedEof` when the file ends first.
 #[cfg(unix)]
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
@@ -727,27 +680,6 @@ mod tests {
             msg.contains("s.safetensors") && msg.contains("changed while being read"),
             "{msg}"
         );
-        // Row gathers: rows before the cut read (adjacent rows in one call), a row past it is
-        // Shrank naming the file.
-        let raw = File::open(&path).unwrap();
-        let len = file.header().file_len();
-        let mut out = vec![0u8; 12];
-        read_rows_at(
-            &raw,
-            &path,
-            len,
-            &[start + 8, start, start + 4],
-            4,
-            &mut out,
-        )
-        .unwrap();
-        assert_eq!(out, [&big[8..12], &big[..4], &big[4..8]].concat());
-        let e = read_rows_at(&raw, &path, len, &[start, cut + 4], 4, &mut [0u8; 8]).unwrap_err();
-        assert!(matches!(e, FormatError::Shrank { .. }), "{e}");
-        assert!(matches!(
-            read_rows_at(&raw, &path, len, &[len - 2], 4, &mut [0u8; 4]),
-            Err(FormatError::Io { .. })
-        ));
         // A copy of the shrunk file fails the same way and leaves nothing behind.
         let out = dir.join("copy.safetensors");
         assert!(matches!(

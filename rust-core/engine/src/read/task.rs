@@ -126,57 +126,53 @@ impl Source {
     }
 }
 
-impl Remote {
-    fn read(&self, abs: Range<u64>) -> Result<Cow<'_, [u8]>, ReadErrorKind> {
-        read_segments(&self.segments, abs)
-    }
-}
-
 /// Bytes `abs` (absolute offsets) out of the segments read or supplied for the current batch.
 fn read_segments(
     segments: &BTreeMap<u64, Vec<u8>>,
     abs: Range<u64>,
 ) -> Result<Cow<'_, [u8]>, ReadErrorKind> {
-    {
-        if abs.start >= abs.end {
-            return Ok(Cow::Borrowed(&[]));
-        }
-        let missing = |start| ReadErrorKind::NotSupplied {
-            start,
-            end: abs.end,
-        };
-        if let Some((&s, b)) = segments.range(..=abs.start).next_back() {
-            if s + b.len() as u64 >= abs.end {
-                let (from, to) = ((abs.start - s) as usize, (abs.end - s) as usize);
-                return b.get(from..to).map(Cow::Borrowed).ok_or(missing(abs.start));
-            }
-        }
-        // Spread over several segments: assemble.
-        let mut out = Vec::with_capacity((abs.end - abs.start) as usize);
-        let mut pos = abs.start;
-        for (&s, b) in segments.range(..abs.end) {
-            let e = s + b.len() as u64;
-            if e <= pos {
-                continue;
-            }
-            if s > pos {
-                break;
-            }
-            let to = e.min(abs.end);
-            out.extend_from_slice(b.get((pos - s) as usize..(to - s) as usize).unwrap_or(&[]));
-            pos = to;
-            if pos >= abs.end {
-                break;
-            }
-        }
-        if pos < abs.end {
-            return Err(missing(pos));
-        }
-        Ok(Cow::Owned(out))
+    if abs.start >= abs.end {
+        return Ok(Cow::Borrowed(&[]));
     }
+    let missing = |start| ReadErrorKind::NotSupplied {
+        start,
+        end: abs.end,
+    };
+    if let Some((&s, b)) = segments.range(..=abs.start).next_back() {
+        if s + b.len() as u64 >= abs.end {
+            let (from, to) = ((abs.start - s) as usize, (abs.end - s) as usize);
+            return b.get(from..to).map(Cow::Borrowed).ok_or(missing(abs.start));
+        }
+    }
+    // Spread over several segments: assemble.
+    let mut out = Vec::with_capacity((abs.end - abs.start) as usize);
+    let mut pos = abs.start;
+    for (&s, b) in segments.range(..abs.end) {
+        let e = s + b.len() as u64;
+        if e <= pos {
+            continue;
+        }
+        if s > pos {
+            break;
+        }
+        let to = e.min(abs.end);
+        out.extend_from_slice(b.get((pos - s) as usize..(to - s) as usize).unwrap_or(&[]));
+        pos = to;
+        if pos >= abs.end {
+            break;
+        }
+    }
+    if pos < abs.end {
+        return Err(missing(pos));
+    }
+    Ok(Cow::Owned(out))
 }
 
 impl Remote {
+    fn read(&self, abs: Range<u64>) -> Result<Cow<'_, [u8]>, ReadErrorKind> {
+        read_segments(&self.segments, abs)
+    }
+
     /// The parts of `r` no supplied segment covers.
     fn uncovered(&self, r: &Range<u64>) -> Vec<Range<u64>> {
         let mut out = Vec::new();
