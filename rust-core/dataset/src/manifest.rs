@@ -62,6 +62,40 @@ pub struct ManifestTensor {
     /// mode: the shape of one row's tensor, `None` (null) when rows differ.
     #[serde(default)]
     pub shape: Option<Vec<u64>>,
+    /// Ours: the column is ragged (spec/dataset.md §2.1): `shape` is null, each shard holds the
+    /// values of its rows concatenated under the column's name and the row boundaries under
+    /// [`ragged_offsets_name`]. Absent for a fixed-shape column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ragged: Option<RaggedColumn>,
+}
+
+/// `schema.<column>.ragged`: what a ragged column's rows are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaggedColumn {
+    /// The shape of one element of a row (the values tensor's dimensions after the first);
+    /// `[]` for rows of scalars, bytes or characters.
+    pub inner_shape: Vec<u64>,
+    /// What a row is read back as.
+    pub element: RaggedElement,
+}
+
+/// The Spark type a ragged column's rows came from, and are read back as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RaggedElement {
+    /// `array<…>` of numbers (nested to the inner shape).
+    Array,
+    /// `binary`: the row's bytes (dtype U8).
+    Binary,
+    /// `string`: the row's UTF-8 bytes (dtype U8).
+    String,
+}
+
+/// Name of the tensor holding the row boundaries of ragged column `column` in a shard:
+/// `rows + 1` I64 values, starting at 0 (spec/dataset.md §2.1).
+pub fn ragged_offsets_name(column: &str) -> String {
+    format!("{column}.offsets")
 }
 
 /// `shards[]`.
@@ -82,6 +116,10 @@ pub struct ManifestShard {
     /// Tensors in the shard's header (this connector's manifests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_tensors: Option<u64>,
+    /// Ours: CRC-32C (Castagnoli) of the whole shard file, 8 lowercase hex digits
+    /// (spec/dataset.md §5). Absent in manifests written before checksums were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
 }
 
 impl ManifestShard {
@@ -162,6 +200,50 @@ pub struct ManifestExt {
     /// that query. Optional and additive: absent (empty) unless a streaming query wrote here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stream_commits: BTreeMap<String, u64>,
+    /// When this version was committed: milliseconds since the Unix epoch (UTC), taken by the
+    /// committing process just before it creates the version. Absent in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_at_ms: Option<u64>,
+    /// What the commit did (spec/dataset.md §5.8). Absent in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
+    /// The writer's `commit_message` option, verbatim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_message: Option<String>,
+    /// The Spark application id of the committing driver (absent for the CLI and Python).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_id: Option<String>,
+    /// The dataset's retention period in seconds (spec/dataset.md §5.8): shards a newer version
+    /// no longer lists stay on disk until a vacuum after this period. Absent: the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_seconds: Option<u64>,
+    /// A vacuum version: what that vacuum deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vacuumed: Option<Vacuumed>,
+}
+
+/// `operation`: the kind of commit that made a version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// The first commit to a path with no manifest.
+    Create,
+    Append,
+    Overwrite,
+    /// One micro-batch of a streaming query.
+    StreamBatch,
+    /// Shards merged into fewer; the same rows.
+    Compaction,
+    /// Superseded shards deleted; the same shards listed.
+    Vacuum,
+}
+
+/// `vacuumed`: the files a vacuum version deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vacuumed {
+    pub files: u64,
+    pub bytes: u64,
 }
 
 /// `dataset_manifest.json`.

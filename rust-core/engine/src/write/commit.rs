@@ -108,6 +108,12 @@ pub fn empty_manifest(plan: &WritePlan) -> Manifest {
         padded_samples: 0,
         dropped_samples: 0,
         stream_commits: Default::default(),
+        committed_at_ms: None,
+        operation: None,
+        commit_message: None,
+        app_id: None,
+        retention_seconds: None,
+        vacuumed: None,
     })
 }
 
@@ -584,6 +590,7 @@ pub fn commit_manifest(
                         }
                         WriteMode::Kv { .. } => common_shape,
                     },
+                    ragged: None,
                 },
             ));
         }
@@ -616,6 +623,7 @@ pub fn commit_manifest(
             partition: Some(s.partition),
             padded_samples: Some(s.padded_samples),
             num_tensors: Some(s.tensor_count()),
+            crc32c: None,
         })
         .collect();
     manifest.recompute_totals();

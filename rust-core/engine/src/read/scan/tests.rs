@@ -187,6 +187,7 @@ pub(crate) fn manifest(
             padded_samples: Some(*padded),
             num_tensors: Some(columns.len() as u64),
             bytes: f.length,
+            crc32c: None,
         })
         .collect();
     listed.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
@@ -203,6 +204,7 @@ pub(crate) fn manifest(
                         ManifestTensor {
                             dtype: *d,
                             shape: Some(std::iter::once(4).chain(s.iter().copied()).collect()),
+                            ragged: None,
                         },
                     )
                 })
@@ -226,6 +228,12 @@ pub(crate) fn manifest(
             padded_samples: shards.iter().map(|s| s.2).sum(),
             dropped_samples: 0,
             stream_commits: Default::default(),
+            committed_at_ms: None,
+            operation: None,
+            commit_message: None,
+            app_id: None,
+            retention_seconds: None,
+            vacuumed: None,
         }),
     };
     ManifestInput {
@@ -1325,6 +1333,7 @@ fn kv_dataset(
             padded_samples: Some(0),
             num_tensors: Some(2 * per_shard as u64),
             bytes: f.length,
+            crc32c: None,
         });
         files.push(f);
     }
@@ -1337,6 +1346,7 @@ fn kv_dataset(
                 ManifestTensor {
                     dtype: Dtype::F32,
                     shape: Some(vec![4]),
+                    ragged: None,
                 },
             ),
             (
@@ -1344,6 +1354,7 @@ fn kv_dataset(
                 ManifestTensor {
                     dtype: Dtype::I16,
                     shape: Some(vec![]),
+                    ragged: None,
                 },
             ),
         ]),
@@ -1361,6 +1372,12 @@ fn kv_dataset(
             padded_samples: 0,
             dropped_samples: 0,
             stream_commits: Default::default(),
+            committed_at_ms: None,
+            operation: None,
+            commit_message: None,
+            app_id: None,
+            retention_seconds: None,
+            vacuumed: None,
         }),
     };
     if index {

@@ -191,7 +191,8 @@ fn batch_write_totals_and_order() {
         m.schema.get("x"),
         Some(&ManifestTensor {
             dtype: Dtype::F32,
-            shape: Some(vec![2, 3])
+            shape: Some(vec![2, 3]),
+            ragged: None,
         })
     );
     assert_eq!(

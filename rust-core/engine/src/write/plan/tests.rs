@@ -830,6 +830,7 @@ fn manifest_for(p: &WritePlan, cols: &[(&str, Dtype, Option<Vec<u64>>)]) -> Mani
                                 .map(|s| std::iter::once(b).chain(s.iter().copied()).collect()),
                             None => s.clone(),
                         },
+                        ragged: None,
                     },
                 )
             })
