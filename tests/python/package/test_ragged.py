@@ -81,6 +81,32 @@ def test_open_dataset_gives_each_row_and_the_shards_values_and_offsets(data):
     assert np.shares_memory(ds.ragged_rows(shard, "tokens", 0, 3).values, mapped)
 
 
+def test_published_only_manifest_takes_ragged_columns_from_the_shards_and_remote_reads(data, tmp_path):
+    import shutil
+
+    from test_python_package import upload
+
+    path = str(tmp_path / "published")
+    shutil.copytree(data, path)
+    m = handmade.read_manifest(path)
+    published = {k: m[k] for k in ("format_version", "safetensors_version", "total_samples", "total_bytes")}
+    published["shards"] = [{k: s[k] for k in ("shard_path", "samples_count", "bytes")} for s in m["shards"]]
+    published["schema"] = {c: {"dtype": t["dtype"], "shape": t["shape"]} for c, t in m["schema"].items()}
+    handmade.write_manifest(path, published)
+    ds = open_dataset(path)
+    assert ds.layout == "batch" and ds.ragged == {"tokens": [], "boxes": [4]}
+    assert [ds[i]["tokens"].tolist() for i in range(N)] == [t.tolist() for t in TOKENS]
+    # remote (fsspec range reads): the same batches and blocks as local
+    upload(data, "memory://ragged-remote")
+    for kw in (dict(batch_size=4, shuffle=True, seed=2, ragged="padded", pad_value=-1),
+               dict(batch_size=2, shuffle=True, seed=2, pack=Packing("tokens", seq_len=6, eos=1))):
+        want = list(SafetensorsIterableDataset(data, **kw))
+        got = list(SafetensorsIterableDataset("memory://ragged-remote", **kw))
+        assert len(got) == len(want) and all(
+            all(torch.equal(g[c], w[c]) for c in w) for g, w in zip(got, want))
+    assert open_dataset("memory://ragged-remote")[5]["boxes"].tolist() == BOXES[5].tolist()
+
+
 def _rewrite(path, shard, tensors, metadata):
     from safetensors.numpy import save_file
 

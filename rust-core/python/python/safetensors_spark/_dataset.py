@@ -264,6 +264,7 @@ class Dataset:
 
     def _infer_layout(self):
         """A manifest with only the published fields: the layout comes from the shards (spec/python.md §2)."""
+        self._ragged_from_shards()
         layouts = {(s.metadata or {}).get(LAYOUT_METADATA_KEY) for s in self.shards} - {None}
         if len(layouts) > 1:
             raise ManifestError(f"{self.path}: shards disagree on {LAYOUT_METADATA_KEY}: {sorted(layouts)}")
@@ -288,6 +289,30 @@ class Dataset:
             if self.batch_size is None and fixed:
                 shape = self.schema[fixed[0]].get("shape")
                 self.batch_size = shape[0] if shape else None
+
+    def _ragged_from_shards(self):
+        """A column whose schema shape is null and that every shard's ``safetensors_spark.ragged``
+        lists is ragged (a shard describes itself; spec/python.md §2); its inner shape is its
+        values tensor's in the first shard."""
+        if not self.shards:
+            return
+        listed = []
+        for s in self.shards:
+            raw = (s.metadata or {}).get(RAGGED_METADATA_KEY, "[]")
+            try:
+                names = json.loads(raw)
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise ValueError("not a JSON array of column names")
+            except ValueError as e:
+                raise ShardError(f"{self._store.url(s.name)}: __metadata__ {RAGGED_METADATA_KEY} is {raw!r}: {e}") from None
+            listed.append(set(names))
+        for c in self.columns:
+            if c not in self.ragged and self.schema[c].get("shape") is None and all(c in n for n in listed):
+                t = self._header(self.shards[0]).get(c)
+                if t is None or not t.shape:
+                    raise ShardError(f"{self._store.url(self.shards[0].name)}: no tensor '{c}' (ragged column "
+                                     f"'{c}' of {RAGGED_METADATA_KEY})")
+                self.ragged[c] = list(t.shape[1:])
 
     @staticmethod
     def _padded_from_metadata(shard):

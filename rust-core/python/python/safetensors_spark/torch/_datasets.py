@@ -342,7 +342,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                 out = reader.single(shards[0], rows[0])
                 out = finish.transform(out) if finish.transform is not None else out
             else:
-                out = finish(reader.batch(shards, rows))
+                # a batch the worker pads or transforms is read into private memory: what it
+                # sends is the finished batch
+                out = finish(reader.batch(shards, rows, shared=False if finish.in_worker else None))
             if progress is not None:
                 progress["consumed"] += 1
             yield out

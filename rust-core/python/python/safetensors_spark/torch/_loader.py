@@ -56,7 +56,7 @@ class _SampledBatches(torch.utils.data.IterableDataset):
             return
         for j in range(worker, num_batches, workers):
             shards, rows, _ = rows_of(j, j + 1)
-            yield finish(reader.batch(shards, rows))
+            yield finish(reader.batch(shards, rows, shared=False if finish.in_worker else None))
 
 
 class _CountingLoader(torch.utils.data.DataLoader):
