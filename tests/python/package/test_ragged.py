@@ -194,6 +194,12 @@ def test_each_form_against_the_written_rows_in_process_and_in_workers(data, form
         assert ids(got) == ids(base), f"{workers} workers, handoff {handoff}"
         for b in got:
             _check_forms(b, form)
+    # unshuffled: batches that are runs of rows, inside a shard or across two
+    for workers in (0, 2):
+        got, _ = run(data, workers=workers, **dict(kw, shuffle=False))
+        assert ids(got) == list(range(N))
+        for b in got:
+            _check_forms(b, form)
 
 
 def test_default_form_is_values_and_offsets_zero_copy_for_one_run(data):
@@ -345,6 +351,7 @@ def test_packing_is_deterministic_per_seed_and_epoch_and_deals_equal_blocks_to_r
     for world in (2, 3):
         per_rank = [as_blocks(list(_epoch(data, r, world, pack, 1)), 6) for r in range(world)]
         assert len({len(p) for p in per_rank}) == 1
+        assert len(_epoch(data, 0, world, pack, 1).dataset) == -(-len(per_rank[0]) // 2)
         n = len(full) // world * world
         # round by round, rank by rank: the single-rank order, cut to a multiple of world_size
         merged = []
