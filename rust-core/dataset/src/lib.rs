@@ -11,12 +11,14 @@
 //!   build index rows from the write path's reports, live in the engine crate.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
+//! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
 
 #[cfg(feature = "index")]
 pub mod index;
 pub mod kv;
 pub mod manifest;
 pub mod names;
+pub mod ragged;
 
 pub use manifest::{
     parse_manifest, DatasetMode, Manifest, ManifestExt, ManifestShard, TailStrategy,

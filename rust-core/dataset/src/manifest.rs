@@ -486,6 +486,15 @@ impl Manifest {
                     ));
                 }
                 for (name, t) in &self.schema.0 {
+                    if t.ragged.is_some() {
+                        // a ragged column's rows differ: no batch shape (spec/dataset.md §2.1)
+                        if t.shape.is_some() {
+                            return Err(invalid(format!(
+                                "column '{name}' is ragged, so its schema.shape must be null"
+                            )));
+                        }
+                        continue;
+                    }
                     if t.shape.as_ref().and_then(|s| s.first()) != Some(&batch) {
                         return Err(invalid(format!(
                             "column '{name}': in batch layout schema.shape is [batch_size, …sample shape], got {}",
@@ -502,6 +511,11 @@ impl Manifest {
                 }
                 if x.kv_separator.as_deref().is_none_or(str::is_empty) {
                     return Err(invalid("KV layout needs a non-empty kv_separator"));
+                }
+                if let Some((name, _)) = self.schema.0.iter().find(|(_, t)| t.ragged.is_some()) {
+                    return Err(invalid(format!(
+                        "column '{name}' is ragged, which only the batch layout stores"
+                    )));
                 }
             }
         }

@@ -6,7 +6,10 @@
 use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
 use safetensors_spark_dataset::kv;
+use safetensors_spark_dataset::manifest::{RaggedColumn, RaggedElement};
+use safetensors_spark_dataset::ragged;
 use safetensors_spark_format::header;
+use safetensors_spark_format::Dtype;
 
 pyo3::create_exception!(
     _native,
@@ -125,6 +128,28 @@ impl PyHeader {
             .map_err(FormatError::new_err::<String>)
     }
 
+    /// Batch shards: checks the values and offsets tensors of ragged column `column` (schema
+    /// dtype `dtype`, inner shape `inner_shape`) in a shard of `rows` rows
+    /// (`dataset::ragged::check_ragged_tensors`); returns the values' element count.
+    /// `FormatError` names the tensor and what breaks.
+    fn check_ragged(
+        &self,
+        column: &str,
+        dtype: &str,
+        inner_shape: Vec<u64>,
+        rows: u64,
+    ) -> PyResult<u64> {
+        let dtype = Dtype::from_name(dtype).ok_or_else(|| {
+            FormatError::new_err(format!("column '{column}': unknown dtype {dtype}"))
+        })?;
+        let ragged = RaggedColumn {
+            inner_shape,
+            element: RaggedElement::Array,
+        };
+        ragged::check_ragged_tensors(&self.header, column, dtype, &ragged, rows)
+            .map_err(FormatError::new_err)
+    }
+
     /// Checks an index row against this header (`dataset::kv::check_index_entry`: same name,
     /// dtype, shape and byte range; a KV row's `sample_key` and `column` make up its name) and
     /// returns the header's tensor as `(name, dtype, shape, data_start, data_end)`;
@@ -176,6 +201,32 @@ fn live_bytes() -> usize {
     safetensors_spark_format::alloc_stats::live_bytes()
 }
 
+/// Checks the offsets of ragged column `column` (`offsets`: the `c.offsets` tensor's bytes,
+/// little-endian I64) against its values' element count `elements`
+/// (`dataset::ragged::check_offsets`); `FormatError` names the column and the first bad row.
+#[pyfunction]
+fn check_ragged_offsets(
+    py: Python<'_>,
+    column: &str,
+    offsets: &[u8],
+    elements: u64,
+) -> PyResult<()> {
+    if !offsets.len().is_multiple_of(8) {
+        return Err(FormatError::new_err(format!(
+            "column '{column}': offsets of {} bytes are not whole I64 values",
+            offsets.len()
+        )));
+    }
+    py.detach(|| {
+        let values: Vec<i64> = offsets
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
+        ragged::check_offsets(column, &values, elements)
+    })
+    .map_err(FormatError::new_err)
+}
+
 #[pyfunction]
 fn check_shard_path(name: &str) -> PyResult<()> {
     dataset::check_shard_path(name).map_err(|e| ManifestError::new_err(e.to_string()))
@@ -200,5 +251,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
     m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(check_ragged_offsets, m)?)?;
     Ok(())
 }

@@ -12,7 +12,7 @@ native module ``safetensors_spark._native``; see spec/python.md.
 
 import importlib
 
-from ._dataset import Dataset, open_dataset
+from ._dataset import Dataset, Ragged, open_dataset
 from ._errors import (
     ColumnNotFoundError,
     IndexFileError,
@@ -27,6 +27,7 @@ from ._native import VERSION as __version__
 __all__ = [
     "open_dataset",
     "Dataset",
+    "Ragged",
     "SafetensorsSparkError",
     "ManifestError",
     "ShardError",

@@ -26,6 +26,7 @@ INDEX_NAME = "_tensor_index.parquet"
 LAYOUT_METADATA_KEY = "safetensors_spark.layout"
 SEPARATOR_METADATA_KEY = "safetensors_spark.kv_separator"
 PADDED_METADATA_KEY = "safetensors_spark.padded_samples"
+RAGGED_METADATA_KEY = "safetensors_spark.ragged"
 DEFAULT_KV_SEPARATOR = "__"
 
 _NUMPY_DTYPES = {
@@ -58,6 +59,43 @@ def numpy_dtype(dtype, what):
             return np.dtype(np.uint16)
     raise ShardError(f"{what}: dtype {dtype} has no numpy equivalent in this package "
                      f"(supported: {', '.join(sorted([*_NUMPY_DTYPES, 'BF16']))})")
+
+
+def offsets_name(column):
+    """The tensor holding the row boundaries of ragged column ``column`` in a shard (the Rust
+    ``ragged_offsets_name``; spec/dataset.md §2.1)."""
+    return f"{column}.offsets"
+
+
+class Ragged:
+    """Rows of a ragged column: ``values`` (the rows concatenated along the first dimension,
+    ``[elements, *inner_shape]``) and ``offsets`` (int64 ``[rows + 1]``, from 0): row ``i`` is
+    ``values[offsets[i]:offsets[i + 1]]``. Local shards: ``values`` is a view of the map."""
+
+    __slots__ = ("values", "offsets")
+
+    def __init__(self, values, offsets):
+        self.values, self.offsets = values, offsets
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"row {i} is out of range for {n} ragged rows")
+        return self.values[self.offsets[j]: self.offsets[j + 1]]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def lengths(self):
+        return np.diff(self.offsets)
+
+    def __repr__(self):
+        return f"Ragged(rows={len(self)}, values={self.values.dtype}{list(self.values.shape)})"
 
 
 class Tensor:
@@ -132,6 +170,9 @@ class Dataset:
         m = self.manifest
         self.schema = m["schema"]
         self.columns = list(self.schema)
+        # ragged column -> inner shape (spec/dataset.md §2.1)
+        self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
+        self._offsets = {}  # (shard index, column) -> checked offsets array (this process)
         self.total_samples = m["total_samples"]
         self.shards = []
         offset = 0
@@ -168,6 +209,7 @@ class Dataset:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_parts"] = None
+        state["_offsets"] = {}
         return state
 
     # -- opening ---------------------------------------------------------------------------------
@@ -222,6 +264,7 @@ class Dataset:
 
     def _infer_layout(self):
         """A manifest with only the published fields: the layout comes from the shards (spec/python.md §2)."""
+        self._ragged_from_shards()
         layouts = {(s.metadata or {}).get(LAYOUT_METADATA_KEY) for s in self.shards} - {None}
         if len(layouts) > 1:
             raise ManifestError(f"{self.path}: shards disagree on {LAYOUT_METADATA_KEY}: {sorted(layouts)}")
@@ -236,15 +279,40 @@ class Dataset:
                 rows = s.samples + self._padded_from_metadata(s)
                 tensors = self._header(s)
                 return all(c in tensors and len(tensors[c].shape) >= 1 and tensors[c].shape[0] == rows
-                           for c in self.columns)
+                           for c in self.columns if c not in self.ragged)
 
             self.layout = "batch" if all(is_batch(s) for s in self.shards) else "kv"
         if self.layout == "batch":
             for s in self.shards:
                 s.padded = self._padded_from_metadata(s)
-            if self.batch_size is None and self.columns:
-                shape = self.schema[self.columns[0]].get("shape")
+            fixed = [c for c in self.columns if c not in self.ragged]
+            if self.batch_size is None and fixed:
+                shape = self.schema[fixed[0]].get("shape")
                 self.batch_size = shape[0] if shape else None
+
+    def _ragged_from_shards(self):
+        """A column whose schema shape is null and that every shard's ``safetensors_spark.ragged``
+        lists is ragged (a shard describes itself; spec/python.md §2); its inner shape is its
+        values tensor's in the first shard."""
+        if not self.shards:
+            return
+        listed = []
+        for s in self.shards:
+            raw = (s.metadata or {}).get(RAGGED_METADATA_KEY, "[]")
+            try:
+                names = json.loads(raw)
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise ValueError("not a JSON array of column names")
+            except ValueError as e:
+                raise ShardError(f"{self._store.url(s.name)}: __metadata__ {RAGGED_METADATA_KEY} is {raw!r}: {e}") from None
+            listed.append(set(names))
+        for c in self.columns:
+            if c not in self.ragged and self.schema[c].get("shape") is None and all(c in n for n in listed):
+                t = self._header(self.shards[0]).get(c)
+                if t is None or not t.shape:
+                    raise ShardError(f"{self._store.url(self.shards[0].name)}: no tensor '{c}' (ragged column "
+                                     f"'{c}' of {RAGGED_METADATA_KEY})")
+                self.ragged[c] = list(t.shape[1:])
 
     @staticmethod
     def _padded_from_metadata(shard):
@@ -263,6 +331,12 @@ class Dataset:
             tensors = self._header(shard)
             rows = shard.samples + shard.padded
             for c in self.columns:
+                if c in self.ragged:
+                    try:
+                        header.check_ragged(c, self.schema[c]["dtype"], self.ragged[c], rows)
+                    except _native.FormatError as e:
+                        raise ShardError(f"{url}: {e}") from None
+                    continue
                 t = tensors.get(c)
                 if t is None:
                     raise ShardError(f"{url}: no tensor '{c}', a column of {MANIFEST_FILE_NAME} schema")
@@ -398,6 +472,47 @@ class Dataset:
         return store.array(shard.name, t.start + start * row_bytes, t.start + stop * row_bytes,
                            self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
 
+    def offsets(self, shard, column):
+        """The offsets of ragged column ``column`` in ``shard`` (int64 ``[rows + 1]``; a view of
+        the map for local shards), checked by the Rust rule once per process: from 0,
+        non-decreasing, ending at the values' length."""
+        key = (shard.index, column)
+        o = self._offsets.get(key)
+        if o is None:
+            tensors = self._header(shard)
+            if column not in tensors or offsets_name(column) not in tensors:
+                # a published-only manifest or check_headers=False: the header rule first
+                try:
+                    self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
+                                                            self.ragged[column], shard.samples + shard.padded)
+                except _native.FormatError as e:
+                    raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
+            t = tensors[offsets_name(column)]
+            o = self.tensor_array(shard, t)
+            try:
+                _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0])
+            except _native.FormatError as e:
+                raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
+            self._offsets[key] = o
+        return o
+
+    def ragged_values(self, shard, column, start, stop):
+        """Elements ``[start, stop)`` of ragged column ``column``'s values: a view for local
+        files, one range read otherwise."""
+        t = self._header(shard)[column]
+        if self._store.is_local:
+            return self.tensor_array(shard, t)[start:stop]
+        elem = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
+        return self._store.array(shard.name, t.start + start * elem, t.start + stop * elem,
+                                 self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
+
+    def ragged_rows(self, shard, column, start, stop):
+        """Rows ``[start, stop)`` of ragged column ``column`` as :class:`Ragged` (values a view
+        for local files; offsets rebased to 0)."""
+        o = self.offsets(shard, column)
+        e0, e1 = int(o[start]), int(o[stop])
+        return Ragged(self.ragged_values(shard, column, e0, e1), o[start: stop + 1] - e0)
+
     def kv_tensor(self, shard, key, column):
         return self.tensor_array(shard, self._kv_keys(shard)[key][column])
 
@@ -405,6 +520,9 @@ class Dataset:
         if self.layout == "batch":
             out = {}
             for c in columns:
+                if c in self.ragged:
+                    out[c] = self.ragged_rows(shard, c, row, row + 1).values  # the row's elements
+                    continue
                 a = self.rows(shard, c, row, row + 1)
                 out[c] = a.reshape(a.shape[1:])  # a 0-d array (not a numpy scalar) for scalar samples
             return out
@@ -422,11 +540,13 @@ class Dataset:
 
     def iter_shards(self, columns=None):
         """Yields ``(shard_name, data)`` per shard in manifest order. Batch layout: ``data`` is
-        ``{column: array of the shard's real rows}``; KV: ``{key: {column: array}}``."""
+        ``{column: array of the shard's real rows}`` (a ragged column: :class:`Ragged`, its
+        values and offsets); KV: ``{key: {column: array}}``."""
         columns = self.check_columns(columns)
         for shard in self.shards:
             if self.layout == "batch":
-                yield shard.name, {c: self.rows(shard, c, 0, shard.samples) for c in columns}
+                yield shard.name, {c: self.ragged_rows(shard, c, 0, shard.samples) if c in self.ragged
+                                   else self.rows(shard, c, 0, shard.samples) for c in columns}
             else:
                 self._kv_keys(shard)
                 yield shard.name, {k: {c: self.kv_tensor(shard, k, c) for c in columns} for k in shard.keys}
