@@ -468,6 +468,14 @@ impl Manifest {
                     ));
                 }
                 for (name, t) in &self.schema.0 {
+                    if t.ragged.is_some() {
+                        if t.shape.is_some() {
+                            return Err(invalid(format!(
+                                "column '{name}' is ragged: its schema.shape must be null"
+                            )));
+                        }
+                        continue;
+                    }
                     if t.shape.as_ref().and_then(|s| s.first()) != Some(&batch) {
                         return Err(invalid(format!(
                             "column '{name}': in batch layout schema.shape is [batch_size, …sample shape], got {}",
