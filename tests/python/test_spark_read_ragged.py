@@ -174,3 +174,25 @@ def test_invalid_utf8_names_file_column_and_row(spark, tmp_path):
         reader.load(str(out)).select("text").collect()
     msg = str(e.value)
     assert shard.name in msg and "`text`" in msg and "row 3 is not valid UTF-8" in msg, msg
+
+
+def test_ragged_rows_through_ranged_reads_on_s3(spark, s3_server, tmp_path):
+    """A non-local file system: each batch asks for its offsets, then for the values they span."""
+    import uuid
+    out, shards = dataset(tmp_path)
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    client = s3_server.client()
+    client.create_bucket(Bucket=bucket)
+    for f in out.iterdir():
+        client.put_object(Bucket=bucket, Key=f"ds/{f.name}", Body=f.read_bytes())
+    conf = s3_server.hadoop_conf()
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        remote = spark.read.format("safetensors").option("read_batch_rows", "3").load(f"s3a://{bucket}/ds")
+        got = sorted((r["id"], r["tokens"], bytes(r["jpeg"]), r["text"]) for r in remote.collect())
+    finally:
+        for k in conf:
+            spark.conf.unset(k)
+    want = {c: [v for s in shards for v in s[c]] for c in COLUMNS}
+    assert got == [(i, want["tokens"][i].tolist(), want["jpeg"][i], want["text"][i]) for i in range(20)]
