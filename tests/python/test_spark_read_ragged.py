@@ -196,3 +196,14 @@ def test_ragged_rows_through_ranged_reads_on_s3(spark, s3_server, tmp_path):
             spark.conf.unset(k)
     want = {c: [v for s in shards for v in s[c]] for c in COLUMNS}
     assert got == [(i, want["tokens"][i].tolist(), want["jpeg"][i], want["text"][i]) for i in range(20)]
+
+
+def test_a_column_ragged_in_one_file_and_fixed_in_another_is_an_error(spark, tmp_path):
+    rows = {"id": [np.int64(0), np.int64(1)], "tokens": [np.arange(2, dtype=np.int32)] * 2}
+    write_shard(tmp_path / "a.safetensors", {"id": Column("fixed", "I64"), "tokens": Column("array", "I32")}, rows)
+    write_shard(tmp_path / "b.safetensors", {"id": Column("fixed", "I64"), "tokens": Column("fixed", "I32")}, rows)
+    with pytest.raises(Exception) as e:
+        spark.read.format("safetensors").load(str(tmp_path)).collect()
+    msg = str(e.value)
+    assert "a.safetensors" in msg and "b.safetensors" in msg and "`tokens`" in msg \
+        and "a ragged column cannot share a column with a fixed-shape one" in msg, msg

@@ -711,6 +711,13 @@ fn ragged_rows_local_and_remote_in_two_rounds() {
         })
         .collect();
     assert_eq!(rows, vec![vec![], vec![1, 2], vec![3], vec![4, 5, 6]]);
+    // batch_bytes counts each row's values (4 B per element) and the fixed `id` (8 B): rows
+    // of 8, 16, 12 and 20 B in batches of at most 24 B are {0, 1}, {2}, {3}
+    req.batch_rows = 1024;
+    req.batch_bytes = 24;
+    let (batches, _) = run_local(&plan_ok(&req)[0]);
+    let sizes: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
+    assert_eq!(sizes, vec![2, 1, 1]);
 }
 
 #[test]
