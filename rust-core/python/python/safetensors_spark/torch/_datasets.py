@@ -34,9 +34,11 @@ class SafetensorsDataset(torch.utils.data.Dataset):
     Local shards are memory-mapped (private, copy-on-write): the tensors are views of the map,
     no bytes are copied; remote shards are read by byte range into fresh tensors."""
 
-    def __init__(self, path, columns=None, *, storage_options=None, cache_dir=None):
+    def __init__(self, path, columns=None, *, storage_options=None, cache_dir=None, version=None,
+                 timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
-            path, storage_options=storage_options, cache_dir=cache_dir)
+            path, storage_options=storage_options, cache_dir=cache_dir, version=version,
+            timestamp=timestamp)
         self.columns = self.dataset.check_columns(columns)
         self._reader = None  # BatchReader of __getitems__, made in the process that reads
 
@@ -91,9 +93,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, path, columns=None, batch_size=None, shuffle=False, seed=0, rank=None,
                  world_size=None, drop_last=False, *, shuffle_block_size=None, storage_options=None,
-                 cache_dir=None, cache_shards=8):
+                 cache_dir=None, cache_shards=8, version=None, timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
-            path, storage_options=storage_options, cache_dir=cache_dir)
+            path, storage_options=storage_options, cache_dir=cache_dir, version=version,
+            timestamp=timestamp)
         ds = self.dataset
         self.columns = ds.check_columns(columns)
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
