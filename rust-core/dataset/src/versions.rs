@@ -734,11 +734,26 @@ mod tests {
         assert_eq!(op(&v2), Some(Operation::Append));
         // the next commit records its own writer, not the base's
         assert_eq!(v2.ext.as_ref().unwrap().commit_message, None);
-        assert_eq!(op(&next_manifest(Some(&v2), &write, false, &[]).unwrap()), Some(Operation::Overwrite));
-        let batch = StreamBatch { query_id: "q".into(), batch_id: 0 };
-        assert_eq!(op(&next_stream_manifest(Some(&v2), &write, &[], &batch).unwrap()), Some(Operation::StreamBatch));
-        let long = CommitInfo { commit_message: Some("x".repeat(70_000)), ..info };
+        assert_eq!(
+            op(&next_manifest(Some(&v2), &write, false, &[]).unwrap()),
+            Some(Operation::Overwrite)
+        );
+        let batch = StreamBatch {
+            query_id: "q".into(),
+            batch_id: 0,
+        };
+        assert_eq!(
+            op(&next_stream_manifest(Some(&v2), &write, &[], &batch).unwrap()),
+            Some(Operation::StreamBatch)
+        );
+        let long = CommitInfo {
+            commit_message: Some("x".repeat(70_000)),
+            ..info
+        };
         let err = stamp_commit(&mut v1, &long).unwrap_err().to_string();
-        assert!(err.contains("commit_message is 70000 bytes; at most 65536"), "{err}");
+        assert!(
+            err.contains("commit_message is 70000 bytes; at most 65536"),
+            "{err}"
+        );
     }
 }
