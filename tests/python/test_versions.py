@@ -108,9 +108,8 @@ def test_commits_record_time_operation_writer_and_checksums_and_every_version_re
     assert json.loads(out.stdout) == h
     text = cli("history", path)
     assert text.returncode == 0 and "append" in text.stdout and 'message="add 4-5"' in text.stdout
-    jdf = spark._jvm.io.safetensors.spark.SafetensorsDataset.history(spark._jsparkSession, str(path))
-    from pyspark.sql import DataFrame
-    rows = DataFrame(jdf, spark).orderBy("version").collect()
+    from safetensors_spark.spark import history as spark_history
+    rows = spark_history(spark, path).orderBy("version").collect()
     assert [(r.version, r.operation, r.rows_added, r.commit_message) for r in rows] == [
         (1, "create", 4, None), (2, "append", 2, "add 4-5"), (3, "overwrite", 2, None)]
 
