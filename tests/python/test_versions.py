@@ -164,6 +164,15 @@ def test_validate_checks_every_version_names_a_corrupt_shard_and_reads_old_datas
     assert len(open_dataset(path, version=1)) == 4
 
 
+def test_a_partitioned_root_refuses_time_travel(spark, tmp_path):
+    root = tmp_path / "root"
+    (spark.createDataFrame([(i, [float(i)], "a" if i % 2 else "b") for i in range(4)], "id long, x array<double>, p string")
+     .write.format("safetensors").option("batch_size", 1).partitionBy("p").save(str(root)))
+    with pytest.raises(Exception, match="is a partitioned root; each partition directory has versions of its own"):
+        _ids(spark, root, versionAsOf=1)
+    assert _ids(spark, root / "p=a", versionAsOf=1) == [1, 3]
+
+
 def test_mlflow_input_records_the_version_that_reads_back_the_logged_samples(spark, tmp_path):
     path = tmp_path / "ds"
     _write(spark, path, 0, 4, "errorifexists")
