@@ -9,6 +9,8 @@
 //!   the default cargo feature `index`, the only part of this crate that needs arrow and parquet;
 //!   the Python extension, which reads the index with pyarrow, leaves it off. Its tests, which
 //!   build index rows from the write path's reports, live in the engine crate.
+//! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
+//!   its shards (size, CRC-32C), the history, validating every version.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
 //! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
@@ -19,6 +21,7 @@ pub mod kv;
 pub mod manifest;
 pub mod names;
 pub mod ragged;
+pub mod versions;
 
 pub use manifest::{
     parse_manifest, DatasetMode, Manifest, ManifestExt, ManifestShard, TailStrategy,
@@ -39,6 +42,11 @@ pub enum DatasetError {
 
     #[error("cannot append to the existing dataset: {problem}")]
     AppendMismatch { problem: String },
+
+    /// A version that cannot be read as asked (spec/dataset.md §5.8): never committed, no
+    /// longer kept, a time before the first commit, or a listed shard missing or changed.
+    #[error("dataset version: {problem}")]
+    Version { problem: String },
 
     /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.7).
     #[error("streaming write: {problem}")]

@@ -668,6 +668,11 @@ pub fn next_manifest(
     }
     if let Some(x) = &mut out.ext {
         x.manifest_version = version;
+        x.operation = Some(match base {
+            None => Operation::Create,
+            Some(_) if append => Operation::Append,
+            Some(_) => Operation::Overwrite,
+        });
         // a stream's record outlives any write, an overwrite included: a replay of a batch the
         // stream committed before the overwrite must still change nothing (§5.7)
         if let Some(old) = base.and_then(|b| b.ext.as_ref()) {
@@ -840,12 +845,60 @@ pub fn next_stream_manifest(
     if let Some(x) = &mut out.ext {
         x.stream_commits
             .insert(batch.query_id.clone(), batch.batch_id);
+        if base.is_some() {
+            x.operation = Some(Operation::StreamBatch);
+        }
     }
     out.validate()?;
     Ok(out)
 }
 
+/// Longest `commit_message` a commit records (bytes of UTF-8).
+pub const MAX_COMMIT_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Who made a commit and when (spec/dataset.md §5.8), set on the next manifest by
+/// [`stamp_commit`] just before the version is created (again on each retry).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitInfo {
+    /// Milliseconds since the Unix epoch (UTC).
+    pub committed_at_ms: u64,
+    /// The write's `commit_message` option, verbatim.
+    #[serde(default)]
+    pub commit_message: Option<String>,
+    /// The Spark application id of the committing driver.
+    #[serde(default)]
+    pub app_id: Option<String>,
+}
+
+/// Checks the `commit_message` option: at most [`MAX_COMMIT_MESSAGE_BYTES`].
+pub fn check_commit_message(message: &str) -> Result<(), DatasetError> {
+    if message.len() > MAX_COMMIT_MESSAGE_BYTES {
+        return Err(invalid(format!(
+            "option commit_message is {} bytes; at most {MAX_COMMIT_MESSAGE_BYTES} are allowed",
+            message.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Records `info` in the next manifest `m` (this connector's): `committed_at_ms`,
+/// `commit_message` and `app_id` (the last two cleared when `info` has none).
+pub fn stamp_commit(m: &mut Manifest, info: &CommitInfo) -> Result<(), DatasetError> {
+    if let Some(msg) = &info.commit_message {
+        check_commit_message(msg)?;
+    }
+    let Some(x) = &mut m.ext else {
+        return Err(invalid("only this connector's manifests record a commit"));
+    };
+    x.committed_at_ms = Some(info.committed_at_ms);
+    x.commit_message = info.commit_message.clone();
+    x.app_id = info.app_id.clone();
+    Ok(())
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -65,6 +65,7 @@ fn batch_shard(p: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64) -
         samples: rows,
         padded_samples: pad,
         bytes: label.data_end,
+        crc32c: None,
         tensors: vec![label, pixels],
         num_tensors: None,
     }
@@ -125,6 +126,7 @@ fn kv_shard(p: &WritePlan, partition: u32, shard: u32, keys: &[(&str, u64)]) -> 
         samples: keys.len() as u64,
         padded_samples: 0,
         bytes: at,
+        crc32c: None,
         tensors,
         num_tensors: None,
     }

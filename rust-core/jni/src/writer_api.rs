@@ -20,8 +20,8 @@ use super::{
 use safetensors_spark_engine::write::{ShardReport, TaskReport, WriteMode, WritePlan};
 
 use safetensors_spark_dataset::manifest::{
-    next_manifest, next_stream_manifest, parse_manifest, stream_batch_committed, superseded_shards,
-    ShardReplacement, StreamBatch,
+    next_manifest, next_stream_manifest, parse_manifest, stamp_commit, stream_batch_committed,
+    superseded_shards, CommitInfo, ShardReplacement, StreamBatch,
 };
 use safetensors_spark_dataset::names::{MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
 use safetensors_spark_engine::write::commit::{
@@ -231,6 +231,7 @@ pub fn next_manifest_json(
     write_manifest_json: &str,
     append: bool,
     replacements_json: Option<&str>,
+    commit_info_json: Option<&str>,
 ) -> Result<String, JniError> {
     let replacements: Vec<ShardReplacement> = match replacements_json {
         Some(j) => parse_json(j, "shard replacements")?,
@@ -241,7 +242,8 @@ pub fn next_manifest_json(
     })?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
-    let next = next_manifest(base.as_ref(), &new, append, &replacements)?;
+    let mut next = next_manifest(base.as_ref(), &new, append, &replacements)?;
+    stamp(&mut next, commit_info_json)?;
     let superseded: Vec<&str> = base
         .as_ref()
         .map(|b| superseded_shards(b, &next))
@@ -251,6 +253,18 @@ pub fn next_manifest_json(
         "version": next.manifest_version(),
         "superseded": superseded,
     }))
+}
+
+/// Records the commit's time and writer (`commitInfoJson`: a [`CommitInfo`]) in `next`.
+fn stamp(
+    next: &mut safetensors_spark_dataset::Manifest,
+    commit_info_json: Option<&str>,
+) -> Result<(), JniError> {
+    if let Some(j) = commit_info_json {
+        let info: CommitInfo = parse_json(j, "commit info")?;
+        stamp_commit(next, &info)?;
+    }
+    Ok(())
 }
 
 /// A micro-batch of a streaming query from its JNI arguments (a negative id is refused).
@@ -282,6 +296,7 @@ pub fn next_stream_manifest_json(
     write_manifest_json: &str,
     replacements_json: Option<&str>,
     batch: &StreamBatch,
+    commit_info_json: Option<&str>,
 ) -> Result<String, JniError> {
     let replacements: Vec<ShardReplacement> = match replacements_json {
         Some(j) => parse_json(j, "shard replacements")?,
@@ -292,7 +307,8 @@ pub fn next_stream_manifest_json(
     })?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
-    let next = next_stream_manifest(base.as_ref(), &new, &replacements, batch)?;
+    let mut next = next_stream_manifest(base.as_ref(), &new, &replacements, batch)?;
+    stamp(&mut next, commit_info_json)?;
     let superseded: Vec<&str> = base
         .as_ref()
         .map(|b| superseded_shards(b, &next))
@@ -620,16 +636,19 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'
     write_manifest: JString<'local>,
     append: jboolean,
     replacements: JString<'local>,
+    commit_info: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
         let replacements = opt_arg(env, &replacements)?;
+        let commit_info = opt_arg(env, &commit_info)?;
         let json = next_manifest_json(
             base.as_deref(),
             &write_manifest,
             append,
             replacements.as_deref(),
+            commit_info.as_deref(),
         )?;
         new_string(env, &json)
     })
@@ -661,17 +680,20 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamMani
     replacements: JString<'local>,
     query_id: JString<'local>,
     batch_id: jlong,
+    commit_info: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
         let replacements = opt_arg(env, &replacements)?;
         let batch = stream_batch(arg(env, &query_id, "queryId")?, batch_id)?;
+        let commit_info = opt_arg(env, &commit_info)?;
         let json = next_stream_manifest_json(
             base.as_deref(),
             &write_manifest,
             replacements.as_deref(),
             &batch,
+            commit_info.as_deref(),
         )?;
         new_string(env, &json)
     })

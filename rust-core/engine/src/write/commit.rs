@@ -21,7 +21,7 @@ use safetensors_spark_dataset::names::{
 };
 use safetensors_spark_dataset::{DatasetError, DatasetMode};
 use safetensors_spark_format::error::FormatError;
-use safetensors_spark_format::file::{copy_tensors, SafetensorsFile};
+use safetensors_spark_format::file::{copy_tensors, crc32c_hex, SafetensorsFile};
 use safetensors_spark_format::header::Header;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -167,6 +167,7 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
         samples: count(SAMPLES_METADATA_KEY),
         padded_samples: count(PADDED_SAMPLES_METADATA_KEY),
         bytes: header.file_len(),
+        crc32c: None,
         tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
         num_tensors: None,
     }
@@ -284,6 +285,9 @@ pub struct KeysRewritten {
     pub bytes: u64,
     pub samples: u64,
     pub num_tensors: u64,
+    /// CRC-32C of the copy (8 lowercase hex digits); absent when nothing was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
 }
 
 /// `duplicatesStrategy=lastWin` after [`merge_key_runs`]: copies the KV shard `input` (named
@@ -329,6 +333,7 @@ pub fn rewrite_shard_without_keys(
             bytes: 0,
             samples: 0,
             num_tensors: 0,
+            crc32c: None,
         });
     }
     let done = rewrite_shard_without(input, output, &drop, samples)?;
@@ -342,6 +347,7 @@ pub fn rewrite_shard_without_keys(
         bytes: done.bytes,
         samples,
         num_tensors,
+        crc32c: Some(done.crc32c.clone()),
     })
 }
 
@@ -402,6 +408,8 @@ pub struct RewrittenShard {
     pub file: String,
     pub path: PathBuf,
     pub bytes: u64,
+    /// CRC-32C of the copy, 8 lowercase hex digits.
+    pub crc32c: String,
     pub samples: u64,
     /// The tensors kept, with their new absolute offsets (`sample_key`/`column` not set).
     pub tensors: Vec<TensorReport>,
@@ -446,6 +454,7 @@ pub fn rewrite_shard_without(
             .unwrap_or_default(),
         path: written.path,
         bytes: written.bytes,
+        crc32c: crc32c_hex(written.crc32c),
         samples,
         tensors,
     })
@@ -494,6 +503,7 @@ impl CommitPlan {
             t.data_end = n.data_end;
         }
         shard.bytes = done.bytes;
+        shard.crc32c = Some(done.crc32c.clone());
         let entry = self
             .manifest
             .shards
@@ -501,6 +511,7 @@ impl CommitPlan {
             .find(|s| s.shard_path == done.file)
             .ok_or_else(|| problem("not in the manifest".to_string()))?;
         entry.bytes = done.bytes;
+        entry.crc32c = Some(done.crc32c.clone());
         self.manifest.recompute_totals();
         Ok(())
     }
@@ -623,7 +634,7 @@ pub fn commit_manifest(
             partition: Some(s.partition),
             padded_samples: Some(s.padded_samples),
             num_tensors: Some(s.tensor_count()),
-            crc32c: None,
+            crc32c: s.crc32c.clone(),
         })
         .collect();
     manifest.recompute_totals();

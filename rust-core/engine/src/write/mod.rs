@@ -226,6 +226,10 @@ pub struct ShardReport {
     pub padded_samples: u64,
     /// File size in bytes.
     pub bytes: u64,
+    /// CRC-32C of the file, 8 lowercase hex digits, computed as it was written (the manifest's
+    /// `shards[].crc32c`). `None` for a shard rebuilt from its header (an earlier write's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
     /// Omitted when empty: the task's report file appends a KV shard's tensors after the other
     /// fields, serialised one at a time from compact records (see `task::write_report`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

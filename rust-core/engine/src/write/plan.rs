@@ -17,9 +17,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
 /// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
-pub const WRITE_OPTIONS: [&str; 12] = [
+pub const WRITE_OPTIONS: [&str; 13] = [
     "batch_size",
     "columns",
+    "commit_message",
     "dtype",
     "dtypes",
     "duplicatesStrategy",
@@ -1107,6 +1108,19 @@ fn plan(
         let bytes = serde_json::to_string(&metadata).map_or(usize::MAX, |j| j.len());
         if bytes > MAX_METADATA_OPTION_BYTES {
             return Err(PlanError::MetadataTooLarge { bytes });
+        }
+    }
+
+    // recorded in the commit's manifest (spec/dataset.md §5.8); checked here, before anything
+    // on disk changes
+    if let Some(m) = opts.get("commit_message") {
+        let max = safetensors_spark_dataset::manifest::MAX_COMMIT_MESSAGE_BYTES;
+        if m.len() > max {
+            return Err(invalid_value(
+                "commit_message",
+                &format!("{}…", m.chars().take(40).collect::<String>()),
+                format!("at most {max} bytes of text (it is {} bytes)", m.len()),
+            ));
         }
     }
 

@@ -43,7 +43,7 @@ use safetensors_spark_dataset::index::{write_index_part, write_index_part_stream
 use safetensors_spark_dataset::names::shard_index_part_file_name;
 use safetensors_spark_format::convert::ConvertError;
 use safetensors_spark_format::error::FormatError;
-use safetensors_spark_format::file::{FileWriter, PendingFile};
+use safetensors_spark_format::file::{crc32c_hex, FileWriter, PendingFile};
 use safetensors_spark_format::header::TensorEntry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
@@ -581,6 +581,7 @@ impl TaskWriter {
             samples: rows,
             padded_samples: padded,
             bytes: written.bytes,
+            crc32c: Some(crc32c_hex(written.crc32c)),
             tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |_| {
                 (None, None)
             }),

@@ -22,6 +22,7 @@ from ._errors import (
 from ._storage import HEADER_READ_AHEAD, CachedStore, open_store
 
 MANIFEST_FILE_NAME = "dataset_manifest.json"
+MANIFEST_LOG_DIR = "_manifest_log"
 INDEX_NAME = "_tensor_index.parquet"
 LAYOUT_METADATA_KEY = "safetensors_spark.layout"
 SEPARATOR_METADATA_KEY = "safetensors_spark.kv_separator"
@@ -161,12 +162,18 @@ class Dataset:
 
     Use :func:`open_dataset` to create one."""
 
-    def __init__(self, path, *, storage_options=None, cache_dir=None, check_headers=True):
+    def __init__(self, path, *, storage_options=None, cache_dir=None, check_headers=True,
+                 version=None, timestamp=None, verify_checksums=False):
         self.path = os.fspath(path)
         self.storage_options = storage_options
         self.cache_dir = cache_dir
         self._store = open_store(self.path, storage_options, cache_dir)
-        self.manifest = self._load_manifest()
+        if version is None and timestamp is None:
+            self.manifest = self._load_manifest()
+        else:
+            self.manifest = self._load_version(version, timestamp)
+        #: The manifest version read (``manifest_version``; 0 for a manifest of another tool).
+        self.version = self.manifest.get("manifest_version") or 0
         m = self.manifest
         self.schema = m["schema"]
         self.columns = list(self.schema)
@@ -237,6 +244,74 @@ class Dataset:
             except _native.ManifestError as e:
                 raise ManifestError(f"{url}: shards[].shard_path {e}") from None
         return manifest
+
+    def _load_version(self, version, timestamp):
+        """The manifest of one committed version (spec/dataset.md §5.8), by number or by time,
+        after checking that every shard it lists is there with its recorded size."""
+        if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
+            raise ManifestError(f"version={version!r}: expected an integer ≥ 1")
+        if timestamp is not None:
+            import datetime as _dt
+            if isinstance(timestamp, _dt.datetime):
+                if timestamp.tzinfo is None:
+                    timestamp = timestamp.replace(tzinfo=_dt.timezone.utc)
+                timestamp = timestamp.isoformat()
+            elif not isinstance(timestamp, str):
+                raise ManifestError(f"timestamp={timestamp!r}: expected a datetime or a string such as "
+                                    f"'2026-11-26 12:00:00' (UTC) or ISO 8601")
+        entries = []
+        for name, mtime in self._store.log_entries(MANIFEST_LOG_DIR):
+            if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+                e = {"version": int(name[:20]), "modified_ms": mtime}
+                if timestamp is not None:
+                    e["text"] = bytes(self._store.read_text(f"{MANIFEST_LOG_DIR}/{name}")).decode("utf-8")
+                entries.append(e)
+        url = self._store.url(MANIFEST_LOG_DIR)
+        try:
+            v = _native.select_version(json.dumps(entries), None if version is None else str(version),
+                                       timestamp)
+        except _native.ManifestError as e:
+            raise ManifestError(f"{self.path}: {e}") from None
+        name = f"{MANIFEST_LOG_DIR}/{v:020d}.json"
+        text = bytes(self._store.read_text(name)).decode("utf-8")
+        try:
+            manifest = json.loads(_native.parse_manifest(text))
+        except _native.ManifestError as e:
+            raise ManifestError(f"{url}/{v:020d}.json: {e}") from None
+        found = {}
+        for s in manifest["shards"]:
+            try:
+                _native.check_shard_path(s["shard_path"])
+                found[s["shard_path"]] = self._store.size(s["shard_path"])
+            except FileNotFoundError:
+                pass
+            except _native.ManifestError as e:
+                raise ManifestError(f"{url}: shards[].shard_path {e}") from None
+        try:
+            _native.check_version_shards(text, v, json.dumps(found))
+        except _native.ManifestError as e:
+            raise ShardError(f"{self.path}: {e}") from None
+        return manifest
+
+    def verify_checksums(self):
+        """Reads every shard whole and checks its CRC-32C against the manifest's
+        ``shards[].crc32c`` (shards written before checksums were recorded are skipped). Returns
+        the number of shards verified; a mismatch raises :class:`ShardError` naming the shard."""
+        n = 0
+        for s in self.manifest["shards"]:
+            want = s.get("crc32c")
+            if want is None:
+                continue
+            name = s["shard_path"]
+            if self._store.is_local:
+                got = _native.file_crc32c(self._store.url(name))
+            else:
+                got = _native.crc32c_hex(bytes(self._store.read_text(name)))
+            if got != want:
+                raise ShardError(f"{self._store.url(name)}: CRC-32C is {got}, the manifest (version "
+                                 f"{self.version}) records {want}: the file changed or is corrupt")
+            n += 1
+        return n
 
     def _check_shard_files(self):
         for shard in self.shards:
@@ -679,11 +754,41 @@ class Dataset:
         return out
 
 
-def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True):
+def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True, version=None,
+                 timestamp=None, verify_checksums=False):
     """Opens a dataset directory (local path or fsspec URL such as ``s3://bucket/data``).
 
     Reads the manifest and, with ``check_headers`` (default), every shard's header, checking each
     against the manifest, so a broken dataset fails here rather than during training.
     ``storage_options`` go to fsspec; with ``cache_dir`` remote shards are copied there whole on
-    first use and memory-mapped."""
-    return Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers)
+    first use and memory-mapped.
+
+    ``version=n`` reads committed version ``n`` and ``timestamp=`` (a datetime, naive = UTC, or a
+    string such as ``"2026-11-26 12:00:00"`` or ISO 8601) the newest version committed at or
+    before it, from ``_manifest_log/`` (spec/dataset.md §5.8); ``verify_checksums=True`` reads
+    every shard whole once and checks its CRC-32C (:meth:`Dataset.verify_checksums`)."""
+    ds = Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers,
+                 version=version, timestamp=timestamp)
+    if verify_checksums:
+        ds.verify_checksums()
+    return ds
+
+
+def history(path, *, storage_options=None):
+    """The dataset's versions, oldest first (spec/dataset.md §5.8): a list of dicts with
+    ``version``, ``committed_at_ms``, ``operation``, ``rows_added``, ``rows_removed``,
+    ``bytes_added``, ``bytes_removed``, ``shards_added``, ``shards_removed``, ``total_rows``,
+    ``total_bytes``, ``created_by``, ``app_id``, ``commit_message``."""
+    store = open_store(os.fspath(path), storage_options, None)
+    entries = []
+    for name, mtime in store.log_entries(MANIFEST_LOG_DIR):
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+            entries.append({"version": int(name[:20]), "modified_ms": mtime,
+                            "text": bytes(store.read_text(f"{MANIFEST_LOG_DIR}/{name}")).decode("utf-8")})
+    if not entries:
+        raise ManifestError(f"{store.url(MANIFEST_LOG_DIR)}: no manifest log; {path} is not a dataset "
+                            "written by this connector")
+    try:
+        return json.loads(_native.history(json.dumps(entries)))
+    except _native.ManifestError as e:
+        raise ManifestError(f"{path}: {e}") from None

@@ -43,6 +43,14 @@ class LocalStore:
     def size(self, name):
         return os.stat(self.url(name)).st_size
 
+    def log_entries(self, log_dir):
+        """``(file name, modification time in ms)`` of the files in ``log_dir`` (none if absent)."""
+        try:
+            with os.scandir(self.url(log_dir)) as it:
+                return [(e.name, int(e.stat().st_mtime * 1000)) for e in it if e.is_file()]
+        except FileNotFoundError:
+            return []
+
     def read(self, name, start, end):
         with open(self.url(name), "rb") as f:
             f.seek(start)
@@ -113,6 +121,22 @@ class FsspecStore:
     def size(self, name):
         return int(self.fs.size(self.url(name)))
 
+    def log_entries(self, log_dir):
+        """``(file name, modification time in ms)`` of the files in ``log_dir`` (none if absent)."""
+        try:
+            listed = self.fs.ls(self.url(log_dir), detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in listed:
+            if e.get("type") == "directory":
+                continue
+            t = e.get("mtime") or e.get("LastModified") or e.get("created") or 0
+            if hasattr(t, "timestamp"):
+                t = t.timestamp()
+            out.append((e["name"].rstrip("/").rsplit("/", 1)[-1], int(float(t) * 1000)))
+        return out
+
     def read(self, name, start, end):
         if end <= start:
             return b""
@@ -163,6 +187,9 @@ class CachedStore(LocalStore):
 
     def read_text(self, name):
         return self.remote.read_text(name)
+
+    def log_entries(self, log_dir):
+        return self.remote.log_entries(log_dir)
 
     def fetch(self, name, size):
         """Copies shard ``name`` (``size`` bytes) into the cache unless it is there already."""

@@ -64,6 +64,7 @@ fn batch_shard(plan: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64
         samples: rows,
         padded_samples: pad,
         bytes: 100 + n * 28,
+        crc32c: None,
         tensors: vec![
             TensorReport {
                 name: "y".into(),
@@ -124,6 +125,7 @@ fn kv_shard(plan: &WritePlan, partition: u32, shard: u32, keys: &[&str]) -> Shar
         samples: keys.len() as u64,
         padded_samples: 0,
         bytes: 1000,
+        crc32c: None,
         tensors,
         num_tensors: None,
     }

@@ -275,9 +275,29 @@ fn unknown_option_lists_every_valid_key() {
     let e = err(&xs(), &[("batch_size", "1"), ("dtpye", "F32")]);
     assert_eq!(
         e.to_string(),
-        "unknown option 'dtpye'; valid options: batch_size, columns, dtype, dtypes, \
+        "unknown option 'dtpye'; valid options: batch_size, columns, commit_message, dtype, dtypes, \
 duplicatesStrategy, generate_index, kv_separator, metadata, name_col, shapes, tail_strategy, \
 target_shard_size_mb"
+    );
+}
+
+/// `commit_message` (recorded in the version, dataset.md §5.8) is checked at plan time.
+#[test]
+fn commit_message_is_any_text_up_to_64_kib() {
+    plan(
+        &xs(),
+        &[
+            ("batch_size", "1"),
+            ("commit_message", "nightly \"load\" ✓"),
+        ],
+    )
+    .unwrap();
+    let long = "x".repeat(65_537);
+    let e = err(&xs(), &[("batch_size", "1"), ("commit_message", &long)]).to_string();
+    assert!(
+        e.contains("option commit_message")
+            && e.contains("at most 65536 bytes of text (it is 65537 bytes)"),
+        "{e}"
     );
 }
 

@@ -37,9 +37,10 @@ class SafetensorsDataset(torch.utils.data.Dataset):
     no bytes are copied; remote shards are read by byte range into fresh tensors."""
 
     def __init__(self, path, columns=None, *, ragged=None, pad_value=0, transform=None, storage_options=None,
-                 cache_dir=None):
+                 cache_dir=None, version=None, timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
-            path, storage_options=storage_options, cache_dir=cache_dir)
+            path, storage_options=storage_options, cache_dir=cache_dir, version=version,
+            timestamp=timestamp)
         self.columns = self.dataset.check_columns(columns)
         # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
@@ -102,9 +103,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, path, columns=None, batch_size=None, shuffle=False, seed=0, rank=None,
                  world_size=None, drop_last=False, *, ragged=None, pad_value=0, transform=None, pack=None,
-                 shuffle_block_size=None, storage_options=None, cache_dir=None, cache_shards=8):
+                 shuffle_block_size=None, storage_options=None, cache_dir=None, cache_shards=8, version=None,
+                 timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
-            path, storage_options=storage_options, cache_dir=cache_dir)
+            path, storage_options=storage_options, cache_dir=cache_dir, version=version,
+            timestamp=timestamp)
         ds = self.dataset
         if pack is not None:
             if not isinstance(pack, Packing):
