@@ -195,19 +195,13 @@ def ours_open(location):
 
 
 def ours_loader(kept):
-    """The packing loader: per (seed, epoch) a permutation of all documents, each followed by
-    EOS, cut into SEQ_LEN blocks; batches of BLOCKS blocks; loader() with 2 workers. The
-    keyword names are a guess at the API of issue 25 item 5 (raise with the reason if absent)."""
-    import inspect
+    """The packing loader (spec/python.md §3.3): per (seed, epoch) a permutation of all documents,
+    each followed by EOS, cut into SEQ_LEN blocks; batches of BLOCKS blocks; loader() with 2
+    workers."""
+    from safetensors_spark.torch import Packing, SafetensorsIterableDataset, loader
 
-    from safetensors_spark.torch import SafetensorsIterableDataset, loader
-
-    params = inspect.signature(SafetensorsIterableDataset).parameters
-    if "seq_len" not in params:
-        raise NotImplementedError("the packing loader is not in this tree (SafetensorsIterableDataset has no "
-                                  "seq_len parameter); fill in ours_loader() in jvm-connector/bench/tokens.py")
-    ds = SafetensorsIterableDataset(kept["location"], columns=["tokens"], batch_size=BLOCKS, shuffle=True, seed=0,
-                                    seq_len=SEQ_LEN, eos=EOS)
+    ds = SafetensorsIterableDataset(kept["location"], batch_size=BLOCKS, shuffle=True, seed=0,
+                                    pack=Packing("tokens", SEQ_LEN, eos=EOS))
     return loader(ds, num_workers=WORKERS)
 
 
