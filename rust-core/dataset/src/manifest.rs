@@ -468,6 +468,14 @@ impl Manifest {
                     ));
                 }
                 for (name, t) in &self.schema.0 {
+                    if t.ragged.is_some() {
+                        if t.shape.is_some() {
+                            return Err(invalid(format!(
+                                "column '{name}' is ragged, so its schema.shape must be null"
+                            )));
+                        }
+                        continue;
+                    }
                     if t.shape.as_ref().and_then(|s| s.first()) != Some(&batch) {
                         return Err(invalid(format!(
                             "column '{name}': in batch layout schema.shape is [batch_size, …sample shape], got {}",
@@ -484,6 +492,11 @@ impl Manifest {
                 }
                 if x.kv_separator.as_deref().is_none_or(str::is_empty) {
                     return Err(invalid("KV layout needs a non-empty kv_separator"));
+                }
+                if let Some((name, _)) = self.schema.0.iter().find(|(_, t)| t.ragged.is_some()) {
+                    return Err(invalid(format!(
+                        "column '{name}' is ragged, which only batch layout has"
+                    )));
                 }
             }
         }
@@ -579,6 +592,13 @@ fn describe(x: &ManifestExt) -> String {
             "KV mode with kv_separator='{}'",
             x.kv_separator.as_deref().unwrap_or_default()
         ),
+    }
+}
+
+fn ragged_str(r: &Option<RaggedColumn>) -> String {
+    match r {
+        None => "fixed-shape".to_string(),
+        Some(r) => format!("ragged (inner shape {:?})", r.inner_shape),
     }
 }
 
@@ -695,6 +715,13 @@ fn merge_append(
                 return Err(mismatch(format!(
                     "column '{name}' is stored as {}, this write has {}",
                     t.dtype, n.dtype
+                )));
+            }
+            if t.ragged != n.ragged {
+                return Err(mismatch(format!(
+                    "column '{name}' is {} in the dataset, this write has it {}",
+                    ragged_str(&t.ragged),
+                    ragged_str(&n.ragged)
                 )));
             }
             if t.shape != n.shape {
