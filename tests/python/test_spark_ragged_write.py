@@ -104,3 +104,14 @@ def test_ragged_bad_input_names_column_and_row_and_writes_nothing(spark, tmp_pat
     coll = spark.createDataFrame([([1], [2])], "x array<int>, `x.offsets` array<int>")
     with pytest.raises(Exception, match="tensor 'x.offsets', which is also the name of written column 'x.offsets'"):
         coll.write.format("safetensors").option("batch_size", "2").option("ragged", "x").save(str(tmp_path / "bad3"))
+
+
+def test_ragged_columns_with_partition_by(spark, tmp_path):
+    from pyspark.sql import functions as F
+    data = rows(6)
+    df = spark.createDataFrame(data, SCHEMA).withColumn("p", (F.col("i") % 2).cast("int")).coalesce(1).sortWithinPartitions("i")
+    out = tmp_path / "parts"
+    df.write.format("safetensors").option("batch_size", "8").option("ragged", "tok,emb").partitionBy("p").save(str(out))
+    for p in (0, 1):
+        [f] = shards(out / f"p={p}")
+        check_shard(f, [r for r in data if r[0] % 2 == p], 0, np.float32)
