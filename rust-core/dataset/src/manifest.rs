@@ -614,6 +614,13 @@ fn describe(x: &ManifestExt) -> String {
     }
 }
 
+fn ragged_str(r: &Option<RaggedColumn>) -> String {
+    match r {
+        None => "fixed-shape".to_string(),
+        Some(r) => format!("ragged (inner shape {:?})", r.inner_shape),
+    }
+}
+
 fn shape_str(s: &Option<Vec<u64>>) -> String {
     s.as_ref()
         .map_or_else(|| "varying shapes".to_string(), |s| format!("{s:?}"))
@@ -732,6 +739,13 @@ fn merge_append(
                 return Err(mismatch(format!(
                     "column '{name}' is stored as {}, this write has {}",
                     t.dtype, n.dtype
+                )));
+            }
+            if t.ragged != n.ragged {
+                return Err(mismatch(format!(
+                    "column '{name}' is {} in the dataset, this write has it {}",
+                    ragged_str(&t.ragged),
+                    ragged_str(&n.ragged)
                 )));
             }
             if t.shape != n.shape {

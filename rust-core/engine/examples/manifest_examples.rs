@@ -82,6 +82,7 @@ fn batch_task(partition: u32, shards: Vec<ShardReport>, dropped: u64) -> TaskRep
                 ColumnReport {
                     dtype: Dtype::F16,
                     sample_shape: Some(vec![2, 2]),
+                    inner_shape: None,
                 },
             ),
             (
@@ -89,6 +90,7 @@ fn batch_task(partition: u32, shards: Vec<ShardReport>, dropped: u64) -> TaskRep
                 ColumnReport {
                     dtype: Dtype::I64,
                     sample_shape: Some(vec![]),
+                    inner_shape: None,
                 },
             ),
         ]),
@@ -143,6 +145,7 @@ fn kv_task(partition: u32, shards: Vec<ShardReport>, side: Option<u64>) -> TaskR
                 ColumnReport {
                     dtype: Dtype::F32,
                     sample_shape: side.map(|s| vec![s, s]),
+                    inner_shape: None,
                 },
             ),
             (
@@ -150,6 +153,7 @@ fn kv_task(partition: u32, shards: Vec<ShardReport>, side: Option<u64>) -> TaskR
                 ColumnReport {
                     dtype: Dtype::I64,
                     sample_shape: Some(vec![]),
+                    inner_shape: None,
                 },
             ),
         ]),

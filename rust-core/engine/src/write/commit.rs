@@ -556,6 +556,12 @@ pub fn commit_manifest(
     // Columns across tasks.
     let mut tensors = ColumnMap::default();
     for col in &plan.columns {
+        if let Some(r) = &col.ragged {
+            if let Some(t) = ragged_schema(plan, col, r, &reports)? {
+                tensors.0.push((col.name.clone(), t));
+            }
+            continue;
+        }
         let mut first: Option<(u32, &ColumnReport)> = None;
         let mut common_shape: Option<Vec<u64>> = None;
         for r in &reports {
@@ -651,6 +657,85 @@ pub fn commit_manifest(
     })
 }
 
+/// `schema.<c>` of a ragged column: the tasks' dtypes must agree and their inner shapes, where
+/// known, too (a dimension no row showed is recorded as 0).
+fn ragged_schema(
+    plan: &WritePlan,
+    col: &super::ColumnPlan,
+    r: &super::RaggedPlan,
+    reports: &[&TaskReport],
+) -> Result<Option<ManifestTensor>, CommitError> {
+    let mut first: Option<(u32, &ColumnReport)> = None;
+    let mut inner: Vec<Option<u64>> = r
+        .inner_shape
+        .as_ref()
+        .map(|v| v.iter().map(|&d| Some(d)).collect())
+        .unwrap_or_default();
+    let fmt = |v: &[Option<u64>]| {
+        let parts: Vec<String> = v
+            .iter()
+            .map(|d| d.map_or_else(|| "?".to_string(), |d| d.to_string()))
+            .collect();
+        format!("[{}]", parts.join(","))
+    };
+    for rep in reports {
+        let Some(c) = rep.columns.get(&col.name) else {
+            continue;
+        };
+        let Some(ci) = &c.inner_shape else {
+            return Err(bad_report(
+                rep.partition,
+                format!("ragged column '{}' has no inner shape", col.name),
+            ));
+        };
+        let Some((p0, c0)) = first else {
+            first = Some((rep.partition, c));
+            if inner.is_empty() {
+                inner = ci.clone();
+            }
+            for (a, b) in inner.iter_mut().zip(ci) {
+                if a.is_none() {
+                    *a = *b;
+                }
+            }
+            continue;
+        };
+        let mismatch = |what, a: String, b: String| CommitError::ColumnMismatch {
+            column: col.name.clone(),
+            what,
+            partition_a: p0,
+            value_a: a,
+            partition_b: rep.partition,
+            value_b: b,
+        };
+        if c.dtype != c0.dtype {
+            return Err(mismatch("dtype", c0.dtype.to_string(), c.dtype.to_string()));
+        }
+        let clash = inner.len() != ci.len()
+            || inner
+                .iter()
+                .zip(ci)
+                .any(|(a, b)| matches!((a, b), (Some(a), Some(b)) if a != b));
+        if clash {
+            return Err(mismatch("inner shape", fmt(&inner), fmt(ci)));
+        }
+        for (a, b) in inner.iter_mut().zip(ci) {
+            if a.is_none() {
+                *a = *b;
+            }
+        }
+    }
+    let _ = plan;
+    Ok(first.map(|(_, c0)| ManifestTensor {
+        dtype: c0.dtype,
+        shape: None,
+        ragged: Some(safetensors_spark_dataset::manifest::RaggedColumn {
+            inner_shape: inner.iter().map(|d| d.unwrap_or(0)).collect(),
+            element: r.element,
+        }),
+    }))
+}
+
 fn check_report(
     plan: &WritePlan,
     r: &TaskReport,
@@ -673,7 +758,7 @@ fn check_report(
                 ));
             }
         }
-        if !kv && c.sample_shape.is_none() {
+        if !kv && c.sample_shape.is_none() && col.ragged.is_none() {
             return Err(bad_report(
                 p,
                 format!("column '{name}' has no sample shape"),
@@ -725,14 +810,15 @@ fn check_report(
                 format!("shard {} has padding without tail_strategy=pad", s.file),
             ));
         }
-        if !kv && s.tensors.len() != plan.columns.len() {
+        let expected =
+            plan.columns.len() + plan.columns.iter().filter(|c| c.ragged.is_some()).count();
+        if !kv && s.tensors.len() != expected {
             return Err(bad_report(
                 p,
                 format!(
-                    "shard {} has {} tensors, expected one per column ({})",
+                    "shard {} has {} tensors, expected one per column and one more per ragged column ({expected})",
                     s.file,
                     s.tensors.len(),
-                    plan.columns.len()
                 ),
             ));
         }

@@ -50,6 +50,7 @@ fn col(dtype: Dtype, shape: Option<Vec<u64>>) -> ColumnReport {
     ColumnReport {
         dtype,
         sample_shape: shape,
+        inner_shape: None,
     }
 }
 
