@@ -7,7 +7,6 @@ import sys
 import time
 import uuid
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
