@@ -219,6 +219,16 @@ class Dataset:
         state["_offsets"] = {}
         return state
 
+    @property
+    def bytes_fetched(self):
+        """Bytes this process has read from the remote store for this dataset object (manifest,
+        headers, sample ranges, whole shards copied into ``cache_dir``); 0 for a local dataset.
+        Counted per process: reads made in DataLoader workers are counted in the workers' copies,
+        not here (spec/python.md §remote reads)."""
+        store = self._store
+        remote = getattr(store, "remote", store)
+        return getattr(remote, "bytes_fetched", 0)
+
     # -- opening ---------------------------------------------------------------------------------
 
     def _load_manifest(self):
