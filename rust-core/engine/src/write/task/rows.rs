@@ -408,15 +408,14 @@ fn convert_run(
         .collect())
 }
 
-fn extract_numeric(
-    col: &mut ColumnState,
-    array: &ArrayRef,
+/// The `depth` list levels of an array column and its leaf values, checked against the plan's
+/// element type (fixed-shape and ragged columns alike).
+fn list_levels<'a>(
+    col: &ColumnState,
+    array: &'a ArrayRef,
     element: SparkNumeric,
     depth: u32,
-    rows: Range<usize>,
-    row_base: u64,
-    out: &mut Vec<u8>,
-) -> Result<Vec<RowTensor>, WriteError> {
+) -> Result<(Vec<&'a ListArray>, &'a dyn Array, Source<'a>), WriteError> {
     let found = || {
         format!(
             "expected Arrow type {}, found {:?}",
@@ -438,6 +437,19 @@ fn extract_numeric(
     if primitive_type(element) != *leaf_array.data_type() {
         return Err(malformed(col, found()));
     }
+    Ok((levels, leaf_array, leaf))
+}
+
+fn extract_numeric(
+    col: &mut ColumnState,
+    array: &ArrayRef,
+    element: SparkNumeric,
+    depth: u32,
+    rows: Range<usize>,
+    row_base: u64,
+    out: &mut Vec<u8>,
+) -> Result<Vec<RowTensor>, WriteError> {
+    let (levels, leaf_array, leaf) = list_levels(col, array, element, depth)?;
     let dtype = col.numeric_target();
     let mut ranges = Vec::with_capacity(rows.len());
     let mut shapes = Vec::with_capacity(rows.len());
@@ -1206,27 +1218,7 @@ fn ragged_numeric(
     out: &mut Vec<u8>,
     offsets: &mut Vec<i64>,
 ) -> Result<(), WriteError> {
-    let found = || {
-        format!(
-            "expected Arrow type {}, found {:?}",
-            expected_type(&col.plan.input),
-            array.data_type()
-        )
-    };
-    let mut levels: Vec<&ListArray> = Vec::with_capacity(depth as usize);
-    let mut current: &dyn Array = array.as_ref();
-    for _ in 0..depth {
-        let list = current
-            .as_list_opt::<i32>()
-            .ok_or_else(|| malformed(col, found()))?;
-        levels.push(list);
-        current = list.values().as_ref();
-    }
-    let leaf_array = current;
-    let leaf = leaf_values(leaf_array).ok_or_else(|| malformed(col, found()))?;
-    if primitive_type(element) != *leaf_array.data_type() {
-        return Err(malformed(col, found()));
-    }
+    let (levels, leaf_array, leaf) = list_levels(col, array, element, depth)?;
     let mut inner = col.inner.take().unwrap_or_default();
     let result = ragged_rows(
         col, &levels, &leaf, leaf_array, element, &mut inner, rows, row_base, offsets,
