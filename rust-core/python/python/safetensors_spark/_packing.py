@@ -106,25 +106,31 @@ class PackedEpoch:
         take = np.minimum(piece_len, np.maximum(self.doc_len[docs] - within, 0))
         ds, column = self.ds, self.packing.column
         local = ds._store.is_local
-        shards = [ds.shards[s] for s in np.unique(self.shard_of[docs]).tolist()]
+        shard_of = self.shard_of[docs]
+        shards = [ds.shards[s] for s in np.unique(shard_of).tolist()]
         for shard in shards if local else ():
             ds.check_unchanged(shard)
-        for p, d in enumerate(docs.tolist()):
-            k = int(take[p])
-            if k:
-                s = int(self.shard_of[d])
-                shard = ds.shards[s]
-                e = int(ds.offsets(shard, column)[self.row_of[d]]) + int(within[p])
-                if local:  # the shard's values, a view of its map, kept for the epoch
-                    v = self._values.get(s)
-                    if v is None:
-                        v = self._values[s] = ds.ragged_values(shard, column, 0,
-                                                               int(ds._header(shard)[column].shape[0]))
-                    out[begin[p]: begin[p] + k] = v[e: e + k]
-                else:  # one range read of the piece
+        if local:  # each piece one slice copy out of its shard's values (a view of the map)
+            src = np.zeros(len(docs), dtype=np.int64)
+            values = self._values
+            for shard in shards:
+                sel = shard_of == shard.index
+                src[sel] = ds.offsets(shard, column)[self.row_of[docs[sel]]] + within[sel]
+                if shard.index not in values:  # kept for the epoch
+                    values[shard.index] = ds.ragged_values(shard, column, 0,
+                                                           int(ds._header(shard)[column].shape[0]))
+            for s, b, e, k in zip(shard_of.tolist(), begin.tolist(), src.tolist(), take.tolist()):
+                if k:
+                    out[b: b + k] = values[s][e: e + k]
+        else:  # one range read per piece
+            for p, d in enumerate(docs.tolist()):
+                k = int(take[p])
+                if k:
+                    shard = ds.shards[int(self.shard_of[d])]
+                    e = int(ds.offsets(shard, column)[self.row_of[d]]) + int(within[p])
                     out[begin[p]: begin[p] + k] = ds.ragged_values(shard, column, e, e + k)
-            if k < piece_len[p]:  # the piece ends with its document's eos
-                out[begin[p] + k] = eos
+        if eos is not None:  # a piece longer than its tokens ends with its document's eos
+            out[(begin + take)[take < piece_len]] = eos
         for shard in shards if local else ():
             ds.check_unchanged(shard)
         start_of = np.repeat(begin, piece_len)
