@@ -115,3 +115,41 @@ def test_ragged_columns_with_partition_by(spark, tmp_path):
     for p in (0, 1):
         [f] = shards(out / f"p={p}")
         check_shard(f, [r for r in data if r[0] % 2 == p], 0, np.float32)
+
+
+def test_spark_written_ragged_dataset_reads_back_in_spark_and_packs_in_python(spark, tmp_path):
+    """One dataset Spark writes, read back three ways: Spark per sample, the Python package per
+    sample, and packed into blocks against a brute-force stream of the written documents."""
+    from safetensors_spark import open_dataset
+    from safetensors_spark.torch import Packing, SafetensorsIterableDataset, loader
+    data = rows(37)
+    df = spark.createDataFrame(data, SCHEMA).repartition(1, "i").sortWithinPartitions("i")
+    out = str(tmp_path / "d")
+    (df.write.format("safetensors").option("batch_size", "8").option("tail_strategy", "pad")
+     .option("ragged", "tok,emb").mode("overwrite").save(out))
+    back = sorted(spark.read.format("safetensors").load(out).collect(), key=lambda r: r["i"])
+    f32 = lambda e: np.array(e, np.float32).reshape(-1, 2).tolist()  # noqa: E731 (Spark's float is F32)
+    assert [(r["i"], list(r["tok"]), f32(r["emb"]), bytes(r["jpeg"]), r["txt"]) for r in back] \
+        == [(i, t, f32(e), j, s) for i, t, e, j, s in data]
+    ds = open_dataset(out)
+    assert len(ds) == 37
+    for k in range(37):
+        s = ds[k]
+        assert s["i"] == k and s["tok"].tolist() == data[k][1] and s["jpeg"].tobytes() == data[k][3]
+        assert s["txt"].tobytes().decode("utf-8") == data[k][4]
+        assert s["emb"].reshape(-1, 2).tolist() == f32(data[k][2])
+    eos, seq = -1, 5
+    stream = [t for r in data for t in r[1] + [eos]]
+    want = [stream[b * seq:(b + 1) * seq] for b in range(len(stream) // seq)]
+    packed = SafetensorsIterableDataset(out, batch_size=3, shuffle=False, pack=Packing("tok", seq, eos))
+    got = [blk for b in loader(packed, num_workers=2) for blk in b["tokens"].tolist()]
+    assert got == want[:len(got)] and len(got) == len(want) // 3 * 3
+    shuffled = SafetensorsIterableDataset(out, batch_size=None, shuffle=True, seed=4, pack=Packing("tok", seq, eos))
+    blocks = [b["tokens"].tolist() for b in loader(shuffled, num_workers=0)]
+    # the same documents in another order: every block's tokens come from the stream, and what
+    # the blocks lack is exactly the dropped tail
+    from collections import Counter
+    delivered = Counter(t for b in blocks for t in b)
+    assert len(blocks) == len(want) and blocks != want
+    assert not delivered - Counter(stream)
+    assert sum((Counter(stream) - delivered).values()) == shuffled.dropped_tokens == len(stream) % seq
