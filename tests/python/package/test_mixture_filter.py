@@ -320,3 +320,29 @@ def test_mixture_weights_and_modes_are_checked(paths):
     assert SafetensorsMixture([empty, paths[1]], weights=[0, 1]).source_counts == [0, 10]
     with pytest.raises(ValueError, match="source_column must be a name that is not a column"):
         SafetensorsMixture(srcs, source_column="y")
+
+
+def test_two_process_torch_distributed_mixture(paths, tmp_path):
+    """A real 2-rank gloo job on loopback, 2 DataLoader workers a rank: each rank gets its share of
+    the reference order, the same count, and the state after the epoch counts every source's quota."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    worker = Path(__file__).resolve().parent / "dist_mixture_worker.py"
+    procs = [subprocess.Popen([sys.executable, str(worker), *paths, str(tmp_path / f"rank{r}.json")],
+                              env=dict(env, RANK=str(r))) for r in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    counts = ref_quotas([1, 3, 0.5], 50)
+    order = ref_mixture(ref_sources(), counts, True, 4, 0)
+    for r in range(2):
+        assert got[r]["ids"] == flat(ref_rank(order, 2, r, 3, False)), r
+        assert got[r]["consumed_per_source"] == counts
