@@ -80,6 +80,29 @@ def test_kv_dataset_written_by_spark_get_with_and_without_index(spark, tmp_path)
 
 # -- MLflow: a digest per committed state (spec/python.md §7) ----------------------------------
 
+def test_a_mask_column_written_by_spark_filters_the_torch_order(spark, tmp_path):
+    """A boolean column Spark wrote is a mask (spec/python.md §3.4): the filtered epoch is the kept
+    samples only, with equal counts on 2 ranks; a predicate on an int column likewise."""
+    from pyspark.sql import functions as F
+
+    from safetensors_spark import Filter
+
+    out = str(tmp_path / "masked")
+    (spark.range(0, 48, 1, 2).withColumn("keep", F.col("id") % 3 != 1)
+     .withColumn("lang", (F.col("id") % 4).cast("int"))
+     .write.format("safetensors").option("batch_size", 8).save(out))
+    assert open_dataset(out).schema["keep"]["dtype"] == "BOOL"
+    for flt, keep in ((Filter.mask("keep"), lambda i: i % 3 != 1), (Filter.where("lang", "in", [0, 3]),
+                                                                    lambda i: i % 4 in (0, 3))):
+        per_rank = [[int(v) for b in loader(SafetensorsIterableDataset(out, batch_size=4, shuffle=True, seed=2,
+                                                                       rank=r, world_size=2,
+                                                                       filter=flt)) for v in b["id"].tolist()]
+                    for r in range(2)]
+        kept = [i for i in range(48) if keep(i)]
+        assert len(per_rank[0]) == len(per_rank[1]) == len(kept) // 2
+        assert sorted(per_rank[0] + per_rank[1]) == kept
+
+
 @pytest.fixture
 def tracking(tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -187,7 +187,7 @@ def _numpy_dtype(name):
 
         return ml_dtypes.bfloat16
     return {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64, "U8": np.uint8,
-            "U16": np.uint16, "I16": np.int16, "F16": np.float16}[name]
+            "U16": np.uint16, "I16": np.int16, "F16": np.float16, "BOOL": np.bool_}[name]
 
 
 def _manifest(shards, schema):

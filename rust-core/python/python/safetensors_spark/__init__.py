@@ -15,6 +15,7 @@ native module ``safetensors_spark._native``; see spec/python.md.
 import importlib
 
 from ._dataset import Dataset, Ragged, history, open_dataset
+from ._filter import Filter
 from ._errors import (
     ColumnNotFoundError,
     IndexFileError,
@@ -31,6 +32,7 @@ __all__ = [
     "history",
     "Dataset",
     "Ragged",
+    "Filter",
     "SafetensorsSparkError",
     "ManifestError",
     "ShardError",

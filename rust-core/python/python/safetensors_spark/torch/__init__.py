@@ -3,6 +3,10 @@
 * :class:`SafetensorsDataset` — map-style; ``ds[i]`` → ``{column: tensor}``.
 * :class:`SafetensorsIterableDataset` — batches in a global order that depends only on the
   manifest, ``seed`` and the epoch; split over ranks and DataLoader workers; exact resume.
+* :class:`SafetensorsMixture` — a weighted mixture of several datasets (:class:`Source`: per-source
+  columns mapping and filter), one global order per (seed, epoch) dealt to ranks; exact resume.
+* ``filter=`` / :class:`Filter` — a mask column or a predicate on a scalar column, evaluated once
+  up front: the order is over the kept samples.
 * :func:`loader` — a ``torch.utils.data.DataLoader`` over an iterable dataset that counts, in the
   training process, the batches the loop has taken, so ``dataset.state_dict()`` is exact with any
   ``num_workers``.
@@ -16,5 +20,8 @@ worker message, in pooled shared-memory blocks) and ``_loader`` (``loader()``).
 from ._datasets import STATE_VERSION, SafetensorsDataset, SafetensorsIterableDataset  # noqa: F401
 from .._packing import Packing
 from ._loader import loader
+from ._mixture import SafetensorsMixture, Source
+from .._filter import Filter
 
-__all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "Packing", "loader"]
+__all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "SafetensorsMixture", "Source", "Filter", "Packing",
+           "loader"]

@@ -15,6 +15,7 @@ import torch.utils.data
 
 from .._dataset import Dataset
 from .._errors import StateError
+from .._filter import FilteredOrder, Selection
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
 from ._forms import Finish, resolve_forms
@@ -103,8 +104,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, path, columns=None, batch_size=None, shuffle=False, seed=0, rank=None,
                  world_size=None, drop_last=False, *, ragged=None, pad_value=0, transform=None, pack=None,
-                 shuffle_block_size=None, storage_options=None, cache_dir=None, cache_shards=8, version=None,
-                 timestamp=None):
+                 filter=None, shuffle_block_size=None, storage_options=None, cache_dir=None, cache_shards=8,
+                 version=None, timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
@@ -121,6 +122,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             columns = [pack.column]
         self.columns = ds.check_columns(columns)
         self.pack = pack
+        if filter is not None and pack is not None:
+            raise ValueError("filter: a packed dataset packs every document; filter with pack is not supported")
+        # the filter evaluated once over its column: the epoch's order is over the kept samples
+        # (spec/python.md §3.4)
+        self.selection = Selection(ds, filter) if filter is not None else None
         if pack is not None:
             lengths = document_lengths(ds, pack.column)
             tokens = stream_tokens(lengths, pack.eos)
@@ -145,7 +151,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self.drop_last = bool(drop_last)
         self._explicit_rank = (rank, world_size)
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
-        counts = [s.samples for s in ds.shards]
+        counts = [s.samples for s in ds.shards] if self.selection is None else self.selection.counts.tolist()
         if shuffle_block_size is None:
             shuffle_block_size = 4 * max(counts, default=1)
         if not isinstance(shuffle_block_size, int) or shuffle_block_size < 1:
@@ -203,8 +209,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         return 0
 
     def _units(self):
-        """The positions of an epoch: samples, or blocks when packing."""
-        return self.num_blocks if self.pack is not None else len(self.dataset)
+        """The positions of an epoch: samples (those a filter keeps), or blocks when packing."""
+        if self.pack is not None:
+            return self.num_blocks
+        return len(self.dataset) if self.selection is None else self.selection.total
 
     def _plan(self, start):
         total = self._units()
@@ -256,6 +264,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             "shuffle_block_size": self.shuffle_block_size,
             "manifest_fingerprint": self._fingerprint(),
             **({"pack": self.pack.state(), "blocks": self.num_blocks} if self.pack is not None else {}),
+            **({"filter": self.selection.state()} if self.selection is not None else {}),
         }
 
     def load_state_dict(self, state):
@@ -264,13 +273,16 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         settings (shuffle, seed, shuffle_block_size) and the dataset must be the same."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise StateError(f"not a SafetensorsIterableDataset state (version {STATE_VERSION}): {state!r}")
+        # (the filter before shuffle_block_size, whose default follows the kept counts)
         for field, mine in (("manifest_fingerprint", self._fingerprint()), ("shuffle", self.shuffle),
-                            ("seed", self.seed), ("shuffle_block_size", self.shuffle_block_size),
+                            ("seed", self.seed),
+                            ("filter", self.selection.state() if self.selection is not None else None),
+                            ("shuffle_block_size", self.shuffle_block_size),
                             ("total_samples", len(self.dataset)),
                             ("pack", self.pack.state() if self.pack is not None else None)):
             if state.get(field) != mine:
                 what = "the dataset's shards changed" if field in ("manifest_fingerprint", "total_samples") \
-                    else "the global order would differ"
+                    else "the filter keeps other samples" if field == "filter" else "the global order would differ"
                 raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this dataset "
                                  f"iterator has {mine!r} ({what})")
         epoch, position = state.get("epoch"), state.get("position")
@@ -280,7 +292,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
         total = self._units()
         if position > total:
-            what = f"the epoch's {total} blocks" if self.pack is not None else f"total_samples={total}"
+            what = f"the epoch's {total} blocks" if self.pack is not None else f"total_samples={total}" \
+                if self.selection is None else f"the {total} samples the filter keeps"
             unit = "blocks" if self.pack is not None else "samples"
             raise StateError(f"cannot resume: state has position={position}, beyond {what} "
                              f"(a position is at most the epoch's {total} {unit})")
@@ -296,11 +309,18 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self._refresh_rank()
         start = self._start_position()
         plan = self._plan(start)
-        order = EpochOrder([s.samples for s in self.dataset.shards], self.shuffle, self.seed,
-                           self._epoch, self.shuffle_block_size)
+        order = self._order()
         # the training process itself iterates: count what it takes
         progress = self._count_from(start) if info is None else None
         return self._generate(plan, order, worker, workers, progress)
+
+    def _order(self):
+        """The epoch's global order (position → shard, row), over the kept samples when filtered."""
+        if self.selection is not None:
+            return FilteredOrder(self.dataset, self.selection, self.shuffle, self.seed, self._epoch,
+                                 self.shuffle_block_size)
+        return EpochOrder([s.samples for s in self.dataset.shards], self.shuffle, self.seed,
+                          self._epoch, self.shuffle_block_size)
 
     def _count_from(self, start):
         """A new count, read by state_dict(), of the batches the training loop takes from an
@@ -316,7 +336,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             yield from self._generate_packed(plan, order, worker, workers, progress)
             return
         reader = BatchReader(self.dataset, self.columns, self.cache_shards)
-        total = len(self.dataset)
+        total = self._units()
         finish = self.finish
         k, release_flags = self._handoff
         in_worker = torch.utils.data.get_worker_info() is not None

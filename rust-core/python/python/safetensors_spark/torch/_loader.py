@@ -8,6 +8,7 @@ import torch
 import torch.utils.data
 
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
+from ._mixture import SafetensorsMixture
 from ._handoff import POOL_SLOTS, Handoff, batches_per_message, item_messages, messages
 from ._reader import BatchReader
 
@@ -143,7 +144,9 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     if kwargs.get("batch_size") is not None:
         raise ValueError("loader(): the dataset batches (its batch_size); do not pass batch_size to the DataLoader")
     kwargs["batch_size"] = None
-    if dataset.pack is not None:
+    if isinstance(dataset, SafetensorsMixture):
+        handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=dataset.sample_bytes)
+    elif dataset.pack is not None:
         per_block = dataset.pack.seq_len * (dataset.dataset._dtypes[dataset.pack.column].itemsize + 16)
         handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=per_block)
     else:

@@ -1,0 +1,192 @@
+"""Load-time filters (spec/python.md §3.4), in numpy only (no torch), so they are testable alone.
+
+* :class:`Filter` — what to keep: a boolean mask column (``Filter.mask``) or a predicate on a
+  scalar column (``Filter.where``: a comparison, or a vectorised function of the column).
+* :class:`Selection` — the filter evaluated once, up front, over that one column of every shard:
+  the kept samples (a bit per sample), their count per shard, and a fingerprint for resume.
+* :class:`FilteredOrder` — an epoch's global order over the kept samples only: the sampler of
+  ``_sampling.EpochOrder`` run on the kept counts per shard, then mapped back to shard rows.
+
+Why up front and not lazily per sample in the workers: the rank plan needs the epoch's length
+before the first batch (equal batch counts on every rank, a resume position in a known order). A
+predicate evaluated as samples stream by would only know how many samples pass at the end of the
+epoch, so ranks would get different counts and a resume position would depend on how far each
+worker had read. One pass over one scalar column (for a local dataset a view of the map; remote:
+one range read of that column per shard) gives the exact filtered length.
+"""
+
+import hashlib
+import operator
+
+import numpy as np
+
+from ._errors import ColumnNotFoundError
+from ._sampling import EpochOrder
+
+_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+        ">=": operator.ge, "in": None, "not in": None}
+
+
+class Filter:
+    """What a dataset keeps. Build with :meth:`mask` or :meth:`where`."""
+
+    def __init__(self, column, kind, op=None, value=None):
+        self.column, self.kind, self.op, self.value = column, kind, op, value
+
+    @classmethod
+    def mask(cls, column):
+        """Keep the samples whose BOOL column ``column`` is true (e.g. a mask Spark wrote)."""
+        if not isinstance(column, str):
+            raise ValueError(f"Filter.mask: column must be a column name, got {column!r}")
+        return cls(column, "mask")
+
+    @classmethod
+    def where(cls, column, op, value=None):
+        """Keep the samples whose scalar column ``column`` satisfies ``op``: one of
+        ``== != < <= > >=`` with a number ``value``, ``in`` / ``not in`` with a list of numbers,
+        or a function ``values (numpy array of one shard's rows) -> bool array of the same
+        length`` (vectorised: it is called once per shard, never per sample)."""
+        if not isinstance(column, str):
+            raise ValueError(f"Filter.where: column must be a column name, got {column!r}")
+        if callable(op):
+            if value is not None:
+                raise ValueError("Filter.where: with a function, leave value out")
+            return cls(column, "call", op)
+        if op not in _OPS:
+            raise ValueError(f"Filter.where: op must be one of {list(_OPS)} or a function, got {op!r}")
+        if op in ("in", "not in"):
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ValueError(f"Filter.where: op {op!r} takes a list of values, got {value!r}")
+            value = list(value)
+            bad = [v for v in value if not _is_number(v)]
+        else:
+            bad = [] if _is_number(value) else [value]
+        if bad:
+            raise ValueError(f"Filter.where: column '{column}' compares with numbers or booleans, got {bad[0]!r}")
+        return cls(column, "op", op, value)
+
+    def describe(self):
+        if self.kind == "mask":
+            return f"mask {self.column}"
+        if self.kind == "call":
+            return f"{self.column} where {getattr(self.op, '__qualname__', repr(self.op))}"
+        return f"{self.column} {self.op} {self.value!r}"
+
+    def __repr__(self):
+        return f"Filter({self.describe()})"
+
+    def evaluate(self, values, where):
+        """The kept rows (bool array) of one shard's ``values`` of the column."""
+        if self.kind == "mask":
+            return values
+        if self.kind == "call":
+            keep = self.op(values)
+            keep = np.asarray(keep) if keep is not None else None
+            if keep is None or keep.dtype != np.bool_ or keep.shape != values.shape:
+                got = "None" if keep is None else f"{keep.dtype} {list(keep.shape)}"
+                raise TypeError(f"filter on column '{self.column}': the function must return a bool array of "
+                                f"shape {list(values.shape)} (one per row of {where}), got {got}")
+            return keep
+        if self.op == "in":
+            return np.isin(values, self.value)
+        if self.op == "not in":
+            return ~np.isin(values, self.value)
+        return np.asarray(_OPS[self.op](values, self.value), dtype=np.bool_)
+
+
+def _is_number(v):
+    return isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+class Selection:
+    """A :class:`Filter` evaluated over a dataset: ``total`` kept samples, ``counts`` kept per
+    shard, ``fingerprint`` (sha256 of the kept bits), ``kept()`` their sample indices (§2 order)."""
+
+    def __init__(self, dataset, flt):
+        if not isinstance(flt, Filter):
+            raise ValueError(f"filter must be a safetensors_spark.Filter (Filter.mask(column) or "
+                             f"Filter.where(column, op, value)), got {flt!r}")
+        # the description only: a filter's function need not pickle (DataLoader workers under spawn)
+        self.description = flt.describe()
+        ds = dataset
+        c = flt.column
+        if c not in ds.schema:
+            raise ColumnNotFoundError(f"filter: column '{c}' is not in dataset {ds.path}; its columns are "
+                                      f"{ds.columns}")
+        dtype = ds.schema[c]["dtype"]
+        if c in ds.ragged:
+            raise ValueError(f"filter: column '{c}' of dataset {ds.path} is ragged (rows of different lengths); "
+                             f"a filter reads a scalar column (one value per sample)")
+        shape = ds.schema[c].get("shape")
+        sample = None if shape is None else (shape[1:] if ds.layout == "batch" else shape)
+        if sample is None or int(np.prod(sample, dtype=np.int64)) != 1:
+            raise ValueError(f"filter: column '{c}' of dataset {ds.path} has per-sample shape {sample}; a filter "
+                             f"reads a scalar column (shape [] or all 1s: one value per sample)")
+        if flt.kind == "mask" and dtype != "BOOL":
+            raise ValueError(f"filter: mask column '{c}' of dataset {ds.path} has dtype {dtype}; a mask must "
+                             f"be BOOL (true keeps the sample)")
+        if flt.kind == "op" and dtype == "BF16":
+            raise ValueError(f"filter: column '{c}' of dataset {ds.path} is BF16; compare it with a function "
+                             f"(Filter.where(column, fn)) on its values")
+        keep = np.zeros(len(ds), dtype=np.bool_)
+        for shard in ds.shards:
+            if shard.samples == 0:
+                continue
+            values = _column_values(ds, shard, c)
+            keep[shard.offset: shard.offset + shard.samples] = flt.evaluate(values, ds._store.url(shard.name))
+        self.n = len(ds)
+        self.bits = np.packbits(keep)
+        self.total = int(keep.sum())
+        starts = np.asarray([s.offset for s in ds.shards], dtype=np.int64)
+        before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+        self.counts = (before[starts + np.asarray([s.samples for s in ds.shards], dtype=np.int64)]
+                       - before[starts]).astype(np.int64)
+        self.fingerprint = hashlib.sha256(self.bits.tobytes() + str(self.n).encode()).hexdigest()
+        self._kept = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_kept"] = None  # rebuilt from the bits in the process that reads
+        return state
+
+    def kept(self):
+        """Sample indices (int64, increasing) of the kept samples."""
+        if self._kept is None:
+            self._kept = np.flatnonzero(np.unpackbits(self.bits, count=self.n)).astype(np.int64)
+        return self._kept
+
+    def state(self):
+        return {"filter": self.description, "kept": self.total, "sha256": self.fingerprint}
+
+
+def _column_values(ds, shard, column):
+    """The column's value of each real row of ``shard``, as a 1-d array (one range per shard)."""
+    if ds.layout == "batch":
+        a = ds.rows(shard, column, 0, shard.samples)
+    else:
+        ds._kv_keys(shard)
+        a = np.stack([ds.kv_tensor(shard, key, column) for key in shard.keys])
+    return np.asarray(a).reshape(shard.samples)
+
+
+class FilteredOrder:
+    """Position → sample over the kept samples only: :class:`EpochOrder` of the kept counts per
+    shard (the same shard permutation and block shuffle, over the filtered list), then the
+    ``j``-th kept row of a shard is mapped to its row."""
+
+    def __init__(self, dataset, selection, shuffle, seed, epoch, block_size):
+        self.order = EpochOrder(selection.counts, shuffle, seed, epoch, block_size)
+        self.total = self.order.total
+        kept = selection.kept()
+        self._kept = kept
+        self._first = np.concatenate([[0], np.cumsum(selection.counts)])[:-1]
+        self._offsets = np.asarray([s.offset for s in dataset.shards], dtype=np.int64)
+
+    def _rows(self, shards, j):
+        return shards, self._kept[self._first[shards] + j] - self._offsets[shards]
+
+    def locate(self, positions):
+        return self._rows(*self.order.locate(positions))
+
+    def locate_all(self):
+        return self._rows(*self.order.locate_all())

@@ -1,0 +1,333 @@
+"""``SafetensorsMixture``: a weighted mixture of several datasets (spec/python.md §3.5).
+
+The epoch's order is computed once, globally (``_mixture.MixtureOrder``: position → source and
+draw; each source's own order: ``EpochOrder`` / ``FilteredOrder`` with a seed per source and
+pass), then dealt to ranks and workers exactly as ``SafetensorsIterableDataset`` deals its
+positions (``RankPlan``), so the rank counts, the worker split and resume are the same rules.
+"""
+
+import hashlib
+import json
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from .._dataset import Dataset
+from .._errors import ColumnNotFoundError, StateError
+from .._filter import FilteredOrder, Selection
+from .._mixture import MixtureOrder, check_weights, quotas, source_seed
+from .._sampling import EpochOrder
+from ._datasets import STATE_VERSION, SafetensorsIterableDataset
+from ._handoff import item_messages
+from ._reader import BatchReader
+
+MODES = ("sample", "exhaust")
+
+
+class Source:
+    """One dataset of a mixture. ``columns``: None (all), a list (select), or a dict
+    ``{mixture column: this dataset's column}`` (select and rename, to map sources of different
+    columns to one schema). ``filter``: a :class:`safetensors_spark.Filter` applied to this source."""
+
+    def __init__(self, path, columns=None, *, filter=None, storage_options=None, cache_dir=None, version=None,
+                 timestamp=None):
+        self.path, self.columns, self.filter = path, columns, filter
+        self.open_kw = dict(storage_options=storage_options, cache_dir=cache_dir, version=version, timestamp=timestamp)
+
+
+class _Opened:
+    """A source, opened: its Dataset, the column mapping, its selection and length."""
+
+    def __init__(self, i, src, shuffle_block_size):
+        if not isinstance(src, Source):
+            src = Source(src)
+        ds = src.path if isinstance(src.path, Dataset) else Dataset(src.path, **src.open_kw)
+        self.index, self.dataset = i, ds
+        self.name = f"mixture source {i} ({ds.path})"
+        cols = src.columns
+        if cols is None:
+            mapping = {c: c for c in ds.columns}
+        elif isinstance(cols, dict):
+            mapping = dict(cols)
+        else:
+            mapping = {c: c for c in ([cols] if isinstance(cols, str) else list(cols))}
+        if not mapping:
+            raise ValueError(f"{self.name}: columns is empty; choose from {ds.columns}")
+        for out, c in mapping.items():
+            if not isinstance(out, str) or not isinstance(c, str):
+                raise ValueError(f"{self.name}: columns maps mixture column names to column names, got {out!r}: {c!r}")
+            if c not in ds.schema:
+                raise ColumnNotFoundError(f"{self.name}: column '{c}' is not in the dataset; its columns are "
+                                          f"{ds.columns}")
+        self.mapping = mapping
+        self.selection = Selection(ds, src.filter) if src.filter is not None else None
+        self.length = len(ds) if self.selection is None else self.selection.total
+        self.counts = [s.samples for s in ds.shards] if self.selection is None else self.selection.counts.tolist()
+        self.block = shuffle_block_size if shuffle_block_size is not None else 4 * max(self.counts, default=1)
+
+    def signature(self, out):
+        """``(dtype, per-sample shape)`` of mixture column ``out`` in this source."""
+        ds, c = self.dataset, self.mapping[out]
+        if c in ds.ragged:
+            raise ValueError(f"{self.name}: column '{c}' is ragged; a mixture stacks fixed-shape columns only")
+        shape = ds.schema[c].get("shape")
+        if shape is None:
+            raise ValueError(f"{self.name}: column '{c}' has rows of different shapes (schema shape null); a "
+                             f"mixture stacks fixed-shape columns only")
+        return ds.schema[c]["dtype"], list(shape[1:] if ds.layout == "batch" else shape)
+
+    def fingerprint(self):
+        shards = [[s["shard_path"], s["samples_count"], s["bytes"]] for s in self.dataset.manifest["shards"]]
+        return hashlib.sha256(json.dumps(shards).encode()).hexdigest()
+
+    def state(self):
+        return {"manifest_fingerprint": self.fingerprint(), "samples": self.length, "columns": self.mapping,
+                "filter": self.selection.state() if self.selection is not None else None}
+
+    def order(self, shuffle, seed, epoch, rnd):
+        """This source's order in pass ``rnd`` of epoch ``epoch``."""
+        s = source_seed(seed, self.index, rnd)
+        if self.selection is not None:
+            return FilteredOrder(self.dataset, self.selection, shuffle, s, epoch, self.block)
+        return EpochOrder(self.counts, shuffle, s, epoch, self.block)
+
+
+def _check_schemas(opened):
+    first = opened[0]
+    want = set(first.mapping)
+    for o in opened[1:]:
+        got = set(o.mapping)
+        if got != want:
+            missing, extra = sorted(want - got), sorted(got - want)
+            raise ValueError(
+                f"{o.name} has columns {sorted(got)} but {first.name} has {sorted(want)} (missing {missing}, "
+                f"extra {extra}); map every source to one schema with Source(path, columns={{mixture column: "
+                f"source column}})")
+    for c in first.mapping:
+        sig = first.signature(c)
+        for o in opened[1:]:
+            other = o.signature(c)
+            if other != sig:
+                raise ValueError(f"mixture column '{c}' is {sig[0]} {sig[1]} in {first.name} (column "
+                                 f"'{first.mapping[c]}') but {other[0]} {other[1]} in {o.name} (column "
+                                 f"'{o.mapping[c]}'); sources must agree on each column's dtype and per-sample shape")
+
+
+class SafetensorsMixture(SafetensorsIterableDataset):
+    """Batches drawn from several datasets (``sources``: paths, ``Dataset``s or :class:`Source`),
+    in an order that depends only on ``seed``, the epoch, the weights and the sources' lengths.
+
+    * ``mode="sample"`` (default): an epoch of ``num_samples`` (default: the sources' total)
+      positions; source ``i`` gets ``num_samples · w_i / Σw`` of them (largest remainder), drawn
+      from its own order, passing through it again when it runs out. ``weights`` default to the
+      sources' lengths.
+    * ``mode="exhaust"``: every sample of every source once per epoch, the sources interleaved in
+      proportion to their lengths (``weights`` and ``num_samples`` are refused).
+
+    ``source_column``: a name under which every batch carries each sample's source index (int64).
+    Ranks, workers, ``drop_last``, ``loader()`` and resume (``state_dict`` / ``load_state_dict``)
+    work as for :class:`SafetensorsIterableDataset`; ``source_counts`` are the samples each source
+    gives the epoch (all ranks), ``state_dict()["consumed_per_source"]`` those consumed so far."""
+
+    def __init__(self, sources, weights=None, batch_size=None, *, mode="sample", num_samples=None, shuffle=True,
+                 seed=0, rank=None, world_size=None, drop_last=False, shuffle_block_size=None, source_column=None,
+                 transform=None, cache_shards=8):
+        if isinstance(sources, (str, bytes, Source, Dataset)) or not hasattr(sources, "__len__") or not sources:
+            raise ValueError(f"mixture: sources must be a non-empty list of paths, Datasets or Sources, "
+                             f"got {sources!r}")
+        if mode not in MODES:
+            raise ValueError(f"mixture: mode must be one of {list(MODES)}, got {mode!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1 or None (single samples), got {batch_size!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        if shuffle_block_size is not None and (not isinstance(shuffle_block_size, int) or shuffle_block_size < 1):
+            raise ValueError(f"shuffle_block_size must be an integer >= 1, got {shuffle_block_size!r}")
+        self.sources = [_Opened(i, s, shuffle_block_size) for i, s in enumerate(sources)]
+        _check_schemas(self.sources)
+        self.columns = list(self.sources[0].mapping)
+        if source_column is not None and (not isinstance(source_column, str) or source_column in self.columns):
+            raise ValueError(f"mixture: source_column must be a name that is not a column {self.columns}, "
+                             f"got {source_column!r}")
+        lengths = [o.length for o in self.sources]
+        if mode == "exhaust":
+            if weights is not None or num_samples is not None:
+                raise ValueError("mixture: mode='exhaust' takes every sample of every source once (in proportion "
+                                 "to their lengths); weights and num_samples are for mode='sample'")
+            self.weights = np.asarray(lengths, dtype=np.float64)
+            counts = np.asarray(lengths, dtype=np.int64)
+        else:
+            self.weights = check_weights(lengths if weights is None else weights, len(self.sources))
+            if num_samples is None:
+                num_samples = sum(lengths)
+            if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 0:
+                raise ValueError(f"mixture: num_samples must be an integer >= 0, got {num_samples!r}")
+            counts = quotas(self.weights, num_samples)
+            for o, w, c in zip(self.sources, self.weights, counts):
+                if c > 0 and o.length == 0:
+                    raise ValueError(f"{o.name} has weight {w} but no samples"
+                                     f"{' its filter keeps' if o.selection is not None else ''}; give it weight 0")
+        self.mode = mode
+        self.counts = counts
+        self.num_samples = int(counts.sum())
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.source_column = source_column
+        self.transform = transform
+        self.cache_shards = cache_shards
+        self.pack = None
+        self.selection = None
+        self._explicit_rank = (rank, world_size)
+        self.rank, self.world_size = self._resolve_rank(rank, world_size)
+        self._epoch = 0
+        self._resume = None
+        self._progress = None
+        self._handoff = (1, None)
+        self._mix = None  # (epoch, MixtureOrder) of this process
+
+    @property
+    def source_counts(self):
+        """Samples each source gives an epoch (all ranks together; the same every epoch)."""
+        return self.counts.tolist()
+
+    @property
+    def sample_bytes(self):
+        """Bytes of one sample of a batch (loader()'s message size)."""
+        o = self.sources[0]
+        total = sum(int(np.prod(o.signature(c)[1], dtype=np.int64)) * o.dataset._dtypes[o.mapping[c]].itemsize
+                    for c in self.columns)
+        return total + (8 if self.source_column is not None else 0)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_mix"] = None
+        return state
+
+    def _units(self):
+        return self.num_samples
+
+    def _mixture(self):
+        if self._mix is None or self._mix[0] != self._epoch:
+            self._mix = (self._epoch, MixtureOrder(self.counts, self.shuffle, self.seed, self._epoch))
+        return self._mix[1]
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def _settings(self):
+        # sources first: a changed source (its shards, columns, filter) explains the fields after it
+        return {"kind": "mixture", "sources": [o.state() for o in self.sources], "mode": self.mode,
+                "num_samples": self.num_samples, "weights": self.weights.tolist(),
+                "source_counts": self.source_counts, "shuffle": self.shuffle, "seed": self.seed,
+                "shuffle_block_size": [o.block for o in self.sources]}
+
+    def state_dict(self, batches_consumed=None):
+        """``{version, kind: "mixture", epoch, position, consumed_per_source, ...}``: ``position``
+        = positions of the epoch's mixture order consumed by all ranks together (as
+        :meth:`SafetensorsIterableDataset.state_dict`)."""
+        if torch.utils.data.get_worker_info() is not None:
+            raise StateError("state_dict() was called inside a DataLoader worker, which cannot know what the "
+                             "training loop has consumed (workers prefetch); call it in the training process "
+                             "(spec/python.md §5)")
+        self._refresh_rank()
+        progress = self._progress if (self._progress or {}).get("epoch") == self._epoch else None
+        start = progress["start"] if progress is not None else self._start_position()
+        if batches_consumed is None:
+            batches_consumed = progress["consumed"] if progress is not None else 0
+        elif not isinstance(batches_consumed, int) or batches_consumed < 0:
+            raise ValueError(f"batches_consumed must be an integer >= 0, got {batches_consumed!r}")
+        plan = self._plan(start)
+        if batches_consumed > plan.num_batches:
+            raise StateError(f"batches_consumed={batches_consumed} but rank {self.rank} has only "
+                             f"{plan.num_batches} batches in epoch {self._epoch} from position {start}")
+        position = min(plan.position_after(batches_consumed), self.num_samples)
+        return {"version": STATE_VERSION, "epoch": self._epoch, "position": position,
+                "consumed_per_source": self._mixture().consumed(position).tolist(), **self._settings()}
+
+    def load_state_dict(self, state):
+        """Resumes at ``state['position']`` of ``state['epoch']``'s mixture order; any world size,
+        worker count or ``batch_size``; the sources, weights and order settings must be the same."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or state.get("kind") != "mixture":
+            raise StateError(f"not a SafetensorsMixture state (version {STATE_VERSION}, kind 'mixture'): {state!r}")
+        for field, mine in self._settings().items():
+            if state.get(field) != mine:
+                raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this mixture has "
+                                 f"{mine!r} (the mixture order would differ)")
+        epoch, position = state.get("epoch"), state.get("position")
+
+        def whole(v):
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        if not whole(epoch) or not whole(position):
+            raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
+        if position > self.num_samples:
+            raise StateError(f"cannot resume: state has position={position}, beyond the epoch's "
+                             f"num_samples={self.num_samples}")
+        self._epoch = epoch
+        self._resume = (epoch, position)
+        self._progress = None
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._refresh_rank()
+        start = self._start_position()
+        plan = self._plan(start)
+        progress = self._count_from(start) if info is None else None
+        return self._generate_mixture(plan, worker, workers, progress)
+
+    def _generate_mixture(self, plan, worker, workers, progress):
+        mix, epoch, total = self._mixture(), self._epoch, self.num_samples
+        readers = [BatchReader(o.dataset, list(dict.fromkeys(o.mapping.values())), self.cache_shards)
+                   for o in self.sources]
+        orders = {}  # (source, pass) -> its order (a few live at a time)
+
+        def order_of(i, rnd):
+            o = orders.get((i, rnd))
+            if o is None:
+                if len(orders) >= 16:
+                    orders.pop(next(iter(orders)))
+                o = orders[(i, rnd)] = self.sources[i].order(self.shuffle, self.seed, epoch, rnd)
+            return o
+
+        def batch(j):
+            first, n = plan.batch(j)
+            pos = np.arange(first, first + n, dtype=np.int64) % total
+            labels, draws = mix.labels[pos], mix.draws[pos]
+            out = {}
+            for i in np.unique(labels).tolist():
+                src = self.sources[i]
+                at = np.flatnonzero(labels == i)
+                rnd, q = np.divmod(draws[at], src.length)
+                shards, rows = np.empty(len(at), np.int64), np.empty(len(at), np.int64)
+                for r in np.unique(rnd).tolist():
+                    m = rnd == r
+                    shards[m], rows[m] = order_of(i, r).locate(q[m])
+                part = readers[i].batch(shards, rows, shared=False)
+                idx = torch.from_numpy(at)
+                for c, sc in src.mapping.items():
+                    t = part[sc]
+                    if c not in out:
+                        out[c] = torch.empty((n, *t.shape[1:]), dtype=t.dtype)
+                    out[c][idx] = t
+            out = {c: out[c] for c in self.columns}
+            if self.source_column is not None:
+                out[self.source_column] = torch.from_numpy(labels.astype(np.int64))
+            if self.batch_size is None:
+                out = {c: t[0] for c, t in out.items()}
+            return self.transform(out) if self.transform is not None else out
+
+        k, release_flags = self._handoff
+        if k > 1 and torch.utils.data.get_worker_info() is not None:
+            yield from item_messages(lambda j0, j1: [batch(j) for j in range(j0, j1)], plan.num_batches,
+                                     worker, workers, k, release_flags)
+            return
+        for j in range(worker, plan.num_batches, workers):
+            out = batch(j)
+            if progress is not None:
+                progress["consumed"] += 1
+            yield out
