@@ -2,6 +2,8 @@
 contiguous run in this process, else gathered into fresh (or, in a DataLoader worker, shared)
 memory, one buffer per batch for all columns."""
 
+import math
+
 import numpy as np
 import torch
 import torch.utils.data
@@ -23,14 +25,14 @@ def gather_rows(columns, shards, rows):
     list a ``ValueError``."""
     specs, keep = [], []
     for name, out, sources in columns:
-        row_bytes = out.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
+        row_bytes = out.itemsize * math.prod(out.shape[1:])
         if not out.flags.c_contiguous or not out.flags.writeable:
             raise ValueError(f"gather: column '{name}': the output is not a writable C-contiguous array")
         srcs = []
         for a in sources:
             a = np.ascontiguousarray(a)
             keep.append(a)
-            if a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) != row_bytes:
+            if a.itemsize * math.prod(a.shape[1:]) != row_bytes:
                 raise ValueError(f"gather: column '{name}': rows of {a.dtype}{list(a.shape[1:])} in a shard "
                                  f"where the batch has {out.dtype}{list(out.shape[1:])}")
             srcs.append((_address(a), a.nbytes, a.shape[0]))
