@@ -15,7 +15,7 @@ import torch
 import handmade
 from safetensors_spark.torch import SafetensorsDataset, SafetensorsIterableDataset, loader
 from safetensors_spark.torch import _device
-from safetensors_spark.torch._reader import gather_rows
+from safetensors_spark.torch._reader import gather_ragged, gather_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -57,6 +57,20 @@ def test_the_rust_gather_refuses_bad_index_lists_naming_the_row():
     with pytest.raises(ValueError, match="rows of float32"):
         gather_rows([("x", out.view(np.float32), [np.zeros((3, 3), np.float32)])], np.array([0]), np.array([0]))
     assert not out.any(), "a refused gather writes nothing"
+
+
+def test_the_rust_ragged_gather_copies_each_rows_run_of_elements_and_refuses_bad_spans():
+    values = [np.arange(12, dtype=np.int16).reshape(6, 2), np.arange(100, 106, dtype=np.int16).reshape(3, 2)]
+    shards, starts, lengths = np.array([1, 0, 0, 1]), np.array([1, 4, 0, 0]), np.array([2, 0, 3, 1])
+    out = np.zeros((6, 2), np.int16)
+    gather_ragged("tokens", out, values, shards, starts, lengths)
+    want = np.concatenate([values[s][b: b + n] for s, b, n in zip(shards, starts, lengths)])
+    assert out.tobytes() == want.tobytes()
+    with pytest.raises(IndexError, match=r"column 'tokens', batch row 1: elements \[5, 5 \+ 2\) are out of range "
+                                         r"for shard 0 \(6 elements\)"):
+        gather_ragged("tokens", out, values, np.array([1, 0]), np.array([0, 5]), np.array([1, 2]))
+    with pytest.raises(ValueError, match="empty index list"):
+        gather_ragged("tokens", out, values, np.array([], np.int64), np.array([], np.int64), np.array([], np.int64))
 
 
 def test_shuffled_batches_over_many_shards_and_dtypes_equal_the_samples(tmp_path):

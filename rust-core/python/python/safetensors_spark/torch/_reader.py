@@ -23,6 +23,13 @@ def gather_rows(columns, shards, rows):
     [source array per shard number])]``, arrays of the column's rows (first dimension); every
     dtype is copied as bytes. A shard or row out of range is an ``IndexError``, an empty index
     list a ``ValueError``."""
+    specs, keep = _gather_specs(columns)
+    _native.gather_rows(specs, _int64_bytes(shards), _int64_bytes(rows))
+    del keep
+
+
+def _gather_specs(columns):
+    """``(specs, arrays to keep alive for the call)`` of ``[(name, output, sources)]``."""
     specs, keep = [], []
     for name, out, sources in columns:
         row_bytes = out.itemsize * math.prod(out.shape[1:])
@@ -37,8 +44,20 @@ def gather_rows(columns, shards, rows):
                                  f"where the batch has {out.dtype}{list(out.shape[1:])}")
             srcs.append((_address(a), a.nbytes, a.shape[0]))
         specs.append((name, row_bytes, (_address(out), out.nbytes), srcs))
-    _native.gather_rows(specs, np.ascontiguousarray(shards, dtype=np.int64).tobytes(),
-                        np.ascontiguousarray(rows, dtype=np.int64).tobytes())
+    return specs, keep
+
+
+def gather_ragged(name, out, sources, shards, starts, lengths):
+    """Elements ``[starts[k], starts[k] + lengths[k])`` of ragged column ``name``'s values in
+    source ``shards[k]``, row after row, into ``out`` (``[elements, *inner_shape]``), in one call
+    of the Rust gather (``_native.gather_ragged``); errors as :func:`gather_rows`."""
+    (spec,), keep = _gather_specs([(name, out, sources)])
+    _native.gather_ragged(spec, _int64_bytes(shards), _int64_bytes(starts), _int64_bytes(lengths))
+    del keep
+
+
+def _int64_bytes(a):
+    return np.ascontiguousarray(a, dtype=np.int64).tobytes()
 
 
 def to_torch(array, dtype):
@@ -154,20 +173,18 @@ class BatchReader:
         first = {c: cols[c][uniq[0]] for c in fixed}
         first.update({c: Ragged(cols[c][uniq[0]], None) for c in ragged})
         arrays, tensors = self._alloc(self._specs(n, first, {c: int(spans[c][1].sum()) for c in ragged}), shared)
+        local = np.searchsorted(uniq, shards)  # each row's shard as a position in `uniq`
         for c in ragged:
             begin, length = spans[c]
             out_off = arrays[offsets_name(c)]
             out_off[0] = 0
             np.cumsum(length, out=out_off[1:])
-            buf, src = arrays[c], cols[c]
-            # one slice copy per row (a row is a run of elements in its shard's values)
-            for s, b, e, o in zip(shards.tolist(), begin.tolist(), (begin + length).tolist(), out_off[:-1].tolist()):
-                buf[o: o + (e - b)] = src[s][b:e]
+            # every row's run of elements, one after the other, in one native call
+            gather_ragged(c, arrays[c], [cols[c][s] for s in uniq], local, begin, length)
         if fixed:
             # every fixed column's rows from every shard in one native call (the GIL released):
             # the bytes numpy's take per shard and column gave, without a call per shard and column
-            gather_rows([(c, arrays[c], [cols[c][s] for s in uniq]) for c in fixed],
-                        np.searchsorted(uniq, shards), rows)
+            gather_rows([(c, arrays[c], [cols[c][s] for s in uniq]) for c in fixed], local, rows)
         return tensors
 
     def _specs(self, n, like, elements):
