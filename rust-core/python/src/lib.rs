@@ -3,6 +3,8 @@
 //! fsspec range reads); every rule about what those bytes mean is applied here, once, by the
 //! same code the Spark connector runs. Every failure is a Python exception; nothing panics.
 
+mod gather;
+
 use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
 use safetensors_spark_dataset::kv;
@@ -306,6 +308,101 @@ fn validate_dataset(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String
     .map_err(ManifestError::new_err)
 }
 
+/// A fixed column for `gather_rows` from Python: `(name, row bytes, (output address, output
+/// bytes), [(source address, source bytes, source rows)] per shard number)`.
+type GatherSpec = (String, usize, (usize, usize), Vec<(usize, usize, u64)>);
+
+/// One gather of a batch's fixed columns across shards (`gather::gather_rows`), the GIL released.
+/// `shards`, `rows`: the batch's shard numbers (positions in each column's source list) and rows
+/// as native int64 bytes. Private to the package (`torch/_reader.py`): the addresses are those of
+/// C-contiguous numpy arrays the caller holds for the call, outputs apart from the sources.
+/// `IndexError` for a shard or row out of range, `ValueError` for the rest.
+#[pyfunction]
+fn gather_rows(
+    py: Python<'_>,
+    columns: Vec<GatherSpec>,
+    shards: &[u8],
+    rows: &[u8],
+) -> PyResult<()> {
+    let (shards, rows) = (ints(shards, "shard indices")?, ints(rows, "row indices")?);
+    let mut cols = gather_columns(&columns);
+    py.detach(|| gather::gather_rows(&mut cols, &shards, &rows))
+        .map_err(gather_error)
+}
+
+/// Native int64 values from their bytes.
+fn ints(b: &[u8], what: &str) -> PyResult<Vec<i64>> {
+    if !b.len().is_multiple_of(8) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "gather: {what} of {} bytes are not whole int64 values",
+            b.len()
+        )));
+    }
+    Ok(b.chunks_exact(8)
+        .map(|c| i64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .collect())
+}
+
+fn gather_error(e: gather::GatherError) -> PyErr {
+    match e {
+        gather::GatherError::Index(m) => pyo3::exceptions::PyIndexError::new_err(m),
+        gather::GatherError::Invalid(m) => pyo3::exceptions::PyValueError::new_err(m),
+    }
+}
+
+/// The columns of a gather over the caller's memory.
+fn gather_columns(columns: &[GatherSpec]) -> Vec<gather::Column<'_>> {
+    // SAFETY: the caller (torch/_reader.py) passes the data addresses and byte lengths of numpy
+    // arrays it keeps alive for the call; each output array is fresh or pooled memory that no
+    // source and no other output overlaps, and nothing else writes these arrays meanwhile.
+    columns
+        .iter()
+        .map(
+            |(name, row_bytes, (out, out_len), sources)| gather::Column {
+                name,
+                row_bytes: *row_bytes,
+                out: if *out_len == 0 {
+                    &mut []
+                } else {
+                    unsafe { std::slice::from_raw_parts_mut(*out as *mut u8, *out_len) }
+                },
+                sources: sources
+                    .iter()
+                    .map(|&(addr, len, rows)| gather::Source {
+                        data: if len == 0 {
+                            &[]
+                        } else {
+                            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+                        },
+                        rows,
+                    })
+                    .collect(),
+            },
+        )
+        .collect()
+}
+
+/// One gather of a ragged column's rows across shards (`gather::gather_spans`), the GIL
+/// released: per batch row its shard number, first element and element count (native int64
+/// bytes), the rows written one after the other. Private to the package, as `gather_rows`.
+#[pyfunction]
+fn gather_ragged(
+    py: Python<'_>,
+    column: GatherSpec,
+    shards: &[u8],
+    starts: &[u8],
+    lengths: &[u8],
+) -> PyResult<()> {
+    let (shards, starts) = (ints(shards, "shard indices")?, ints(starts, "row starts")?);
+    let lengths = ints(lengths, "row lengths")?;
+    let mut cols = gather_columns(std::slice::from_ref(&column));
+    let Some(col) = cols.first_mut() else {
+        return Ok(());
+    };
+    py.detach(|| gather::gather_spans(col, &shards, &starts, &lengths))
+        .map_err(gather_error)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", m.py().get_type::<FormatError>())?;
@@ -325,5 +422,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c_hex, m)?)?;
     m.add_function(wrap_pyfunction!(validate_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(gather_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(gather_ragged, m)?)?;
     Ok(())
 }

@@ -59,8 +59,8 @@ class SafetensorsDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices):
         """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
         fetcher calls this with the sampler's batch instead of ``ds[i]`` per index. Batch-layout
-        rows are gathered per column in one pass (a slice or ``take`` per shard run, or a row copy
-        per sample when the rows are scattered over many shards) and handed out as views of the
+        rows are gathered in one pass (a slice for one run, else one Rust gather across the fixed
+        columns and shards) and handed out as views of the
         gathered tensors, which the collate function stacks (spec/python.md §4)."""
         ds = self.dataset
         if ds.layout != "batch" or len(indices) == 0:

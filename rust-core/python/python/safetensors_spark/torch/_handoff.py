@@ -129,8 +129,10 @@ class Handoff:
         self.nested = nested  # of those, the ones handed out as nested tensors
         self.items = items  # finished batches: one layout per batch (pack())
 
-    def pin_memory(self, device=None):
-        pin = (lambda t: t.pin_memory(device)) if device else (lambda t: t.pin_memory())
+    def pin_memory(self, pin=None):
+        """This message with its tensors copied into pinned memory (``pin``: the copy; default
+        ``Tensor.pin_memory``). Only a message that carries its tensors (not a pooled slot)."""
+        pin = pin or (lambda t: t.pin_memory())
         return Handoff(self.lengths, tensors={c: pin(t) for c, t in self.tensors.items()}, ragged=self.ragged,
                        nested=self.nested, items=self.items)
 

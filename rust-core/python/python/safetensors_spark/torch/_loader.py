@@ -9,6 +9,7 @@ import torch.utils.data
 
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
 from ._mixture import SafetensorsMixture
+from ._device import Delivery, resolve_device
 from ._handoff import POOL_SLOTS, Handoff, batches_per_message, item_messages, messages
 from ._reader import BatchReader
 
@@ -61,32 +62,40 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
 
 class _CountingLoader(torch.utils.data.DataLoader):
-    def __init__(self, dataset, handoff_batches, **kwargs):
+    def __init__(self, dataset, handoff_batches, pin=False, device=None, **kwargs):
+        # pinning and the device copy are this loader's (_device), not torch's pinning thread
         super().__init__(dataset, **kwargs)
         self.handoff_batches = handoff_batches
+        self.pin, self.device = pin, device
 
     def __iter__(self):
         ds = self.dataset
+        delivery = Delivery(self.device) if self.pin else None
         if isinstance(ds, _SampledBatches):
             # the epoch's indices, drawn here (a RandomSampler draws a new permutation per iterator)
             indices = np.fromiter((int(i) for i in self.sampled_from), dtype=np.int64)
             ds.dataset.dataset.locate_many(indices)  # an index out of range fails here, naming it
             ds.indices = indices
             if self.num_workers == 0:
-                return super().__iter__()
+                it = super().__iter__()
+                return it if delivery is None else _count(it, {"consumed": 0}, None, delivery)
             iterator = self._start_workers(ds)
-            return _count(iterator, {"consumed": 0}, self._flags)
+            return _count(iterator, {"consumed": 0}, self._flags, delivery)
         if self.num_workers == 0:
-            return super().__iter__()  # the dataset's own iterator counts in this process
+            it = super().__iter__()  # the dataset's own iterator counts in this process
+            if delivery is None:
+                return it
+            # the dataset counted each batch as it gave it; _count counts it when the loop gets it
+            # (one batch later with a device copy ahead)
+            return _count(it, ds._progress, None, delivery, counted=True)
         ds._refresh_rank()
         start = ds._start_position()
         iterator = self._start_workers(ds)
-        return _count(iterator, ds._count_from(start), self._flags)
+        return _count(iterator, ds._count_from(start), self._flags, delivery)
 
     def _start_workers(self, ds):
         flags = None
-        if self.handoff_batches > 1 and not self.pin_memory:
-            # (with pin_memory the pinning thread copies every message: nothing to reuse)
+        if self.handoff_batches > 1:
             flags = torch.zeros((self.num_workers, POOL_SLOTS), dtype=torch.uint8).share_memory_()
         ds._handoff = (self.handoff_batches, flags)
         try:
@@ -97,13 +106,42 @@ class _CountingLoader(torch.utils.data.DataLoader):
         return iterator
 
 
-def _count(iterator, progress, flags=None):
+def _count(iterator, progress, flags=None, delivery=None, counted=False):
     blocks = {}  # (worker, slot) -> the pooled blocks of this iterator's workers, mapped once
     flags = flags.numpy() if flags is not None else None
-    for item in iterator:
-        for batch in item.batches(blocks, flags) if isinstance(item, Handoff) else (item,):
+    host = _host_batches(iterator, blocks, flags, delivery, progress if counted else None)
+    out = delivery.deliver(host) if delivery is not None and delivery.device is not None else host
+    try:
+        for batch in out:
             progress["consumed"] += 1
             yield batch
+    finally:
+        out.close()  # the device copies in flight are waited for
+        host.close()
+        if delivery is not None:
+            delivery.close()  # then the pinned blocks unregistered
+
+
+def _host_batches(iterator, blocks, flags, delivery, counted):
+    """The batches of the workers' messages (views of their blocks), pinned with ``delivery``:
+    a pooled block registered once, anything else copied into pinned memory. ``counted``: the
+    progress the source already counted each item in (undone here: the caller counts)."""
+    for item in iterator:
+        if counted is not None:
+            counted["consumed"] -= 1
+        if isinstance(item, Handoff):
+            if delivery is not None and item.slot is not None:
+                worker, slot, block, _ = item.slot
+                if block is not None:
+                    delivery.block((worker, slot), block)
+                if not delivery.pinned((worker, slot)):
+                    yield from (delivery.pin_batch(b) for b in item.batches(blocks, flags))
+                    continue
+            elif delivery is not None:
+                item = item.pin_memory(delivery.backend.pin)
+            yield from item.batches(blocks, flags)
+        else:
+            yield item if delivery is None else delivery.pin_batch(item)
 
 
 def loader(dataset, *, handoff_batches=None, **kwargs):
@@ -128,7 +166,13 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     per-message cost (pickling, a shared-memory segment, its descriptor) paid once per several
     batches. The shared-memory blocks are reused once every tensor of a message is gone.
     ``prefetch_factor`` then counts messages. A ``collate_fn`` runs once per message in the
-    worker, so with one the loader sends one batch per message."""
+    worker, so with one the loader sends one batch per message.
+
+    ``pin_memory=True``: the pooled blocks are registered as pinned memory once each, so batches
+    are pinned without a copy (others are copied into torch's pinned memory). ``device="cuda"``
+    (or ``"cuda:N"``; implies pinning): batches are delivered on the GPU, each copied one batch
+    ahead on a side stream, overlapping the step (spec/python.md §3.1.1). Without CUDA,
+    ``device="cuda"`` is a ``ValueError`` and ``pin_memory=True`` a warning."""
     if kwargs.get("persistent_workers"):
         raise ValueError("loader(): persistent_workers=True would keep each worker's copy of the dataset, so "
                          "set_epoch(), load_state_dict() and a new sample of indices would not reach it; "
@@ -136,6 +180,8 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     if kwargs.get("in_order") is False:
         raise ValueError("loader(): in_order=False returns batches in completion order, which breaks the "
                          "sample order and the resume count; leave it True")
+    device, pin = resolve_device(kwargs.pop("device", None), kwargs.pop("pin_memory", False))
+    kwargs.update(pin=pin, device=device)
     if isinstance(dataset, SafetensorsDataset):
         return _map_loader(dataset, handoff_batches, kwargs)
     if not isinstance(dataset, SafetensorsIterableDataset):

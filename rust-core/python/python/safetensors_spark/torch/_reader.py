@@ -2,12 +2,62 @@
 contiguous run in this process, else gathered into fresh (or, in a DataLoader worker, shared)
 memory, one buffer per batch for all columns."""
 
+import math
+
 import numpy as np
 import torch
 import torch.utils.data
 
+from .. import _native
 from .._dataset import Ragged, offsets_name
 from ._handoff import new_shared_block
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def gather_rows(columns, shards, rows):
+    """Rows ``rows[k]`` of sources ``shards[k]`` of every column into row ``k`` of its output, in
+    one call of the Rust gather (``_native.gather_rows``). ``columns``: ``[(name, output array,
+    [source array per shard number])]``, arrays of the column's rows (first dimension); every
+    dtype is copied as bytes. A shard or row out of range is an ``IndexError``, an empty index
+    list a ``ValueError``."""
+    specs, keep = _gather_specs(columns)
+    _native.gather_rows(specs, _int64_bytes(shards), _int64_bytes(rows))
+    del keep
+
+
+def _gather_specs(columns):
+    """``(specs, arrays to keep alive for the call)`` of ``[(name, output, sources)]``."""
+    specs, keep = [], []
+    for name, out, sources in columns:
+        row_bytes = out.itemsize * math.prod(out.shape[1:])
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"gather: column '{name}': the output is not a writable C-contiguous array")
+        srcs = []
+        for a in sources:
+            a = np.ascontiguousarray(a)
+            keep.append(a)
+            if a.itemsize * math.prod(a.shape[1:]) != row_bytes:
+                raise ValueError(f"gather: column '{name}': rows of {a.dtype}{list(a.shape[1:])} in a shard "
+                                 f"where the batch has {out.dtype}{list(out.shape[1:])}")
+            srcs.append((_address(a), a.nbytes, a.shape[0]))
+        specs.append((name, row_bytes, (_address(out), out.nbytes), srcs))
+    return specs, keep
+
+
+def gather_ragged(name, out, sources, shards, starts, lengths):
+    """Elements ``[starts[k], starts[k] + lengths[k])`` of ragged column ``name``'s values in
+    source ``shards[k]``, row after row, into ``out`` (``[elements, *inner_shape]``), in one call
+    of the Rust gather (``_native.gather_ragged``); errors as :func:`gather_rows`."""
+    (spec,), keep = _gather_specs([(name, out, sources)])
+    _native.gather_ragged(spec, _int64_bytes(shards), _int64_bytes(starts), _int64_bytes(lengths))
+    del keep
+
+
+def _int64_bytes(a):
+    return np.ascontiguousarray(a, dtype=np.int64).tobytes()
 
 
 def to_torch(array, dtype):
@@ -19,7 +69,8 @@ def to_torch(array, dtype):
 
 class BatchReader:
     """Cuts batches out of shard memory: a contiguous run of rows is a view (local) or one range
-    read (remote); scattered rows are one ``take`` per shard; KV rows are stacked."""
+    read (remote); scattered rows are one Rust gather over every fixed column and shard
+    (:func:`gather_rows`); KV rows are stacked."""
 
     def __init__(self, dataset, columns, cache_shards):
         self.ds = dataset
@@ -122,28 +173,18 @@ class BatchReader:
         first = {c: cols[c][uniq[0]] for c in fixed}
         first.update({c: Ragged(cols[c][uniq[0]], None) for c in ragged})
         arrays, tensors = self._alloc(self._specs(n, first, {c: int(spans[c][1].sum()) for c in ragged}), shared)
+        local = np.searchsorted(uniq, shards)  # each row's shard as a position in `uniq`
         for c in ragged:
             begin, length = spans[c]
             out_off = arrays[offsets_name(c)]
             out_off[0] = 0
             np.cumsum(length, out=out_off[1:])
-            buf, src = arrays[c], cols[c]
-            # one slice copy per row (a row is a run of elements in its shard's values)
-            for s, b, e, o in zip(shards.tolist(), begin.tolist(), (begin + length).tolist(), out_off[:-1].tolist()):
-                buf[o: o + (e - b)] = src[s][b:e]
-        if len(uniq) * 4 > n:
-            # scattered over many shards (a random sampler over the whole dataset): one row copy
-            # per sample and column beats a mask and a take per shard
-            where = list(zip(shards.tolist(), rows.tolist()))
-            for c in fixed:
-                buf, src = arrays[c], cols[c]
-                for k, (s, r) in enumerate(where):
-                    buf[k] = src[s][r]
-            return tensors
-        for s in uniq:
-            m = shards == s
-            for c in fixed:
-                arrays[c][m] = cols[c][s].take(rows[m], axis=0)
+            # every row's run of elements, one after the other, in one native call
+            gather_ragged(c, arrays[c], [cols[c][s] for s in uniq], local, begin, length)
+        if fixed:
+            # every fixed column's rows from every shard in one native call (the GIL released):
+            # the bytes numpy's take per shard and column gave, without a call per shard and column
+            gather_rows([(c, arrays[c], [cols[c][s] for s in uniq]) for c in fixed], local, rows)
         return tensors
 
     def _specs(self, n, like, elements):
