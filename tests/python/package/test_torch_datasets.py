@@ -346,8 +346,6 @@ def test_map_style_loader_arguments_are_checked(data, tmp_path):
         loader(ds, batch_size=2, sampler=[1, 2], shuffle=True)
     with pytest.raises(ValueError, match="batch_sampler is not supported"):
         loader(ds, batch_size=2, batch_sampler=[[1, 2]])
-    with pytest.raises(ValueError, match="persistent_workers"):
-        loader(ds, batch_size=2, num_workers=1, persistent_workers=True)
     with pytest.raises(IndexError, match=f"sample index 30 is out of range for dataset .* with {N} samples"):
         iter(loader(ds, batch_size=2, sampler=[1, 30], num_workers=2))
     with pytest.raises(TypeError, match="takes a SafetensorsIterableDataset or a SafetensorsDataset, got list"):
@@ -450,8 +448,6 @@ def test_arguments_are_checked(data):
         SafetensorsIterableDataset(data, rank=2, world_size=2)
     with pytest.raises(KeyError, match="column 'nope' is not in dataset"):
         SafetensorsIterableDataset(data, columns=["x", "nope"])
-    with pytest.raises(ValueError, match="persistent_workers"):
-        loader(SafetensorsIterableDataset(data), num_workers=1, persistent_workers=True)
     with pytest.raises(ValueError, match="in_order=False"):
         loader(SafetensorsIterableDataset(data), num_workers=1, in_order=False)
     with pytest.raises(ValueError, match="do not pass batch_size"):
