@@ -346,8 +346,6 @@ def test_map_style_loader_arguments_are_checked(data, tmp_path):
         loader(ds, batch_size=2, sampler=[1, 2], shuffle=True)
     with pytest.raises(ValueError, match="batch_sampler is not supported"):
         loader(ds, batch_size=2, batch_sampler=[[1, 2]])
-    with pytest.raises(ValueError, match="persistent_workers"):
-        loader(ds, batch_size=2, num_workers=1, persistent_workers=True)
     with pytest.raises(IndexError, match=f"sample index 30 is out of range for dataset .* with {N} samples"):
         iter(loader(ds, batch_size=2, sampler=[1, 30], num_workers=2))
     with pytest.raises(TypeError, match="takes a SafetensorsIterableDataset or a SafetensorsDataset, got list"):
@@ -450,8 +448,6 @@ def test_arguments_are_checked(data):
         SafetensorsIterableDataset(data, rank=2, world_size=2)
     with pytest.raises(KeyError, match="column 'nope' is not in dataset"):
         SafetensorsIterableDataset(data, columns=["x", "nope"])
-    with pytest.raises(ValueError, match="persistent_workers"):
-        loader(SafetensorsIterableDataset(data), num_workers=1, persistent_workers=True)
     with pytest.raises(ValueError, match="in_order=False"):
         loader(SafetensorsIterableDataset(data), num_workers=1, in_order=False)
     with pytest.raises(ValueError, match="do not pass batch_size"):
@@ -517,11 +513,13 @@ def _to_list(t):
 
 
 def test_two_process_torch_distributed_gloo(data, tmp_path):
-    """A real 2-rank gloo job on loopback: rank and world size come from torch.distributed."""
-    port = _free_port()
+    """A real 2-rank gloo job on loopback: rank and world size come from torch.distributed. After
+    2 batches the ranks save their loader with torch.distributed.checkpoint; one process (world
+    size 1, 1 worker) loads it and continues the global order (spec/python.md §5.1)."""
+    port, ckpt = _free_port(), str(tmp_path / "ckpt")
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, str(HERE / "dist_worker.py"), data, str(tmp_path / f"rank{r}.txt")],
-                              env=dict(env, RANK=str(r))) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "dist_worker.py"), data, str(tmp_path / f"rank{r}.txt"),
+                               ckpt], env=dict(env, RANK=str(r))) for r in range(2)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     per_rank = [[int(v) for v in (tmp_path / f"rank{r}.txt").read_text().split()] for r in range(2)]
     assert len(per_rank[0]) == len(per_rank[1]) == N // 2
@@ -531,6 +529,13 @@ def test_two_process_torch_distributed_gloo(data, tmp_path):
     for j in range(0, len(per_rank[0]), 3):
         order += per_rank[0][j:j + 3] + per_rank[1][j:j + 3]
     assert order == base
+    import torch.distributed.checkpoint as dcp
+
+    resumed = loader(SafetensorsIterableDataset(data, batch_size=3, shuffle=True, seed=21), num_workers=1)
+    with pytest.warns(UserWarning, match="load in a single process"):
+        dcp.load({"data": resumed}, checkpoint_id=ckpt)
+    assert resumed.state_dict()["position"] == 2 * 3 * 2
+    assert base[:12] + ids_of(list(resumed)) == base
 
 
 def _free_port():

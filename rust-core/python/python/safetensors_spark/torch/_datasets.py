@@ -21,6 +21,7 @@ from .._sampling import EpochOrder, RankPlan
 from ._forms import Finish, resolve_forms
 from ._handoff import item_messages, messages
 from ._reader import BatchReader, to_torch
+from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
 
 STATE_VERSION = 1
 
@@ -161,6 +162,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self._epoch = 0
         self._resume = None  # (epoch, position) for the next iterator of that epoch
         self._progress = None  # {"epoch", "start", "consumed"} counted in the training process
+        # the next iterator's (epoch, start) for workers that outlive an iterator (_stateful.py)
+        self._live = LiveEpoch()
+        self._worker_resume = None  # (epoch, start, yielded) loaded into a worker by StatefulDataLoader
+        self._worker_progress = None  # in a worker: {"epoch", "start", "consumed"} of its iterator
         # batches per worker message and the block pool's release flags (workers × slots);
         # set by loader() while its workers start
         self._handoff = (1, None)
@@ -181,7 +186,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         # workers (spawn or forkserver) only see this copy.
         self._refresh_rank()
         state = dict(self.__dict__)
-        state["_progress"] = None
+        state["_progress"] = state["_worker_progress"] = None
         return state
 
     def _refresh_rank(self):
@@ -198,6 +203,22 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         self._epoch = epoch
+        self._publish()
+
+    def _publish(self):
+        """The next iterator's epoch and start, for the workers (read when their iterator starts)."""
+        self._live.publish(self._epoch, self._start_position())
+
+    def _worker_start(self, peek=False):
+        """In a worker: ``(epoch, start, batches of this worker to skip)`` of the iterator that
+        starts now: a worker state StatefulDataLoader loaded (once), else the training process's
+        latest epoch and start (LiveEpoch)."""
+        if self._worker_resume is not None:
+            resume = self._worker_resume
+            if not peek:
+                self._worker_resume = None
+            return resume
+        return (*self._live.read(), 0)
 
     @property
     def epoch(self):
@@ -214,12 +235,17 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             return self.num_blocks
         return len(self.dataset) if self.selection is None else self.selection.total
 
-    def _plan(self, start):
+    def _plan(self, start, *, world_size=None, batch_size=0, drop_last=None):
+        """This rank's plan from ``start``; another run's split (world size, batch size,
+        drop_last) when given (rank 0 of it: the position after k batches is every rank's)."""
         total = self._units()
+        world, rank = (self.world_size, self.rank) if world_size is None else (world_size, 0)
+        batch_size = self.batch_size if batch_size == 0 else batch_size
+        drop_last = self.drop_last if drop_last is None else drop_last
         if self.pack is not None:
             # blocks beyond a multiple of world_size are dropped: every rank the same count
-            total = start + max(total - start, 0) // self.world_size * self.world_size
-        return RankPlan(total, self.batch_size or 1, self.world_size, self.rank, self.drop_last, start)
+            total = start + max(total - start, 0) // world * world
+        return RankPlan(total, batch_size or 1, world, rank, drop_last, start)
 
     def __len__(self):
         """Batches (or samples, without ``batch_size``) this rank yields in the next iterator."""
@@ -239,9 +265,12 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         :func:`loader`. With a plain ``DataLoader`` and workers, pass ``batches_consumed`` (the
         batches this rank took from the current iterator)."""
         if torch.utils.data.get_worker_info() is not None:
-            raise StateError("state_dict() was called inside a DataLoader worker, which cannot know what the "
-                             "training loop has consumed (workers prefetch); call it in the training process "
-                             "(spec/python.md §5)")
+            # StatefulDataLoader asks each worker: where this worker's iterator stands (§5.1)
+            if batches_consumed is not None:
+                raise StateError("state_dict(batches_consumed=…) was called inside a DataLoader worker, which "
+                                 "cannot know what the training loop has consumed (workers prefetch); call it "
+                                 "in the training process (spec/python.md §5)")
+            return worker_state(self, self._common_state(), self._worker_progress)
         self._refresh_rank()
         progress = self._progress if (self._progress or {}).get("epoch") == self._epoch else None
         start = progress["start"] if progress is not None else self._start_position()
@@ -254,10 +283,16 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             raise StateError(f"batches_consumed={batches_consumed} but rank {self.rank} has only "
                              f"{plan.num_batches} batches in epoch {self._epoch} from position {start}")
         return {
-            "version": STATE_VERSION,
+            **self._common_state(),
             "epoch": self._epoch,
             # a position inside the padding (>= N) ends the epoch for every world size: N says so
             "position": min(plan.position_after(batches_consumed), self._units()),
+        }
+
+    def _common_state(self):
+        """The fields of every state that say which dataset and which order."""
+        return {
+            "version": STATE_VERSION,
             "total_samples": len(self.dataset),
             "shuffle": self.shuffle,
             "seed": self.seed,
@@ -270,7 +305,13 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     def load_state_dict(self, state):
         """Resumes: the next iterator of ``state['epoch']`` starts at ``state['position']`` of
         its global order. Valid with any world size, worker count or ``batch_size``; the order
-        settings (shuffle, seed, shuffle_block_size) and the dataset must be the same."""
+        settings (shuffle, seed, shuffle_block_size) and the dataset must be the same.
+
+        Also takes a whole ``torchdata`` ``StatefulDataLoader.state_dict()`` (its iterator's
+        batches taken, dealt from the iterator's start: then any worker count and world size
+        resume from it too) and, inside a worker, that worker's own state (spec/python.md §5.1)."""
+        if isinstance(state, dict) and ("_snapshot" in state or "dataset_state" in state):
+            state = from_loader_state(self, state)
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise StateError(f"not a SafetensorsIterableDataset state (version {STATE_VERSION}): {state!r}")
         # (the filter before shuffle_block_size, whose default follows the kept counts)
@@ -285,6 +326,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                     else "the filter keeps other samples" if field == "filter" else "the global order would differ"
                 raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this dataset "
                                  f"iterator has {mine!r} ({what})")
+        if "worker" in state:
+            self._worker_resume = load_worker_state(self, state)
+            self._epoch = self._worker_resume[0]
+            return
         epoch, position = state.get("epoch"), state.get("position")
         def whole(v):
             return isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -300,6 +345,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self._epoch = epoch
         self._resume = (epoch, position)
         self._progress = None
+        self._publish()
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -307,12 +353,20 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._refresh_rank()
-        start = self._start_position()
+        skip = 0
+        if info is None:
+            start = self._start_position()
+        else:  # the training process's epoch and start, read now: live workers see set_epoch()
+            self._epoch, start, skip = self._worker_start()
         plan = self._plan(start)
         order = self._order()
-        # the training process itself iterates: count what it takes
-        progress = self._count_from(start) if info is None else None
-        return self._generate(plan, order, worker, workers, progress)
+        # the training process itself iterates: count what it takes; a worker counts what it
+        # yielded (its state for StatefulDataLoader)
+        if info is None:
+            progress = self._count_from(start)
+        else:
+            progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip}
+        return self._generate(plan, order, worker, workers, progress, skip)
 
     def _order(self):
         """The epoch's global order (position → shard, row), over the kept samples when filtered."""
@@ -331,9 +385,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self._resume = None
         return progress
 
-    def _generate(self, plan, order, worker, workers, progress):
+    def _generate(self, plan, order, worker, workers, progress, skip=0):
         if self.pack is not None:
-            yield from self._generate_packed(plan, order, worker, workers, progress)
+            yield from self._generate_packed(plan, order, worker, workers, progress, skip)
             return
         reader = BatchReader(self.dataset, self.columns, self.cache_shards)
         total = self._units()
@@ -359,7 +413,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             nested = tuple(c for c, f in finish.forms.items() if f == "nested")
             yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags, nested)
             return
-        for j in range(worker, plan.num_batches, workers):
+        for j in range(worker + skip * workers, plan.num_batches, workers):
             shards, rows, _ = rows_of(j, j + 1)
             if self.batch_size is None:
                 out = reader.single(shards[0], rows[0])
@@ -372,7 +426,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                 progress["consumed"] += 1
             yield out
 
-    def _generate_packed(self, plan, order, worker, workers, progress):
+    def _generate_packed(self, plan, order, worker, workers, progress, skip=0):
         epoch = PackedEpoch(self.dataset, self.pack, order, self._lengths)
         transform = self.finish.transform
         single = self.batch_size is None
@@ -391,7 +445,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             yield from item_messages(lambda j0, j1: [block_batch(j) for j in range(j0, j1)], plan.num_batches,
                                      worker, workers, k, release_flags)
             return
-        for j in range(worker, plan.num_batches, workers):
+        for j in range(worker + skip * workers, plan.num_batches, workers):
             out = block_batch(j)
             if progress is not None:
                 progress["consumed"] += 1

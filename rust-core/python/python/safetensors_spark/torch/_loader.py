@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._errors import StateError
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
 from ._mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
@@ -25,6 +26,7 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         self.drop_last = drop_last
         self.num_samples = num_samples  # the sampler's len (None: it has none)
         self.indices = None  # drawn when an iterator starts
+        self.shared = None  # persistent workers: the indices in shared memory, rewritten per iterator
         self._handoff = (1, None)
 
     def __len__(self):
@@ -37,6 +39,8 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         ds = self.dataset
+        if info is not None and self.shared is not None:
+            self.indices = self.shared.numpy()  # this iterator's draw, written by the training process
         reader = BatchReader(ds.dataset, ds.columns, cache_shards=8)
         size, num_batches, (k, flags) = self.batch_size, len(self), self._handoff
 
@@ -75,6 +79,18 @@ class _CountingLoader(torch.utils.data.DataLoader):
             # the epoch's indices, drawn here (a RandomSampler draws a new permutation per iterator)
             indices = np.fromiter((int(i) for i in self.sampled_from), dtype=np.int64)
             ds.dataset.dataset.locate_many(indices)  # an index out of range fails here, naming it
+            if self.persistent_workers and self.num_workers > 0:
+                # live workers read each iterator's indices from one shared buffer
+                if ds.shared is None:
+                    ds.shared = torch.from_numpy(indices).share_memory_()
+                elif len(ds.shared) != len(indices):
+                    raise ValueError(f"loader(persistent_workers=True): the sampler drew {len(indices)} indices "
+                                     f"for this iterator but {len(ds.shared)} for the first; live workers read "
+                                     f"the indices from a buffer of the first size: use a sampler of fixed "
+                                     f"length, or persistent_workers=False")
+                else:
+                    ds.shared.copy_(torch.from_numpy(indices))
+                indices = ds.shared.numpy()
             ds.indices = indices
             if self.num_workers == 0:
                 it = super().__iter__()
@@ -88,6 +104,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
             # the dataset counted each batch as it gave it; _count counts it when the loop gets it
             # (one batch later with a device copy ahead)
             return _count(it, ds._progress, None, delivery, counted=True)
+        ds._publish()  # the epoch and start the workers read when their iterator starts (live ones too)
         ds._refresh_rank()
         start = ds._start_position()
         iterator = self._start_workers(ds)
@@ -95,7 +112,8 @@ class _CountingLoader(torch.utils.data.DataLoader):
 
     def _start_workers(self, ds):
         flags = None
-        if self.handoff_batches > 1:
+        if self.handoff_batches > 1 and not self.persistent_workers:
+            # (live workers would keep a pool whose release flags outlive the iterator that set them)
             flags = torch.zeros((self.num_workers, POOL_SLOTS), dtype=torch.uint8).share_memory_()
         ds._handoff = (self.handoff_batches, flags)
         try:
@@ -104,6 +122,26 @@ class _CountingLoader(torch.utils.data.DataLoader):
             ds._handoff = (1, None)  # only this loader's workers send several batches per message
         self._flags = flags
         return iterator
+
+    # -- the Stateful protocol (torch.distributed.checkpoint, spec/python.md §5.1) ----------------
+
+    def state_dict(self):
+        """The dataset's resume state (``SafetensorsIterableDataset.state_dict()``): the epoch and
+        the position of its global order the loop has consumed, counted here."""
+        return self._iterable_dataset("state_dict").state_dict()
+
+    def load_state_dict(self, state):
+        """Resumes the dataset (``SafetensorsIterableDataset.load_state_dict()``): the next
+        iterator starts where ``state`` stopped, with any worker count or world size."""
+        self._iterable_dataset("load_state_dict").load_state_dict(state)
+
+    def _iterable_dataset(self, what):
+        if isinstance(self.dataset, _SampledBatches):
+            raise StateError(f"loader().{what}(): a map-style SafetensorsDataset's order is its sampler's, and a "
+                             f"sampler keeps no resumable state; use SafetensorsIterableDataset (exact resume "
+                             f"with any worker count and world size) or torchdata's StatefulDataLoader, whose "
+                             f"samplers save their state (spec/python.md §5.1)")
+        return self.dataset
 
 
 def _count(iterator, progress, flags=None, delivery=None, counted=False):
@@ -157,8 +195,12 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
       of ``batch_size`` in that order and read as whole batches (one gather per column instead
       of a sample at a time and a collate).
 
-    Other keyword arguments go to ``DataLoader``; ``persistent_workers`` (workers would keep a
-    stale epoch or sample) and ``in_order=False`` (batches in completion order) are refused.
+    Other keyword arguments go to ``DataLoader``; ``in_order=False`` (batches in completion
+    order) is refused. With ``persistent_workers=True`` the workers read each iterator's epoch and
+    start (``set_epoch``, ``load_state_dict``) or the sampler's indices from shared memory.
+
+    The loader is ``Stateful`` (``state_dict()`` / ``load_state_dict()``, the dataset's), so
+    ``torch.distributed.checkpoint`` saves and restores it with the model.
 
     With workers, each worker sends ``handoff_batches`` consecutive batches of its share in one
     message (default: as many as fit in 8 MiB), and the loader yields them one at a time as views
@@ -173,13 +215,10 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     (or ``"cuda:N"``; implies pinning): batches are delivered on the GPU, each copied one batch
     ahead on a side stream, overlapping the step (spec/python.md §3.1.1). Without CUDA,
     ``device="cuda"`` is a ``ValueError`` and ``pin_memory=True`` a warning."""
-    if kwargs.get("persistent_workers"):
-        raise ValueError("loader(): persistent_workers=True would keep each worker's copy of the dataset, so "
-                         "set_epoch(), load_state_dict() and a new sample of indices would not reach it; "
-                         "leave it False")
     if kwargs.get("in_order") is False:
-        raise ValueError("loader(): in_order=False returns batches in completion order, which breaks the "
-                         "sample order and the resume count; leave it True")
+        raise ValueError("loader(): in_order=False returns batches in the order workers finish them, so the "
+                         "batches would leave the epoch's global order and the batches taken would not be a "
+                         "prefix of it, which a resume position needs; leave it True (spec/python.md §5.1)")
     device, pin = resolve_device(kwargs.pop("device", None), kwargs.pop("pin_memory", False))
     kwargs.update(pin=pin, device=device)
     if isinstance(dataset, SafetensorsDataset):
