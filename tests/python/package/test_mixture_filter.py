@@ -346,3 +346,33 @@ def test_two_process_torch_distributed_mixture(paths, tmp_path):
     for r in range(2):
         assert got[r]["ids"] == flat(ref_rank(order, 2, r, 3, False)), r
         assert got[r]["consumed_per_source"] == counts
+
+
+def test_mixture_under_stateful_dataloader_and_persistent_workers(paths):
+    """A mixture resumes under torchdata's StatefulDataLoader (its own per-worker states, and the
+    whole state loaded by the mixture for another worker count), and persistent workers follow
+    set_epoch: every epoch is the reference's."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    kw = dict(weights=[1, 3, 0.5], num_samples=50, batch_size=3, shuffle=True, seed=4)
+    order = ref_mixture(ref_sources(), ref_quotas([1, 3, 0.5], 50), True, 4, 0)
+    dl = StatefulDataLoader(SafetensorsMixture(sources(paths), **kw), batch_size=None, num_workers=2,
+                            snapshot_every_n_steps=2)
+    head = []
+    for batch in dl:
+        head.append(batch)
+        if len(head) == 5:
+            break
+    state = dl.state_dict()
+    same = StatefulDataLoader(SafetensorsMixture(sources(paths), **kw), batch_size=None, num_workers=2,
+                              snapshot_every_n_steps=2)
+    same.load_state_dict(state)
+    assert flat(ids(head) + ids(same)) == order
+    other = SafetensorsMixture(sources(paths), **kw)
+    other.load_state_dict(state)
+    assert other.state_dict()["position"] == 15
+    assert flat(ids(head) + ids(StatefulDataLoader(other, batch_size=None, num_workers=1))) == order
+    live = SafetensorsMixture(sources(paths), **kw)
+    dl = loader(live, num_workers=2, persistent_workers=True)
+    for epoch in (0, 1):
+        live.set_epoch(epoch)
+        assert flat(ids(dl)) == ref_mixture(ref_sources(), ref_quotas([1, 3, 0.5], 50), True, 4, epoch)

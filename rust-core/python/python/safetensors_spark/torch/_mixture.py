@@ -20,6 +20,7 @@ from .._mixture import MixtureOrder, check_weights, quotas, source_seed
 from .._sampling import EpochOrder
 from ._datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
+from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
 from ._reader import BatchReader
 
 MODES = ("sample", "exhaust")
@@ -187,6 +188,11 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._resume = None
         self._progress = None
         self._handoff = (1, None)
+        # live workers and StatefulDataLoader's worker states, as the single-dataset iterator
+        # (_stateful.py; spec/python.md §5.1)
+        self._live = LiveEpoch()
+        self._worker_resume = None
+        self._worker_progress = None
         self._mix = None  # (epoch, MixtureOrder) of this process
 
     @property
@@ -229,9 +235,12 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         = positions of the epoch's mixture order consumed by all ranks together (as
         :meth:`SafetensorsIterableDataset.state_dict`)."""
         if torch.utils.data.get_worker_info() is not None:
-            raise StateError("state_dict() was called inside a DataLoader worker, which cannot know what the "
-                             "training loop has consumed (workers prefetch); call it in the training process "
-                             "(spec/python.md §5)")
+            # StatefulDataLoader asks each worker: where this worker's iterator stands (§5.1)
+            if batches_consumed is not None:
+                raise StateError("state_dict(batches_consumed=…) was called inside a DataLoader worker, which "
+                                 "cannot know what the training loop has consumed (workers prefetch); call it "
+                                 "in the training process (spec/python.md §5)")
+            return worker_state(self, self._common_state(), self._worker_progress)
         self._refresh_rank()
         progress = self._progress if (self._progress or {}).get("epoch") == self._epoch else None
         start = progress["start"] if progress is not None else self._start_position()
@@ -244,18 +253,29 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             raise StateError(f"batches_consumed={batches_consumed} but rank {self.rank} has only "
                              f"{plan.num_batches} batches in epoch {self._epoch} from position {start}")
         position = min(plan.position_after(batches_consumed), self.num_samples)
-        return {"version": STATE_VERSION, "epoch": self._epoch, "position": position,
-                "consumed_per_source": self._mixture().consumed(position).tolist(), **self._settings()}
+        return {**self._common_state(), "epoch": self._epoch, "position": position,
+                "consumed_per_source": self._mixture().consumed(position).tolist()}
+
+    def _common_state(self):
+        return {"version": STATE_VERSION, **self._settings()}
 
     def load_state_dict(self, state):
         """Resumes at ``state['position']`` of ``state['epoch']``'s mixture order; any world size,
-        worker count or ``batch_size``; the sources, weights and order settings must be the same."""
+        worker count or ``batch_size``; the sources, weights and order settings must be the same.
+        Takes a whole ``StatefulDataLoader.state_dict()`` and worker states too, as
+        :meth:`SafetensorsIterableDataset.load_state_dict`."""
+        if isinstance(state, dict) and ("_snapshot" in state or "dataset_state" in state):
+            state = from_loader_state(self, state)
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION or state.get("kind") != "mixture":
             raise StateError(f"not a SafetensorsMixture state (version {STATE_VERSION}, kind 'mixture'): {state!r}")
         for field, mine in self._settings().items():
             if state.get(field) != mine:
                 raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this mixture has "
                                  f"{mine!r} (the mixture order would differ)")
+        if "worker" in state:
+            self._worker_resume = load_worker_state(self, state)
+            self._epoch = self._worker_resume[0]
+            return
         epoch, position = state.get("epoch"), state.get("position")
 
         def whole(v):
@@ -268,6 +288,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._epoch = epoch
         self._resume = (epoch, position)
         self._progress = None
+        self._publish()
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -275,12 +296,17 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._refresh_rank()
-        start = self._start_position()
+        skip = 0
+        if info is None:
+            start = self._start_position()
+            progress = self._count_from(start)
+        else:  # the training process's epoch and start, read now: live workers see set_epoch()
+            self._epoch, start, skip = self._worker_start()
+            progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip}
         plan = self._plan(start)
-        progress = self._count_from(start) if info is None else None
-        return self._generate_mixture(plan, worker, workers, progress)
+        return self._generate_mixture(plan, worker, workers, progress, skip)
 
-    def _generate_mixture(self, plan, worker, workers, progress):
+    def _generate_mixture(self, plan, worker, workers, progress, skip=0):
         mix, epoch, total = self._mixture(), self._epoch, self.num_samples
         readers = [BatchReader(o.dataset, list(dict.fromkeys(o.mapping.values())), self.cache_shards)
                    for o in self.sources]
@@ -326,7 +352,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             yield from item_messages(lambda j0, j1: [batch(j) for j in range(j0, j1)], plan.num_batches,
                                      worker, workers, k, release_flags)
             return
-        for j in range(worker, plan.num_batches, workers):
+        for j in range(worker + skip * workers, plan.num_batches, workers):
             out = batch(j)
             if progress is not None:
                 progress["consumed"] += 1
