@@ -15,6 +15,7 @@ import torch.utils.data
 
 from .._dataset import Dataset
 from .._errors import StateError
+from .._prefetch import batch_groups
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
 from ._forms import Finish, resolve_forms
@@ -320,6 +321,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         finish = self.finish
         k, release_flags = self._handoff
         in_worker = torch.utils.data.get_worker_info() is not None
+        # the store reads ahead in this worker's order (spec/python.md §2.1)
+        self.dataset.prefetch(batch_groups(plan, [s.samples for s in self.dataset.shards], self.shuffle, self.seed,
+                                           self._epoch, self.shuffle_block_size, worker, workers,
+                                           k if in_worker and self.batch_size is not None else 1), self.columns)
 
         def rows_of(j0, j1):
             spans = [plan.batch(j) for j in range(j0, j1)]

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._prefetch import index_groups
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
 from ._handoff import POOL_SLOTS, Handoff, batches_per_message, item_messages, messages
 from ._reader import BatchReader
@@ -39,6 +40,9 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         size, num_batches, (k, flags) = self.batch_size, len(self), self._handoff
 
         finish = ds.finish
+        # the store reads ahead in this worker's order (spec/python.md §2.1)
+        ds.dataset.prefetch(index_groups(ds.dataset.locate_many, self.indices, size, worker, workers,
+                                         k if info is not None else 1), ds.columns)
 
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]
