@@ -9,7 +9,6 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +21,6 @@ import handmade  # noqa: E402
 
 from conftest import StoppableEndpoint  # noqa: E402
 from safetensors_spark import ShardError, _native, open_dataset  # noqa: E402
-from safetensors_spark._storage import RemoteReadError  # noqa: E402
 
 torch = pytest.importorskip("torch")
 from safetensors_spark.torch import SafetensorsIterableDataset, loader  # noqa: E402
@@ -94,6 +92,26 @@ def complete_bytes(root):
     return n
 
 
+def rank_process(spec):
+    """One "rank": a real process (forked from this one) that opens the remote dataset through
+    the node cache shared with others, says it is ready, waits for the go, reads its share of one
+    shuffled epoch and writes the ids it read."""
+    ds = open_dataset(spec["url"], storage_options=spec["opts"], cache_dir=spec["cache_dir"])
+    open(spec["ready"], "w").close()
+    while not os.path.exists(spec["go"]):
+        time.sleep(0.02)
+    it = SafetensorsIterableDataset(ds, batch_size=4, shuffle=True, seed=3, rank=spec["rank"],
+                                    world_size=spec["world"])
+    with open(spec["out"], "w") as f:
+        json.dump(ids(it), f)
+
+
+def start_rank(spec):
+    p = multiprocessing.get_context("fork").Process(target=rank_process, args=(spec,))
+    p.start()
+    return p
+
+
 def cache_files(cache):
     return sorted(os.path.relpath(p, cache) for p in glob.glob(os.path.join(cache, "*", "*")))
 
@@ -104,7 +122,7 @@ def test_prefetch_fetches_the_next_shards_while_one_is_slow(remote, s3_server, t
     next are already made and answered (several requests in flight, in the sampling order); the
     first batch comes as soon as its own shard does."""
     ds = open_dataset(remote["url"], storage_options=opts_for(s3_server, timeout=30),
-                      cache_dir=str(tmp_path / "cache") if cached else None, prefetch=4, max_in_flight=4)
+                      cache_dir=str(tmp_path / "cache") if cached else None)  # default: prefetch=4, max_in_flight=4
     mark = s3_server.mark()
     first = remote["names"][0]
     s3_server.fail_next("GET", 1, path=f"/{remote['bucket']}/ds/{first}", hold=30)
@@ -138,18 +156,17 @@ def test_two_ranks_share_the_node_cache_and_fetch_each_shard_once(remote, s3_ser
     same time, every GET slowed so their downloads overlap: each shard is downloaded once on the
     node (counted at the server), and together they read every sample once."""
     cache = str(tmp_path / "cache")
-    script = os.path.join(os.path.dirname(__file__), "remote_rank.py")
     procs, specs = [], []
     for r in range(2):
         spec = {"url": remote["url"], "opts": opts_for(s3_server, timeout=30), "cache_dir": cache, "rank": r,
                 "world": 2, "ready": str(tmp_path / f"ready{r}"), "go": str(tmp_path / "go"),
                 "out": str(tmp_path / f"out{r}.json")}
         specs.append(spec)
-        procs.append(subprocess.Popen([sys.executable, script, json.dumps(spec)]))
+        procs.append(start_rank(spec))
     try:
         deadline = time.monotonic() + 60
         while not all(os.path.exists(s["ready"]) for s in specs):
-            assert all(p.poll() is None for p in procs), "a rank exited before it was ready"
+            assert all(p.is_alive() for p in procs), "a rank exited before it was ready"
             assert time.monotonic() < deadline
             time.sleep(0.05)
         mark = s3_server.mark()
@@ -157,13 +174,14 @@ def test_two_ranks_share_the_node_cache_and_fetch_each_shard_once(remote, s3_ser
         s3_server.fail_next("GET", SHARDS, path=f"/{remote['bucket']}/ds/part-", delay=0.3)
         open(specs[0]["go"], "w").close()
         for p in procs:
-            assert p.wait(120) == 0
+            p.join(120)
+            assert p.exitcode == 0
     finally:
         for p in procs:
-            if p.poll() is None:
+            if p.is_alive():
                 p.kill()
     out = [json.load(open(s["out"])) for s in specs]
-    assert sorted(out[0]["ids"] + out[1]["ids"]) == ALL
+    assert sorted(out[0] + out[1]) == ALL
     assert whole_gets(s3_server.requests_since(mark), remote["names"]) == {n: 1 for n in remote["names"]}
     stats = open_dataset(remote["url"], storage_options=opts_for(s3_server), cache_dir=cache,
                          check_headers=False).cache_stats()
@@ -175,29 +193,28 @@ def test_a_process_killed_mid_download_leaves_no_partial_entry(remote, s3_server
     and has a partial file; after SIGKILL the next reader takes the lock, removes the partial
     file, downloads the shard again and reads correct samples; only complete copies remain."""
     cache = str(tmp_path / "cache")
-    script = os.path.join(os.path.dirname(__file__), "remote_rank.py")
     spec = {"url": remote["url"], "opts": opts_for(s3_server, timeout=30), "cache_dir": cache, "rank": 0,
             "world": 1, "ready": str(tmp_path / "ready"), "go": str(tmp_path / "go"), "out": str(tmp_path / "o")}
-    p = subprocess.Popen([sys.executable, script, json.dumps(spec)])
+    p = start_rank(spec)
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(spec["ready"]):
-            assert p.poll() is None and time.monotonic() < deadline
+            assert p.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)
         # the whole-shard GETs (4 in flight) send 100 bytes, then wait: the process is mid-download
         s3_server.fail_next("GET", 4, path=f"/{remote['bucket']}/ds/part-", truncate=100, hold=60)
         open(spec["go"], "w").close()
         while s3_server.held() == 0:
-            assert p.poll() is None and time.monotonic() < deadline
+            assert p.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)
-        p.send_signal(signal.SIGKILL)
-        p.wait(30)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
     finally:
-        if p.poll() is None:
+        if p.is_alive():
             p.kill()
         s3_server.release()  # (a cut left over is retried by the reader below)
     left = cache_files(cache)
-    assert any(f.endswith(".part") for f in left), f"no partial download to recover from: {left}"
+    assert any(f.endswith((".part", ".tmp")) for f in left), f"no partial download to recover from: {left}"
     ds = open_dataset(remote["url"], storage_options=opts_for(s3_server), cache_dir=cache, verify_checksums=True)
     assert sorted(ids(SafetensorsIterableDataset(ds, batch_size=4, shuffle=True, seed=3))) == ALL
     left = cache_files(cache)
@@ -288,6 +305,8 @@ def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retr
 
 
 def test_dead_server_fails_naming_the_object_after_bounded_retries(remote, s3_server, tmp_path, no_client_retries):
+    from safetensors_spark._storage import RemoteReadError
+
     ep = StoppableEndpoint(s3_server)
     ep.start()
     ds = open_dataset(remote["url"], storage_options=opts_for(s3_server, endpoint=ep.endpoint, timeout=0.5),
