@@ -290,10 +290,12 @@ def test_throttling_timeouts_and_resets_are_retried(remote, s3_server, tmp_path,
     assert sum(r["status"] == 503 for r in faults) == 2 and any(r.get("truncated") for r in faults)
 
 
-def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retries):
-    """loader(num_workers=2) (fork) through the node cache, with throttling and a reset on the
-    workers' GETs: every sample exactly once."""
-    ds = open_dataset(remote["url"], storage_options=opts_for(s3_server, timeout=1), cache_dir=str(tmp_path / "c"))
+@pytest.mark.parametrize("cached", [False, True], ids=["ranges", "node-cache"])
+def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retries, cached):
+    """loader(num_workers=2) (fork), with throttling and a reset on the workers' GETs: every
+    sample exactly once; the workers read ahead (ranges: one GET of both columns per shard)."""
+    ds = open_dataset(remote["url"], storage_options=opts_for(s3_server, timeout=1),
+                      cache_dir=str(tmp_path / "c") if cached else None)
     pre = f"/{remote['bucket']}/ds/"
     mark = s3_server.mark()
     s3_server.fail_next("GET", 3, status=503, path=pre + "part-")
@@ -301,7 +303,11 @@ def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retr
     it = SafetensorsIterableDataset(ds, batch_size=4, shuffle=True, seed=2)
     got = ids(loader(it, num_workers=2, multiprocessing_context=multiprocessing.get_context("fork")))
     assert sorted(got) == ALL
-    assert len([r for r in s3_server.requests_since(mark) if r.get("injected")]) == 4
+    reqs = s3_server.requests_since(mark)
+    assert len([r for r in reqs if r.get("injected")]) == 4
+    if not cached:  # the read-ahead's span of x and y, never a column or a row alone
+        spans = {r["response_length"] for r in reqs if r["method"] == "GET" and not r.get("injected")}
+        assert spans == {PER_SHARD * (2 * 4 + 8)}, spans
 
 
 def test_dead_server_fails_naming_the_object_after_bounded_retries(remote, s3_server, tmp_path, no_client_retries):

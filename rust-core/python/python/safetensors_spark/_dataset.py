@@ -257,6 +257,7 @@ class Dataset:
             return None  # KV: a sample's tensors are found through its key; read on demand
         names = ([self.shards[i].name for i in g] for g in groups)
         by_name = {s.name: s for s in self.shards}
+
         if cached:
             crcs = {s["shard_path"]: s.get("crc32c") for s in self.manifest["shards"]}
 

@@ -202,7 +202,7 @@ class FsspecStore:
             self._pid = os.getpid()
             self.bytes_fetched = 0
             self._count_lock = threading.Lock()  # the parent's may have been held at the fork
-            self.prefetcher = None  # the parent's threads are not in this process
+            self.prefetcher = None
         return self._fs
 
     def url(self, name):
