@@ -257,7 +257,7 @@ class Dataset:
             return None  # KV: a sample's tensors are found through its key; read on demand
         names = ([self.shards[i].name for i in g] for g in groups)
         by_name = {s.name: s for s in self.shards}
-
+        getattr(store, "remote", store).fs  # a forked copy rebuilds its file system here, not in a thread
         if cached:
             crcs = {s["shard_path"]: s.get("crc32c") for s in self.manifest["shards"]}
 

@@ -202,7 +202,6 @@ class FsspecStore:
             self._pid = os.getpid()
             self.bytes_fetched = 0
             self._count_lock = threading.Lock()  # the parent's may have been held at the fork
-            self.prefetcher = None
         return self._fs
 
     def url(self, name):
