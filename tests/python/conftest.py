@@ -172,14 +172,16 @@ class S3Server:
             f.seek(mark)
             return [json.loads(l) for l in f.read().splitlines() if l.strip()]
 
-    def fail_next(self, method, count, status=503, path="", delay=0.0, hold=0.0):
+    def fail_next(self, method, count, status=503, path="", delay=0.0, hold=0.0, corrupt=False, truncate=-1):
         """The next `count` requests with `method` (and `path` in their path) answer `status`
         with S3's error for it (503 SlowDown, 403 AccessDenied, 500 InternalError); with `delay`
         (seconds) they are answered as usual, later; with `hold` (seconds) they wait for
         `release()` (at most that long; the first hold that runs out releases the rest), then are
-        answered as usual."""
+        answered as usual; `corrupt` flips a byte of the served body, `truncate` (bytes) cuts it
+        short and drops the connection (after waiting as `hold` says)."""
         q = urllib.parse.urlencode({"method": method, "count": count, "status": status, "path": path,
-                                    "delay": delay, "hold": hold})
+                                    "delay": delay, "hold": hold, "corrupt": int(corrupt),
+                                    "truncate": truncate})
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_faults?{q}", method="POST"),
                                timeout=10).read()
 

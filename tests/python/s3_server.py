@@ -16,6 +16,11 @@ Serves moto's application (the one `moto_server` serves) on 127.0.0.1:PORT with 
   `&delay=SECONDS` they are answered as usual, that much later; with `&hold=SECONDS` they wait
   until `POST /_faults/release` (at most SECONDS; the first hold that runs out releases the
   rest), then are answered as usual. `GET /_faults/held` answers how many requests wait now.
+  Faults in the body of a served answer: `&corrupt=1` flips one byte in the middle of the body
+  (same length, and without the object's `x-amz-checksum-*` headers: only the reader's own
+  checksum sees it); `&truncate=BYTES` sends the headers (the full
+  Content-Length) and the first BYTES bytes of the body, then, with `&hold=SECONDS`, waits as a
+  hold does, then drops the connection (a transfer cut short: a connection reset mid-body).
 
 `Expect: 100-continue` is answered once. werkzeug's request handler (under moto 5.2.5 and werkzeug
 3.1.9) writes `100 Continue` twice for such a request, once from http.server and once from its own
@@ -58,6 +63,8 @@ class Fault:
     status: int
     delay: float
     hold: float
+    corrupt: bool = False
+    truncate: int = -1
     released: threading.Event = field(default_factory=threading.Event)
 
 
@@ -90,7 +97,8 @@ class Recorder:
             with self.lock:
                 self.faults.append(Fault(q["method"][0], q.get("path", [""])[0], int(q["count"][0]),
                                          int(q.get("status", ["503"])[0]), float(q.get("delay", ["0"])[0]),
-                                         float(q.get("hold", ["0"])[0])))
+                                         float(q.get("hold", ["0"])[0]), q.get("corrupt", ["0"])[0] == "1",
+                                         int(q.get("truncate", ["-1"])[0])))
             start_response("200 OK", [("Content-Length", "0")])
             return [b""]
         if path == "/_faults/held" and method == "GET":
@@ -117,6 +125,8 @@ class Recorder:
             fault = next((f for f in self.faults if f.method == method and f.path in path and f.count > 0), None)
             if fault is not None:
                 fault.count -= 1
+        if fault is not None and (fault.corrupt or fault.truncate >= 0):
+            return self.damaged(environ, start_response, entry, fault)
         if fault is not None and fault.hold > 0:
             # held until released (a hold that runs out releases the others): then served as usual
             with self.lock:
@@ -149,6 +159,48 @@ class Recorder:
             return start_response(s, headers, exc_info)
 
         return self.recorded(self.app(environ, recording_start), entry, status)
+
+    def damaged(self, environ, start_response, entry, fault):
+        """The answer moto gives, its body corrupted or cut short (see the module's doc)."""
+        status = {}
+
+        def recording_start(s, headers, exc_info=None):
+            status["code"] = int(s.split(" ", 1)[0])
+            status["start"] = (s, headers)
+            return lambda data: None
+
+        body = b"".join(self.app(environ, recording_start))
+        s, headers = status["start"]
+        if fault.corrupt:
+            # without the object's own checksum headers (an object uploaded without one):
+            # botocore would otherwise catch the flipped byte itself
+            headers = [(k, v) for k, v in headers if not k.lower().startswith("x-amz-checksum")]
+        start_response(s, headers)
+        entry.update(status=status["code"], response_length=len(body), injected=True)
+        if fault.corrupt:
+            mid = len(body) // 2
+            body = body[:mid] + bytes([body[mid] ^ 0xFF]) + body[mid + 1:] if body else body
+            entry.update(response_bytes=len(body), corrupt=True)
+            self.write(entry)
+            return [body]
+        cut = body[:fault.truncate]
+        entry.update(response_bytes=len(cut), truncated=True)
+        self.write(entry)
+
+        def send():
+            yield cut
+            if fault.hold > 0:
+                with self.lock:
+                    self.held += 1
+                try:
+                    if not fault.released.wait(fault.hold):
+                        fault.released.set()
+                finally:
+                    with self.lock:
+                        self.held -= 1
+            raise ConnectionResetError("injected: the transfer is cut short")
+
+        return send()
 
     def recorded(self, body, entry, status):
         sent = 0

@@ -294,11 +294,17 @@ def test_remote_reads_only_the_byte_ranges_they_need(tmp_path):
     got = [b["y"].tolist() for b in loader(SafetensorsIterableDataset("countmem://remote1", batch_size=1000,
                                                                        shuffle=True, seed=1), num_workers=2)]
     assert got == want
-    it = SafetensorsIterableDataset("countmem://remote1", batch_size=16, columns=["y"])  # reads the headers
+    it = SafetensorsIterableDataset(open_dataset("countmem://remote1", prefetch=0), batch_size=16, columns=["y"])
     CountingMemoryFS.bytes_read = 0
     first = next(iter(it))
     assert first["y"].tolist() == list(range(16))
     assert CountingMemoryFS.bytes_read == 16 * 8, "an unshuffled batch of one column is one range read of its rows"
+    # with read-ahead (the default): the selected column of the shards the epoch reads next, one
+    # range GET per shard, never the other column (spec/python.md §2.1)
+    it = SafetensorsIterableDataset("countmem://remote1", batch_size=1000, columns=["y"])
+    CountingMemoryFS.bytes_read = 0
+    assert [v for b in it for v in b["y"].tolist()] == list(range(2 * rows))
+    assert CountingMemoryFS.bytes_read == 2 * rows * 8
 
 
 def test_remote_with_cache_dir_copies_whole_shards_once(tmp_path):

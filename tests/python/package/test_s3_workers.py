@@ -77,7 +77,7 @@ def test_server_stops_mid_epoch_fails_naming_the_object(remote, s3_server, tmp_p
     opts = {**s3_server.storage_options(), "config_kwargs": {"connect_timeout": 0.5, "read_timeout": 0.5,
                                                               "retries": {"max_attempts": 1}}}
     opts["client_kwargs"] = {**opts["client_kwargs"], "endpoint_url": ep.endpoint}
-    ds = open_dataset(url, storage_options=opts)
+    ds = open_dataset(url, storage_options=opts, retries=0)  # s3fs's own retries only: ~30 s here already
     it = iter(loader(SafetensorsIterableDataset(ds, batch_size=4), num_workers=2, handoff_batches=1,
                      prefetch_factor=1, multiprocessing_context=multiprocessing.get_context("fork")))
     next(it)

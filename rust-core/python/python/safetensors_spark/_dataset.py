@@ -163,11 +163,23 @@ class Dataset:
     Use :func:`open_dataset` to create one."""
 
     def __init__(self, path, *, storage_options=None, cache_dir=None, check_headers=True,
-                 version=None, timestamp=None, verify_checksums=False):
+                 version=None, timestamp=None, verify_checksums=False, cache_limit=None, prefetch=4,
+                 max_in_flight=4, retries=5):
         self.path = os.fspath(path)
         self.storage_options = storage_options
         self.cache_dir = cache_dir
-        self._store = open_store(self.path, storage_options, cache_dir)
+        for name, v, low in (("prefetch", prefetch, 0), ("max_in_flight", max_in_flight, 1), ("retries", retries, 0)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        if cache_limit is not None:
+            if not isinstance(cache_limit, int) or isinstance(cache_limit, bool) or cache_limit < 1:
+                raise ValueError(f"cache_limit must be a number of bytes >= 1 (or None: unbounded), got {cache_limit!r}")
+            if cache_dir is None:
+                raise ValueError("cache_limit bounds the node cache: give cache_dir too")
+        self.prefetch_depth, self.max_in_flight = prefetch, max_in_flight
+        self._store = open_store(self.path, storage_options, cache_dir, cache_limit, retries)
+        # with the node cache, checksums are verified as each shard enters it (spec/python.md §2.1)
+        self._verify = bool(verify_checksums) and isinstance(self._store, CachedStore)
         if version is None and timestamp is None:
             self.manifest = self._load_manifest()
         else:
@@ -189,6 +201,10 @@ class Dataset:
             offset += s["samples_count"]
         self._starts = [s.offset for s in self.shards]
         self._check_shard_files()
+        if cache_limit is not None and self.shards and max(s.size for s in self.shards) > cache_limit:
+            big = max(self.shards, key=lambda s: s.size)
+            raise ValueError(f"cache_limit={cache_limit} is smaller than shard {self._store.url(big.name)} "
+                             f"({big.size} bytes): the node cache holds whole shards")
         self.layout = m.get("layout")
         self.kv_separator = m.get("kv_separator")
         self.batch_size = m.get("batch_size")
@@ -218,6 +234,64 @@ class Dataset:
         state["_parts"] = None
         state["_offsets"] = {}
         return state
+
+    def cache_stats(self):
+        """With ``cache_dir``: this dataset's node-cache events, every process on this node
+        together (``fetches``, ``fetched_bytes``, ``refetches``, ``evictions``, ``evicted_bytes``,
+        ``cached_bytes``, and the shard names ``fetched`` / ``evicted`` in order); take it before
+        and after an epoch for the epoch's bytes. ``None`` without ``cache_dir``."""
+        return self._store.node.stats() if isinstance(self._store, CachedStore) else None
+
+    def prefetch(self, groups, columns):
+        """Starts reading ahead (spec/python.md §2.1) for an iterator of this process that will
+        read ``groups`` (an iterable of lists of shard indices, one per batch or message, in
+        order) of ``columns``. Replaces this process's previous read-ahead. Nothing for a local
+        dataset or with ``prefetch=0``."""
+        from ._prefetch import Prefetcher
+
+        store = self._store
+        cached = isinstance(store, CachedStore)
+        if self.prefetch_depth == 0 or (store.is_local and not cached):
+            return None
+        if not cached and self.layout != "batch":
+            return None  # KV: a sample's tensors are found through its key; read on demand
+        names = ([self.shards[i].name for i in g] for g in groups)
+        by_name = {s.name: s for s in self.shards}
+        getattr(store, "remote", store).fs  # a forked copy rebuilds its file system here, not in a thread
+        if cached:
+            crcs = {s["shard_path"]: s.get("crc32c") for s in self.manifest["shards"]}
+
+            def fetch(name):
+                sh = by_name[name]
+                store.fetch_now(name, sh.size, crcs[name] if self._verify else None)
+                return store.node.path(name)
+
+            p = Prefetcher(names, fetch, self.prefetch_depth, self.max_in_flight,
+                           size_of=lambda n: by_name[n].size, byte_budget=store.node.limit,
+                           on_window=store.node.set_needs)
+        else:
+            wanted = set()
+            for c in columns:
+                wanted.add(c)
+                if c in self.ragged:
+                    wanted.add(offsets_name(c))
+
+            def fetch(name):
+                tensors = self._header(by_name[name])
+                spans = sorted((t.start, t.end) for n, t in tensors.items() if n in wanted and t.end > t.start)
+                merged = []
+                for a, b in spans:  # neighbouring tensors: one range GET
+                    if merged and a <= merged[-1][1]:
+                        merged[-1][1] = max(merged[-1][1], b)
+                    else:
+                        merged.append([a, b])
+                return [(a, b, store.read_range(name, a, b)) for a, b in merged]
+
+            p = Prefetcher(names, fetch, self.prefetch_depth, self.max_in_flight)
+        old, store.prefetcher = store.prefetcher, p
+        if old is not None and old.pid == os.getpid():
+            old.close()
+        return p
 
     @property
     def bytes_fetched(self):
@@ -306,13 +380,22 @@ class Dataset:
     def verify_checksums(self):
         """Reads every shard whole and checks its CRC-32C against the manifest's
         ``shards[].crc32c`` (shards written before checksums were recorded are skipped). Returns
-        the number of shards verified; a mismatch raises :class:`ShardError` naming the shard."""
+        the number of shards verified; a mismatch raises :class:`ShardError` naming the shard.
+        With ``cache_dir``: each shard's copy in the node cache is checked, a missing or
+        mismatching copy fetched (again, up to the refetch bound) and checked as it enters."""
         n = 0
         for s in self.manifest["shards"]:
             want = s.get("crc32c")
             if want is None:
                 continue
             name = s["shard_path"]
+            if isinstance(self._store, CachedStore):
+                node = self._store.node
+                if node.has(name, s["bytes"]) and _native.file_crc32c(node.path(name)) != want:
+                    os.unlink(node.path(name))
+                self._store.fetch_now(name, s["bytes"], want)
+                n += 1
+                continue
             if self._store.is_local:
                 got = _native.file_crc32c(self._store.url(name))
             else:
@@ -539,7 +622,8 @@ class Dataset:
         """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
         store = self._store
         if isinstance(store, CachedStore):
-            store.fetch(shard.name, shard.size)
+            store.fetch(shard.name, shard.size,
+                        self.manifest["shards"][shard.index].get("crc32c") if self._verify else None)
         dtype = self._dtype_of(shard, tensor)
         return store.array(shard.name, tensor.start, tensor.end, dtype, tensor.shape)
 
@@ -765,7 +849,8 @@ class Dataset:
 
 
 def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True, version=None,
-                 timestamp=None, verify_checksums=False):
+                 timestamp=None, verify_checksums=False, cache_limit=None, prefetch=4, max_in_flight=4,
+                 retries=5):
     """Opens a dataset directory (local path or fsspec URL such as ``s3://bucket/data``).
 
     Reads the manifest and, with ``check_headers`` (default), every shard's header, checking each
@@ -776,10 +861,17 @@ def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=Tr
     ``version=n`` reads committed version ``n`` and ``timestamp=`` (a datetime, naive = UTC, or a
     string such as ``"2026-11-26 12:00:00"`` or ISO 8601) the newest version committed at or
     before it, from ``_manifest_log/`` (spec/dataset.md §5.8); ``verify_checksums=True`` reads
-    every shard whole once and checks its CRC-32C (:meth:`Dataset.verify_checksums`)."""
+    every shard whole once and checks its CRC-32C (:meth:`Dataset.verify_checksums`); with
+    ``cache_dir`` instead each shard as it enters the node cache (refetched when it does not
+    match).
+
+    Remote reading (spec/python.md §2.1): ``prefetch`` shards ahead of the iterators' order are
+    fetched on ``max_in_flight`` threads per process; ``cache_limit`` bounds ``cache_dir`` in
+    bytes; a failed GET is retried up to ``retries`` times with exponential backoff."""
     ds = Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers,
-                 version=version, timestamp=timestamp)
-    if verify_checksums:
+                 version=version, timestamp=timestamp, verify_checksums=verify_checksums,
+                 cache_limit=cache_limit, prefetch=prefetch, max_in_flight=max_in_flight, retries=retries)
+    if verify_checksums and not isinstance(ds._store, CachedStore):
         ds.verify_checksums()
     return ds
 

@@ -8,10 +8,66 @@ pickles as its URL pieces and reopens files lazily in the process that uses it.
 import hashlib
 import mmap
 import os
+import random
+import threading
+import time
 
 import numpy as np
 
 HEADER_READ_AHEAD = 64 * 1024
+PREFETCH_THREAD = "safetensors-spark-prefetch"  # a read-ahead thread never waits on read-ahead
+
+
+class RemoteReadError(OSError):
+    """A remote read that failed for good: after its retries, or at once for an error that a
+    retry cannot cure (not found, access denied). Names the object."""
+
+
+class _ShortRead(OSError):
+    """A range read that returned fewer bytes than asked (a transfer cut short)."""
+
+
+def _retriable(e):
+    """Whether a failed GET may be tried again: reads are idempotent, so every transient
+    failure (throttling such as 503 SlowDown, 500, timeouts, connection resets, a cut-short
+    body, a server that does not answer) is; an object that is not there, access denied, or a
+    wrong argument are not (they would fail the same way again)."""
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(e, (OSError, TimeoutError, ConnectionError, EOFError)):
+        return True
+    mod = type(e).__module__.split(".")[0]
+    return mod in ("botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "s3fs", "fsspec", "gcsfs",
+                   "adlfs", "asyncio", "http")
+
+
+class RetryPolicy:
+    """Bounded exponential backoff for remote reads: up to ``retries`` more attempts after the
+    first, waiting ``backoff · 2^i`` seconds (capped at ``max_backoff``, with jitter in
+    [50 %, 100 %]) before retry ``i``. Each attempt is bounded by the file system's own timeouts
+    (s3fs/botocore: ``config_kwargs`` ``connect_timeout``, ``read_timeout``)."""
+
+    def __init__(self, retries=5, backoff=0.1, max_backoff=5.0):
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
+        self.retries, self.backoff, self.max_backoff = retries, float(backoff), float(max_backoff)
+
+    def call(self, fn, url, what):
+        t0 = time.monotonic()
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - classified below, re-raised naming the object
+                if not _retriable(e):
+                    if isinstance(e, (FileNotFoundError, PermissionError)):
+                        raise
+                    raise RemoteReadError(f"{url}: {what} failed: {type(e).__name__}: {e}") from e
+                if attempt == self.retries:
+                    raise RemoteReadError(
+                        f"{url}: {what} failed {attempt + 1} times over {time.monotonic() - t0:.1f} s "
+                        f"(retries={self.retries}); last error: {type(e).__name__}: {e}") from e
+                wait = min(self.backoff * 2 ** attempt, self.max_backoff)
+                time.sleep(wait * (0.5 + random.random() / 2))
 
 
 class LocalStore:
@@ -105,22 +161,33 @@ class FsspecStore:
 
     is_local = False
 
-    def __init__(self, fs, root):
+    def __init__(self, fs, root, retry=None):
         self._fs = fs
         self._pid = os.getpid()
         self.root = root.rstrip("/")
+        self.retry = retry or RetryPolicy()
         self.bytes_fetched = 0
+        self._count_lock = threading.Lock()
+        self.prefetcher = None  # a _prefetch.Prefetcher of column ranges (this process)
 
     def __getstate__(self):
         # the file system pickles as its class and arguments (fsspec's own ``__reduce__``); the
         # count starts again in the process that unpickles (spec/python.md: bytes fetched)
-        return {"fs": self._fs, "root": self.root}
+        return {"fs": self._fs, "root": self.root, "retry": self.retry}
 
     def __setstate__(self, state):
         self._fs = state["fs"]
         self._pid = os.getpid()
         self.root = state["root"]
+        self.retry = state.get("retry") or RetryPolicy()
         self.bytes_fetched = 0
+        self._count_lock = threading.Lock()
+        self.prefetcher = None
+
+    def _count(self, n):
+        self.fs  # a forked copy resets its count first
+        with self._count_lock:
+            self.bytes_fetched += n
 
     @property
     def fs(self):
@@ -134,24 +201,26 @@ class FsspecStore:
             self._fs = type(old)(*old.storage_args, **old.storage_options)
             self._pid = os.getpid()
             self.bytes_fetched = 0
+            self._count_lock = threading.Lock()  # the parent's may have been held at the fork
         return self._fs
 
     def url(self, name):
         return f"{self.root}/{name}"
 
     def exists(self, name):
-        return self.fs.exists(self.url(name))
+        return self.retry.call(lambda: self.fs.exists(self.url(name)), self.url(name), "exists")
 
     def isdir(self, name):
-        return self.fs.isdir(self.url(name))
+        return self.retry.call(lambda: self.fs.isdir(self.url(name)), self.url(name), "isdir")
 
     def size(self, name):
-        return int(self.fs.size(self.url(name)))
+        return int(self.retry.call(lambda: self.fs.size(self.url(name)), self.url(name), "size"))
 
     def log_entries(self, log_dir):
         """``(file name, modification time in ms)`` of the files in ``log_dir`` (none if absent)."""
         try:
-            listed = self.fs.ls(self.url(log_dir), detail=True)
+            listed = self.retry.call(lambda: self.fs.ls(self.url(log_dir), detail=True), self.url(log_dir),
+                                     "listing")
         except FileNotFoundError:
             return []
         out = []
@@ -167,14 +236,55 @@ class FsspecStore:
     def read(self, name, start, end):
         if end <= start:
             return b""
-        data = self.fs.cat_file(self.url(name), start=start, end=end)
-        self.bytes_fetched += len(data)
-        return data
+        p = self.prefetcher
+        if p is not None and p.pid == os.getpid() and threading.current_thread().name != PREFETCH_THREAD:
+            ranges = p.want(name)
+            for s0, e0, data in ranges or ():
+                if s0 <= start and end <= e0:
+                    return data[start - s0: end - s0]
+        return self.read_range(name, start, end)
+
+    def read_range(self, name, start, end):
+        """One range GET of bytes ``[start, end)`` (retried by the policy; a short answer is
+        retried as a cut-short transfer)."""
+        url = self.url(name)
+
+        def get():
+            data = self.fs.cat_file(url, start=start, end=end)
+            self._count(len(data))
+            if len(data) != end - start:
+                raise _ShortRead(f"asked for bytes [{start}, {end}), got {len(data)}")
+            return data
+
+        return self.retry.call(get, url, f"GET bytes [{start}, {end})")
 
     def read_text(self, name):
-        data = self.fs.cat_file(self.url(name))
-        self.bytes_fetched += len(data)
-        return data
+        url = self.url(name)
+
+        def get():
+            data = self.fs.cat_file(url)
+            self._count(len(data))
+            return data
+
+        return self.retry.call(get, url, "GET")
+
+    def download(self, name, local):
+        """The whole object into file ``local`` (retried; a failed attempt's file is removed);
+        returns the bytes written."""
+        url = self.url(name)
+
+        def get():
+            try:
+                self.fs.get_file(url, local)
+            except BaseException:
+                if os.path.exists(local):
+                    os.unlink(local)
+                raise
+            n = os.stat(local).st_size
+            self._count(n)
+            return n
+
+        return self.retry.call(get, url, "GET (whole object)")
 
     def array(self, name, start, end, dtype, shape):
         """Bytes ``[start, end)`` read into a fresh writable array."""
@@ -192,17 +302,34 @@ class CachedStore(LocalStore):
     """Whole shards of a remote dataset copied once into ``cache_dir``, then memory-mapped; the
     manifest and the index are still read from the remote store."""
 
-    def __init__(self, remote, cache_dir):
+    def __init__(self, remote, cache_dir, cache_limit=None, refetches=2):
+        from ._node_cache import NodeCache
+
         digest = hashlib.sha256(f"{remote.fs.protocol}:{remote.root}".encode()).hexdigest()[:16]
         super().__init__(os.path.join(os.fspath(cache_dir), digest))
         self.remote = remote
+        self.node = NodeCache(cache_dir, digest, cache_limit, refetches)
+        self.prefetcher = None  # a _prefetch.Prefetcher of whole shards into the node cache
+        self._pid = os.getpid()
 
     def __getstate__(self):
-        return {"root": self.root, "remote": self.remote}
+        return {"root": self.root, "remote": self.remote, "node": self.node}
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self.remote = state["remote"]
+        self.node = state["node"]
+        self.prefetcher = None
+        self._pid = os.getpid()
+
+    def buffer(self, name):
+        m = super().buffer(name)
+        # keep the maps of the last few shards only: a copy evicted from the cache frees its
+        # disk once no process maps it (arrays still using a map keep it alive)
+        keep = 2 + (self.prefetcher.depth if self.prefetcher is not None else 0)
+        while len(self._maps) > keep:
+            self._maps.pop(next(iter(self._maps)))
+        return m
 
     def exists(self, name):
         return self.remote.exists(name)
@@ -222,26 +349,27 @@ class CachedStore(LocalStore):
     def log_entries(self, log_dir):
         return self.remote.log_entries(log_dir)
 
-    def fetch(self, name, size):
-        """Copies shard ``name`` (``size`` bytes) into the cache unless it is there already."""
-        local = super().url(name)
-        if os.path.exists(local) and os.stat(local).st_size == size:
+    def fetch(self, name, size, crc32c=None):
+        """Makes sure a complete copy of shard ``name`` (``size`` bytes; CRC-32C ``crc32c`` when
+        given) is in the node cache: waits for the prefetch of it when one is planned, else
+        fetches it now (:meth:`NodeCache.get`)."""
+        if name in self._maps:
+            if os.path.exists(super().url(name)):
+                return
+            self._maps.pop(name)  # evicted (the map stays valid for arrays still using it)
+        p = self.prefetcher
+        if p is not None and p.pid == os.getpid() and p.want(name) is not None:
             return
-        os.makedirs(self.root, exist_ok=True)
-        tmp = f"{local}.{os.getpid()}.tmp"
-        self.remote.fs.get_file(self.remote.url(name), tmp)
-        got = os.stat(tmp).st_size
-        self.remote.bytes_fetched += got
-        if got != size:
-            os.unlink(tmp)
-            raise OSError(f"{self.remote.url(name)}: copied {got} bytes into the cache, expected {size}")
-        os.replace(tmp, local)
+        self.fetch_now(name, size, crc32c)
+
+    def fetch_now(self, name, size, crc32c=None):
+        self.node.get(name, size, crc32c, lambda tmp: self.remote.download(name, tmp), self.remote.url(name))
 
     def parquet_source(self, name):
         return self.remote.parquet_source(name)
 
 
-def open_store(path, storage_options=None, cache_dir=None):
+def open_store(path, storage_options=None, cache_dir=None, cache_limit=None, retries=5):
     """A store for a dataset path or URL."""
     path = os.fspath(path)
     if "://" not in path and not storage_options:
@@ -252,5 +380,5 @@ def open_store(path, storage_options=None, cache_dir=None):
     fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
     if isinstance(fs, LocalFileSystem):
         return LocalStore(os.path.abspath(root))
-    store = FsspecStore(fs, root)
-    return CachedStore(store, cache_dir) if cache_dir is not None else store
+    store = FsspecStore(fs, root, RetryPolicy(retries))
+    return CachedStore(store, cache_dir, cache_limit, refetches=min(retries, 2)) if cache_dir is not None else store

@@ -16,6 +16,7 @@ import torch.utils.data
 from .._dataset import Dataset
 from .._errors import StateError
 from .._filter import FilteredOrder, Selection
+from .._prefetch import batch_groups
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
 from ._forms import Finish, resolve_forms
@@ -394,6 +395,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         finish = self.finish
         k, release_flags = self._handoff
         in_worker = torch.utils.data.get_worker_info() is not None
+        # the store reads ahead in this worker's order (spec/python.md §2.1)
+        # (its own instance of the epoch's order, filtered or not; from the batch this worker resumes at)
+        self.dataset.prefetch(batch_groups(plan, self._order(), worker, workers,
+                                           k if in_worker and self.batch_size is not None else 1, skip),
+                              self.columns)
 
         def rows_of(j0, j1):
             spans = [plan.batch(j) for j in range(j0, j1)]

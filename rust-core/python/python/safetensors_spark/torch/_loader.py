@@ -8,6 +8,7 @@ import torch
 import torch.utils.data
 
 from .._errors import StateError
+from .._prefetch import index_groups
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
 from ._mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
@@ -45,6 +46,9 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         size, num_batches, (k, flags) = self.batch_size, len(self), self._handoff
 
         finish = ds.finish
+        # the store reads ahead in this worker's order (spec/python.md §2.1)
+        ds.dataset.prefetch(index_groups(ds.dataset.locate_many, self.indices, size, worker, workers,
+                                         k if info is not None else 1), ds.columns)
 
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]

@@ -1,0 +1,175 @@
+"""Read-ahead of a remote dataset in the order an iterator will read it (spec/python.md §2.1).
+
+The iterator hands :meth:`Dataset.prefetch` its *reads*: a lazy sequence of groups, one per
+batch (or per worker message) it will read, each the sorted shard indices that batch touches. A
+:class:`Prefetcher` keeps the shards of the next groups, up to ``depth`` distinct shards, fetched
+or in flight on ``max_in_flight`` threads of this process; the reader's first request of a shard
+of a later group moves the window on. A request for a shard the plan does not name (random access)
+is served directly. An error of a fetch is raised to the reader when it asks for that shard (never
+skipped); the fetch itself retries by the store's policy.
+"""
+
+import os
+import queue
+import threading
+
+import numpy as np
+
+
+def batch_groups(plan, order, worker, workers, k, skip=0):
+    """The shard groups of one worker of a :class:`RankPlan`: for each message ``b ≡ worker (mod
+    workers)`` of ``k`` batches, from the worker's message ``skip`` on, the sorted distinct shards
+    of batches ``[b·k, (b+1)·k)``. ``order``: the epoch's order (an ``EpochOrder``, or the
+    filtered order), an instance of its own (the reader's is not shared across threads)."""
+    total = order.total
+    if total == 0:
+        return
+    for b in range(worker + skip * workers, -(-plan.num_batches // k), workers):
+        spans = [plan.batch(j) for j in range(b * k, min((b + 1) * k, plan.num_batches))]
+        pos = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in spans]) % total
+        yield np.unique(order.locate(pos)[0]).tolist()
+
+
+def index_groups(locate_many, indices, batch_size, worker, workers, k):
+    """The shard groups of a map-style loader's worker: its messages of ``k`` batches of
+    ``batch_size`` sampled indices."""
+    n = -(-len(indices) // batch_size)
+    for b in range(worker, -(-n // k), workers):
+        idx = indices[b * k * batch_size: min((b + 1) * k, n) * batch_size]
+        yield np.unique(locate_many(idx)[0]).tolist()
+
+
+class _Slot:
+    __slots__ = ("event", "value", "error")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.value = None
+        self.error = None
+
+
+class Prefetcher:
+    """Fetches ``fetch(shard index)`` ahead of the reader, in the order of ``groups``."""
+
+    HORIZON = 256  # groups searched ahead for a requested shard
+
+    def __init__(self, groups, fetch, depth, max_in_flight, size_of=None, byte_budget=None, on_window=None):
+        self.pid = os.getpid()
+        self._groups_iter = iter(groups)
+        self._groups = []  # materialised groups, from index self._base
+        self._base = 0
+        self._exhausted = False
+        self._pos = 0  # the group the reader is in (absolute index)
+        self._fetch = fetch
+        self.depth = max(1, int(depth))
+        self._size_of = size_of
+        self._budget = byte_budget
+        self._on_window = on_window
+        self._slots = {}  # shard -> _Slot (fetched or in flight) of the window
+        self._window = []
+        self._lock = threading.Lock()
+        self._queue = queue.Queue()
+        self._closed = False
+        self._threads = []
+        for _ in range(max(1, int(max_in_flight))):
+            t = threading.Thread(target=self._run, daemon=True, name="safetensors-spark-prefetch")
+            t.start()
+            self._threads.append(t)
+        with self._lock:
+            self._top_up()
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            shard, slot = item
+            if self._closed:
+                slot.error = RuntimeError("prefetch closed")
+                slot.event.set()
+                continue
+            try:
+                slot.value = self._fetch(shard)
+            except BaseException as e:  # noqa: BLE001 - handed to the reader, who raises it
+                slot.error = e
+            slot.event.set()
+
+    def _group(self, i):
+        """Group ``i`` (absolute), materialising the lazy sequence; None past its end."""
+        while not self._exhausted and i - self._base >= len(self._groups):
+            try:
+                self._groups.append(next(self._groups_iter))
+            except StopIteration:
+                self._exhausted = True
+        j = i - self._base
+        return self._groups[j] if 0 <= j < len(self._groups) else None
+
+    def _top_up(self):
+        """Makes the window the distinct shards of groups ``pos, pos+1, …`` up to ``depth`` (and
+        ``byte_budget``; the current group always), starts what is not fetched, drops the rest."""
+        window, seen, used = [], set(), 0
+        i = self._pos
+        while True:
+            g = self._group(i)
+            if g is None:
+                break
+            new = [s for s in g if s not in seen]
+            size = sum(self._size_of(s) for s in new) if self._size_of else 0
+            if i > self._pos and (len(seen) + len(new) > self.depth
+                                  or (self._budget is not None and used + size > self._budget)):
+                break
+            window.extend(new)
+            seen.update(new)
+            used += size
+            i += 1
+            if len(seen) >= self.depth and i > self._pos:
+                break
+        # forget the groups behind the reader
+        drop = self._pos - self._base
+        if drop > 0:
+            del self._groups[:drop]
+            self._base = self._pos
+        for s in list(self._slots):
+            if s not in seen:
+                del self._slots[s]
+        if self._on_window is not None and window != self._window:
+            self._on_window(window)
+        self._window = window
+        for s in window:
+            if s not in self._slots:
+                slot = _Slot()
+                self._slots[s] = slot
+                self._queue.put((s, slot))
+
+    def want(self, shard):
+        """The fetched value of ``shard`` if the plan names it soon (waiting for it), else
+        ``None`` (the caller reads it directly). Moves the window to the first group, from the
+        reader's current one, that holds ``shard``."""
+        with self._lock:
+            if self._closed:
+                return None
+            found = None
+            for i in range(self._pos, self._pos + self.HORIZON):
+                g = self._group(i)
+                if g is None:
+                    break
+                if shard in g:
+                    found = i
+                    break
+            if found is None:
+                return None
+            if found != self._pos or shard not in self._slots:
+                self._pos = found
+                self._top_up()
+            slot = self._slots.get(shard)
+        if slot is None:
+            return None
+        slot.event.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.value
+
+    def close(self):
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
