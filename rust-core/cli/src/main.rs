@@ -6,6 +6,9 @@
 //! safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
 //!                                     forensic report per file and per sharded checkpoint
 //!                                     (spec/forensics.md); exit 0 clean, 1 warnings, 2 errors
+//! safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET
+//!                                     delete superseded shards outside the retention period
+//!                                     (spec/dataset.md §5.8.1; local paths); JSON plan on stdout
 //! ```
 
 mod report;
@@ -18,7 +21,8 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: safetensors-spark inspect FILE...
        safetensors-spark validate FILE...
-       safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...";
+       safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
+       safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,6 +30,7 @@ fn main() -> ExitCode {
         Some((cmd, files)) if cmd == "inspect" && !files.is_empty() => inspect(files),
         Some((cmd, files)) if cmd == "validate" && !files.is_empty() => validate(files),
         Some((cmd, rest)) if cmd == "report" => report::run(rest, USAGE),
+        Some((cmd, rest)) if cmd == "vacuum" => vacuum(rest),
         Some((cmd, _)) if cmd == "--help" || cmd == "-h" => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -114,5 +119,63 @@ fn validate(files: &[String]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// `vacuum`: spec/dataset.md §5.8.1 on a local dataset directory. Exit 0 done (or dry run), 1 on
+/// an error (printed, nothing more deleted), 2 on a usage error.
+fn vacuum(args: &[String]) -> ExitCode {
+    use safetensors_spark_dataset::local::{now_ms, vacuum_dir};
+    use safetensors_spark_dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
+    let mut req = VacuumRequest::default();
+    let (mut dry_run, mut dir) = (false, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--dry-run" => dry_run = true,
+            "--allow-shorter-retention" => req.allow_shorter_retention = true,
+            "--retention" => {
+                let Some(v) = it.next() else {
+                    eprintln!("--retention needs a value: {RETENTION_EXPECTED}");
+                    return ExitCode::from(2);
+                };
+                let Some(s) = parse_retention(v) else {
+                    eprintln!(
+                        "{}",
+                        shown(format_args!(
+                            "--retention '{v}': expected {RETENTION_EXPECTED}"
+                        ))
+                    );
+                    return ExitCode::from(2);
+                };
+                req.retention_seconds = Some(s);
+            }
+            _ if dir.is_none() && !a.starts_with("--") => dir = Some(a.clone()),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(dir) = dir else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    req.now_ms = now_ms();
+    match vacuum_dir(std::path::Path::new(&dir), &req, dry_run, &mut |_| {}) {
+        Ok(out) => match serde_json::to_string_pretty(&out) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("{}", shown(format_args!("vacuum: {e}")));
+            ExitCode::FAILURE
+        }
     }
 }

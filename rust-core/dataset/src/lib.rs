@@ -9,14 +9,18 @@
 //!   the default cargo feature `index`, the only part of this crate that needs arrow and parquet;
 //!   the Python extension, which reads the index with pyarrow, leaves it off. Its tests, which
 //!   build index rows from the write path's reports, live in the engine crate.
+//! * [`vacuum`] — retention and vacuum: which versions are retained, what a vacuum deletes;
+//!   [`local`] runs it (and the commit protocol) on a local directory.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
 
 #[cfg(feature = "index")]
 pub mod index;
 pub mod kv;
+pub mod local;
 pub mod manifest;
 pub mod names;
+pub mod vacuum;
 
 pub use manifest::{
     parse_manifest, DatasetMode, Manifest, ManifestExt, ManifestShard, TailStrategy,
@@ -41,4 +45,8 @@ pub enum DatasetError {
     /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.7).
     #[error("streaming write: {problem}")]
     StreamBatch { problem: String },
+
+    /// A vacuum that cannot run (spec/dataset.md §5.8.1).
+    #[error("vacuum: {problem}")]
+    Vacuum { problem: String },
 }

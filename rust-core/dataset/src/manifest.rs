@@ -307,6 +307,24 @@ impl Serialize for Manifest {
             if !x.stream_commits.is_empty() {
                 map.serialize_entry("stream_commits", &x.stream_commits)?;
             }
+            if let Some(v) = &x.committed_at_ms {
+                map.serialize_entry("committed_at_ms", v)?;
+            }
+            if let Some(v) = &x.operation {
+                map.serialize_entry("operation", v)?;
+            }
+            if let Some(v) = &x.commit_message {
+                map.serialize_entry("commit_message", v)?;
+            }
+            if let Some(v) = &x.app_id {
+                map.serialize_entry("app_id", v)?;
+            }
+            if let Some(v) = &x.retention_seconds {
+                map.serialize_entry("retention_seconds", v)?;
+            }
+            if let Some(v) = &x.vacuumed {
+                map.serialize_entry("vacuumed", v)?;
+            }
         }
         map.end()
     }
@@ -636,6 +654,14 @@ pub fn next_manifest(
     }
     if let Some(x) = &mut out.ext {
         x.manifest_version = version;
+        // the dataset's retention outlives every write that does not set it (§5.8.1); a
+        // vacuum's record belongs to the vacuum version only
+        if x.retention_seconds.is_none() {
+            x.retention_seconds = base
+                .and_then(|b| b.ext.as_ref())
+                .and_then(|b| b.retention_seconds);
+        }
+        x.vacuumed = None;
         // a stream's record outlives any write, an overwrite included: a replay of a batch the
         // stream committed before the overwrite must still change nothing (§5.7)
         if let Some(old) = base.and_then(|b| b.ext.as_ref()) {

@@ -72,6 +72,7 @@ fn plan() -> WritePlan {
         }],
         metadata: BTreeMap::new(),
         generate_index: false,
+        retention_seconds: None,
     }
 }
 
