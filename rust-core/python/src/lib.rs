@@ -188,6 +188,40 @@ fn index_part_name(shard: &str) -> PyResult<String> {
         .ok_or_else(|| ManifestError::new_err(format!("'{shard}' is not a shard file name")))
 }
 
+/// Vacuums the local dataset `path` (spec/dataset.md §5.8.1); returns the outcome as JSON.
+/// A bad retention or a retention shorter than the dataset's without the override raises
+/// `ValueError` (ManifestError) naming it.
+#[pyfunction]
+#[pyo3(signature = (path, retention=None, dry_run=false, allow_shorter_retention=false))]
+fn vacuum(
+    py: Python<'_>,
+    path: &str,
+    retention: Option<&str>,
+    dry_run: bool,
+    allow_shorter_retention: bool,
+) -> PyResult<String> {
+    use dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
+    let retention_seconds = match retention {
+        None => None,
+        Some(v) => Some(parse_retention(v).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "vacuum: retention '{v}': expected {RETENTION_EXPECTED}"
+            ))
+        })?),
+    };
+    let req = VacuumRequest {
+        retention_seconds,
+        allow_shorter_retention,
+        now_ms: dataset::local::now_ms(),
+    };
+    let out = py
+        .detach(|| {
+            dataset::local::vacuum_dir(std::path::Path::new(path), &req, dry_run, &mut |_| {})
+        })
+        .map_err(|e| ManifestError::new_err(format!("vacuum: {e}")))?;
+    serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", m.py().get_type::<FormatError>())?;
@@ -200,5 +234,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
     m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(vacuum, m)?)?;
     Ok(())
 }

@@ -26,6 +26,7 @@ from ._native import VERSION as __version__
 
 __all__ = [
     "open_dataset",
+    "vacuum",
     "Dataset",
     "SafetensorsSparkError",
     "ManifestError",
@@ -36,6 +37,23 @@ __all__ = [
     "StateError",
     "__version__",
 ]
+
+
+def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
+    """Deletes the shards of a local dataset that no version inside the retention period lists
+    (spec/dataset.md §5.8.1) and commits a ``vacuum`` version; ``dry_run`` only lists them.
+
+    ``retention``: ``"<n> seconds|minutes|hours|days"`` or ``"0"``; None for the dataset's own
+    (default 7 days). A shorter one than the dataset's needs ``allow_shorter_retention=True``.
+    Returns ``{"plan": {...}, "dry_run": bool, "version": int or None}``.
+    """
+    import json
+    import os
+
+    from . import _native
+
+    out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+    return json.loads(out)
 
 
 def __getattr__(name):
