@@ -68,9 +68,15 @@ private[spark] object DatasetVacuum {
     if (dryRun) return Outcome(dest, plan, None)
     Option(afterPlan).foreach(_())
     // names from the plan passed the shard-name trust rule (spec/dataset.md §5.4)
-    plan.get("shards").elements().asScala.foreach(f => fs.delete(new Path(dest, f.get("name").asText()), false))
+    // a file that cannot be deleted stops the vacuum before the log is pruned: the next vacuum
+    // finds the same candidates
+    def delete(p: Path): Unit =
+      if (!fs.delete(p, false) && fs.exists(p)) {
+        throw new java.io.IOException(s"safetensors: vacuum could not delete $p; nothing of the log was pruned")
+      }
+    plan.get("shards").elements().asScala.foreach(f => delete(new Path(dest, f.get("name").asText())))
     plan.get("index_parts").elements().asScala
-      .foreach(f => fs.delete(new Path(indexDir, f.get("name").asText()), false))
+      .foreach(f => delete(new Path(indexDir, f.get("name").asText())))
     plan.get("prune_versions").elements().asScala
       .foreach(v => fs.delete(new Path(logDir, DatasetCommit.logName(v.asLong())), false))
     val id = s"vacuum-${UUID.randomUUID()}"
