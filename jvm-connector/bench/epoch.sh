@@ -19,23 +19,6 @@ if ! ls "$ROOT"/jvm-connector/target/safetensors-spark-*.jar >/dev/null 2>&1; th
   echo "== building the connector jar (cargo + maven)" >&2
   (cd "$ROOT" && mvn -B -q -f jvm-connector/pom.xml package -DskipTests)
 fi
-base_site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-mkdir -p "$HERE/.venv"
-for name in petastorm streaming hf; do
-  dir=$HERE/.venv/$name
-  req=$HERE/loaders/$name.txt
-  want=$( (echo "$base_site"; sha256sum "$req") | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$dir/.stamp" 2>/dev/null)" = "$want" ]; then continue; fi
-  echo "== making the $name venv ($dir)" >&2
-  rm -rf "$dir" "$HERE/.venv/$name.unavailable"
-  "$PYTHON" -m venv --without-pip "$dir" 2>/dev/null || python3 -m venv --without-pip "$dir"
-  site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo "$base_site" > "$site/zz_project_venv.pth"   # after the overlay's own site-packages
-  if ! "$dir/bin/python" -m pip install -q --disable-pip-version-check -r "$req" > "$dir.pip.log" 2>&1; then
-    { echo "pip could not install $req:"; grep -E 'ERROR|error' "$dir.pip.log" | tail -3; } > "$HERE/.venv/$name.unavailable"
-    cat "$HERE/.venv/$name.unavailable" >&2
-    continue
-  fi
-  echo "$want" > "$dir/.stamp"
-done
+source "$HERE/loaders/venvs.sh"
+make_loader_venvs petastorm streaming hf
 exec "$PYTHON" "$HERE/epoch.py" run "$@"

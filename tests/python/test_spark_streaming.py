@@ -100,6 +100,9 @@ def test_batch_mode_stream_restart_and_replay(spark, tmp_path):
     assert run(spark, inp, out, ck, BATCH_SCHEMA, batch_size=4) == qid
     m = manifest(out)
     assert m["stream_commits"] == {qid: 2}
+    # each micro-batch is one version recording what and who (dataset.md §5.8)
+    assert (m["operation"], m["app_id"]) == ("stream_batch", spark.sparkContext.applicationId)
+    assert all(len(s["crc32c"]) == 8 for s in m["shards"])
     want = [(i, (float(i), -float(i))) for i in range(30)]
     assert sample_rows(spark, out) == want
     assert st_rows(out) == want

@@ -86,6 +86,25 @@ def batch_mode(spark, df, out):
     return len(files)
 
 
+def ragged_read(spark, out):
+    """A ragged dataset built by hand (tests/python/ragged_data.py) reads back per sample."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+    from ragged_data import Column, build_dataset
+    columns = {"id": Column("fixed", "I64"), "tokens": Column("array", "I32"),
+               "boxes": Column("array", "F32", [2]), "text": Column("string")}
+    rows = {"id": [np.int64(i) for i in range(5)],
+            "tokens": [np.arange(i, dtype=np.int32) for i in range(5)],
+            "boxes": [np.full((i % 3, 2), i, np.float32) for i in range(5)],
+            "text": ["", "a", "é字", "😀", "xyz"]}
+    build_dataset(out, columns, [rows], padded=[2])
+    back = spark.read.format("safetensors").option("read_batch_rows", "2").load(str(out))
+    types = [f.dataType.simpleString() for f in back.schema.fields]
+    check(types == ["bigint", "array<int>", "array<array<float>>", "string"], f"ragged read: types {types}")
+    got = sorted((r.id, list(r.tokens), [list(b) for b in r.boxes], r.text) for r in back.collect())
+    want = [(i, list(range(i)), [[float(i)] * 2] * (i % 3), rows["text"][i]) for i in range(5)]
+    check(got == want, f"ragged read: rows differ\n got  {got}\n want {want}")
+
+
 def kv_mode(spark, df, out):
     df.select("k", "x", "y").write.format("safetensors").option("name_col", "k").save(str(out))
     # Spark's read path (per-tensor layout): one row per key and column, raw bytes and shape.
@@ -139,11 +158,12 @@ def main():
         shown = sql_tab_values(spark, "safetensors rows written")
         check(shown == [str(ROWS)], f"SQL tab: 'safetensors rows written' of the batch write: {shown}")
         n_kv = kv_mode(spark, df, work / "kv")
+        ragged_read(spark, work / "ragged")
         # the extensions class's functions
         (v,) = spark.sql("SELECT st_to_array(arr_to_st(array(array(1.5f, -2.0f), array(0.25f, 8.0f)), 'BF16')) AS v").first()
         check(v == [[1.5, -2.0], [0.25, 8.0]], f"arr_to_st/st_to_array: {v}")
         print(f"spark-lines smoke: Spark {version}, jar {Path(jar).name}: "
-              f"batch write+read ({n_batch} shards) and KV write+read ({n_kv} shards) OK")
+              f"batch write+read ({n_batch} shards), KV write+read ({n_kv} shards) and a ragged read OK")
     finally:
         spark.stop()
 

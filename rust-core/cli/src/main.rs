@@ -2,7 +2,12 @@
 //!
 //! ```text
 //! safetensors-spark inspect FILE...   per file, JSON: metadata and each tensor's dtype, shape, offsets
-//! safetensors-spark validate FILE...  exit 0 if every file is valid, else 1; prints `FILE: <error>`
+//! safetensors-spark validate PATH...  exit 0 if every file is valid, else 1; prints `FILE: <error>`;
+//!                                     a dataset directory: every version in its manifest log
+//!                                     (shards present, sizes, CRC-32C where recorded)
+//! safetensors-spark history [--json] DATASET
+//!                                     one line per version: time, operation, rows and bytes
+//!                                     added/removed, writer (spec/dataset.md §5.8)
 //! safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
 //!                                     forensic report per file and per sharded checkpoint
 //!                                     (spec/forensics.md); exit 0 clean, 1 warnings, 2 errors
@@ -13,6 +18,7 @@
 
 mod report;
 
+use safetensors_spark_dataset::versions::{format_ms, history_dir, validate_dir};
 use safetensors_spark_format::file::read_header;
 use safetensors_spark_format::forensics::metadata::escape;
 use safetensors_spark_format::header::Header;
@@ -20,7 +26,8 @@ use serde_json::{json, Value};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: safetensors-spark inspect FILE...
-       safetensors-spark validate FILE...
+       safetensors-spark validate FILE|DATASET...
+       safetensors-spark history [--json] DATASET
        safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
        safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET";
 
@@ -31,6 +38,7 @@ fn main() -> ExitCode {
         Some((cmd, files)) if cmd == "validate" && !files.is_empty() => validate(files),
         Some((cmd, rest)) if cmd == "report" => report::run(rest, USAGE),
         Some((cmd, rest)) if cmd == "vacuum" => vacuum(rest),
+        Some((cmd, rest)) if cmd == "history" => history(rest),
         Some((cmd, _)) if cmd == "--help" || cmd == "-h" => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -97,9 +105,98 @@ fn inspect(files: &[String]) -> ExitCode {
     }
 }
 
+fn history(args: &[String]) -> ExitCode {
+    let json = args.iter().any(|a| a == "--json");
+    let rest: Vec<&String> = args.iter().filter(|a| *a != "--json").collect();
+    let [dir] = rest.as_slice() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rows = match history_dir(std::path::Path::new(dir.as_str())) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("{}", shown(format_args!("{dir}: {e}")));
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(t) => println!("{t}"),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    println!("version  committed_at                 operation     rows +/-            bytes +/-             writer");
+    for r in rows {
+        let op = r
+            .operation
+            .and_then(|o| serde_json::to_value(o).ok())
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| "-".to_string());
+        let mut writer = r.created_by.clone().unwrap_or_default();
+        if let Some(a) = &r.app_id {
+            writer.push_str(&format!(" app={a}"));
+        }
+        if let Some(m) = &r.commit_message {
+            writer.push_str(&format!(" message={m:?}"));
+        }
+        println!(
+            "{}",
+            shown(format_args!(
+                "{:<8} {:<28} {:<13} +{}/-{:<12} +{}/-{:<14} {}",
+                r.version,
+                format_ms(r.committed_at_ms),
+                op,
+                r.rows_added,
+                r.rows_removed,
+                r.bytes_added,
+                r.bytes_removed,
+                writer
+            ))
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `validate DATASET`: every version in the log; true when all are as written.
+fn validate_dataset(dir: &str) -> bool {
+    match validate_dir(std::path::Path::new(dir)) {
+        Ok(checks) => {
+            let mut ok = true;
+            for c in checks {
+                match &c.error {
+                    None => println!(
+                        "{}",
+                        shown(format_args!(
+                            "{dir}: version {}: ok ({} shards, {} with CRC-32C verified)",
+                            c.version, c.shards, c.verified
+                        ))
+                    ),
+                    Some(e) => {
+                        ok = false;
+                        println!("{}", shown(format_args!("{dir}: {e}")));
+                    }
+                }
+            }
+            ok
+        }
+        Err(e) => {
+            println!("{}", shown(format_args!("{dir}: {e}")));
+            false
+        }
+    }
+}
+
 fn validate(files: &[String]) -> ExitCode {
     let mut ok = true;
     for path in files {
+        if std::path::Path::new(path).is_dir() {
+            ok &= validate_dataset(path);
+            continue;
+        }
         match read_header(path) {
             Ok(h) => println!(
                 "{}",

@@ -11,8 +11,11 @@
 //!   build index rows from the write path's reports, live in the engine crate.
 //! * [`vacuum`] — retention and vacuum: which versions are retained, what a vacuum deletes;
 //!   [`local`] runs it (and the commit protocol) on a local directory.
+//! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
+//!   its shards (size, CRC-32C), the history, validating every version.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
+//! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
 
 #[cfg(feature = "index")]
 pub mod index;
@@ -20,7 +23,9 @@ pub mod kv;
 pub mod local;
 pub mod manifest;
 pub mod names;
+pub mod ragged;
 pub mod vacuum;
+pub mod versions;
 
 pub use manifest::{
     parse_manifest, DatasetMode, Manifest, ManifestExt, ManifestShard, TailStrategy,
@@ -41,6 +46,11 @@ pub enum DatasetError {
 
     #[error("cannot append to the existing dataset: {problem}")]
     AppendMismatch { problem: String },
+
+    /// A version that cannot be read as asked (spec/dataset.md §5.8): never committed, no
+    /// longer kept, a time before the first commit, or a listed shard missing or changed.
+    #[error("dataset version: {problem}")]
+    Version { problem: String },
 
     /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.7).
     #[error("streaming write: {problem}")]

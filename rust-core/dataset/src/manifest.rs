@@ -486,6 +486,15 @@ impl Manifest {
                     ));
                 }
                 for (name, t) in &self.schema.0 {
+                    if t.ragged.is_some() {
+                        // a ragged column's rows differ: no batch shape (spec/dataset.md §2.1)
+                        if t.shape.is_some() {
+                            return Err(invalid(format!(
+                                "column '{name}' is ragged, so its schema.shape must be null"
+                            )));
+                        }
+                        continue;
+                    }
                     if t.shape.as_ref().and_then(|s| s.first()) != Some(&batch) {
                         return Err(invalid(format!(
                             "column '{name}': in batch layout schema.shape is [batch_size, …sample shape], got {}",
@@ -502,6 +511,11 @@ impl Manifest {
                 }
                 if x.kv_separator.as_deref().is_none_or(str::is_empty) {
                     return Err(invalid("KV layout needs a non-empty kv_separator"));
+                }
+                if let Some((name, _)) = self.schema.0.iter().find(|(_, t)| t.ragged.is_some()) {
+                    return Err(invalid(format!(
+                        "column '{name}' is ragged, which only the batch layout stores"
+                    )));
                 }
             }
         }
@@ -600,6 +614,13 @@ fn describe(x: &ManifestExt) -> String {
     }
 }
 
+fn ragged_str(r: &Option<RaggedColumn>) -> String {
+    match r {
+        None => "fixed-shape".to_string(),
+        Some(r) => format!("ragged (inner shape {:?})", r.inner_shape),
+    }
+}
+
 fn shape_str(s: &Option<Vec<u64>>) -> String {
     s.as_ref()
         .map_or_else(|| "varying shapes".to_string(), |s| format!("{s:?}"))
@@ -662,6 +683,11 @@ pub fn next_manifest(
                 .and_then(|b| b.retention_seconds);
         }
         x.vacuumed = None;
+        x.operation = Some(match base {
+            None => Operation::Create,
+            Some(_) if append => Operation::Append,
+            Some(_) => Operation::Overwrite,
+        });
         // a stream's record outlives any write, an overwrite included: a replay of a batch the
         // stream committed before the overwrite must still change nothing (§5.7)
         if let Some(old) = base.and_then(|b| b.ext.as_ref()) {
@@ -721,6 +747,13 @@ fn merge_append(
                 return Err(mismatch(format!(
                     "column '{name}' is stored as {}, this write has {}",
                     t.dtype, n.dtype
+                )));
+            }
+            if t.ragged != n.ragged {
+                return Err(mismatch(format!(
+                    "column '{name}' is {} in the dataset, this write has it {}",
+                    ragged_str(&t.ragged),
+                    ragged_str(&n.ragged)
                 )));
             }
             if t.shape != n.shape {
@@ -834,7 +867,102 @@ pub fn next_stream_manifest(
     if let Some(x) = &mut out.ext {
         x.stream_commits
             .insert(batch.query_id.clone(), batch.batch_id);
+        if base.is_some() {
+            x.operation = Some(Operation::StreamBatch);
+        }
     }
     out.validate()?;
     Ok(out)
+}
+
+/// Longest `commit_message` a commit records (bytes of UTF-8).
+pub const MAX_COMMIT_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Who made a commit and when (spec/dataset.md §5.8), set on the next manifest by
+/// [`stamp_commit`] just before the version is created (again on each retry).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitInfo {
+    /// Milliseconds since the Unix epoch (UTC).
+    pub committed_at_ms: u64,
+    /// The write's `commit_message` option, verbatim.
+    #[serde(default)]
+    pub commit_message: Option<String>,
+    /// The Spark application id of the committing driver.
+    #[serde(default)]
+    pub app_id: Option<String>,
+}
+
+/// Checks the `commit_message` option: at most [`MAX_COMMIT_MESSAGE_BYTES`].
+pub fn check_commit_message(message: &str) -> Result<(), DatasetError> {
+    if message.len() > MAX_COMMIT_MESSAGE_BYTES {
+        return Err(invalid(format!(
+            "option commit_message is {} bytes; at most {MAX_COMMIT_MESSAGE_BYTES} are allowed",
+            message.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Records `info` in the next manifest `m` (this connector's): `committed_at_ms`,
+/// `commit_message` and `app_id` (the last two cleared when `info` has none).
+pub fn stamp_commit(m: &mut Manifest, info: &CommitInfo) -> Result<(), DatasetError> {
+    if let Some(msg) = &info.commit_message {
+        check_commit_message(msg)?;
+    }
+    let Some(x) = &mut m.ext else {
+        return Err(invalid("only this connector's manifests record a commit"));
+    };
+    x.committed_at_ms = Some(info.committed_at_ms);
+    x.commit_message = info.commit_message.clone();
+    x.app_id = info.app_id.clone();
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Every optional field of a version survives a write and a read: a field the serialiser
+    /// forgot would be lost at the next commit.
+    #[test]
+    fn optional_fields_round_trip() {
+        let text = r#"{"format_version":"1.0","safetensors_version":"1.0","total_samples":2,
+            "total_bytes":100,"shards":[{"shard_path":"part-00000-0000-0a1b2c3d-0000-4000-8000-000000000000.safetensors",
+            "samples_count":2,"bytes":100,"partition":0,"padded_samples":0,"num_tensors":2,"crc32c":"0a1b2c3d"}],
+            "schema":{"tokens":{"dtype":"I32","shape":null,"ragged":{"inner_shape":[],"element":"array"}}},
+            "format":"safetensors-spark-dataset","created_by":"safetensors-spark 0.1.0","manifest_version":3,
+            "layout":"batch","batch_size":2,"tail_strategy":"write","kv_separator":null,"padded_samples":0,
+            "dropped_samples":0,"committed_at_ms":1764000000000,"operation":"vacuum","commit_message":"m",
+            "app_id":"local-1","retention_seconds":604800,"vacuumed":{"files":1,"bytes":10}}"#;
+        let m = parse_manifest(text).unwrap();
+        let again = serde_json::to_string(&m).unwrap();
+        assert_eq!(parse_manifest(&again).unwrap(), m);
+        let x = m.ext.as_ref().unwrap();
+        assert_eq!(x.operation, Some(Operation::Vacuum));
+        assert_eq!(
+            x.vacuumed,
+            Some(Vacuumed {
+                files: 1,
+                bytes: 10
+            })
+        );
+        assert_eq!(m.shards[0].crc32c.as_deref(), Some("0a1b2c3d"));
+        for field in [
+            "committed_at_ms",
+            "operation",
+            "commit_message",
+            "app_id",
+            "retention_seconds",
+            "vacuumed",
+            "crc32c",
+            "ragged",
+        ] {
+            assert!(
+                again.contains(&format!("\"{field}\"")),
+                "{field} not written: {again}"
+            );
+        }
+    }
 }

@@ -14,6 +14,9 @@ pub const INDEX_DIR_NAME: &str = "_tensor_index.parquet";
 pub const SAMPLES_METADATA_KEY: &str = "safetensors_spark.samples";
 /// Shard metadata key holding the number of padding rows in the shard.
 pub const PADDED_SAMPLES_METADATA_KEY: &str = "safetensors_spark.padded_samples";
+/// Shard `__metadata__` key (spec/dataset.md §4): the shard's ragged columns (§2.1), a JSON
+/// array of names in column order; present only when there is at least one.
+pub const RAGGED_METADATA_KEY: &str = "safetensors_spark.ragged";
 
 /// Shard file name for a partition, a per-task shard counter and the write id.
 pub fn shard_file_name(partition: u32, shard: u32, write_id: &str) -> String {

@@ -85,6 +85,7 @@ fn column(name: &str, field_index: usize, input: InputKind, dtype: Dtype) -> Col
         input,
         dtype: Some(dtype),
         sample_shape: None,
+        ragged: None,
     }
 }
 

@@ -94,6 +94,7 @@ fn main() {
             },
             dtype: Some(Dtype::F32),
             sample_shape: None,
+            ragged: None,
         }],
         metadata: BTreeMap::new(),
         generate_index: false,

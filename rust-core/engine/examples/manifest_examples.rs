@@ -65,6 +65,7 @@ fn batch_shard(p: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64) -
         samples: rows,
         padded_samples: pad,
         bytes: label.data_end,
+        crc32c: None,
         tensors: vec![label, pixels],
         num_tensors: None,
     }
@@ -81,6 +82,7 @@ fn batch_task(partition: u32, shards: Vec<ShardReport>, dropped: u64) -> TaskRep
                 ColumnReport {
                     dtype: Dtype::F16,
                     sample_shape: Some(vec![2, 2]),
+                    inner_shape: None,
                 },
             ),
             (
@@ -88,6 +90,7 @@ fn batch_task(partition: u32, shards: Vec<ShardReport>, dropped: u64) -> TaskRep
                 ColumnReport {
                     dtype: Dtype::I64,
                     sample_shape: Some(vec![]),
+                    inner_shape: None,
                 },
             ),
         ]),
@@ -125,6 +128,7 @@ fn kv_shard(p: &WritePlan, partition: u32, shard: u32, keys: &[(&str, u64)]) -> 
         samples: keys.len() as u64,
         padded_samples: 0,
         bytes: at,
+        crc32c: None,
         tensors,
         num_tensors: None,
     }
@@ -141,6 +145,7 @@ fn kv_task(partition: u32, shards: Vec<ShardReport>, side: Option<u64>) -> TaskR
                 ColumnReport {
                     dtype: Dtype::F32,
                     sample_shape: side.map(|s| vec![s, s]),
+                    inner_shape: None,
                 },
             ),
             (
@@ -148,6 +153,7 @@ fn kv_task(partition: u32, shards: Vec<ShardReport>, side: Option<u64>) -> TaskR
                 ColumnReport {
                     dtype: Dtype::I64,
                     sample_shape: Some(vec![]),
+                    inner_shape: None,
                 },
             ),
         ]),

@@ -69,6 +69,7 @@ fn plan() -> WritePlan {
             },
             dtype: Some(Dtype::F32),
             sample_shape: None,
+            ragged: None,
         }],
         metadata: BTreeMap::new(),
         generate_index: false,

@@ -19,6 +19,65 @@ pub struct WrittenFile {
     pub tensors: Vec<TensorInfo>,
     /// Absolute offset of the data section (8 + N).
     pub data_start: u64,
+    /// CRC-32C (Castagnoli) of the whole file, computed from the bytes as they were written
+    /// (no second read; spec/dataset.md §5 `shards[].crc32c`).
+    pub crc32c: u32,
+}
+
+/// A [`Write`] that keeps the CRC-32C (Castagnoli, hardware accelerated where the CPU has it)
+/// of every byte written through it. [`FileWriter`] puts it under its buffer, so the checksum is
+/// updated once per flushed buffer, not per small write.
+#[derive(Debug)]
+pub struct Crc32cWriter<W> {
+    inner: W,
+    crc: u32,
+}
+
+impl<W> Crc32cWriter<W> {
+    pub fn new(inner: W) -> Self {
+        Crc32cWriter { inner, crc: 0 }
+    }
+
+    /// The CRC-32C of the bytes written so far.
+    pub fn crc32c(&self) -> u32 {
+        self.crc
+    }
+
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+impl<W: Write> Write for Crc32cWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The way a CRC-32C is written in a manifest: 8 lowercase hex digits.
+pub fn crc32c_hex(crc: u32) -> String {
+    format!("{crc:08x}")
+}
+
+/// The CRC-32C of everything `r` yields, read in 1 MiB chunks.
+pub fn crc32c_of(mut r: impl Read) -> std::io::Result<u32> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut crc = 0u32;
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => return Ok(crc),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+    }
 }
 
 /// Streams one safetensors file: the header is fixed up front from the tensors' names, dtypes
@@ -28,7 +87,7 @@ pub struct WrittenFile {
 pub struct FileWriter {
     dest: PathBuf,
     tmp: PathBuf,
-    out: Option<BufWriter<File>>,
+    out: Option<BufWriter<Crc32cWriter<File>>>,
     plan: FilePlan,
     /// Length of the prefix and header (written first; its bytes are not kept).
     header_len: u64,
@@ -67,7 +126,7 @@ impl FileWriter {
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
         let mut writer = FileWriter {
             dest,
-            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            out: Some(BufWriter::with_capacity(1 << 20, Crc32cWriter::new(file))),
             tmp,
             header_len: plan.header_bytes.len() as u64,
             plan,
@@ -86,14 +145,14 @@ impl FileWriter {
         dest: impl AsRef<Path>,
         data_len: u64,
         buffer: usize,
-        write_header: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<u64, FormatError>,
+        write_header: impl FnOnce(&mut BufWriter<Crc32cWriter<File>>, &Path) -> Result<u64, FormatError>,
     ) -> Result<Self, FormatError> {
         let dest = dest.as_ref().to_path_buf();
         let tmp = temp_sibling(&dest);
         let file = File::create(&tmp).map_err(|e| FormatError::io(&tmp, e))?;
         let mut writer = FileWriter {
             dest,
-            out: Some(BufWriter::with_capacity(buffer, file)),
+            out: Some(BufWriter::with_capacity(buffer, Crc32cWriter::new(file))),
             tmp,
             header_len: 0,
             plan: FilePlan {
@@ -183,8 +242,11 @@ impl FileWriter {
             FormatError::io(&self.tmp, std::io::Error::other("writer already finished"))
         })?;
         let tmp = std::mem::take(&mut self.tmp);
-        let file = match out.into_inner() {
-            Ok(file) => file,
+        let (file, crc) = match out.into_inner() {
+            Ok(w) => {
+                let crc = w.crc32c();
+                (w.into_inner(), crc)
+            }
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
                 return Err(FormatError::io(&tmp, e.into_error()));
@@ -200,6 +262,7 @@ impl FileWriter {
             bytes: self.header_len + self.plan.data_len,
             tensors: std::mem::take(&mut self.plan.tensors),
             data_start: self.header_len,
+            crc32c: crc,
         };
         Ok((written, pending))
     }
@@ -600,6 +663,35 @@ mod tests {
         ));
         fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    /// The writer's CRC-32C is the file's, computed as it wrote (header streamed by
+    /// `create_with_header` included); the algorithm is Castagnoli's (check value of RFC 3720).
+    #[test]
+    fn writer_crc32c_is_the_files() {
+        assert_eq!(crc32c_of(&b"123456789"[..]).unwrap(), 0xe306_9283);
+        assert_eq!(crc32c_hex(0xe306_9283), "e3069283");
+        let dir = tempdir("crc");
+        let path = dir.join("a.safetensors");
+        let a: Vec<u8> = (0..=255).cycle().take(3 << 20).collect();
+        let written =
+            write_file(&path, None, &[(entry("a", Dtype::U8, &[3 << 20]), &a[..])]).unwrap();
+        let on_disk = crc32c_of(fs::File::open(&path).unwrap()).unwrap();
+        assert_eq!(written.crc32c, on_disk);
+        let copy = dir.join("b.safetensors");
+        let meta = BTreeMap::from([("k".into(), "v".into())]);
+        let c = copy_tensors(&path, &copy, Some(&meta), |_| true).unwrap();
+        assert_eq!(c.crc32c, crc32c_of(fs::File::open(&copy).unwrap()).unwrap());
+        assert_ne!(c.crc32c, written.crc32c);
+        let header = fs::read(&path).unwrap()[..written.data_start as usize].to_vec();
+        let streamed = dir.join("c.safetensors");
+        let mut w = FileWriter::create_with_header(&streamed, 3 << 20, 4096, |out, _| {
+            out.write_all(&header).unwrap();
+            Ok(header.len() as u64)
+        })
+        .unwrap();
+        w.write(&a).unwrap();
+        assert_eq!(w.finish().unwrap().crc32c, on_disk);
     }
 
     #[test]

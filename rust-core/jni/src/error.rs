@@ -126,6 +126,8 @@ impl From<ReadError> for JniError {
             | ReadErrorKind::RowRange { .. }
             | ReadErrorKind::RowCount { .. }
             | ReadErrorKind::MissingTensor
+            | ReadErrorKind::RaggedOffsets(_)
+            | ReadErrorKind::NotUtf8 { .. }
             | ReadErrorKind::ReservedMetadata { .. }
             | ReadErrorKind::Corrupt(_)
             | ReadErrorKind::Changed(_) => JniError::Format(msg),

@@ -29,6 +29,7 @@ use ::jni::{jni_str, Env, EnvUnowned};
 mod error;
 mod functions_api;
 mod reader_api;
+mod versions_api;
 mod writer_api;
 
 pub use error::{exception_for, panic_message, JavaException, JniError, PANIC_MESSAGE_PREFIX};

@@ -20,8 +20,8 @@ use super::{
 use safetensors_spark_engine::write::{ShardReport, TaskReport, WriteMode, WritePlan};
 
 use safetensors_spark_dataset::manifest::{
-    next_manifest, next_stream_manifest, parse_manifest, stream_batch_committed, superseded_shards,
-    ShardReplacement, StreamBatch,
+    next_manifest, next_stream_manifest, parse_manifest, stamp_commit, stream_batch_committed,
+    superseded_shards, CommitInfo, ShardReplacement, StreamBatch,
 };
 use safetensors_spark_dataset::names::{MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
 use safetensors_spark_dataset::vacuum::{
@@ -236,6 +236,7 @@ pub fn next_manifest_json(
     write_manifest_json: &str,
     append: bool,
     replacements_json: Option<&str>,
+    commit_info_json: Option<&str>,
 ) -> Result<String, JniError> {
     let replacements: Vec<ShardReplacement> = match replacements_json {
         Some(j) => parse_json(j, "shard replacements")?,
@@ -246,28 +247,37 @@ pub fn next_manifest_json(
     })?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
-    let next = next_manifest(base.as_ref(), &new, append, &replacements)?;
-    commit_answer(base.as_ref(), next)
+    let mut next = next_manifest(base.as_ref(), &new, append, &replacements)?;
+    stamp(&mut next, commit_info_json)?;
+    commit_answer(base.as_ref(), &next)
 }
 
-/// What a commit attempt needs from `next` (built on `base`), stamped with the time now (just
-/// before the version is created): `{"manifest", "version", "superseded", "retain"}`.
-/// `superseded`: the shards `base` lists and `next` does not. `retain`: the dataset's retention
-/// is not 0, so by spec/dataset.md §5.8.1 they should stay until a vacuum; the JVM does not act
-/// on it yet (it still deletes them and prunes the log, as with retention 0).
-fn commit_answer(base: Option<&Manifest>, mut next: Manifest) -> Result<String, JniError> {
-    if let Some(x) = &mut next.ext {
-        x.committed_at_ms = Some(safetensors_spark_dataset::local::now_ms());
-    }
+/// What a commit attempt needs from `next` (built on `base`, stamped):
+/// `{"manifest", "version", "superseded", "retain"}`. `superseded`: the shards `base` lists and
+/// `next` does not. `retain`: the dataset's retention is not 0, so by spec/dataset.md §5.8.1 they
+/// stay until a vacuum (and the log is not pruned).
+fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<String, JniError> {
     let superseded: Vec<&str> = base
-        .map(|b| superseded_shards(b, &next))
+        .map(|b| superseded_shards(b, next))
         .unwrap_or_default();
     to_json(&json!({
         "manifest": next.to_json_pretty().map_err(failed)?,
         "version": next.manifest_version(),
         "superseded": superseded,
-        "retain": !deletes_at_commit(&next),
+        "retain": !deletes_at_commit(next),
     }))
+}
+
+/// Records the commit's time and writer (`commitInfoJson`: a [`CommitInfo`]) in `next`.
+fn stamp(
+    next: &mut safetensors_spark_dataset::Manifest,
+    commit_info_json: Option<&str>,
+) -> Result<(), JniError> {
+    if let Some(j) = commit_info_json {
+        let info: CommitInfo = parse_json(j, "commit info")?;
+        stamp_commit(next, &info)?;
+    }
+    Ok(())
 }
 
 /// A micro-batch of a streaming query from its JNI arguments (a negative id is refused).
@@ -299,6 +309,7 @@ pub fn next_stream_manifest_json(
     write_manifest_json: &str,
     replacements_json: Option<&str>,
     batch: &StreamBatch,
+    commit_info_json: Option<&str>,
 ) -> Result<String, JniError> {
     let replacements: Vec<ShardReplacement> = match replacements_json {
         Some(j) => parse_json(j, "shard replacements")?,
@@ -309,8 +320,9 @@ pub fn next_stream_manifest_json(
     })?;
     let new = parse_manifest(write_manifest_json)
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
-    let next = next_stream_manifest(base.as_ref(), &new, &replacements, batch)?;
-    commit_answer(base.as_ref(), next)
+    let mut next = next_stream_manifest(base.as_ref(), &new, &replacements, batch)?;
+    stamp(&mut next, commit_info_json)?;
+    commit_answer(base.as_ref(), &next)
 }
 
 /// `checkManifest`: parses and validates a dataset's current manifest (every shard name passes
@@ -629,16 +641,19 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'
     write_manifest: JString<'local>,
     append: jboolean,
     replacements: JString<'local>,
+    commit_info: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
         let replacements = opt_arg(env, &replacements)?;
+        let commit_info = opt_arg(env, &commit_info)?;
         let json = next_manifest_json(
             base.as_deref(),
             &write_manifest,
             append,
             replacements.as_deref(),
+            commit_info.as_deref(),
         )?;
         new_string(env, &json)
     })
@@ -670,17 +685,20 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamMani
     replacements: JString<'local>,
     query_id: JString<'local>,
     batch_id: jlong,
+    commit_info: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
         let replacements = opt_arg(env, &replacements)?;
         let batch = stream_batch(arg(env, &query_id, "queryId")?, batch_id)?;
+        let commit_info = opt_arg(env, &commit_info)?;
         let json = next_stream_manifest_json(
             base.as_deref(),
             &write_manifest,
             replacements.as_deref(),
             &batch,
+            commit_info.as_deref(),
         )?;
         new_string(env, &json)
     })

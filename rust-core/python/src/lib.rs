@@ -6,7 +6,11 @@
 use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
 use safetensors_spark_dataset::kv;
+use safetensors_spark_dataset::manifest::{RaggedColumn, RaggedElement};
+use safetensors_spark_dataset::ragged;
+use safetensors_spark_dataset::versions;
 use safetensors_spark_format::header;
+use safetensors_spark_format::Dtype;
 
 pyo3::create_exception!(
     _native,
@@ -125,6 +129,28 @@ impl PyHeader {
             .map_err(FormatError::new_err::<String>)
     }
 
+    /// Batch shards: checks the values and offsets tensors of ragged column `column` (schema
+    /// dtype `dtype`, inner shape `inner_shape`) in a shard of `rows` rows
+    /// (`dataset::ragged::check_ragged_tensors`); returns the values' element count.
+    /// `FormatError` names the tensor and what breaks.
+    fn check_ragged(
+        &self,
+        column: &str,
+        dtype: &str,
+        inner_shape: Vec<u64>,
+        rows: u64,
+    ) -> PyResult<u64> {
+        let dtype = Dtype::from_name(dtype).ok_or_else(|| {
+            FormatError::new_err(format!("column '{column}': unknown dtype {dtype}"))
+        })?;
+        let ragged = RaggedColumn {
+            inner_shape,
+            element: RaggedElement::Array,
+        };
+        ragged::check_ragged_tensors(&self.header, column, dtype, &ragged, rows)
+            .map_err(FormatError::new_err)
+    }
+
     /// Checks an index row against this header (`dataset::kv::check_index_entry`: same name,
     /// dtype, shape and byte range; a KV row's `sample_key` and `column` make up its name) and
     /// returns the header's tensor as `(name, dtype, shape, data_start, data_end)`;
@@ -176,6 +202,32 @@ fn live_bytes() -> usize {
     safetensors_spark_format::alloc_stats::live_bytes()
 }
 
+/// Checks the offsets of ragged column `column` (`offsets`: the `c.offsets` tensor's bytes,
+/// little-endian I64) against its values' element count `elements`
+/// (`dataset::ragged::check_offsets`); `FormatError` names the column and the first bad row.
+#[pyfunction]
+fn check_ragged_offsets(
+    py: Python<'_>,
+    column: &str,
+    offsets: &[u8],
+    elements: u64,
+) -> PyResult<()> {
+    if !offsets.len().is_multiple_of(8) {
+        return Err(FormatError::new_err(format!(
+            "column '{column}': offsets of {} bytes are not whole I64 values",
+            offsets.len()
+        )));
+    }
+    py.detach(|| {
+        let values: Vec<i64> = offsets
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
+        ragged::check_offsets(column, &values, elements)
+    })
+    .map_err(FormatError::new_err)
+}
+
 #[pyfunction]
 fn check_shard_path(name: &str) -> PyResult<()> {
     dataset::check_shard_path(name).map_err(|e| ManifestError::new_err(e.to_string()))
@@ -220,6 +272,70 @@ fn vacuum(
         })
         .map_err(|e| ManifestError::new_err(format!("vacuum: {e}")))?;
     serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
+/// The version to read among the listed `_manifest_log/` entries (`entries_json`: `[{"version",
+/// "modified_ms", "text"?}]`, texts needed for a timestamp): `version` / `timestamp` as text,
+/// exactly one (spec/dataset.md §5.8).
+#[pyfunction]
+#[pyo3(signature = (entries_json, version=None, timestamp=None))]
+fn select_version(
+    entries_json: &str,
+    version: Option<&str>,
+    timestamp: Option<&str>,
+) -> PyResult<u64> {
+    let err = |e: dataset::DatasetError| ManifestError::new_err(e.to_string());
+    let spec = versions::version_spec(version, timestamp).map_err(err)?;
+    let entries: Vec<versions::ListedEntry> =
+        serde_json::from_str(entries_json).map_err(|e| ManifestError::new_err(e.to_string()))?;
+    versions::select_listed(&entries, spec).map_err(err)
+}
+
+/// Checks the shards version `version` (manifest text `manifest`) lists against `found_json`
+/// (`{shard: size}`, a missing shard absent): an error naming the version and shard.
+#[pyfunction]
+fn check_version_shards(manifest: &str, version: u64, found_json: &str) -> PyResult<()> {
+    let err = |e: dataset::DatasetError| ManifestError::new_err(e.to_string());
+    let m = dataset::parse_manifest(manifest).map_err(err)?;
+    let found: std::collections::BTreeMap<String, u64> =
+        serde_json::from_str(found_json).map_err(|e| ManifestError::new_err(e.to_string()))?;
+    versions::check_listed_shards(&m, version, &found).map_err(err)
+}
+
+/// The history rows (JSON array text) of the listed entries (every text given).
+#[pyfunction]
+fn history(entries_json: &str) -> PyResult<String> {
+    let err = |e: String| ManifestError::new_err(e);
+    let entries: Vec<versions::ListedEntry> =
+        serde_json::from_str(entries_json).map_err(|e| err(e.to_string()))?;
+    let rows = versions::history_listed(&entries).map_err(|e| err(e.to_string()))?;
+    serde_json::to_string(&rows).map_err(|e| err(e.to_string()))
+}
+
+/// CRC-32C of a local file as the manifest records it (8 lowercase hex digits).
+#[pyfunction]
+fn file_crc32c(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    py.detach(|| versions::file_crc32c(&path))
+        .map_err(|e| ManifestError::new_err(e.to_string()))
+}
+
+/// CRC-32C of bytes (a remote shard fetched whole), as the manifest records it.
+#[pyfunction]
+fn crc32c_hex(data: &[u8]) -> String {
+    safetensors_spark_format::file::crc32c_hex(crc32c_of_bytes(data))
+}
+
+fn crc32c_of_bytes(data: &[u8]) -> u32 {
+    safetensors_spark_format::file::crc32c_of(data).unwrap_or_default()
+}
+
+/// Every version in a local dataset's log checked (`safetensors-spark validate`): a JSON array
+/// of `{"version", "shards", "verified", "error"}`.
+#[pyfunction]
+fn validate_dataset(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    py.detach(|| {
+        let checks = versions::validate_dir(&path).map_err(|e| e.to_string())?;
+        serde_json::to_string(&checks).map_err(|e| e.to_string())
+    })
+    .map_err(ManifestError::new_err)
 }
 
 #[pymodule]
@@ -235,5 +351,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(vacuum, m)?)?;
+    m.add_function(wrap_pyfunction!(check_ragged_offsets, m)?)?;
+    m.add_function(wrap_pyfunction!(select_version, m)?)?;
+    m.add_function(wrap_pyfunction!(check_version_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(history, m)?)?;
+    m.add_function(wrap_pyfunction!(file_crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(crc32c_hex, m)?)?;
+    m.add_function(wrap_pyfunction!(validate_dataset, m)?)?;
     Ok(())
 }

@@ -57,6 +57,59 @@ def write_batch_dataset(path, shard_sizes, *, batch_size=None, padded=None, colu
     return list(range(offset))
 
 
+def write_ragged_dataset(path, shard_sizes, columns, *, padded=None, batch_size=None):
+    """Batch layout with ragged columns, by the convention of spec/dataset.md §2.1 (the one
+    builder of such datasets for the package's tests, until a Spark write replaces it).
+    ``columns``: column → ``("ragged", dtype, rows, element)`` (``rows``: one numpy array per
+    sample in global order, ``[length, *inner_shape]``; ``element``: array|binary|string) or
+    ``("fixed", dtype, array)`` (``[N, *sample shape]``). Shard k holds the next
+    ``shard_sizes[k]`` samples, then ``padded[k]`` pad rows (empty rows for a ragged column,
+    zeros for a fixed one). Returns the manifest."""
+    os.makedirs(path, exist_ok=True)
+    padded = padded or [0] * len(shard_sizes)
+    batch_size = batch_size or max(n + p for n, p in zip(shard_sizes, padded))
+    ragged_names = [c for c, spec in columns.items() if spec[0] == "ragged"]
+    shards, offset = [], 0
+    for k, (n, p) in enumerate(zip(shard_sizes, padded)):
+        tensors = {}
+        for c, spec in columns.items():
+            dt = _numpy_dtype(spec[1])
+            if spec[0] == "ragged":
+                rows = [np.asarray(r, dtype=dt) for r in spec[2][offset: offset + n]]
+                inner = tuple(np.asarray(spec[2][0]).shape[1:]) if spec[2] else ()
+                lengths = [len(r) for r in rows] + [0] * p
+                tensors[c] = np.concatenate(rows).astype(dt).reshape(-1, *inner) if rows \
+                    else np.zeros((0, *inner), dt)
+                tensors[f"{c}.offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            else:
+                a = np.asarray(spec[2][offset: offset + n], dtype=dt)
+                tensors[c] = np.concatenate([a, np.zeros((p, *a.shape[1:]), dt)])
+        meta = {"safetensors_spark.layout": "batch", "safetensors_spark.samples": str(n),
+                "safetensors_spark.padded_samples": str(p), "safetensors_spark.format_version": "1",
+                "safetensors_spark.write_id": WRITE_ID}
+        if ragged_names:
+            meta["safetensors_spark.ragged"] = json.dumps(ragged_names)
+        name = shard_name(k)
+        save_file(tensors, os.path.join(path, name), metadata=meta)
+        shards.append({"shard_path": name, "samples_count": n, "bytes": os.path.getsize(os.path.join(path, name)),
+                       "partition": k, "padded_samples": p, "num_tensors": len(tensors)})
+        offset += n
+    schema = {}
+    for c, spec in columns.items():
+        if spec[0] == "ragged":
+            inner = list(np.asarray(spec[2][0]).shape[1:]) if spec[2] else []
+            schema[c] = {"dtype": spec[1], "shape": None,
+                         "ragged": {"inner_shape": inner, "element": spec[3]}}
+        else:
+            schema[c] = {"dtype": spec[1], "shape": [batch_size, *np.asarray(spec[2]).shape[1:]]}
+    manifest = _manifest(shards, schema)
+    manifest.update(format="safetensors-spark-dataset", created_by="tests", manifest_version=1,
+                    layout="batch", batch_size=batch_size, tail_strategy="pad" if any(padded) else "write",
+                    kv_separator=None, padded_samples=sum(padded), dropped_samples=0)
+    write_manifest(path, manifest)
+    return manifest
+
+
 def write_kv_dataset(path, shard_keys, *, published_only=False, separator="__", metadata=True):
     """KV layout: key k gets emb = [len(k), hash] (F32, shape [2]) and label = index (I32)."""
     os.makedirs(path, exist_ok=True)
@@ -133,7 +186,8 @@ def _numpy_dtype(name):
         import ml_dtypes
 
         return ml_dtypes.bfloat16
-    return {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64}[name]
+    return {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64, "U8": np.uint8,
+            "U16": np.uint16, "I16": np.int16, "F16": np.float16}[name]
 
 
 def _manifest(shards, schema):

@@ -89,6 +89,15 @@ pub enum ReadErrorKind {
     #[error("no such tensor")]
     MissingTensor,
 
+    /// A ragged column whose offsets (or the metadata naming it) break the convention of
+    /// spec/dataset.md §2.1 (the error's `tensor` is the column).
+    #[error("ragged column: {0}")]
+    RaggedOffsets(String),
+
+    /// A `string` row whose bytes are not UTF-8 (`row`: the row within the file).
+    #[error("row {row} is not valid UTF-8 ({detail}); the column is read as string")]
+    NotUtf8 { row: u64, detail: String },
+
     #[error("reserved metadata `{key}` = `{value}`: {problem}")]
     ReservedMetadata {
         key: &'static str,

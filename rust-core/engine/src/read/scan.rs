@@ -52,14 +52,15 @@ use super::decode::{common_element, spark_element};
 use super::error::{ReadError, ReadErrorKind};
 use super::forensic_columns;
 use super::rows::{
-    batch_samples, sample_target_type, FileColumn, SampleTarget, TensorColumn, TensorField,
-    MODE_KEY,
+    batch_samples, ragged_columns, sample_target_type, FileColumn, SampleTarget, TensorColumn,
+    TensorField, MODE_KEY,
 };
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;
 use safetensors_spark_dataset::index::{
     lookup_sparse, read_index_from, IndexRow, KeyFilter, SparseFile, SparseLookup,
 };
+use safetensors_spark_dataset::manifest::{ragged_offsets_name, RaggedElement};
 use safetensors_spark_dataset::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME};
 use safetensors_spark_dataset::{parse_manifest, DatasetMode, Manifest};
 use safetensors_spark_format::dtype::Dtype;
@@ -360,11 +361,15 @@ pub enum ColumnSource {
     Decoded { element: ElementType },
     /// Per sample: tensor `tensor`'s samples (rank `rank`), decoded and widened to `element`
     /// nested `rank` times in arrays, or each sample's raw bytes when `element` is `binary`.
-    /// Nullable: null rows where the file lacks the tensor.
+    /// Nullable: null rows where the file lacks the tensor. `ragged`: a ragged column
+    /// (spec/dataset.md §2.1): each row is its slice of the values tensor `tensor`, bounded by
+    /// `<tensor>.offsets` (`rank` counts the row's own level; `string`: UTF-8 text).
     Sample {
         tensor: String,
         element: ElementType,
         rank: usize,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ragged: bool,
     },
     /// Per file: the Tensor Struct of `key` with `fields` (in that order); null where the file
     /// lacks the tensor.
@@ -385,8 +390,10 @@ pub enum ElementType {
     Long,
     Float,
     Double,
-    /// Raw bytes per sample (dtypes without a Spark element type).
+    /// Raw bytes per sample (dtypes without a Spark element type; ragged `binary` columns).
     Binary,
+    /// UTF-8 text per sample (ragged `string` columns).
+    String,
 }
 
 impl ElementType {
@@ -401,6 +408,7 @@ impl ElementType {
             ElementType::Float => DataType::Float32,
             ElementType::Double => DataType::Float64,
             ElementType::Binary => DataType::Binary,
+            ElementType::String => DataType::Utf8,
         }
     }
 
@@ -415,6 +423,7 @@ impl ElementType {
             DataType::Float32 => ElementType::Float,
             DataType::Float64 => ElementType::Double,
             DataType::Binary => ElementType::Binary,
+            DataType::Utf8 => ElementType::String,
             _ => return None,
         })
     }
@@ -422,6 +431,7 @@ impl ElementType {
     fn target(self) -> SampleTarget {
         match self {
             ElementType::Binary => SampleTarget::Bytes,
+            ElementType::String => SampleTarget::Text,
             e => SampleTarget::Values(e.arrow()),
         }
     }
@@ -489,9 +499,15 @@ impl ColumnSource {
                 tensor,
                 element,
                 rank,
+                ..
             } => Some((tensor, element.target(), *rank)),
             _ => None,
         }
+    }
+
+    /// A per-sample column read from a ragged column's values and offsets.
+    pub fn is_ragged(&self) -> bool {
+        matches!(self, ColumnSource::Sample { ragged: true, .. })
     }
 }
 
@@ -513,7 +529,12 @@ pub struct TensorAssumption {
     pub name: String,
     pub dtype: Dtype,
     /// The whole tensor's shape (per sample: leading dimension = samples + padded samples).
+    /// A ragged column's: `[rows, …inner shape]` (its values tensor has the inner shape after
+    /// a first dimension of any size, its offsets tensor `[rows + 1]`).
     pub shape: Vec<u64>,
+    /// Per sample: the column is ragged (spec/dataset.md §2.1), its rows read back as this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ragged: Option<RaggedElement>,
 }
 
 /// The part of a file a unit reads (JSON: an object with a `kind` tag).
@@ -778,8 +799,11 @@ struct SampleFile<'a> {
     entry: &'a Entry<'a>,
     samples: u64,
     padded: u64,
-    /// In the file's column order (manifest `tensors` order, else header order).
+    /// In the file's column order (manifest `tensors` order, else header order); a ragged
+    /// column once (its offsets tensor is no column).
     tensors: Vec<TensorAssumption>,
+    /// Estimated data bytes of one row of each ragged column (values and offsets).
+    ragged_row_bytes: HashMap<String, u64>,
 }
 
 impl SampleFile<'_> {
@@ -792,6 +816,7 @@ struct SampleColumn {
     name: String,
     element: ElementType,
     rank: usize,
+    ragged: bool,
 }
 
 enum ScanSchema<'a> {
@@ -808,7 +833,23 @@ enum ScanSchema<'a> {
 }
 
 fn describe_tensor(t: &TensorAssumption) -> String {
-    format!("{} {:?}", t.dtype, t.shape)
+    match t.ragged {
+        None => format!("{} {:?}", t.dtype, t.shape),
+        Some(e) => format!(
+            "a ragged {} column of {} with inner shape {:?}",
+            ragged_element_name(e),
+            t.dtype,
+            t.shape.get(1..).unwrap_or_default()
+        ),
+    }
+}
+
+fn ragged_element_name(e: RaggedElement) -> &'static str {
+    match e {
+        RaggedElement::Array => "array",
+        RaggedElement::Binary => "binary",
+        RaggedElement::String => "string",
+    }
 }
 
 /// The error names the later file (in URI order) and quotes the earlier one.
@@ -846,13 +887,26 @@ fn sample_file<'a>(
         };
         let rows = shard.samples_count.saturating_add(shard.padded());
         let mut tensors = Vec::with_capacity(m.schema.len());
+        let mut ragged_row_bytes = HashMap::new();
         for (name, t) in &m.schema.0 {
             let mut shape = vec![rows];
-            shape.extend(m.sample_shape(name).into_iter().flatten());
+            match &t.ragged {
+                Some(r) => {
+                    shape.extend(&r.inner_shape);
+                    // the values' size is in the shard's header only: the shard's bytes per row
+                    // bound it
+                    ragged_row_bytes.insert(
+                        name.clone(),
+                        shard.bytes.checked_div(rows).unwrap_or(0).saturating_add(8),
+                    );
+                }
+                None => shape.extend(m.sample_shape(name).into_iter().flatten()),
+            }
             tensors.push(TensorAssumption {
                 name: name.clone(),
                 dtype: t.dtype,
                 shape,
+                ragged: t.ragged.as_ref().map(|r| r.element),
             });
         }
         return Ok(Some(SampleFile {
@@ -860,19 +914,44 @@ fn sample_file<'a>(
             samples: shard.samples_count,
             padded: shard.padded(),
             tensors,
+            ragged_row_bytes,
         }));
     }
     let Some(h) = &e.header else {
         return Ok(None);
     };
     let (samples, padded) = batch_samples(uri, h)?;
+    let ragged = ragged_columns(uri, h)?;
+    let offsets: HashSet<String> = ragged.iter().map(|c| ragged_offsets_name(c)).collect();
+    let rows = samples.saturating_add(padded);
+    let mut ragged_row_bytes = HashMap::new();
     let tensors = h
         .tensors
         .iter()
-        .map(|t| TensorAssumption {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
+        .filter(|t| !offsets.contains(&t.name))
+        .map(|t| {
+            if !ragged.contains(&t.name) {
+                return assumption(t);
+            }
+            ragged_row_bytes.insert(
+                t.name.clone(),
+                (t.byte_len() / rows.max(1)).saturating_add(8),
+            );
+            let mut shape = vec![rows];
+            shape.extend(t.shape.iter().skip(1));
+            // A shard alone does not say what its rows were written from: bytes (U8 rows of
+            // scalars) read back as binary, the rest as arrays.
+            let element = if t.dtype == Dtype::U8 && t.shape.len() == 1 {
+                RaggedElement::Binary
+            } else {
+                RaggedElement::Array
+            };
+            TensorAssumption {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape,
+                ragged: Some(element),
+            }
         })
         .collect();
     Ok(Some(SampleFile {
@@ -880,6 +959,7 @@ fn sample_file<'a>(
         samples,
         padded,
         tensors,
+        ragged_row_bytes,
     }))
 }
 
@@ -908,9 +988,53 @@ fn sample_columns(files: &[SampleFile]) -> Result<Vec<SampleColumn>, ReadError> 
         let rank = first.1.shape.len().saturating_sub(1);
         if let Some(&other) = all
             .iter()
+            .find(|(_, t)| t.ragged.is_some() != first.1.ragged.is_some())
+        {
+            return Err(conflict(
+                name,
+                first,
+                other,
+                "a ragged column cannot share a column with a fixed-shape one",
+            ));
+        }
+        if let Some(&other) = all
+            .iter()
             .find(|(_, t)| t.shape.len() != first.1.shape.len())
         {
             return Err(conflict(name, first, other, "the samples' ranks differ"));
+        }
+        let ragged = first.1.ragged;
+        if let Some(&other) = all.iter().find(|(_, t)| t.ragged != ragged) {
+            return Err(conflict(
+                name,
+                first,
+                other,
+                "the rows are read back as different Spark types",
+            ));
+        }
+        if let Some(e @ (RaggedElement::Binary | RaggedElement::String)) = ragged {
+            if let Some(&other) = all
+                .iter()
+                .find(|(_, t)| t.dtype != Dtype::U8 || t.shape.len() != 1)
+            {
+                return Err(conflict(
+                    name,
+                    first,
+                    other,
+                    "a ragged binary or string column holds U8 bytes (inner shape [])",
+                ));
+            }
+            columns.push(SampleColumn {
+                name: name.to_owned(),
+                element: if e == RaggedElement::String {
+                    ElementType::String
+                } else {
+                    ElementType::Binary
+                },
+                rank: 0,
+                ragged: true,
+            });
+            continue;
         }
         let bytes_only: Vec<_> = all
             .iter()
@@ -973,10 +1097,18 @@ fn sample_columns(files: &[SampleFile]) -> Result<Vec<SampleColumn>, ReadError> 
                 }
             }
         };
+        // A ragged array's rows are nested once more than its elements; bytes-only dtypes give
+        // each row's bytes.
+        let rank = match (ragged, element) {
+            (None, _) => rank,
+            (Some(_), ElementType::Binary) => 0,
+            (Some(_), _) => rank + 1,
+        };
         columns.push(SampleColumn {
             name: name.to_owned(),
             element,
             rank,
+            ragged: ragged.is_some(),
         });
     }
     Ok(columns)
@@ -1013,6 +1145,10 @@ fn scan_schema<'a>(
                     if manifests.insert(mi) {
                         if let Some(m) = cat.manifests.get(mi) {
                             dtypes.extend(m.manifest.schema.0.iter().map(|(_, t)| t.dtype));
+                            // a ragged column's offsets tensor is I64 (not in the schema)
+                            if m.manifest.schema.0.iter().any(|(_, t)| t.ragged.is_some()) {
+                                dtypes.push(Dtype::I64);
+                            }
                         }
                     }
                     continue;
@@ -1089,6 +1225,7 @@ impl ScanSchema<'_> {
                                 tensor: c.name.clone(),
                                 element: c.element,
                                 rank: c.rank,
+                                ragged: c.ragged,
                             },
                         )
                     })
@@ -1326,6 +1463,7 @@ fn assumption(t: &safetensors_spark_format::header::TensorInfo) -> TensorAssumpt
         name: t.name.clone(),
         dtype: t.dtype,
         shape: t.shape.clone(),
+        ragged: None,
     }
 }
 
@@ -1363,9 +1501,12 @@ fn units(
                 }
                 let tensors: Vec<TensorAssumption> =
                     wanted.iter().filter_map(|n| f.tensor(n)).cloned().collect();
-                let row_bytes = tensors
-                    .iter()
-                    .fold(0u64, |a, t| a.saturating_add(sample_bytes(t)));
+                let row_bytes = tensors.iter().fold(0u64, |a, t| {
+                    a.saturating_add(match t.ragged {
+                        Some(_) => f.ragged_row_bytes.get(&t.name).copied().unwrap_or(8),
+                        None => sample_bytes(t),
+                    })
+                });
                 let per_unit = max_bytes
                     .checked_div(row_bytes)
                     .map_or(f.samples, |n| n.max(1));
@@ -1549,6 +1690,7 @@ fn tensor_files<'a>(
                             name: r.tensor_key.clone(),
                             dtype: r.dtype,
                             shape: r.shape.clone(),
+                            ragged: None,
                         },
                         r.data_end.saturating_sub(r.data_start),
                     )

@@ -39,7 +39,8 @@ use super::arrow_types::MAX_OFFSET;
 use super::error::{ReadError, ReadErrorKind};
 use super::forensic_columns;
 use super::rows::{
-    batch_samples, file_columns, metadata_column, row_byte_range, sample_column_as, tensor_columns,
+    batch_samples, file_columns, metadata_column, ragged_column, ragged_columns, ragged_offsets,
+    ragged_offsets_ranges, ragged_values_range, row_byte_range, sample_column_as, tensor_columns,
     FileColumn, SampleTarget, TensorColumn, TensorField,
 };
 use super::scan::{
@@ -48,6 +49,7 @@ use super::scan::{
 use super::TensorSource;
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use arrow_schema::{Schema, SchemaRef};
+use safetensors_spark_dataset::manifest::ragged_offsets_name;
 use safetensors_spark_format::file::SafetensorsFile;
 use safetensors_spark_format::forensics::hash;
 use safetensors_spark_format::header::{self, Header, TensorInfo, PREFIX_LEN};
@@ -115,6 +117,10 @@ struct Step {
     ranges: Vec<Range<u64>>,
     /// The batch needs the digest of the whole file (per-file `sha256`).
     whole_file_digest: bool,
+    /// Per sample with ragged columns: `ranges` are the offsets the rows `from..to` need (`to`
+    /// provisional); once they are read, [`ReadTask::resolve`] fixes `to` (the batch limits
+    /// count each row's values) and adds the other columns' and the values' ranges.
+    offsets_only: bool,
 }
 
 impl Source {
@@ -479,7 +485,32 @@ impl ReadTask {
                 unit.length
             )));
         }
+        let ragged = ragged_columns(uri, h)?;
         let same = |t: &TensorAssumption| -> Result<(), ReadError> {
+            if t.ragged.is_some() {
+                // the values' length is the file's own; its offsets were checked with the rows
+                let listed = ragged.contains(&t.name);
+                return match h.tensor(&t.name) {
+                    Some(a)
+                        if listed && a.dtype == t.dtype && a.shape.get(1..) == t.shape.get(1..) =>
+                    {
+                        Ok(())
+                    }
+                    None => {
+                        Err(ReadErrorKind::Changed("the tensor is missing".into()).at(uri, &t.name))
+                    }
+                    Some(a) => Err(ReadErrorKind::Changed(format!(
+                        "the tensor is {} {:?}{}, the plan assumed a ragged column of {} with \
+                         inner shape {:?}",
+                        a.dtype,
+                        a.shape,
+                        if listed { "" } else { " and not ragged" },
+                        t.dtype,
+                        t.shape.get(1..).unwrap_or_default()
+                    ))
+                    .at(uri, &t.name)),
+                };
+            }
             match h.tensor(&t.name) {
                 None => {
                     Err(ReadErrorKind::Changed("the tensor is missing".into()).at(uri, &t.name))
@@ -582,11 +613,13 @@ impl ReadTask {
         let batch_rows = self.spec.batch_rows.max(1);
         let mut ranges = Vec::new();
         let mut whole_file_digest = false;
+        let mut offsets_only = false;
         let to = match self.spec.layout {
             Layout::Sample => {
                 let mut max = batch_rows;
                 let mut row_bytes = 0u64;
                 let mut present = Vec::new();
+                let mut ragged = Vec::new();
                 for c in &self.spec.columns {
                     match &c.source {
                         ColumnSource::Sample { tensor, .. } => {
@@ -594,6 +627,16 @@ impl ReadTask {
                                 continue;
                             };
                             let at = |e: ReadErrorKind| e.at(uri, tensor);
+                            if c.source.is_ragged() {
+                                let name = ragged_offsets_name(tensor);
+                                let offsets = h.tensor(&name).ok_or_else(|| {
+                                    at(ReadErrorKind::RaggedOffsets(format!(
+                                        "the offsets tensor `{name}` is missing"
+                                    )))
+                                })?;
+                                ragged.push(offsets);
+                                continue;
+                            }
                             let rows = info.shape.first().copied().unwrap_or(0);
                             let one = row_byte_range(info, 0..rows.min(1)).map_err(at)?;
                             let bytes = one.end - one.start;
@@ -603,7 +646,7 @@ impl ReadTask {
                                 .sample_target()
                                 .ok_or_else(|| invalid(String::new()))?;
                             let per_row = match target {
-                                SampleTarget::Bytes => bytes,
+                                SampleTarget::Bytes | SampleTarget::Text => bytes,
                                 // The largest list level: rows · s1 · … · sj.
                                 SampleTarget::Values(_) => {
                                     let mut p = 1u64;
@@ -635,9 +678,19 @@ impl ReadTask {
                     max = max.min(n.max(1));
                 }
                 let to = from.saturating_add(max).min(open.end);
-                for info in present {
-                    let r = row_byte_range(info, from..to).map_err(|e| e.at(uri, &info.name))?;
-                    ranges.push(absolute(h, info, &r));
+                if ragged.is_empty() {
+                    for info in present {
+                        let r =
+                            row_byte_range(info, from..to).map_err(|e| e.at(uri, &info.name))?;
+                        ranges.push(absolute(h, info, &r));
+                    }
+                } else {
+                    offsets_only = true;
+                    for info in ragged {
+                        for r in ragged_offsets_ranges(info, &(from..to)) {
+                            ranges.push(absolute(h, info, &r));
+                        }
+                    }
                 }
                 to
             }
@@ -752,12 +805,145 @@ impl ReadTask {
             to,
             ranges: coalesce(ranges),
             whole_file_digest,
+            offsets_only,
         }))
     }
 
+    /// Completes a step whose offsets are read ([`Step::offsets_only`]): validates the offsets
+    /// of rows `from..to`, lowers `to` so that the batch keeps `batch_bytes` (at least one row)
+    /// and Arrow's 32-bit offsets (a row alone beyond them is an error naming it), and adds the
+    /// ranges of the fixed columns' rows and of the values those rows span. Returns the ranges
+    /// added.
+    fn resolve(&self, step: &mut Step) -> Result<Vec<Range<u64>>, ReadError> {
+        let (Some(open), Ok(unit)) = (
+            &self.open,
+            self.unit(self.open.as_ref().map_or(0, |o| o.unit)),
+        ) else {
+            return Err(invalid("no unit is open".into()));
+        };
+        let Some(source) = &open.source else {
+            return Ok(Vec::new());
+        };
+        let uri = unit.file.as_str();
+        let h = source.header();
+        let view = View {
+            name: uri,
+            source,
+            reads: RefCell::new(Vec::new()),
+        };
+        let (from, provisional) = (step.from, step.to);
+        let mut fixed = Vec::new();
+        let mut fixed_row_bytes = 0u64;
+        // per ragged column: values tensor, row offsets, per-row cost against the 32-bit offsets
+        let mut ragged = Vec::new();
+        for c in &self.spec.columns {
+            let Some((tensor, target, _)) = c.source.sample_target() else {
+                continue;
+            };
+            let Some(info) = h.tensor(tensor) else {
+                continue;
+            };
+            if !c.source.is_ragged() {
+                let one = row_byte_range(info, 0..1).map_err(|e| e.at(uri, tensor))?;
+                fixed_row_bytes = fixed_row_bytes.saturating_add(one.end - one.start);
+                fixed.push(info);
+                continue;
+            }
+            let off = ragged_offsets(&view, tensor, from..provisional)?;
+            let inner: u64 = info.shape.iter().skip(1).product();
+            let element_bytes = info.dtype.checked_byte_len(inner).unwrap_or(0);
+            let per_element = match target {
+                SampleTarget::Values(_) => inner.max(1),
+                SampleTarget::Bytes | SampleTarget::Text => element_bytes.max(1),
+            };
+            ragged.push((tensor, info, off, element_bytes, per_element, 0u64));
+        }
+        let mut to = from;
+        let mut bytes = 0u64;
+        while to < provisional {
+            let i = (to - from) as usize;
+            let mut row = fixed_row_bytes;
+            let mut fits = true;
+            for (tensor, _, off, element_bytes, per_element, count) in &ragged {
+                let elements = off[i + 1] - off[i];
+                row = row.saturating_add(elements.saturating_mul(*element_bytes));
+                let items = elements.saturating_mul(*per_element);
+                if items > MAX_OFFSET {
+                    return Err(ReadErrorKind::TooLarge {
+                        what: "list elements or bytes in one row",
+                        count: items,
+                        limit: MAX_OFFSET,
+                    }
+                    .at(uri, tensor));
+                }
+                fits &= count + items <= MAX_OFFSET;
+            }
+            if to > from && (!fits || bytes.saturating_add(row) > self.spec.batch_bytes) {
+                break;
+            }
+            for (_, _, off, _, per_element, count) in &mut ragged {
+                *count += (off[i + 1] - off[i]).saturating_mul(*per_element);
+            }
+            bytes = bytes.saturating_add(row);
+            to += 1;
+        }
+        let mut added = Vec::new();
+        for info in fixed {
+            let r = row_byte_range(info, from..to).map_err(|e| e.at(uri, &info.name))?;
+            added.push(absolute(h, info, &r));
+        }
+        for (tensor, info, off, ..) in &ragged {
+            let r = ragged_values_range(info, &off[..=(to - from) as usize]).ok_or_else(|| {
+                ReadErrorKind::Invalid(format!(
+                    "rows of {} {:?} are not a whole number of bytes",
+                    info.dtype, info.shape
+                ))
+                .at(uri, tensor)
+            })?;
+            added.push(absolute(h, info, &r));
+        }
+        let added = coalesce(added);
+        step.to = to;
+        step.offsets_only = false;
+        step.ranges = coalesce(step.ranges.iter().cloned().chain(added.clone()).collect());
+        Ok(added)
+    }
+
     /// Absolute byte ranges of the current file the next batch needs (empty when none).
+    ///
+    /// With ragged columns a batch takes two rounds: first the offsets its rows need, then (once
+    /// they are supplied) the values they span and the other columns' bytes; callers ask until
+    /// the answer is empty.
     pub fn needed_ranges(&mut self) -> Result<Vec<Range<u64>>, ReadError> {
-        let step = self.next_step_cached()?;
+        let mut step = self.next_step_cached()?;
+        let pending_offsets = self
+            .open
+            .as_ref()
+            .and_then(|o| o.pending.as_ref())
+            .is_some_and(|s| s.offsets_only);
+        if let (
+            true,
+            Some(Open {
+                source: Some(Source::Remote(r)),
+                ..
+            }),
+        ) = (pending_offsets, &self.open)
+        {
+            let missing: Vec<Range<u64>> =
+                step.iter().flatten().flat_map(|x| r.uncovered(x)).collect();
+            if !missing.is_empty() {
+                return Ok(read_through_gaps(missing, REMOTE_GAP));
+            }
+            let mut pending = self.open.as_mut().and_then(|o| o.pending.take());
+            let resolved = match pending.as_mut() {
+                Some(p) => self.resolve(p).map(|_| p.ranges.clone()),
+                None => Ok(Vec::new()),
+            };
+            if let Some(open) = self.open.as_mut() {
+                open.pending = pending;
+            }
+            step = Some(resolved?);
+        }
         let Some(open) = &self.open else {
             return Ok(Vec::new());
         };
@@ -863,21 +1049,38 @@ impl ReadTask {
         let Some(step) = step else {
             return Ok(None);
         };
+        let mut step = step;
+        let mut local_read = 0u64;
+        let read_local = |open: &mut Option<Open>, ranges: &[Range<u64>], units: &[Unit]| {
+            if let Some(Open {
+                unit,
+                source: Some(Source::Local(l)),
+                ..
+            }) = open
+            {
+                let uri = units.get(*unit).map_or("", |u| u.file.as_str());
+                for r in ranges {
+                    let bytes = l
+                        .file
+                        .read_range(r.clone())
+                        .map_err(|e| ReadErrorKind::Format(e).in_file(uri))?;
+                    l.segments.insert(r.start, bytes);
+                }
+                return Ok::<u64, ReadError>(total(ranges));
+            }
+            Ok(0)
+        };
         if let Some(Open {
-            unit,
             source: Some(Source::Local(l)),
             ..
         }) = &mut self.open
         {
-            let uri = self.spec.units.get(*unit).map_or("", |u| u.file.as_str());
             l.segments.clear();
-            for r in &step.ranges {
-                let bytes = l
-                    .file
-                    .read_range(r.clone())
-                    .map_err(|e| ReadErrorKind::Format(e).in_file(uri))?;
-                l.segments.insert(r.start, bytes);
-            }
+        }
+        local_read += read_local(&mut self.open, &step.ranges, &self.spec.units)?;
+        if step.offsets_only {
+            let added = self.resolve(&mut step)?;
+            local_read += read_local(&mut self.open, &added, &self.spec.units)?;
         }
         let (batch, taken) = {
             let Some(Open {
@@ -903,7 +1106,7 @@ impl ReadTask {
             let taken = match source {
                 // the digest of a local file read it all
                 Source::Local(_) if digest.is_some() => unit.length,
-                Source::Local(_) => total(&step.ranges),
+                Source::Local(_) => local_read,
                 Source::Remote(_) => 0, // counted when supplied
             };
             (batch, taken)
@@ -944,7 +1147,11 @@ impl ReadTask {
                         ColumnSource::Sample { .. } => {
                             let (tensor, target, rank) =
                                 c.source.sample_target().ok_or_else(|| not_for(&c.name))?;
-                            sample_column_as(view, tensor, step.from..step.to, rank, &target)?
+                            if c.source.is_ragged() {
+                                ragged_column(view, tensor, step.from..step.to, rank, &target)?
+                            } else {
+                                sample_column_as(view, tensor, step.from..step.to, rank, &target)?
+                            }
                         }
                         ColumnSource::File => Arc::new(StringArray::from_iter_values(
                             std::iter::repeat_n(uri, n as usize),

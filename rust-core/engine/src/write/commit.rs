@@ -21,7 +21,7 @@ use safetensors_spark_dataset::names::{
 };
 use safetensors_spark_dataset::{DatasetError, DatasetMode};
 use safetensors_spark_format::error::FormatError;
-use safetensors_spark_format::file::{copy_tensors, SafetensorsFile};
+use safetensors_spark_format::file::{copy_tensors, crc32c_hex, SafetensorsFile};
 use safetensors_spark_format::header::Header;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -167,6 +167,7 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
         samples: count(SAMPLES_METADATA_KEY),
         padded_samples: count(PADDED_SAMPLES_METADATA_KEY),
         bytes: header.file_len(),
+        crc32c: None,
         tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
         num_tensors: None,
     }
@@ -284,6 +285,9 @@ pub struct KeysRewritten {
     pub bytes: u64,
     pub samples: u64,
     pub num_tensors: u64,
+    /// CRC-32C of the copy (8 lowercase hex digits); absent when nothing was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
 }
 
 /// `duplicatesStrategy=lastWin` after [`merge_key_runs`]: copies the KV shard `input` (named
@@ -329,6 +333,7 @@ pub fn rewrite_shard_without_keys(
             bytes: 0,
             samples: 0,
             num_tensors: 0,
+            crc32c: None,
         });
     }
     let done = rewrite_shard_without(input, output, &drop, samples)?;
@@ -342,6 +347,7 @@ pub fn rewrite_shard_without_keys(
         bytes: done.bytes,
         samples,
         num_tensors,
+        crc32c: Some(done.crc32c.clone()),
     })
 }
 
@@ -402,6 +408,8 @@ pub struct RewrittenShard {
     pub file: String,
     pub path: PathBuf,
     pub bytes: u64,
+    /// CRC-32C of the copy, 8 lowercase hex digits.
+    pub crc32c: String,
     pub samples: u64,
     /// The tensors kept, with their new absolute offsets (`sample_key`/`column` not set).
     pub tensors: Vec<TensorReport>,
@@ -446,6 +454,7 @@ pub fn rewrite_shard_without(
             .unwrap_or_default(),
         path: written.path,
         bytes: written.bytes,
+        crc32c: crc32c_hex(written.crc32c),
         samples,
         tensors,
     })
@@ -494,6 +503,7 @@ impl CommitPlan {
             t.data_end = n.data_end;
         }
         shard.bytes = done.bytes;
+        shard.crc32c = Some(done.crc32c.clone());
         let entry = self
             .manifest
             .shards
@@ -501,6 +511,7 @@ impl CommitPlan {
             .find(|s| s.shard_path == done.file)
             .ok_or_else(|| problem("not in the manifest".to_string()))?;
         entry.bytes = done.bytes;
+        entry.crc32c = Some(done.crc32c.clone());
         self.manifest.recompute_totals();
         Ok(())
     }
@@ -545,6 +556,12 @@ pub fn commit_manifest(
     // Columns across tasks.
     let mut tensors = ColumnMap::default();
     for col in &plan.columns {
+        if let Some(r) = &col.ragged {
+            if let Some(t) = ragged_schema(plan, col, r, &reports)? {
+                tensors.0.push((col.name.clone(), t));
+            }
+            continue;
+        }
         let mut first: Option<(u32, &ColumnReport)> = None;
         let mut common_shape: Option<Vec<u64>> = None;
         for r in &reports {
@@ -623,7 +640,7 @@ pub fn commit_manifest(
             partition: Some(s.partition),
             padded_samples: Some(s.padded_samples),
             num_tensors: Some(s.tensor_count()),
-            crc32c: None,
+            crc32c: s.crc32c.clone(),
         })
         .collect();
     manifest.recompute_totals();
@@ -638,6 +655,85 @@ pub fn commit_manifest(
         rewrites,
         shards,
     })
+}
+
+/// `schema.<c>` of a ragged column: the tasks' dtypes must agree and their inner shapes, where
+/// known, too (a dimension no row showed is recorded as 0).
+fn ragged_schema(
+    plan: &WritePlan,
+    col: &super::ColumnPlan,
+    r: &super::RaggedPlan,
+    reports: &[&TaskReport],
+) -> Result<Option<ManifestTensor>, CommitError> {
+    let mut first: Option<(u32, &ColumnReport)> = None;
+    let mut inner: Vec<Option<u64>> = r
+        .inner_shape
+        .as_ref()
+        .map(|v| v.iter().map(|&d| Some(d)).collect())
+        .unwrap_or_default();
+    let fmt = |v: &[Option<u64>]| {
+        let parts: Vec<String> = v
+            .iter()
+            .map(|d| d.map_or_else(|| "?".to_string(), |d| d.to_string()))
+            .collect();
+        format!("[{}]", parts.join(","))
+    };
+    for rep in reports {
+        let Some(c) = rep.columns.get(&col.name) else {
+            continue;
+        };
+        let Some(ci) = &c.inner_shape else {
+            return Err(bad_report(
+                rep.partition,
+                format!("ragged column '{}' has no inner shape", col.name),
+            ));
+        };
+        let Some((p0, c0)) = first else {
+            first = Some((rep.partition, c));
+            if inner.is_empty() {
+                inner = ci.clone();
+            }
+            for (a, b) in inner.iter_mut().zip(ci) {
+                if a.is_none() {
+                    *a = *b;
+                }
+            }
+            continue;
+        };
+        let mismatch = |what, a: String, b: String| CommitError::ColumnMismatch {
+            column: col.name.clone(),
+            what,
+            partition_a: p0,
+            value_a: a,
+            partition_b: rep.partition,
+            value_b: b,
+        };
+        if c.dtype != c0.dtype {
+            return Err(mismatch("dtype", c0.dtype.to_string(), c.dtype.to_string()));
+        }
+        let clash = inner.len() != ci.len()
+            || inner
+                .iter()
+                .zip(ci)
+                .any(|(a, b)| matches!((a, b), (Some(a), Some(b)) if a != b));
+        if clash {
+            return Err(mismatch("inner shape", fmt(&inner), fmt(ci)));
+        }
+        for (a, b) in inner.iter_mut().zip(ci) {
+            if a.is_none() {
+                *a = *b;
+            }
+        }
+    }
+    let _ = plan;
+    Ok(first.map(|(_, c0)| ManifestTensor {
+        dtype: c0.dtype,
+        shape: None,
+        ragged: Some(safetensors_spark_dataset::manifest::RaggedColumn {
+            inner_shape: inner.iter().map(|d| d.unwrap_or(0)).collect(),
+            element: r.element,
+        }),
+    }))
 }
 
 fn check_report(
@@ -662,7 +758,7 @@ fn check_report(
                 ));
             }
         }
-        if !kv && c.sample_shape.is_none() {
+        if !kv && c.sample_shape.is_none() && col.ragged.is_none() {
             return Err(bad_report(
                 p,
                 format!("column '{name}' has no sample shape"),
@@ -714,14 +810,15 @@ fn check_report(
                 format!("shard {} has padding without tail_strategy=pad", s.file),
             ));
         }
-        if !kv && s.tensors.len() != plan.columns.len() {
+        let expected =
+            plan.columns.len() + plan.columns.iter().filter(|c| c.ragged.is_some()).count();
+        if !kv && s.tensors.len() != expected {
             return Err(bad_report(
                 p,
                 format!(
-                    "shard {} has {} tensors, expected one per column ({})",
+                    "shard {} has {} tensors, expected one per column and one more per ragged column ({expected})",
                     s.file,
                     s.tensors.len(),
-                    plan.columns.len()
                 ),
             ));
         }

@@ -37,6 +37,7 @@ fn shard(file: &str, tensors: Vec<TensorReport>) -> ShardReport {
         samples: 1,
         padded_samples: 0,
         bytes: 0,
+        crc32c: None,
         tensors,
         num_tensors: None,
     }

@@ -22,7 +22,11 @@
 //! * `Binary`: Binary;
 //! * `TensorStruct`: Struct{data: Binary, shape: List<Int64>, dtype: Utf8};
 //! * `MlVector`: Struct{type: Int8, size: Int32, indices: List<Int32>, values: List<Float64>}
-//!   (Spark ML's VectorUDT storage: type 0 = sparse, 1 = dense).
+//!   (Spark ML's VectorUDT storage: type 0 = sparse, 1 = dense);
+//! * `String`: Utf8.
+//!
+//! A ragged column ([`ColumnPlan::ragged`]) travels in the same types: its rows are Arrow lists
+//! (or binary/UTF-8 values) of any length.
 //!
 //! Nulls travel as Arrow validity; a null value or element is an error naming column and row.
 
@@ -31,7 +35,7 @@ pub mod plan;
 pub mod task;
 
 use safetensors_spark_dataset::index::IndexRow;
-pub use safetensors_spark_dataset::manifest::TailStrategy;
+pub use safetensors_spark_dataset::manifest::{RaggedElement, TailStrategy};
 pub use safetensors_spark_dataset::names::shard_file_name;
 use safetensors_spark_format::header::TensorInfo;
 use safetensors_spark_format::Dtype;
@@ -84,7 +88,7 @@ impl SparkNumeric {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum InputKind {
     /// `array<…array<T>…>` nested `depth` ≥ 1 times; a row's tensor has rank `depth`
-    /// (ragged nesting is an error).
+    /// (rows of different lengths are an error unless the column is ragged, [`RaggedPlan`]).
     NumericArray { element: SparkNumeric, depth: u32 },
     /// A numeric scalar column: one element per row.
     Scalar { element: SparkNumeric },
@@ -95,6 +99,21 @@ pub enum InputKind {
     TensorStruct,
     /// A Spark ML vector (dense, or sparse densified); values are doubles.
     MlVector,
+    /// A string column (batch mode only): always ragged, stored as its UTF-8 bytes (U8).
+    String,
+}
+
+/// How a ragged column (spec/dataset.md §2.1) is written: each shard holds the values of its
+/// rows concatenated along the first dimension, and the row boundaries as
+/// `ragged_offsets_name(column)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaggedPlan {
+    /// What a row is (and is read back as).
+    pub element: RaggedElement,
+    /// The shape of one element of a row (the values tensor's dimensions after the first) when
+    /// the plan knows it: `[]` for binary and string columns and `array<T>`; an append's from
+    /// the dataset. `None`: fixed by the first row that shows it (array nested ≥ 2 deep).
+    pub inner_shape: Option<Vec<u64>>,
 }
 
 /// One column to write.
@@ -111,6 +130,10 @@ pub struct ColumnPlan {
     /// The `shapes` option for this column: the per-sample shape each value is reshaped to
     /// (element counts must match). `None`: the value's own shape.
     pub sample_shape: Option<Vec<u64>>,
+    /// Batch mode: the column is ragged (option `ragged`, or a binary column without a `shapes`
+    /// entry, or a string column). `None`: every row has the same shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ragged: Option<RaggedPlan>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,6 +252,10 @@ pub struct ShardReport {
     pub padded_samples: u64,
     /// File size in bytes.
     pub bytes: u64,
+    /// CRC-32C of the file, 8 lowercase hex digits, computed as it was written (the manifest's
+    /// `shards[].crc32c`). `None` for a shard rebuilt from its header (an earlier write's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
     /// Omitted when empty: the task's report file appends a KV shard's tensors after the other
     /// fields, serialised one at a time from compact records (see `task::write_report`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -264,7 +291,13 @@ pub struct TaskReport {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnReport {
     pub dtype: Dtype,
+    /// Fixed-shape columns: the per-sample shape (batch mode: always known). `None` for a
+    /// ragged column.
     pub sample_shape: Option<Vec<u64>>,
+    /// A ragged column: its inner shape as far as this task's rows showed it (`None` for a
+    /// dimension no row determined: the column's rows were all empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inner_shape: Option<Vec<Option<u64>>>,
 }
 
 #[cfg(test)]

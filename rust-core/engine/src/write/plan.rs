@@ -5,9 +5,10 @@
 //! Rules: spec/options.md (options) and spec/dataset.md (layouts).
 
 use super::{
-    ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric, TailStrategy, WriteMode, WritePlan,
+    ColumnPlan, DuplicatesStrategy, InputKind, RaggedElement, RaggedPlan, SparkNumeric,
+    TailStrategy, WriteMode, WritePlan,
 };
-use safetensors_spark_dataset::manifest::ManifestExt;
+use safetensors_spark_dataset::manifest::{ragged_offsets_name, ManifestExt};
 use safetensors_spark_dataset::{DatasetMode, Manifest};
 use safetensors_spark_format::header::MAX_HEADER_SIZE;
 use safetensors_spark_format::json_object::{first_duplicate_key, Entries};
@@ -17,9 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
 /// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
-pub const WRITE_OPTIONS: [&str; 13] = [
+pub const WRITE_OPTIONS: [&str; 15] = [
     "batch_size",
     "columns",
+    "commit_message",
     "dtype",
     "dtypes",
     "duplicatesStrategy",
@@ -27,6 +29,7 @@ pub const WRITE_OPTIONS: [&str; 13] = [
     "kv_separator",
     "metadata",
     "name_col",
+    "ragged",
     "retention",
     "shapes",
     "tail_strategy",
@@ -37,7 +40,7 @@ pub const WRITE_OPTIONS: [&str; 13] = [
 pub const SPARK_SUPPLIED_OPTIONS: [&str; 2] = ["path", "paths"];
 
 /// Options that only apply in batch mode.
-pub const BATCH_ONLY_OPTIONS: [&str; 1] = ["tail_strategy"];
+pub const BATCH_ONLY_OPTIONS: [&str; 2] = ["ragged", "tail_strategy"];
 /// Options that only apply in KV mode.
 pub const KV_ONLY_OPTIONS: [&str; 3] =
     ["kv_separator", "target_shard_size_mb", "duplicatesStrategy"];
@@ -58,7 +61,7 @@ pub const VECTOR_UDT_CLASSES: [&str; 4] = [
 ];
 
 const SUPPORTED_TYPES: &str = "numeric arrays (of boolean, byte, short, integer, long, float or \
-double, nested to any depth), numeric scalars, binary (with dtype and shapes), the Tensor Struct \
+double, nested to any depth), numeric scalars, binary, string (batch mode), the Tensor Struct \
 (data binary, shape array<integer|long>, dtype string) and ML vectors";
 
 /// Why a write cannot be planned. Every message names the option or column and what is allowed.
@@ -178,6 +181,34 @@ pub enum PlanError {
 
     #[error("option metadata: key '{key}' starts with the reserved prefix '{RESERVED_METADATA_PREFIX}' (those keys are written by the engine)")]
     ReservedMetadataKey { key: String },
+
+    #[error("option ragged: column '{name}' has type {spark_type}; ragged columns are arrays of numbers (array<…>), binary and string columns")]
+    RaggedType { name: String, spark_type: String },
+
+    #[error("option shapes: column '{name}' {why}, so a shapes entry cannot fix its rows' shape; leave the entry out{hint}")]
+    RaggedShapes {
+        name: String,
+        why: &'static str,
+        hint: &'static str,
+    },
+
+    #[error("option dtypes: column '{name}' is a ragged {kind} column, whose rows are stored as their bytes (dtype U8); {dtype} is not allowed{hint}")]
+    RaggedDtype {
+        name: String,
+        kind: &'static str,
+        dtype: Dtype,
+        hint: &'static str,
+    },
+
+    #[error("ragged column '{ragged}' stores its row boundaries as tensor '{offsets}', which is also the name of written column '{other}'; rename one (e.g. df.withColumnRenamed) or leave one out with the columns option")]
+    RaggedOffsetsCollision {
+        ragged: String,
+        offsets: String,
+        other: String,
+    },
+
+    #[error("column '{name}' has type string; string columns are written in batch mode only (ragged, as their UTF-8 bytes); in KV mode the only string column is the name_col key")]
+    StringInKvMode { name: String },
 
     #[error("cannot append to the existing dataset: {problem}")]
     AppendMismatch { problem: String },
@@ -415,6 +446,7 @@ pub fn classify_column(name: &str, t: &Value) -> Result<InputKind, PlanError> {
     };
     match t {
         Value::String(s) if s == "binary" => Ok(InputKind::Binary),
+        Value::String(s) if s == "string" => Ok(InputKind::String),
         Value::String(s) => numeric_type(s)
             .map(|element| InputKind::Scalar { element })
             .ok_or_else(unsupported),
@@ -654,28 +686,140 @@ const RESERVED_BATCH_COLUMNS: [(&str, &str); 3] = [
     ),
 ];
 
-/// The `columns` option: a comma-separated list (names trimmed), or a JSON array of names for
+/// The `columns` (or `ragged`) option: a comma-separated list (names trimmed), or a JSON array of names for
 /// names that contain commas or surrounding spaces (`["a,b", " c"]`).
-fn column_list(value: &str) -> Result<Vec<String>, PlanError> {
+fn column_list(option: &str, value: &str) -> Result<Vec<String>, PlanError> {
     let names: Vec<String> = if value.trim_start().starts_with('[') {
         serde_json::from_str(value).map_err(|e| {
-            invalid_value(
-                "columns",
-                value,
-                format!("a JSON array of column names ({e})"),
-            )
+            invalid_value(option, value, format!("a JSON array of column names ({e})"))
         })?
     } else {
         value.split(',').map(|p| p.trim().to_string()).collect()
     };
     if names.iter().any(String::is_empty) {
         return Err(invalid_value(
-            "columns",
+            option,
             value,
             "a comma-separated list (or a JSON array) of column names (found an empty name)",
         ));
     }
     Ok(names)
+}
+
+/// What a ragged column of this input is read back as; `None`: the input cannot be ragged.
+fn ragged_element(input: &InputKind) -> Option<RaggedElement> {
+    match input {
+        InputKind::NumericArray { .. } => Some(RaggedElement::Array),
+        InputKind::Binary => Some(RaggedElement::Binary),
+        InputKind::String => Some(RaggedElement::String),
+        _ => None,
+    }
+}
+
+fn ragged_name(element: RaggedElement) -> &'static str {
+    match element {
+        RaggedElement::Array => "array",
+        RaggedElement::Binary => "binary",
+        RaggedElement::String => "string",
+    }
+}
+
+/// Whether a batch-mode column is ragged (spec/options.md, option `ragged`): a string column
+/// always; a binary column unless a `shapes` entry (or, on an append, the dataset) fixes its
+/// shape; an array column when the option `ragged` names it (left out on an append: when the
+/// dataset's column is ragged). An append must agree with the dataset ([`PlanError::AppendConflict`]
+/// names the option and both values); its inner shape then comes from the dataset.
+fn plan_ragged(
+    col: &ColumnPlan,
+    pos: usize,
+    named: Option<&BTreeSet<usize>>,
+    option: Option<&str>,
+    user_shape: bool,
+    stored: Option<&safetensors_spark_dataset::manifest::ManifestTensor>,
+) -> Result<Option<RaggedPlan>, PlanError> {
+    let Some(element) = ragged_element(&col.input) else {
+        return Ok(None);
+    };
+    let is_named = named.map(|n| n.contains(&pos));
+    let stored_ragged = stored.map(|t| t.ragged.is_some());
+    let ragged = match element {
+        RaggedElement::String => true,
+        RaggedElement::Binary if user_shape => false,
+        RaggedElement::Binary => is_named == Some(true) || stored_ragged != Some(false),
+        RaggedElement::Array => is_named.or(stored_ragged).unwrap_or(false),
+    };
+    if user_shape && (ragged || is_named == Some(true)) {
+        return Err(PlanError::RaggedShapes {
+            name: col.name.clone(),
+            why: match element {
+                RaggedElement::String => "is a string column, always written ragged",
+                _ => "is named in option ragged",
+            },
+            hint: match element {
+                RaggedElement::String => "",
+                _ => " or take the column out of option ragged",
+            },
+        });
+    }
+    let kind = |r: bool| if r { "ragged" } else { "fixed-shape" };
+    if let Some(dataset_ragged) = stored_ragged.filter(|d| *d != ragged) {
+        let (option, given) = if user_shape {
+            ("shapes", format!("given for column '{}'", col.name))
+        } else {
+            (
+                "ragged",
+                format!(
+                    "{}, which makes column '{}' {}",
+                    option.map_or_else(|| "left out".to_string(), |o| format!("'{o}'")),
+                    col.name,
+                    kind(ragged)
+                ),
+            )
+        };
+        return Err(PlanError::AppendConflict {
+            option: option.to_string(),
+            given,
+            dataset: format!("column '{}' {}", col.name, kind(dataset_ragged)),
+        });
+    }
+    if !ragged {
+        return Ok(None);
+    }
+    let inner_shape = match (stored.and_then(|t| t.ragged.as_ref()), &col.input) {
+        (Some(r), _) => Some(r.inner_shape.clone()),
+        (None, InputKind::NumericArray { depth, .. }) if *depth > 1 => None,
+        (None, _) => Some(Vec::new()),
+    };
+    Ok(Some(RaggedPlan {
+        element,
+        inner_shape,
+    }))
+}
+
+/// Refuses a write where a ragged column's offsets tensor (`<c>.offsets`) would take the name
+/// of another written column (compared as Spark resolves names).
+fn check_ragged_offsets_names(
+    columns: &[ColumnPlan],
+    case_sensitive: bool,
+) -> Result<(), PlanError> {
+    for c in columns.iter().filter(|c| c.ragged.is_some()) {
+        let offsets = ragged_offsets_name(&c.name);
+        let same = |n: &str| {
+            if case_sensitive {
+                n == offsets
+            } else {
+                n.to_lowercase() == offsets.to_lowercase()
+            }
+        };
+        if let Some(other) = columns.iter().find(|o| same(&o.name)) {
+            return Err(PlanError::RaggedOffsetsCollision {
+                ragged: c.name.clone(),
+                offsets,
+                other: other.name.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 pub fn plan_write(
@@ -887,7 +1031,7 @@ fn plan(
     let selected: Vec<usize> = match opts.get("columns") {
         Some(list) => {
             let mut out = Vec::new();
-            for part in column_list(list)? {
+            for part in column_list("columns", list)? {
                 let part = part.as_str();
                 let idx = resolver.resolve("columns", part)?;
                 if Some(idx) == name_field {
@@ -947,6 +1091,7 @@ fn plan(
                 input: classify_column(name, t)?,
                 dtype: None,
                 sample_shape: None,
+                ragged: None,
             })
         })
         .collect::<Result<_, PlanError>>()?;
@@ -1015,15 +1160,80 @@ fn plan(
         }
     }
 
+    // ragged (batch mode only: the option is refused in KV mode above).
+    let ragged_option = opts.get("ragged");
+    let mut ragged_named: Option<BTreeSet<usize>> = None;
+    if let Some(list) = ragged_option {
+        let mut named = BTreeSet::new();
+        let parts = if list.trim().is_empty() {
+            Vec::new()
+        } else {
+            column_list("ragged", list)?
+        };
+        for part in parts {
+            let pos = written_position("ragged", &part)?;
+            if !named.insert(pos) {
+                return Err(PlanError::DuplicateColumn {
+                    option: "ragged",
+                    name: part,
+                });
+            }
+            let col = &columns[pos];
+            if ragged_element(&col.input).is_none() {
+                return Err(PlanError::RaggedType {
+                    name: col.name.clone(),
+                    spark_type: spark_type_string(&fields[col.field_index].1),
+                });
+            }
+        }
+        ragged_named = Some(named);
+    }
+
     let batch = matches!(mode, WriteMode::Batch { .. });
     for (pos, col) in columns.iter_mut().enumerate() {
+        let user_shape = shapes.remove(&pos);
+        // An append: the dataset's settings unless given.
+        let stored = existing.and_then(|m| m.schema.get(&col.name).map(|t| (m, t)));
+        if !batch && col.input == InputKind::String {
+            return Err(PlanError::StringInKvMode {
+                name: col.name.clone(),
+            });
+        }
+        if batch {
+            col.ragged = plan_ragged(
+                col,
+                pos,
+                ragged_named.as_ref(),
+                ragged_option,
+                user_shape.is_some(),
+                stored.map(|(_, t)| t),
+            )?;
+        }
+        col.sample_shape = user_shape;
+        let bytes_column =
+            col.ragged.is_some() && matches!(col.input, InputKind::Binary | InputKind::String);
+        if bytes_column {
+            // Raw bytes: U8 whatever the global dtype option says.
+            if let Some(d) = per_column.get(&pos).filter(|d| **d != Dtype::U8) {
+                let binary = col.input == InputKind::Binary;
+                return Err(PlanError::RaggedDtype {
+                    name: col.name.clone(),
+                    kind: if binary { "binary" } else { "string" },
+                    dtype: *d,
+                    hint: if binary {
+                        " (a shapes entry makes a binary column fixed-shape, its bytes the elements of the dtype given)"
+                    } else {
+                        ""
+                    },
+                });
+            }
+            col.dtype = Some(Dtype::U8);
+            continue;
+        }
         let given = per_column
             .get(&pos)
             .map(|d| ("dtypes", *d))
             .or(global_dtype.map(|d| ("dtype", d)));
-        col.sample_shape = shapes.remove(&pos);
-        // An append: the dataset's dtype (and a binary column's batch sample shape) unless given.
-        let stored = existing.and_then(|m| m.schema.get(&col.name).map(|t| (m, t)));
         let explicit = match (given, stored) {
             (Some((option, d)), Some((_, t))) if d != t.dtype => {
                 return Err(PlanError::AppendConflict {
@@ -1056,6 +1266,7 @@ fn plan(
             }
             InputKind::MlVector => Some(explicit.unwrap_or(Dtype::F64)),
             InputKind::TensorStruct => explicit,
+            InputKind::String => Some(Dtype::U8),
             InputKind::Binary => {
                 let missing = match (explicit.is_some(), col.sample_shape.is_some()) {
                     (true, true) => None,
@@ -1083,6 +1294,7 @@ fn plan(
             }
         }
     }
+    check_ragged_offsets_names(&columns, case_sensitive)?;
 
     let generate_index = match opts.get("generate_index") {
         None => false,
@@ -1121,6 +1333,19 @@ fn plan(
         let bytes = serde_json::to_string(&metadata).map_or(usize::MAX, |j| j.len());
         if bytes > MAX_METADATA_OPTION_BYTES {
             return Err(PlanError::MetadataTooLarge { bytes });
+        }
+    }
+
+    // recorded in the commit's manifest (spec/dataset.md §5.8); checked here, before anything
+    // on disk changes
+    if let Some(m) = opts.get("commit_message") {
+        let max = safetensors_spark_dataset::manifest::MAX_COMMIT_MESSAGE_BYTES;
+        if m.len() > max {
+            return Err(invalid_value(
+                "commit_message",
+                &format!("{}…", m.chars().take(40).collect::<String>()),
+                format!("at most {max} bytes of text (it is {} bytes)", m.len()),
+            ));
         }
     }
 
@@ -1232,6 +1457,16 @@ pub fn check_append(plan: &WritePlan, existing: &Manifest) -> Result<(), PlanErr
                 return Err(mismatch(format!(
                     "column '{}' is written as {d}, the dataset stores {}",
                     col.name, stored.dtype
+                )));
+            }
+        }
+        if let (Some(a), Some(b)) = (&col.ragged, &stored.ragged) {
+            if a.element != b.element {
+                return Err(mismatch(format!(
+                    "column '{}' is a ragged {} column, the dataset's holds ragged {} rows",
+                    col.name,
+                    ragged_name(a.element),
+                    ragged_name(b.element)
                 )));
             }
         }

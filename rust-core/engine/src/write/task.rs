@@ -40,11 +40,13 @@ use arrow_array::{Array, StructArray};
 use arrow_schema::DataType;
 use rows::{expected_type, type_matches, ColumnState};
 use safetensors_spark_dataset::index::{write_index_part, write_index_part_streamed, IndexError};
-use safetensors_spark_dataset::names::shard_index_part_file_name;
+use safetensors_spark_dataset::manifest::ragged_offsets_name;
+use safetensors_spark_dataset::names::{shard_index_part_file_name, RAGGED_METADATA_KEY};
 use safetensors_spark_format::convert::ConvertError;
 use safetensors_spark_format::error::FormatError;
-use safetensors_spark_format::file::{FileWriter, PendingFile};
+use safetensors_spark_format::file::{crc32c_hex, FileWriter, PendingFile};
 use safetensors_spark_format::header::TensorEntry;
+use safetensors_spark_format::Dtype;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::io::{BufWriter, Write};
@@ -184,6 +186,7 @@ impl Mode {
             batch_size: 1,
             tail: TailStrategy::Write,
             buffers: Vec::new(),
+            offsets: Vec::new(),
             rows: 0,
         })
     }
@@ -192,8 +195,12 @@ impl Mode {
 struct BatchState {
     batch_size: u64,
     tail: TailStrategy,
-    /// Converted bytes of the open shard, one buffer per column.
+    /// Converted bytes of the open shard, one buffer per column (a ragged column's: the
+    /// values of its rows, concatenated).
     buffers: Vec<Vec<u8>>,
+    /// Per column: `Some` for a ragged column, the open shard's row offsets (`rows + 1`
+    /// entries from 0, spec/dataset.md §2.1).
+    offsets: Vec<Option<Vec<i64>>>,
     rows: u64,
 }
 
@@ -219,6 +226,11 @@ impl TaskWriter {
                     batch_size: *batch_size,
                     tail: *tail_strategy,
                     buffers: vec![Vec::new(); plan.columns.len()],
+                    offsets: plan
+                        .columns
+                        .iter()
+                        .map(|c| c.ragged.as_ref().map(|_| vec![0i64]))
+                        .collect(),
                     rows: 0,
                 })
             }
@@ -305,8 +317,21 @@ impl TaskWriter {
                         TailStrategy::Pad => {
                             let rows = b.rows;
                             let pad = b.batch_size - rows;
-                            for buf in &mut b.buffers {
-                                // Every row of a column has the same size in batch mode.
+                            // A ragged column's padding rows are empty: its offsets repeat.
+                            for off in b.offsets.iter_mut().flatten() {
+                                let last = off.last().copied().unwrap_or(0);
+                                let pad = usize::try_from(pad).map_err(|_| {
+                                    WriteError::Batch("padding does not fit in memory".into())
+                                })?;
+                                off.resize(off.len() + pad, last);
+                            }
+                            for (buf, _) in b
+                                .buffers
+                                .iter_mut()
+                                .zip(&b.offsets)
+                                .filter(|(_, o)| o.is_none())
+                            {
+                                // Every row of a fixed-shape column has the same size.
                                 let row_bytes = buf.len() as u64 / rows;
                                 let extra = row_bytes
                                     .checked_mul(pad)
@@ -498,11 +523,23 @@ impl TaskWriter {
             let room = usize::try_from(b.batch_size - b.rows).unwrap_or(usize::MAX);
             let take = room.min(n - i);
             for (c, col) in self.columns.iter_mut().enumerate() {
-                let buf = b
-                    .buffers
-                    .get_mut(c)
-                    .ok_or_else(|| WriteError::Batch("column buffers out of sync".into()))?;
-                rows::extract(col, batch.column(c), i..i + take, self.rows_seen, buf)?;
+                let (Some(buf), Some(offsets)) = (b.buffers.get_mut(c), b.offsets.get_mut(c))
+                else {
+                    return Err(WriteError::Batch("column buffers out of sync".into()));
+                };
+                match offsets {
+                    None => {
+                        rows::extract(col, batch.column(c), i..i + take, self.rows_seen, buf)?;
+                    }
+                    Some(offsets) => rows::extract_ragged(
+                        col,
+                        batch.column(c),
+                        i..i + take,
+                        self.rows_seen,
+                        buf,
+                        offsets,
+                    )?,
+                }
             }
             b.rows += take as u64;
             i += take;
@@ -537,8 +574,34 @@ impl TaskWriter {
     /// Writes the open shard and hands it to the sealer.
     fn seal_batch(&mut self, b: &mut BatchState, rows: u64, padded: u64) -> Result<(), WriteError> {
         let mut entries = Vec::with_capacity(self.columns.len());
+        // tensor name → (column, whether it is the column's offsets tensor)
         let mut by_name = HashMap::with_capacity(self.columns.len());
+        let mut offset_bytes: Vec<Vec<u8>> = vec![Vec::new(); self.columns.len()];
         for (c, col) in self.columns.iter().enumerate() {
+            if let Some(Some(offsets)) = b.offsets.get(c) {
+                let dtype = col.plan.dtype.ok_or_else(|| {
+                    WriteError::Batch(format!("column '{}' has no dtype", col.plan.name))
+                })?;
+                let total = offsets.last().copied().unwrap_or(0);
+                let mut shape = Vec::with_capacity(4);
+                shape.push(u64::try_from(total).unwrap_or(0));
+                shape.extend(col.inner_shape_or_zero());
+                entries.push(TensorEntry {
+                    name: col.plan.name.clone(),
+                    dtype,
+                    shape,
+                });
+                by_name.insert(col.plan.name.clone(), (c, false));
+                let name = ragged_offsets_name(&col.plan.name);
+                entries.push(TensorEntry {
+                    name: name.clone(),
+                    dtype: Dtype::I64,
+                    shape: vec![offsets.len() as u64],
+                });
+                by_name.insert(name, (c, true));
+                offset_bytes[c] = offsets.iter().flat_map(|v| v.to_le_bytes()).collect();
+                continue;
+            }
             let (Some(dtype), Some(sample)) = (col.dtype, col.shape.as_ref()) else {
                 return Err(WriteError::Batch(format!(
                     "column '{}' has no dtype or shape yet",
@@ -553,24 +616,33 @@ impl TaskWriter {
                 dtype,
                 shape,
             });
-            by_name.insert(col.plan.name.clone(), c);
+            by_name.insert(col.plan.name.clone(), (c, false));
         }
         let meta = shard_metadata(&self.plan, rows, padded);
         let (shard, file, path) = self.next_shard_path();
         let mut writer = FileWriter::create(&path, Some(&meta), entries)?;
-        let order: Vec<usize> = writer
+        let order: Vec<(usize, bool)> = writer
             .tensors()
             .iter()
             .filter_map(|t| by_name.get(&t.name).copied())
             .collect();
-        for c in order {
-            if let Some(buf) = b.buffers.get(c) {
+        for (c, is_offsets) in order {
+            let buf = if is_offsets {
+                offset_bytes.get(c)
+            } else {
+                b.buffers.get(c)
+            };
+            if let Some(buf) = buf {
                 writer.write(buf)?;
             }
         }
         let (written, pending) = writer.close()?;
         for buf in &mut b.buffers {
             buf.clear();
+        }
+        for off in b.offsets.iter_mut().flatten() {
+            off.clear();
+            off.push(0);
         }
         b.rows = 0;
         let report = ShardReport {
@@ -581,6 +653,7 @@ impl TaskWriter {
             samples: rows,
             padded_samples: padded,
             bytes: written.bytes,
+            crc32c: Some(crc32c_hex(written.crc32c)),
             tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |_| {
                 (None, None)
             }),
@@ -595,6 +668,17 @@ impl TaskWriter {
         let kv = matches!(self.mode, Mode::Kv(_));
         for (c, col) in self.columns.iter().enumerate() {
             let Some(dtype) = col.dtype else { continue };
+            if let Some(inner) = &col.inner {
+                out.insert(
+                    col.plan.name.clone(),
+                    ColumnReport {
+                        dtype,
+                        sample_shape: None,
+                        inner_shape: Some(inner.clone()),
+                    },
+                );
+                continue;
+            }
             let sample_shape = if kv {
                 let Mode::Kv(k) = &self.mode else { continue };
                 let Some(shape) = k.column_shape(c as u32) else {
@@ -612,6 +696,7 @@ impl TaskWriter {
                 ColumnReport {
                     dtype,
                     sample_shape,
+                    inner_shape: None,
                 },
             );
         }
@@ -640,6 +725,18 @@ pub(crate) fn shard_metadata(
     );
     if let Some(sep) = separator {
         meta.insert("safetensors_spark.kv_separator".into(), sep);
+    }
+    let ragged: Vec<&str> = plan
+        .columns
+        .iter()
+        .filter(|c| c.ragged.is_some())
+        .map(|c| c.name.as_str())
+        .collect();
+    if !ragged.is_empty() {
+        meta.insert(
+            RAGGED_METADATA_KEY.into(),
+            serde_json::to_string(&ragged).unwrap_or_default(),
+        );
     }
     meta
 }

@@ -1,6 +1,8 @@
 """Train PyTorch models from datasets written by ``df.write.format("safetensors")``.
 
-* :func:`open_dataset` — the dataset: ``len``, ``columns``, ``manifest``, ``ds[i]``, ``ds.get(key)``.
+* :func:`open_dataset` — the dataset: ``len``, ``columns``, ``manifest``, ``ds[i]``, ``ds.get(key)``;
+  ``version=`` / ``timestamp=`` read an earlier committed version.
+* :func:`history` — the dataset's versions: time, operation, rows and bytes added and removed.
 * :mod:`safetensors_spark.torch` — ``SafetensorsDataset``, ``SafetensorsIterableDataset``, ``loader``
   (imports torch; imported on first use of the attribute).
 * :mod:`safetensors_spark.spark` — ``configure(SparkSession.builder)`` with the connector jar.
@@ -12,7 +14,7 @@ native module ``safetensors_spark._native``; see spec/python.md.
 
 import importlib
 
-from ._dataset import Dataset, open_dataset
+from ._dataset import Dataset, Ragged, history, open_dataset
 from ._errors import (
     ColumnNotFoundError,
     IndexFileError,
@@ -27,7 +29,9 @@ from ._native import VERSION as __version__
 __all__ = [
     "open_dataset",
     "vacuum",
+    "history",
     "Dataset",
+    "Ragged",
     "SafetensorsSparkError",
     "ManifestError",
     "ShardError",

@@ -22,10 +22,12 @@ from ._errors import (
 from ._storage import HEADER_READ_AHEAD, CachedStore, open_store
 
 MANIFEST_FILE_NAME = "dataset_manifest.json"
+MANIFEST_LOG_DIR = "_manifest_log"
 INDEX_NAME = "_tensor_index.parquet"
 LAYOUT_METADATA_KEY = "safetensors_spark.layout"
 SEPARATOR_METADATA_KEY = "safetensors_spark.kv_separator"
 PADDED_METADATA_KEY = "safetensors_spark.padded_samples"
+RAGGED_METADATA_KEY = "safetensors_spark.ragged"
 DEFAULT_KV_SEPARATOR = "__"
 
 _NUMPY_DTYPES = {
@@ -58,6 +60,43 @@ def numpy_dtype(dtype, what):
             return np.dtype(np.uint16)
     raise ShardError(f"{what}: dtype {dtype} has no numpy equivalent in this package "
                      f"(supported: {', '.join(sorted([*_NUMPY_DTYPES, 'BF16']))})")
+
+
+def offsets_name(column):
+    """The tensor holding the row boundaries of ragged column ``column`` in a shard (the Rust
+    ``ragged_offsets_name``; spec/dataset.md §2.1)."""
+    return f"{column}.offsets"
+
+
+class Ragged:
+    """Rows of a ragged column: ``values`` (the rows concatenated along the first dimension,
+    ``[elements, *inner_shape]``) and ``offsets`` (int64 ``[rows + 1]``, from 0): row ``i`` is
+    ``values[offsets[i]:offsets[i + 1]]``. Local shards: ``values`` is a view of the map."""
+
+    __slots__ = ("values", "offsets")
+
+    def __init__(self, values, offsets):
+        self.values, self.offsets = values, offsets
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"row {i} is out of range for {n} ragged rows")
+        return self.values[self.offsets[j]: self.offsets[j + 1]]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def lengths(self):
+        return np.diff(self.offsets)
+
+    def __repr__(self):
+        return f"Ragged(rows={len(self)}, values={self.values.dtype}{list(self.values.shape)})"
 
 
 class Tensor:
@@ -123,15 +162,24 @@ class Dataset:
 
     Use :func:`open_dataset` to create one."""
 
-    def __init__(self, path, *, storage_options=None, cache_dir=None, check_headers=True):
+    def __init__(self, path, *, storage_options=None, cache_dir=None, check_headers=True,
+                 version=None, timestamp=None, verify_checksums=False):
         self.path = os.fspath(path)
         self.storage_options = storage_options
         self.cache_dir = cache_dir
         self._store = open_store(self.path, storage_options, cache_dir)
-        self.manifest = self._load_manifest()
+        if version is None and timestamp is None:
+            self.manifest = self._load_manifest()
+        else:
+            self.manifest = self._load_version(version, timestamp)
+        #: The manifest version read (``manifest_version``; 0 for a manifest of another tool).
+        self.version = self.manifest.get("manifest_version") or 0
         m = self.manifest
         self.schema = m["schema"]
         self.columns = list(self.schema)
+        # ragged column -> inner shape (spec/dataset.md §2.1)
+        self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
+        self._offsets = {}  # (shard index, column) -> checked offsets array (this process)
         self.total_samples = m["total_samples"]
         self.shards = []
         offset = 0
@@ -168,7 +216,18 @@ class Dataset:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_parts"] = None
+        state["_offsets"] = {}
         return state
+
+    @property
+    def bytes_fetched(self):
+        """Bytes this process has read from the remote store for this dataset object (manifest,
+        headers, sample ranges, whole shards copied into ``cache_dir``); 0 for a local dataset.
+        Counted per process: reads made in DataLoader workers are counted in the workers' copies,
+        not here (spec/python.md §remote reads)."""
+        store = self._store
+        remote = getattr(store, "remote", store)
+        return getattr(remote, "bytes_fetched", 0)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -196,6 +255,74 @@ class Dataset:
                 raise ManifestError(f"{url}: shards[].shard_path {e}") from None
         return manifest
 
+    def _load_version(self, version, timestamp):
+        """The manifest of one committed version (spec/dataset.md §5.8), by number or by time,
+        after checking that every shard it lists is there with its recorded size."""
+        if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
+            raise ManifestError(f"version={version!r}: expected an integer ≥ 1")
+        if timestamp is not None:
+            import datetime as _dt
+            if isinstance(timestamp, _dt.datetime):
+                if timestamp.tzinfo is None:
+                    timestamp = timestamp.replace(tzinfo=_dt.timezone.utc)
+                timestamp = timestamp.isoformat()
+            elif not isinstance(timestamp, str):
+                raise ManifestError(f"timestamp={timestamp!r}: expected a datetime or a string such as "
+                                    f"'2026-11-26 12:00:00' (UTC) or ISO 8601")
+        entries = []
+        for name, mtime in self._store.log_entries(MANIFEST_LOG_DIR):
+            if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+                e = {"version": int(name[:20]), "modified_ms": mtime}
+                if timestamp is not None:
+                    e["text"] = bytes(self._store.read_text(f"{MANIFEST_LOG_DIR}/{name}")).decode("utf-8")
+                entries.append(e)
+        url = self._store.url(MANIFEST_LOG_DIR)
+        try:
+            v = _native.select_version(json.dumps(entries), None if version is None else str(version),
+                                       timestamp)
+        except _native.ManifestError as e:
+            raise ManifestError(f"{self.path}: {e}") from None
+        name = f"{MANIFEST_LOG_DIR}/{v:020d}.json"
+        text = bytes(self._store.read_text(name)).decode("utf-8")
+        try:
+            manifest = json.loads(_native.parse_manifest(text))
+        except _native.ManifestError as e:
+            raise ManifestError(f"{url}/{v:020d}.json: {e}") from None
+        found = {}
+        for s in manifest["shards"]:
+            try:
+                _native.check_shard_path(s["shard_path"])
+                found[s["shard_path"]] = self._store.size(s["shard_path"])
+            except FileNotFoundError:
+                pass
+            except _native.ManifestError as e:
+                raise ManifestError(f"{url}: shards[].shard_path {e}") from None
+        try:
+            _native.check_version_shards(text, v, json.dumps(found))
+        except _native.ManifestError as e:
+            raise ShardError(f"{self.path}: {e}") from None
+        return manifest
+
+    def verify_checksums(self):
+        """Reads every shard whole and checks its CRC-32C against the manifest's
+        ``shards[].crc32c`` (shards written before checksums were recorded are skipped). Returns
+        the number of shards verified; a mismatch raises :class:`ShardError` naming the shard."""
+        n = 0
+        for s in self.manifest["shards"]:
+            want = s.get("crc32c")
+            if want is None:
+                continue
+            name = s["shard_path"]
+            if self._store.is_local:
+                got = _native.file_crc32c(self._store.url(name))
+            else:
+                got = _native.crc32c_hex(bytes(self._store.read_text(name)))
+            if got != want:
+                raise ShardError(f"{self._store.url(name)}: CRC-32C is {got}, the manifest (version "
+                                 f"{self.version}) records {want}: the file changed or is corrupt")
+            n += 1
+        return n
+
     def _check_shard_files(self):
         for shard in self.shards:
             url = self._store.url(shard.name)
@@ -222,6 +349,7 @@ class Dataset:
 
     def _infer_layout(self):
         """A manifest with only the published fields: the layout comes from the shards (spec/python.md §2)."""
+        self._ragged_from_shards()
         layouts = {(s.metadata or {}).get(LAYOUT_METADATA_KEY) for s in self.shards} - {None}
         if len(layouts) > 1:
             raise ManifestError(f"{self.path}: shards disagree on {LAYOUT_METADATA_KEY}: {sorted(layouts)}")
@@ -236,15 +364,40 @@ class Dataset:
                 rows = s.samples + self._padded_from_metadata(s)
                 tensors = self._header(s)
                 return all(c in tensors and len(tensors[c].shape) >= 1 and tensors[c].shape[0] == rows
-                           for c in self.columns)
+                           for c in self.columns if c not in self.ragged)
 
             self.layout = "batch" if all(is_batch(s) for s in self.shards) else "kv"
         if self.layout == "batch":
             for s in self.shards:
                 s.padded = self._padded_from_metadata(s)
-            if self.batch_size is None and self.columns:
-                shape = self.schema[self.columns[0]].get("shape")
+            fixed = [c for c in self.columns if c not in self.ragged]
+            if self.batch_size is None and fixed:
+                shape = self.schema[fixed[0]].get("shape")
                 self.batch_size = shape[0] if shape else None
+
+    def _ragged_from_shards(self):
+        """A column whose schema shape is null and that every shard's ``safetensors_spark.ragged``
+        lists is ragged (a shard describes itself; spec/python.md §2); its inner shape is its
+        values tensor's in the first shard."""
+        if not self.shards:
+            return
+        listed = []
+        for s in self.shards:
+            raw = (s.metadata or {}).get(RAGGED_METADATA_KEY, "[]")
+            try:
+                names = json.loads(raw)
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise ValueError("not a JSON array of column names")
+            except ValueError as e:
+                raise ShardError(f"{self._store.url(s.name)}: __metadata__ {RAGGED_METADATA_KEY} is {raw!r}: {e}") from None
+            listed.append(set(names))
+        for c in self.columns:
+            if c not in self.ragged and self.schema[c].get("shape") is None and all(c in n for n in listed):
+                t = self._header(self.shards[0]).get(c)
+                if t is None or not t.shape:
+                    raise ShardError(f"{self._store.url(self.shards[0].name)}: no tensor '{c}' (ragged column "
+                                     f"'{c}' of {RAGGED_METADATA_KEY})")
+                self.ragged[c] = list(t.shape[1:])
 
     @staticmethod
     def _padded_from_metadata(shard):
@@ -263,6 +416,12 @@ class Dataset:
             tensors = self._header(shard)
             rows = shard.samples + shard.padded
             for c in self.columns:
+                if c in self.ragged:
+                    try:
+                        header.check_ragged(c, self.schema[c]["dtype"], self.ragged[c], rows)
+                    except _native.FormatError as e:
+                        raise ShardError(f"{url}: {e}") from None
+                    continue
                 t = tensors.get(c)
                 if t is None:
                     raise ShardError(f"{url}: no tensor '{c}', a column of {MANIFEST_FILE_NAME} schema")
@@ -398,6 +557,47 @@ class Dataset:
         return store.array(shard.name, t.start + start * row_bytes, t.start + stop * row_bytes,
                            self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
 
+    def offsets(self, shard, column):
+        """The offsets of ragged column ``column`` in ``shard`` (int64 ``[rows + 1]``; a view of
+        the map for local shards), checked by the Rust rule once per process: from 0,
+        non-decreasing, ending at the values' length."""
+        key = (shard.index, column)
+        o = self._offsets.get(key)
+        if o is None:
+            tensors = self._header(shard)
+            if column not in tensors or offsets_name(column) not in tensors:
+                # a published-only manifest or check_headers=False: the header rule first
+                try:
+                    self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
+                                                            self.ragged[column], shard.samples + shard.padded)
+                except _native.FormatError as e:
+                    raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
+            t = tensors[offsets_name(column)]
+            o = self.tensor_array(shard, t)
+            try:
+                _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0])
+            except _native.FormatError as e:
+                raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
+            self._offsets[key] = o
+        return o
+
+    def ragged_values(self, shard, column, start, stop):
+        """Elements ``[start, stop)`` of ragged column ``column``'s values: a view for local
+        files, one range read otherwise."""
+        t = self._header(shard)[column]
+        if self._store.is_local:
+            return self.tensor_array(shard, t)[start:stop]
+        elem = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
+        return self._store.array(shard.name, t.start + start * elem, t.start + stop * elem,
+                                 self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
+
+    def ragged_rows(self, shard, column, start, stop):
+        """Rows ``[start, stop)`` of ragged column ``column`` as :class:`Ragged` (values a view
+        for local files; offsets rebased to 0)."""
+        o = self.offsets(shard, column)
+        e0, e1 = int(o[start]), int(o[stop])
+        return Ragged(self.ragged_values(shard, column, e0, e1), o[start: stop + 1] - e0)
+
     def kv_tensor(self, shard, key, column):
         return self.tensor_array(shard, self._kv_keys(shard)[key][column])
 
@@ -405,6 +605,9 @@ class Dataset:
         if self.layout == "batch":
             out = {}
             for c in columns:
+                if c in self.ragged:
+                    out[c] = self.ragged_rows(shard, c, row, row + 1).values  # the row's elements
+                    continue
                 a = self.rows(shard, c, row, row + 1)
                 out[c] = a.reshape(a.shape[1:])  # a 0-d array (not a numpy scalar) for scalar samples
             return out
@@ -422,11 +625,13 @@ class Dataset:
 
     def iter_shards(self, columns=None):
         """Yields ``(shard_name, data)`` per shard in manifest order. Batch layout: ``data`` is
-        ``{column: array of the shard's real rows}``; KV: ``{key: {column: array}}``."""
+        ``{column: array of the shard's real rows}`` (a ragged column: :class:`Ragged`, its
+        values and offsets); KV: ``{key: {column: array}}``."""
         columns = self.check_columns(columns)
         for shard in self.shards:
             if self.layout == "batch":
-                yield shard.name, {c: self.rows(shard, c, 0, shard.samples) for c in columns}
+                yield shard.name, {c: self.ragged_rows(shard, c, 0, shard.samples) if c in self.ragged
+                                   else self.rows(shard, c, 0, shard.samples) for c in columns}
             else:
                 self._kv_keys(shard)
                 yield shard.name, {k: {c: self.kv_tensor(shard, k, c) for c in columns} for k in shard.keys}
@@ -559,11 +764,41 @@ class Dataset:
         return out
 
 
-def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True):
+def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True, version=None,
+                 timestamp=None, verify_checksums=False):
     """Opens a dataset directory (local path or fsspec URL such as ``s3://bucket/data``).
 
     Reads the manifest and, with ``check_headers`` (default), every shard's header, checking each
     against the manifest, so a broken dataset fails here rather than during training.
     ``storage_options`` go to fsspec; with ``cache_dir`` remote shards are copied there whole on
-    first use and memory-mapped."""
-    return Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers)
+    first use and memory-mapped.
+
+    ``version=n`` reads committed version ``n`` and ``timestamp=`` (a datetime, naive = UTC, or a
+    string such as ``"2026-11-26 12:00:00"`` or ISO 8601) the newest version committed at or
+    before it, from ``_manifest_log/`` (spec/dataset.md §5.8); ``verify_checksums=True`` reads
+    every shard whole once and checks its CRC-32C (:meth:`Dataset.verify_checksums`)."""
+    ds = Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers,
+                 version=version, timestamp=timestamp)
+    if verify_checksums:
+        ds.verify_checksums()
+    return ds
+
+
+def history(path, *, storage_options=None):
+    """The dataset's versions, oldest first (spec/dataset.md §5.8): a list of dicts with
+    ``version``, ``committed_at_ms``, ``operation``, ``rows_added``, ``rows_removed``,
+    ``bytes_added``, ``bytes_removed``, ``shards_added``, ``shards_removed``, ``total_rows``,
+    ``total_bytes``, ``created_by``, ``app_id``, ``commit_message``."""
+    store = open_store(os.fspath(path), storage_options, None)
+    entries = []
+    for name, mtime in store.log_entries(MANIFEST_LOG_DIR):
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+            entries.append({"version": int(name[:20]), "modified_ms": mtime,
+                            "text": bytes(store.read_text(f"{MANIFEST_LOG_DIR}/{name}")).decode("utf-8")})
+    if not entries:
+        raise ManifestError(f"{store.url(MANIFEST_LOG_DIR)}: no manifest log; {path} is not a dataset "
+                            "written by this connector")
+    try:
+        return json.loads(_native.history(json.dumps(entries)))
+    except _native.ManifestError as e:
+        raise ManifestError(f"{path}: {e}") from None

@@ -52,6 +52,18 @@ class EpochOrder:
         j = np.searchsorted(self.ends, v, side="right")
         return self.shard_order[j], v - self.begins[j]
 
+    def locate_all(self):
+        """``locate(arange(total))`` in one pass over the shuffle blocks (no mask per block)."""
+        v = np.arange(self.total, dtype=np.int64)
+        if self.shuffle:
+            for k in range(-(-self.total // self.block_size)):
+                base = k * self.block_size
+                perm = np.random.default_rng([self.seed, self.epoch, 1, k]).permutation(
+                    min(self.block_size, self.total - base))
+                v[base: base + len(perm)] = base + perm
+        j = np.searchsorted(self.ends, v, side="right")
+        return self.shard_order[j], v - self.begins[j]
+
 
 class RankPlan:
     """The batches of one rank for one epoch, from global position ``start``.

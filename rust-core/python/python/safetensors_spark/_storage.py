@@ -43,6 +43,14 @@ class LocalStore:
     def size(self, name):
         return os.stat(self.url(name)).st_size
 
+    def log_entries(self, log_dir):
+        """``(file name, modification time in ms)`` of the files in ``log_dir`` (none if absent)."""
+        try:
+            with os.scandir(self.url(log_dir)) as it:
+                return [(e.name, int(e.stat().st_mtime * 1000)) for e in it if e.is_file()]
+        except FileNotFoundError:
+            return []
+
     def read(self, name, start, end):
         with open(self.url(name), "rb") as f:
             f.seek(start)
@@ -98,8 +106,35 @@ class FsspecStore:
     is_local = False
 
     def __init__(self, fs, root):
-        self.fs = fs
+        self._fs = fs
+        self._pid = os.getpid()
         self.root = root.rstrip("/")
+        self.bytes_fetched = 0
+
+    def __getstate__(self):
+        # the file system pickles as its class and arguments (fsspec's own ``__reduce__``); the
+        # count starts again in the process that unpickles (spec/python.md: bytes fetched)
+        return {"fs": self._fs, "root": self.root}
+
+    def __setstate__(self, state):
+        self._fs = state["fs"]
+        self._pid = os.getpid()
+        self.root = state["root"]
+        self.bytes_fetched = 0
+
+    @property
+    def fs(self):
+        """This process's file system. A forked worker inherits the parent's instance, whose
+        event loop and connections belong to the parent (s3fs refuses it: "This class is not
+        fork-safe"); the first use in another process builds a new instance from the same class
+        and arguments, as fsspec does when it unpickles one (its instance cache is per process).
+        The count of bytes fetched starts again with it."""
+        if self._pid != os.getpid():
+            old = self._fs
+            self._fs = type(old)(*old.storage_args, **old.storage_options)
+            self._pid = os.getpid()
+            self.bytes_fetched = 0
+        return self._fs
 
     def url(self, name):
         return f"{self.root}/{name}"
@@ -113,13 +148,33 @@ class FsspecStore:
     def size(self, name):
         return int(self.fs.size(self.url(name)))
 
+    def log_entries(self, log_dir):
+        """``(file name, modification time in ms)`` of the files in ``log_dir`` (none if absent)."""
+        try:
+            listed = self.fs.ls(self.url(log_dir), detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in listed:
+            if e.get("type") == "directory":
+                continue
+            t = e.get("mtime") or e.get("LastModified") or e.get("created") or 0
+            if hasattr(t, "timestamp"):
+                t = t.timestamp()
+            out.append((e["name"].rstrip("/").rsplit("/", 1)[-1], int(float(t) * 1000)))
+        return out
+
     def read(self, name, start, end):
         if end <= start:
             return b""
-        return self.fs.cat_file(self.url(name), start=start, end=end)
+        data = self.fs.cat_file(self.url(name), start=start, end=end)
+        self.bytes_fetched += len(data)
+        return data
 
     def read_text(self, name):
-        return self.fs.cat_file(self.url(name))
+        data = self.fs.cat_file(self.url(name))
+        self.bytes_fetched += len(data)
+        return data
 
     def array(self, name, start, end, dtype, shape):
         """Bytes ``[start, end)`` read into a fresh writable array."""
@@ -164,6 +219,9 @@ class CachedStore(LocalStore):
     def read_text(self, name):
         return self.remote.read_text(name)
 
+    def log_entries(self, log_dir):
+        return self.remote.log_entries(log_dir)
+
     def fetch(self, name, size):
         """Copies shard ``name`` (``size`` bytes) into the cache unless it is there already."""
         local = super().url(name)
@@ -173,6 +231,7 @@ class CachedStore(LocalStore):
         tmp = f"{local}.{os.getpid()}.tmp"
         self.remote.fs.get_file(self.remote.url(name), tmp)
         got = os.stat(tmp).st_size
+        self.remote.bytes_fetched += got
         if got != size:
             os.unlink(tmp)
             raise OSError(f"{self.remote.url(name)}: copied {got} bytes into the cache, expected {size}")

@@ -14,6 +14,9 @@ the Rust engine, shard sizes checked), so only a committed, consistent dataset c
   committed state of the dataset; logging the same state twice gives the same digest.
 * ``schema``: the manifest's ``schema`` (column → ``dtype`` and ``shape``, as published).
 * ``profile``: samples, bytes, shards, layout, padded and dropped samples, manifest version.
+  The version is the one to read back: ``open_dataset(path, version=d.version)`` (or
+  ``spark.read.option("versionAsOf", …)``) gives exactly the logged samples while the version is
+  retained (spec/dataset.md §5.8), and its manifest has the logged digest.
 
 See spec/python.md §7. Needs ``mlflow`` (or ``mlflow-skinny``), imported on first use.
 """
@@ -68,6 +71,8 @@ def _dataset_class():
             def __init__(self, ds, name=None):
                 self.manifest = ds.manifest
                 self.path = ds.path
+                #: the manifest version logged (read it back with ``open_dataset(path, version=…)``)
+                self.version = ds.version
                 default_name = ds.path.rstrip("/").rsplit("/", 1)[-1] or ds.path
                 super().__init__(source=resolve_dataset_source(ds.path), name=name or default_name,
                                  digest=manifest_digest(ds.manifest))
@@ -92,16 +97,18 @@ def _dataset_class():
     return _CLASS
 
 
-def dataset(path, *, name=None, storage_options=None):
-    """The MLflow dataset of the safetensors dataset at ``path`` (see the module docs)."""
-    ds = open_dataset(path, storage_options=storage_options, check_headers=False)
+def dataset(path, *, name=None, storage_options=None, version=None):
+    """The MLflow dataset of the safetensors dataset at ``path`` (see the module docs): its
+    current state, or committed version ``version``."""
+    ds = open_dataset(path, storage_options=storage_options, check_headers=False, version=version)
     return _dataset_class()(ds, name)
 
 
-def log_input(path, *, context=None, name=None, storage_options=None):
-    """Logs the dataset at ``path`` as an input of the active MLflow run (starting one if needed,
-    as ``mlflow.log_input`` does); returns the logged dataset."""
+def log_input(path, *, context=None, name=None, storage_options=None, version=None):
+    """Logs the dataset at ``path`` (its current state, or version ``version``) as an input of
+    the active MLflow run (starting one if needed, as ``mlflow.log_input`` does); returns the
+    logged dataset, whose ``version`` and ``digest`` name the state logged."""
     mlflow, _, _ = _mlflow()
-    d = dataset(path, name=name, storage_options=storage_options)
+    d = dataset(path, name=name, storage_options=storage_options, version=version)
     mlflow.log_input(d, context=context)
     return d

@@ -128,3 +128,15 @@ def check_session(spark):
 
 def _session_is_connect(spark):
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def history(spark, path):
+    """The dataset's versions as a Spark DataFrame, oldest first (spec/dataset.md §5.8): the
+    connector's ``SafetensorsDataset.history`` (classic sessions; with Spark Connect use
+    :func:`safetensors_spark.history`, which needs no session)."""
+    if _session_is_connect(spark):
+        raise SafetensorsSparkError("history(spark, path) needs a classic SparkSession; with Spark Connect "
+                                    "use safetensors_spark.history(path) (a list of dicts)")
+    from pyspark.sql import DataFrame
+    jdf = spark._jvm.io.safetensors.spark.SafetensorsDataset.history(spark._jsparkSession, str(path))
+    return DataFrame(jdf, spark)

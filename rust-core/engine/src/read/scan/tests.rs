@@ -1116,7 +1116,8 @@ fn plan_tensor_layout_predicates_and_splitting() {
             tensors: vec![TensorAssumption {
                 name: "enc.b".into(),
                 dtype: Dtype::F16,
-                shape: vec![10]
+                shape: vec![10],
+                ragged: None,
             }]
         }
     );
@@ -1506,6 +1507,7 @@ fn key_lookups_are_planned_from_the_index_without_headers() {
                 name: wanted.clone(),
                 dtype: Dtype::F32,
                 shape: vec![4],
+                ragged: None,
             }]
         }
     );

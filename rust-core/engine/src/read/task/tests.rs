@@ -624,3 +624,117 @@ fn remote_reads_through_small_gaps_within_a_budget() {
     let (_, local) = run_local(&spec);
     assert_eq!((local, remote), (h + 512, h + 544));
 }
+
+/// A bare shard with a ragged I32 column `t` (rows [], [1, 2], [3], [4, 5, 6], then 1 padding
+/// row) and a fixed I64 column `id`.
+fn ragged_shard(dir: &Dir, offsets: &[i64]) -> FileInput {
+    use safetensors_spark_format::file::write_file;
+    use safetensors_spark_format::header::TensorEntry;
+    let values: Vec<u8> = (1..=6i32).flat_map(|v| v.to_le_bytes()).collect();
+    let offs: Vec<u8> = offsets.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let ids: Vec<u8> = (0..5i64).flat_map(|v| v.to_le_bytes()).collect();
+    let entry = |n: &str, d, s: &[u64]| TensorEntry {
+        name: n.into(),
+        dtype: d,
+        shape: s.to_vec(),
+    };
+    let mut meta: BTreeMap<String, String> = crate::read::scan::tests::batch_meta(4, 1)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    meta.insert("safetensors_spark.ragged".into(), "[\"t\"]".into());
+    let name = shard_name(0, 0);
+    let written = write_file(
+        dir.0.join(&name),
+        Some(&meta),
+        &[
+            (entry("id", Dtype::I64, &[5]), ids.as_slice()),
+            (entry("t", Dtype::I32, &[6]), values.as_slice()),
+            (entry("t.offsets", Dtype::I64, &[6]), offs.as_slice()),
+        ],
+    )
+    .unwrap();
+    with_header(&FileInput {
+        file: format!("{}/{name}", dir.uri()),
+        length: written.bytes,
+        header: None,
+        header_error: None,
+    })
+}
+
+#[test]
+fn ragged_rows_local_and_remote_in_two_rounds() {
+    let dir = Dir::new("ragged-task");
+    let f = ragged_shard(&dir, &[0, 0, 2, 3, 6, 6]);
+    let mut req = plan_req(Layout::Sample, input(&[f], &[]), &["t", "id"]);
+    req.batch_rows = 3;
+    let specs = plan_ok(&req);
+    assert_eq!(specs.len(), 1);
+    let (local, _) = run_local(&specs[0]);
+    // remote: offsets first, then the values; asked until nothing is needed
+    let mut task = ReadTask::new(specs[0].clone());
+    let bytes = std::fs::read(path_of(&specs[0].units[0].file)).unwrap();
+    task.open_remote(0, header_bytes(&bytes)).unwrap();
+    let mut remote = Vec::new();
+    let mut rounds = 0;
+    loop {
+        loop {
+            let ranges = task.needed_ranges().unwrap();
+            if ranges.is_empty() {
+                break;
+            }
+            rounds += 1;
+            for r in ranges {
+                task.supply(r.start, bytes[r.start as usize..r.end as usize].to_vec())
+                    .unwrap();
+            }
+        }
+        match task.next_batch().unwrap() {
+            Some(b) => remote.push(b),
+            None => break,
+        }
+    }
+    assert_eq!(local, remote);
+    assert_eq!(rounds, 4, "two batches, two rounds each");
+    let rows: Vec<Vec<i32>> = local
+        .iter()
+        .flat_map(|b| {
+            let l = b.column(0).as_list::<i32>().clone();
+            (0..l.len())
+                .map(|i| {
+                    l.value(i)
+                        .as_primitive::<arrow_array::types::Int32Type>()
+                        .values()
+                        .to_vec()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(rows, vec![vec![], vec![1, 2], vec![3], vec![4, 5, 6]]);
+    // batch_bytes counts each row's values (4 B per element) and the fixed `id` (8 B): rows
+    // of 8, 16, 12 and 20 B in batches of at most 24 B are {0, 1}, {2}, {3}
+    req.batch_rows = 1024;
+    req.batch_bytes = 24;
+    let (batches, _) = run_local(&plan_ok(&req)[0]);
+    let sizes: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
+    assert_eq!(sizes, vec![2, 1, 1]);
+}
+
+#[test]
+fn ragged_bad_offsets_are_errors_naming_the_column() {
+    for (offsets, needle) in [
+        (&[1i64, 1, 2, 3, 6, 6][..], "starts at 1, not 0"),
+        (&[0, 0, 2, 3, 6, 5], "ends at 5"),
+        (&[0, 2, 1, 3, 6, 6], "entry 2 is 1, smaller than entry 1"),
+        (&[0, 0, 9, 3, 6, 6], "entry 2 is 9, outside [0, 6]"),
+    ] {
+        let dir = Dir::new("ragged-bad");
+        let f = ragged_shard(&dir, offsets);
+        let specs = plan_ok(&plan_req(Layout::Sample, input(&[f], &[]), &["t"]));
+        let mut task = ReadTask::new(specs[0].clone());
+        task.open_local(0, &path_of(&specs[0].units[0].file))
+            .unwrap();
+        let e = task.next_batch().unwrap_err().to_string();
+        assert!(e.contains("tensor `t`") && e.contains(needle), "{e}");
+    }
+}

@@ -50,6 +50,7 @@ fn col(dtype: Dtype, shape: Option<Vec<u64>>) -> ColumnReport {
     ColumnReport {
         dtype,
         sample_shape: shape,
+        inner_shape: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn batch_shard(plan: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64
         samples: rows,
         padded_samples: pad,
         bytes: 100 + n * 28,
+        crc32c: None,
         tensors: vec![
             TensorReport {
                 name: "y".into(),
@@ -124,6 +126,7 @@ fn kv_shard(plan: &WritePlan, partition: u32, shard: u32, keys: &[&str]) -> Shar
         samples: keys.len() as u64,
         padded_samples: 0,
         bytes: 1000,
+        crc32c: None,
         tensors,
         num_tensors: None,
     }

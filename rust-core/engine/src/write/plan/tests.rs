@@ -1,4 +1,5 @@
 use super::*;
+use crate::write::RaggedElement;
 use safetensors_spark_dataset::manifest::{ColumnMap, ManifestTensor};
 use serde_json::json;
 
@@ -91,6 +92,7 @@ fn batch_defaults() {
             },
             dtype: Some(Dtype::F32),
             sample_shape: None,
+            ragged: None,
         }]
     );
     assert!(p.metadata.is_empty());
@@ -108,7 +110,6 @@ fn batch_defaults() {
 #[test]
 fn unsupported_types_name_column_type_and_what_is_supported() {
     for (t, shown) in [
-        (json!("string"), "string"),
         (json!("decimal(10,2)"), "decimal(10,2)"),
         (json!("timestamp"), "timestamp"),
         (json!("date"), "date"),
@@ -239,13 +240,15 @@ fn vector_udt_detection() {
 
 #[test]
 fn binary_needs_dtype_and_shapes() {
-    let s = schema(vec![field("b", json!("binary"))]);
+    let s = schema(vec![
+        field("b", json!("binary")),
+        field("k", json!("string")),
+    ]);
+    // Without a shapes entry a binary column is ragged U8 in batch mode (spec/options.md);
+    // in KV mode it still needs both.
     for (pairs, needle) in [
-        (vec![("batch_size", "1")], "a dtype and a shapes entry"),
-        (
-            vec![("batch_size", "1"), ("dtype", "F32")],
-            "a shapes entry",
-        ),
+        (vec![("name_col", "k")], "a dtype and a shapes entry"),
+        (vec![("name_col", "k"), ("dtype", "F32")], "a shapes entry"),
         (
             vec![("batch_size", "1"), ("shapes", r#"{"b":[2]}"#)],
             "a dtype",
@@ -268,6 +271,7 @@ fn binary_needs_dtype_and_shapes() {
     assert_eq!(p.columns[0].input, InputKind::Binary);
     assert_eq!(p.columns[0].dtype, Some(Dtype::U16));
     assert_eq!(p.columns[0].sample_shape, Some(vec![2, 3]));
+    assert_eq!(p.columns[0].ragged, None);
 }
 
 #[test]
@@ -275,9 +279,29 @@ fn unknown_option_lists_every_valid_key() {
     let e = err(&xs(), &[("batch_size", "1"), ("dtpye", "F32")]);
     assert_eq!(
         e.to_string(),
-        "unknown option 'dtpye'; valid options: batch_size, columns, dtype, dtypes, \
-duplicatesStrategy, generate_index, kv_separator, metadata, name_col, retention, shapes, \
+        "unknown option 'dtpye'; valid options: batch_size, columns, commit_message, dtype, dtypes, \
+duplicatesStrategy, generate_index, kv_separator, metadata, name_col, ragged, retention, shapes, \
 tail_strategy, target_shard_size_mb"
+    );
+}
+
+/// `commit_message` (recorded in the version, dataset.md §5.8) is checked at plan time.
+#[test]
+fn commit_message_is_any_text_up_to_64_kib() {
+    plan(
+        &xs(),
+        &[
+            ("batch_size", "1"),
+            ("commit_message", "nightly \"load\" ✓"),
+        ],
+    )
+    .unwrap();
+    let long = "x".repeat(65_537);
+    let e = err(&xs(), &[("batch_size", "1"), ("commit_message", &long)]).to_string();
+    assert!(
+        e.contains("option commit_message")
+            && e.contains("at most 65536 bytes of text (it is 65537 bytes)"),
+        "{e}"
     );
 }
 
@@ -493,8 +517,8 @@ fn columns_select_and_order() {
     let p = plan(&s, &[("batch_size", "1"), ("columns", " s , x ")]).unwrap();
     assert_eq!(names(&p), ["s", "x"]);
     assert_eq!(p.columns[0].field_index, 3);
-    // Unlisted columns of any type are ignored (k is a string).
-    assert!(plan(&s, &[("batch_size", "1")]).is_err());
+    // Unlisted columns of any type are ignored (k is a string, written ragged when listed).
+    assert!(plan(&s, &[("batch_size", "1")]).is_ok());
     assert_eq!(
         msg(&s, &[("batch_size", "1"), ("columns", "x,nope")]),
         "option columns: column 'nope' does not exist; columns: x, y, k, s"
@@ -1108,4 +1132,129 @@ fn retention_option_is_parsed_or_refused_naming_it() {
         assert!(e.contains("retention") && e.contains(bad), "{e}");
         assert!(e.contains("seconds, minutes, hours or days"), "{e}");
     }
+}
+
+#[test]
+fn ragged_columns_are_binary_string_and_named_arrays() {
+    let s = schema(vec![
+        field("tok", arr(json!("integer"))),
+        field("emb", arr(arr(json!("float")))),
+        field("jpeg", json!("binary")),
+        field("txt", json!("string")),
+        field("n", json!("long")),
+    ]);
+    let p = plan(&s, &[("batch_size", "2"), ("ragged", "tok, EMB")]).unwrap();
+    let r: Vec<Option<(RaggedElement, Option<Vec<u64>>)>> = p
+        .columns
+        .iter()
+        .map(|c| {
+            c.ragged
+                .as_ref()
+                .map(|r| (r.element, r.inner_shape.clone()))
+        })
+        .collect();
+    assert_eq!(
+        r,
+        vec![
+            Some((RaggedElement::Array, Some(vec![]))),
+            Some((RaggedElement::Array, None)),
+            Some((RaggedElement::Binary, Some(vec![]))),
+            Some((RaggedElement::String, Some(vec![]))),
+            None,
+        ]
+    );
+    assert_eq!(p.columns[2].dtype, Some(Dtype::U8));
+    assert_eq!(p.columns[3].dtype, Some(Dtype::U8));
+    // global dtype applies to arrays, not to the bytes of binary/string columns
+    let p = plan(&s, &[("batch_size", "2"), ("dtype", "bf16")]).unwrap();
+    assert_eq!(p.columns[0].ragged, None);
+    assert_eq!(p.columns[0].dtype, Some(Dtype::Bf16));
+    assert_eq!(p.columns[2].dtype, Some(Dtype::U8));
+    // a shapes entry keeps a binary column fixed-shape, exactly as before
+    let p = plan(
+        &s,
+        &[
+            ("batch_size", "2"),
+            ("dtypes", r#"{"jpeg":"F32"}"#),
+            ("shapes", r#"{"jpeg":[2]}"#),
+        ],
+    )
+    .unwrap();
+    assert_eq!(p.columns[2].ragged, None);
+    assert_eq!(p.columns[2].dtype, Some(Dtype::F32));
+    let m = msg(&s, &[("batch_size", "2"), ("ragged", "n")]);
+    assert!(
+        m.starts_with("option ragged: column 'n' has type long;"),
+        "{m}"
+    );
+    let m = msg(&s, &[("batch_size", "2"), ("dtypes", r#"{"jpeg":"F32"}"#)]);
+    assert!(
+        m.contains("column 'jpeg' is a ragged binary column") && m.contains("F32"),
+        "{m}"
+    );
+    let m = msg(
+        &s,
+        &[
+            ("batch_size", "2"),
+            ("ragged", "tok"),
+            ("shapes", r#"{"tok":[2]}"#),
+        ],
+    );
+    assert!(
+        m.contains("option shapes: column 'tok' is named in option ragged"),
+        "{m}"
+    );
+    let m = msg(&s, &[("name_col", "txt"), ("ragged", "tok")]);
+    assert!(m.contains("option ragged does not apply to KV mode"), "{m}");
+    let kv = schema(vec![
+        field("k", json!("string")),
+        field("txt", json!("string")),
+    ]);
+    let m = msg(&kv, &[("name_col", "k")]);
+    assert!(
+        m.contains("column 'txt' has type string; string columns are written in batch mode only"),
+        "{m}"
+    );
+}
+
+#[test]
+fn ragged_offsets_name_may_not_collide_with_a_column() {
+    let s = schema(vec![
+        field("tok", arr(json!("integer"))),
+        field("tok.offsets", arr(json!("long"))),
+    ]);
+    assert!(plan(&s, &[("batch_size", "2")]).is_ok());
+    assert_eq!(
+        msg(&s, &[("batch_size", "2"), ("ragged", "tok")]),
+        "ragged column 'tok' stores its row boundaries as tensor 'tok.offsets', which is also the name of written column 'tok.offsets'; rename one (e.g. df.withColumnRenamed) or leave one out with the columns option"
+    );
+}
+
+#[test]
+fn append_inherits_ragged_and_refuses_a_conflict() {
+    let s = schema(vec![field("tok", arr(arr(json!("integer"))))]);
+    let first = plan(&s, &[("batch_size", "2"), ("ragged", "tok")]).unwrap();
+    let mut m = manifest_for(&first, &[("tok", Dtype::I32, None)]);
+    m.schema.0[0].1.ragged = Some(safetensors_spark_dataset::manifest::RaggedColumn {
+        inner_shape: vec![3],
+        element: RaggedElement::Array,
+    });
+    let p = plan_append(&s, &opts(&[]), false, &m).unwrap();
+    let r = p.columns[0].ragged.as_ref().unwrap();
+    assert_eq!(r.inner_shape, Some(vec![3]));
+    assert_eq!(p.columns[0].dtype, Some(Dtype::I32));
+    let e = plan_append(&s, &opts(&[("ragged", "")]), false, &m)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "cannot append to the existing dataset: option ragged is '', which makes column 'tok' fixed-shape, the dataset has column 'tok' ragged (an append takes the dataset's ragged when the option is left out)"
+    );
+    let e = plan_append(&s, &opts(&[("dtype", "F16")]), false, &m)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("option dtype is F16 for column 'tok', the dataset has I32"),
+        "{e}"
+    );
 }

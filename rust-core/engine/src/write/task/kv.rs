@@ -31,7 +31,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, StructArray};
 use safetensors_spark_dataset::index::IndexRow;
 use safetensors_spark_format::dtype::DTYPES;
-use safetensors_spark_format::file::{copy_tensors, FileWriter};
+use safetensors_spark_format::file::{copy_tensors, crc32c_hex, FileWriter};
 use safetensors_spark_format::header::{self, HeaderEntry, MAX_HEADER_SIZE, METADATA_KEY};
 use safetensors_spark_format::Dtype;
 use std::cmp::Ordering;
@@ -1044,6 +1044,7 @@ impl KvState {
             samples: open.samples,
             padded_samples: 0,
             bytes: written.bytes,
+            crc32c: Some(crc32c_hex(written.crc32c)),
             tensors: Vec::new(),
             num_tensors: None,
         };
@@ -1225,6 +1226,7 @@ impl KvState {
         let report = ShardReport {
             samples,
             bytes: written.bytes,
+            crc32c: Some(crc32c_hex(written.crc32c)),
             tensors: Vec::new(),
             ..old
         };

@@ -39,6 +39,7 @@ fn col(name: &str, input: InputKind, dtype: Option<Dtype>, shape: Option<Vec<u64
         input,
         dtype,
         sample_shape: shape,
+        ragged: None,
     }
 }
 
@@ -284,7 +285,8 @@ fn batch_shapes_values_offsets_and_metadata() {
         report.columns["x"],
         ColumnReport {
             dtype: Dtype::F32,
-            sample_shape: Some(vec![3])
+            sample_shape: Some(vec![3]),
+            inner_shape: None
         }
     );
     let expected = [
@@ -464,7 +466,7 @@ fn ragged_and_shape_mismatch_errors_name_the_row() {
     let m = wrap(wrap(leaf, &[0, 2, 4, 7, 9]), &[0, 2, 4]);
     assert_eq!(
         batch_error(plan.clone(), &[batch(vec![("x", m)])]),
-        "column 'x', row 1: ragged nested array: inner lengths 3 and 2"
+        "column 'x', row 1: ragged nested array: inner lengths 3 and 2; name the column in option ragged to store rows of different lengths"
     );
     // Shape differs in a later batch.
     let plan1 = plan_batch(
@@ -486,7 +488,7 @@ fn ragged_and_shape_mismatch_errors_name_the_row() {
     );
     assert_eq!(
         msg,
-        "column 'x', row 17: sample shape [3] differs from [4] of earlier rows"
+        "column 'x', row 17: sample shape [3] differs from [4] of earlier rows; name the column in option ragged to store rows of different lengths"
     );
 }
 
@@ -1105,7 +1107,8 @@ fn kv_names_metadata_and_reports() {
         report.columns["x"],
         ColumnReport {
             dtype: Dtype::F32,
-            sample_shape: None
+            sample_shape: None,
+            inner_shape: None
         }
     );
     assert_eq!(report.columns["y"].sample_shape, Some(vec![]));
@@ -1379,7 +1382,8 @@ fn kv_last_win_in_open_shard() {
         report.columns["x"],
         ColumnReport {
             dtype: Dtype::F32,
-            sample_shape: None
+            sample_shape: None,
+            inner_shape: None
         }
     );
     fs::remove_dir_all(dir).unwrap();
@@ -1597,7 +1601,8 @@ fn kv_struct_and_vector_columns_keep_per_row_shapes() {
         report.columns["t"],
         ColumnReport {
             dtype: Dtype::I32,
-            sample_shape: None
+            sample_shape: None,
+            inner_shape: None
         }
     );
     assert_eq!(report.columns["v"].sample_shape, None);
@@ -1870,4 +1875,107 @@ fn kv_shards_in_flight_are_reported_once_and_last_win_waits_for_them() {
     assert_eq!(contents["a"], vec![7.; 3]);
     assert!(names_in(&dir).iter().all(|n| !n.starts_with('.')));
     fs::remove_dir_all(dir).unwrap();
+}
+
+// ---------------------------------------------------------------- ragged columns
+
+fn ragged(
+    mut c: ColumnPlan,
+    element: crate::write::RaggedElement,
+    inner: Option<Vec<u64>>,
+) -> ColumnPlan {
+    c.ragged = Some(crate::write::RaggedPlan {
+        element,
+        inner_shape: inner,
+    });
+    c
+}
+
+fn le_i64(b: impl AsRef<[u8]>) -> Vec<i64> {
+    b.as_ref()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn ragged_columns_store_values_and_offsets_with_pad_rows_empty() {
+    use crate::write::RaggedElement;
+    let dir = tmpdir("ragged");
+    let plan = plan_batch(
+        vec![
+            ragged(
+                col("t", arr(SparkNumeric::Float, 1), Some(Dtype::Bf16), None),
+                RaggedElement::Array,
+                Some(vec![]),
+            ),
+            ragged(
+                col("s", InputKind::String, Some(Dtype::U8), None),
+                RaggedElement::String,
+                Some(vec![]),
+            ),
+        ],
+        4,
+        TailStrategy::Pad,
+    );
+    let mut w = TaskWriter::open(plan, 0, dir.clone()).unwrap();
+    let t = f32_rows(&[
+        Some(vec![Some(1.0), Some(2.5)]),
+        Some(vec![]),
+        Some(vec![Some(-3.0)]),
+    ]);
+    let s: ArrayRef = Arc::new(arrow_array::StringArray::from(vec!["héllo", "", "ab"]));
+    w.write_batch(&batch(vec![("t", t), ("s", s)])).unwrap();
+    let done = w.finish().unwrap();
+    let report = read_report(&done.report_path).unwrap();
+    assert_eq!(report.shards.len(), 1);
+    let shard = &report.shards[0];
+    assert_eq!((shard.samples, shard.padded_samples), (3, 1));
+    assert_eq!(shard.tensors.len(), 4);
+    let f = SafetensorsFile::open(&shard.local_path).unwrap();
+    let (info, bytes) = f.tensor("t").unwrap();
+    assert_eq!((info.dtype, info.shape.clone()), (Dtype::Bf16, vec![3]));
+    let vals: Vec<f32> = bytes
+        .chunks_exact(2)
+        .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect();
+    assert_eq!(vals, vec![1.0, 2.5, -3.0]);
+    let (info, bytes) = f.tensor("t.offsets").unwrap();
+    assert_eq!((info.dtype, info.shape.clone()), (Dtype::I64, vec![5]));
+    assert_eq!(le_i64(bytes), vec![0, 2, 2, 3, 3]);
+    let (info, bytes) = f.tensor("s").unwrap();
+    assert_eq!((info.dtype, info.shape.clone()), (Dtype::U8, vec![8]));
+    assert_eq!(bytes, "hélloab".as_bytes());
+    assert_eq!(
+        le_i64(f.tensor("s.offsets").unwrap().1),
+        vec![0, 6, 6, 8, 8]
+    );
+    let meta = f.header().metadata.clone().unwrap();
+    assert_eq!(meta["safetensors_spark.ragged"], r#"["t","s"]"#);
+    assert_eq!(
+        report.columns["t"].inner_shape,
+        Some(Vec::<Option<u64>>::new())
+    );
+    let _ = fs::remove_dir_all(dir);
+}
+
+#[test]
+fn ragged_nested_rows_keep_one_inner_shape() {
+    use crate::write::RaggedElement;
+    let plan = plan_batch(
+        vec![ragged(
+            col("x", arr(SparkNumeric::Double, 2), Some(Dtype::F64), None),
+            RaggedElement::Array,
+            None,
+        )],
+        10,
+        TailStrategy::Write,
+    );
+    let leaf: ArrayRef = Arc::new(Float64Array::from_iter_values((0..10).map(f64::from)));
+    // row 0: [[0,1],[2,3]], row 1: [] , row 2: [[4,5,6],[7,8,9]] (inner [3] vs [2])
+    let m = wrap(wrap(leaf, &[0, 2, 4, 7, 10]), &[0, 2, 2, 4]);
+    assert_eq!(
+        batch_error(plan, &[batch(vec![("x", m)])]),
+        "column 'x', row 2: inner shape [3] differs from the column's inner shape [2] (of earlier rows); only the first dimension of a ragged column may vary"
+    );
 }

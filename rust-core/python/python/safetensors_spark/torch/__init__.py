@@ -14,6 +14,7 @@ worker message, in pooled shared-memory blocks) and ``_loader`` (``loader()``).
 
 # STATE_VERSION (the resume state's version) stays importable from here, as before the split
 from ._datasets import STATE_VERSION, SafetensorsDataset, SafetensorsIterableDataset  # noqa: F401
+from .._packing import Packing
 from ._loader import loader
 
-__all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "loader"]
+__all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "Packing", "loader"]

@@ -15,8 +15,10 @@ import torch.utils.data
 
 from .._dataset import Dataset
 from .._errors import StateError
+from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
-from ._handoff import messages
+from ._forms import Finish, resolve_forms
+from ._handoff import item_messages, messages
 from ._reader import BatchReader, to_torch
 
 STATE_VERSION = 1
@@ -34,10 +36,14 @@ class SafetensorsDataset(torch.utils.data.Dataset):
     Local shards are memory-mapped (private, copy-on-write): the tensors are views of the map,
     no bytes are copied; remote shards are read by byte range into fresh tensors."""
 
-    def __init__(self, path, columns=None, *, storage_options=None, cache_dir=None):
+    def __init__(self, path, columns=None, *, ragged=None, pad_value=0, transform=None, storage_options=None,
+                 cache_dir=None, version=None, timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
-            path, storage_options=storage_options, cache_dir=cache_dir)
+            path, storage_options=storage_options, cache_dir=cache_dir, version=version,
+            timestamp=timestamp)
         self.columns = self.dataset.check_columns(columns)
+        # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
+        self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
         self._reader = None  # BatchReader of __getitems__, made in the process that reads
 
     def __len__(self):
@@ -64,7 +70,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         # private memory even in a worker: the collate function stacks the views into the
         # shared block it sends, so a shared block here would be a second fresh one per batch
         batch = self._reader.batch(shards, rows, shared=False)
-        views = [batch[c].unbind(0) for c in self.columns]
+        views = [_rows(batch, c) if c in ds.ragged else batch[c].unbind(0) for c in self.columns]
         return [dict(zip(self.columns, v)) for v in zip(*views)]
 
     def __getstate__(self):
@@ -76,6 +82,12 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         """KV datasets: ``{column: tensor}`` of the row with this key."""
         ds = self.dataset
         return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in ds.get(key, self.columns).items()}
+
+
+def _rows(batch, column):
+    """The rows of ragged column ``column`` of a read batch, each a view of its values."""
+    values, o = batch[column], batch[f"{column}.offsets"].tolist()
+    return [values[a:b] for a, b in zip(o[:-1], o[1:])]
 
 
 class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
@@ -90,12 +102,33 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     cut to whole rounds of ``world_size × batch_size``. See spec/python.md §3."""
 
     def __init__(self, path, columns=None, batch_size=None, shuffle=False, seed=0, rank=None,
-                 world_size=None, drop_last=False, *, shuffle_block_size=None, storage_options=None,
-                 cache_dir=None, cache_shards=8):
+                 world_size=None, drop_last=False, *, ragged=None, pad_value=0, transform=None, pack=None,
+                 shuffle_block_size=None, storage_options=None, cache_dir=None, cache_shards=8, version=None,
+                 timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
-            path, storage_options=storage_options, cache_dir=cache_dir)
+            path, storage_options=storage_options, cache_dir=cache_dir, version=version,
+            timestamp=timestamp)
         ds = self.dataset
+        if pack is not None:
+            if not isinstance(pack, Packing):
+                raise ValueError(f"pack must be a safetensors_spark.torch.Packing, got {pack!r}")
+            pack.check(ds)
+            if columns is not None and ds.check_columns(columns) != [pack.column]:
+                raise ValueError(f"pack: a packed dataset yields blocks of column '{pack.column}' only; "
+                                 f"leave columns out (got {columns!r})")
+            if ragged is not None:
+                raise ValueError("pack: packed blocks have no ragged form; leave ragged out")
+            columns = [pack.column]
         self.columns = ds.check_columns(columns)
+        self.pack = pack
+        if pack is not None:
+            lengths = document_lengths(ds, pack.column)
+            tokens = stream_tokens(lengths, pack.eos)
+            # blocks of an epoch (the same every epoch: the token count does not depend on the order)
+            self.num_blocks = tokens // pack.seq_len
+            self.dropped_tokens = tokens - self.num_blocks * pack.seq_len
+            self._lengths = lengths
+        self.finish = Finish(resolve_forms(ds, self.columns, ragged) if pack is None else {}, pad_value, transform)
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be an integer >= 1 or None (single samples), got {batch_size!r}")
@@ -169,9 +202,16 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             return self._resume[1]
         return 0
 
+    def _units(self):
+        """The positions of an epoch: samples, or blocks when packing."""
+        return self.num_blocks if self.pack is not None else len(self.dataset)
+
     def _plan(self, start):
-        return RankPlan(len(self.dataset), self.batch_size or 1, self.world_size, self.rank,
-                        self.drop_last, start)
+        total = self._units()
+        if self.pack is not None:
+            # blocks beyond a multiple of world_size are dropped: every rank the same count
+            total = start + max(total - start, 0) // self.world_size * self.world_size
+        return RankPlan(total, self.batch_size or 1, self.world_size, self.rank, self.drop_last, start)
 
     def __len__(self):
         """Batches (or samples, without ``batch_size``) this rank yields in the next iterator."""
@@ -209,12 +249,13 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             "version": STATE_VERSION,
             "epoch": self._epoch,
             # a position inside the padding (>= N) ends the epoch for every world size: N says so
-            "position": min(plan.position_after(batches_consumed), len(self.dataset)),
+            "position": min(plan.position_after(batches_consumed), self._units()),
             "total_samples": len(self.dataset),
             "shuffle": self.shuffle,
             "seed": self.seed,
             "shuffle_block_size": self.shuffle_block_size,
             "manifest_fingerprint": self._fingerprint(),
+            **({"pack": self.pack.state(), "blocks": self.num_blocks} if self.pack is not None else {}),
         }
 
     def load_state_dict(self, state):
@@ -225,7 +266,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             raise StateError(f"not a SafetensorsIterableDataset state (version {STATE_VERSION}): {state!r}")
         for field, mine in (("manifest_fingerprint", self._fingerprint()), ("shuffle", self.shuffle),
                             ("seed", self.seed), ("shuffle_block_size", self.shuffle_block_size),
-                            ("total_samples", len(self.dataset))):
+                            ("total_samples", len(self.dataset)),
+                            ("pack", self.pack.state() if self.pack is not None else None)):
             if state.get(field) != mine:
                 what = "the dataset's shards changed" if field in ("manifest_fingerprint", "total_samples") \
                     else "the global order would differ"
@@ -236,10 +278,12 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             return isinstance(v, int) and not isinstance(v, bool) and v >= 0
         if not whole(epoch) or not whole(position):
             raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
-        total = len(self.dataset)
+        total = self._units()
         if position > total:
-            raise StateError(f"cannot resume: state has position={position}, beyond total_samples={total} "
-                             f"(a position is at most the epoch's {total} samples)")
+            what = f"the epoch's {total} blocks" if self.pack is not None else f"total_samples={total}"
+            unit = "blocks" if self.pack is not None else "samples"
+            raise StateError(f"cannot resume: state has position={position}, beyond {what} "
+                             f"(a position is at most the epoch's {total} {unit})")
         self._epoch = epoch
         self._resume = (epoch, position)
         self._progress = None
@@ -268,25 +312,67 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         return progress
 
     def _generate(self, plan, order, worker, workers, progress):
+        if self.pack is not None:
+            yield from self._generate_packed(plan, order, worker, workers, progress)
+            return
         reader = BatchReader(self.dataset, self.columns, self.cache_shards)
         total = len(self.dataset)
+        finish = self.finish
         k, release_flags = self._handoff
-        if k > 1 and self.batch_size is not None and torch.utils.data.get_worker_info() is not None:
+        in_worker = torch.utils.data.get_worker_info() is not None
+
+        def rows_of(j0, j1):
+            spans = [plan.batch(j) for j in range(j0, j1)]
+            positions = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in spans]) % total
+            return (*order.locate(positions), [n for _, n in spans])
+
+        if k > 1 and self.batch_size is not None and in_worker:
             # loader()'s workers: the batches [b·k, (b+1)·k) of the rank's sequence go to worker
             # b mod workers as one message, so the loader's in-order round robin over workers
             # yields them in the same order as batch by batch; _loader._count splits them again
-            def rows_of(j0, j1):
-                spans = [plan.batch(j) for j in range(j0, j1)]
-                positions = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in spans]) % total
-                return (*order.locate(positions), [n for _, n in spans])
+            if finish.in_worker:  # padding or a transform: finished here, then packed in one block
+                def batches_of(j0, j1):
+                    return [finish(reader.batch(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
 
-            yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags)
+                yield from item_messages(batches_of, plan.num_batches, worker, workers, k, release_flags)
+                return
+            nested = tuple(c for c, f in finish.forms.items() if f == "nested")
+            yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags, nested)
             return
         for j in range(worker, plan.num_batches, workers):
-            first, length = plan.batch(j)
-            positions = np.arange(first, first + length, dtype=np.int64) % total
-            shards, rows = order.locate(positions)
-            out = reader.single(shards[0], rows[0]) if self.batch_size is None else reader.batch(shards, rows)
+            shards, rows, _ = rows_of(j, j + 1)
+            if self.batch_size is None:
+                out = reader.single(shards[0], rows[0])
+                out = finish.transform(out) if finish.transform is not None else out
+            else:
+                # a batch the worker pads or transforms is read into private memory: what it
+                # sends is the finished batch
+                out = finish(reader.batch(shards, rows, shared=False if finish.in_worker else None))
+            if progress is not None:
+                progress["consumed"] += 1
+            yield out
+
+    def _generate_packed(self, plan, order, worker, workers, progress):
+        epoch = PackedEpoch(self.dataset, self.pack, order, self._lengths)
+        transform = self.finish.transform
+        single = self.batch_size is None
+
+        def block_batch(j):
+            first, n = plan.batch(j)
+            arrays = epoch.blocks(first, first + n)
+            out = {name: to_torch(a, self.dataset.schema[self.pack.column]["dtype"]) if name == "tokens"
+                   else torch.from_numpy(a) for name, a in arrays.items()}
+            if single:
+                out = {name: t if name == "cu_seqlens" else t[0] for name, t in out.items()}
+            return transform(out) if transform is not None else out
+
+        k, release_flags = self._handoff
+        if k > 1 and torch.utils.data.get_worker_info() is not None:
+            yield from item_messages(lambda j0, j1: [block_batch(j) for j in range(j0, j1)], plan.num_batches,
+                                     worker, workers, k, release_flags)
+            return
+        for j in range(worker, plan.num_batches, workers):
+            out = block_batch(j)
             if progress is not None:
                 progress["consumed"] += 1
             yield out

@@ -52,20 +52,64 @@ class BlockPool:
         return len(self.blocks) - 1, block, True
 
 
-def messages(reader, rows_of, num_batches, worker, workers, k, release_flags):
+def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, nested=()):
     """A DataLoader worker's messages of ``k`` batches: batches [b·k, (b+1)·k) for every b ≡
     ``worker`` (mod ``workers``); ``rows_of(j0, j1)`` gives the (shards, rows, lengths) of batches
-    [j0, j1)."""
+    [j0, j1). Ragged columns travel as values + offsets of all the message's rows; ``nested``
+    names those the training process turns into nested tensors."""
     if release_flags is not None:
         reader.pool = BlockPool(release_flags, worker)
+    ragged = tuple(c for c in reader.columns if c in reader.ds.ragged)
     for b in range(worker, -(-num_batches // k), workers):
         shards, rows, lengths = rows_of(b * k, min((b + 1) * k, num_batches))
         tensors = reader.batch(shards, rows)
         slot, reader.slot = reader.slot, None
         if slot is None:
-            yield Handoff(lengths, tensors=tensors)
+            yield Handoff(lengths, tensors=tensors, ragged=ragged, nested=nested)
         else:  # in a pooled block: only the slot travels (and the block on its first use)
-            yield Handoff(lengths, slot=slot)
+            yield Handoff(lengths, slot=slot, ragged=ragged, nested=nested)
+
+
+def item_messages(batches_of, num_batches, worker, workers, k, release_flags):
+    """A DataLoader worker's messages of ``k`` finished batches (each any ``{name: tensor}``:
+    padded, transformed, packed), batches [b·k, (b+1)·k) for every b ≡ ``worker`` (mod
+    ``workers``); ``batches_of(j0, j1)`` makes batches [j0, j1). Each message's tensors are
+    copied into one pooled block, each batch with its own layout."""
+    pool = BlockPool(release_flags, worker) if release_flags is not None else None
+    for b in range(worker, -(-num_batches // k), workers):
+        yield pack(batches_of(b * k, min((b + 1) * k, num_batches)), pool)
+
+
+def pack(batches, pool):
+    """One :class:`Handoff` holding ``batches`` in one block (a pooled one when ``pool``): per
+    batch a layout ``[(name, parts)]``, ``parts`` ``[(torch dtype, shape, byte offset, bytes)]``
+    (one for a tensor, values + offsets for a jagged nested tensor)."""
+    layouts, total, copies = [], 0, []
+    for batch in batches:
+        layout = []
+        for name, t in batch.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"batch entry '{name}' is a {type(t).__name__}; a worker sends tensors only "
+                                f"(a transform must return a dict of tensors)")
+            pieces = (t.values(), t.offsets()) if t.is_nested else (t,)
+            parts = []
+            for p in pieces:
+                nbytes = p.numel() * p.element_size()
+                parts.append((p.dtype, tuple(p.shape), total, nbytes))
+                copies.append((p, total, nbytes))
+                total += -(-nbytes // 64) * 64
+            layout.append((name, parts))
+        layouts.append(layout)
+    if pool is not None:
+        slot, block, new = pool.get(total)
+    else:
+        slot, block, new = None, new_shared_block(total), True
+    for p, off, nbytes in copies:
+        if nbytes:
+            block[off: off + nbytes].view(p.dtype).view(p.shape).copy_(p)
+    if slot is None:
+        return Handoff(None, tensors={"": block}, items=layouts)
+    return Handoff(None, slot=(pool.worker, slot, block if new else None, None), items=layouts)
 
 
 class Handoff:
@@ -75,16 +119,20 @@ class Handoff:
     a pooled block, ``block`` only on the slot's first use (the training process keeps it),
     ``layout`` the columns' ``(name, torch dtype, shape, byte offset, bytes)`` in it."""
 
-    __slots__ = ("lengths", "tensors", "slot")
+    __slots__ = ("lengths", "tensors", "slot", "ragged", "nested", "items")
 
-    def __init__(self, lengths, tensors=None, slot=None):
+    def __init__(self, lengths, tensors=None, slot=None, ragged=(), nested=(), items=None):
         self.lengths = lengths
         self.tensors = tensors
         self.slot = slot
+        self.ragged = ragged  # ragged columns: values + "<c>.offsets" of all the rows
+        self.nested = nested  # of those, the ones handed out as nested tensors
+        self.items = items  # finished batches: one layout per batch (pack())
 
     def pin_memory(self, device=None):
         pin = (lambda t: t.pin_memory(device)) if device else (lambda t: t.pin_memory())
-        return Handoff(self.lengths, tensors={c: pin(t) for c, t in self.tensors.items()})
+        return Handoff(self.lengths, tensors={c: pin(t) for c, t in self.tensors.items()}, ragged=self.ragged,
+                       nested=self.nested, items=self.items)
 
     def batches(self, blocks=None, flags=None):
         """The batches as ``{column: tensor}`` views of the message's block (no copy). A pooled
@@ -102,12 +150,45 @@ class Handoff:
             weakref.finalize(memory, _release, flags, worker, slot)
             base = torch.from_numpy(memory)
             del memory
-            tensors = {c: base[off: off + nbytes].view(dtype).view(shape) for c, dtype, shape, off, nbytes in layout}
-            del base
+            if self.items is None:
+                tensors = {c: base[off: off + nbytes].view(dtype).view(shape)
+                           for c, dtype, shape, off, nbytes in layout}
+                del base
+        else:
+            base = tensors.get("") if self.items is not None else None
+        if self.items is not None:
+            yield from _items(base, self.items)
+            return
+        offset_names = {f"{c}.offsets" for c in self.ragged}
+        fixed = [c for c in tensors if c not in self.ragged and c not in offset_names]
+        offsets = {c: tensors[f"{c}.offsets"] for c in self.ragged}
         first = 0
         for n in self.lengths:
-            yield {c: t[first: first + n] for c, t in tensors.items()}
+            batch = {c: tensors[c][first: first + n] for c in fixed}
+            for c, o in offsets.items():
+                o = o[first: first + n + 1]
+                e0 = int(o[0])
+                values, o = tensors[c][e0: int(o[-1])], o - e0
+                if c in self.nested:
+                    batch[c] = torch.nested.nested_tensor_from_jagged(values, o)
+                else:
+                    batch[c], batch[f"{c}.offsets"] = values, o
+            yield batch
             first += n
+
+
+def _items(base, items):
+    def view(dtype, shape, off, nbytes):
+        return base[off: off + nbytes].view(dtype).view(shape)
+
+    for layout in items:
+        batch = {}
+        for name, parts in layout:
+            if len(parts) == 2:
+                batch[name] = torch.nested.nested_tensor_from_jagged(view(*parts[0]), view(*parts[1]))
+            else:
+                batch[name] = view(*parts[0])
+        yield batch
 
 
 def _release(flags, worker, slot):
@@ -117,9 +198,10 @@ def _release(flags, worker, slot):
 HANDOFF_BYTES = 8 << 20
 
 
-def batches_per_message(data, columns, batch_size, requested):
+def batches_per_message(data, columns, batch_size, requested, sample_bytes=None):
     """Batches per worker message: ``requested``, or as many batches as fit in HANDOFF_BYTES
-    (at least 1) when the schema of ``data`` (a Dataset) gives every column's sample size, else 1."""
+    (at least 1) when the schema of ``data`` (a Dataset) gives every column's sample size (a
+    ragged column: its average row in the shards' headers read so far), else 1."""
     if requested is not None:
         if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
             raise ValueError(f"loader(): handoff_batches must be an integer >= 1 or None (automatic), "
@@ -127,11 +209,28 @@ def batches_per_message(data, columns, batch_size, requested):
         return requested
     if batch_size is None:
         return 1
+    if sample_bytes is not None:
+        return max(1, HANDOFF_BYTES // max(1, sample_bytes * batch_size))
     sample = 0
     for c in columns:
+        if c in data.ragged:
+            sample += _average_row_bytes(data, c) + 8
+            continue
         shape = data.schema[c].get("shape")
         dims = None if shape is None else (shape[1:] if data.layout == "batch" else shape)
         if dims is None or any(not isinstance(d, int) or d < 0 for d in dims):
             return 1
         sample += int(np.prod(dims, dtype=np.int64)) * data._dtypes[c].itemsize
     return max(1, HANDOFF_BYTES // max(1, sample * batch_size))
+
+
+def _average_row_bytes(data, column):
+    """The average bytes of a row of ragged ``column`` over the shards whose header is read (the
+    first shard's when none is)."""
+    shards = [s for s in data.shards if s.tensors is not None or s.header is not None] or data.shards[:1]
+    rows = sum(s.samples + s.padded for s in shards)
+    nbytes = 0
+    for s in shards:
+        t = data._header(s)[column]
+        nbytes += t.end - t.start
+    return -(-nbytes // max(rows, 1))

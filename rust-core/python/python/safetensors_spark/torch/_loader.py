@@ -8,7 +8,7 @@ import torch
 import torch.utils.data
 
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
-from ._handoff import POOL_SLOTS, Handoff, batches_per_message, messages
+from ._handoff import POOL_SLOTS, Handoff, batches_per_message, item_messages, messages
 from ._reader import BatchReader
 
 
@@ -38,16 +38,25 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         reader = BatchReader(ds.dataset, ds.columns, cache_shards=8)
         size, num_batches, (k, flags) = self.batch_size, len(self), self._handoff
 
+        finish = ds.finish
+
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]
             return (*ds.dataset.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
 
         if info is not None and k > 1:
-            yield from messages(reader, rows_of, num_batches, worker, workers, k, flags)
+            if finish.in_worker:
+                def batches_of(j0, j1):
+                    return [finish(reader.batch(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
+
+                yield from item_messages(batches_of, num_batches, worker, workers, k, flags)
+                return
+            nested = tuple(c for c, f in finish.forms.items() if f == "nested")
+            yield from messages(reader, rows_of, num_batches, worker, workers, k, flags, nested)
             return
         for j in range(worker, num_batches, workers):
             shards, rows, _ = rows_of(j, j + 1)
-            yield reader.batch(shards, rows)
+            yield finish(reader.batch(shards, rows, shared=False if finish.in_worker else None))
 
 
 class _CountingLoader(torch.utils.data.DataLoader):
@@ -134,7 +143,11 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     if kwargs.get("batch_size") is not None:
         raise ValueError("loader(): the dataset batches (its batch_size); do not pass batch_size to the DataLoader")
     kwargs["batch_size"] = None
-    handoff = batches_per_message(dataset.dataset, dataset.columns, dataset.batch_size, handoff_batches)
+    if dataset.pack is not None:
+        per_block = dataset.pack.seq_len * (dataset.dataset._dtypes[dataset.pack.column].itemsize + 16)
+        handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=per_block)
+    else:
+        handoff = batches_per_message(dataset.dataset, dataset.columns, dataset.batch_size, handoff_batches)
     if kwargs.get("collate_fn") is not None:
         handoff = 1
     return _CountingLoader(dataset, handoff, **kwargs)

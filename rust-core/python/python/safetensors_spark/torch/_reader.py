@@ -6,6 +6,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._dataset import Ragged, offsets_name
 from ._handoff import new_shared_block
 
 
@@ -42,7 +43,7 @@ class BatchReader:
         return a
 
     def _torch(self, arrays):
-        return {c: to_torch(a, self.dtypes[c]) for c, a in arrays.items()}
+        return {c: to_torch(a, self.dtypes.get(c, "I64")) for c, a in arrays.items()}
 
     def single(self, shard_index, row):
         shard = self.ds.shards[int(shard_index)]
@@ -78,62 +79,108 @@ class BatchReader:
         bounds = [0, *cut.tolist(), n]
         if shared is None:
             shared = torch.utils.data.get_worker_info() is not None
+        fixed = [c for c in self.columns if c not in ds.ragged]
+        ragged = [c for c in self.columns if c in ds.ragged]
         if len(bounds) - 1 <= 4:  # a few contiguous runs: slices
             runs = []
             for a, b in zip(bounds[:-1], bounds[1:]):
                 shard = ds.shards[int(shards[a])]
                 r0 = int(rows[a])
-                runs.append((a, b, {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in self.columns}))
+                cols = {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in fixed}
+                cols.update({c: ds.ragged_rows(shard, c, r0, r0 + (b - a)) for c in ragged})
+                runs.append((a, b, cols))
             if len(runs) == 1 and not shared:
-                return self._torch(runs[0][2])  # one run, in this process: a zero-copy view of the map
-            arrays, tensors = self._alloc(n, runs[0][2], shared)
-            for a, b, run in runs:
-                for c in self.columns:
+                # one run, in this process: zero-copy views of the map (ragged offsets rebased)
+                cols = runs[0][2]
+                out = {c: cols[c] for c in fixed}
+                for c in ragged:
+                    out[c], out[offsets_name(c)] = cols[c].values, cols[c].offsets
+                return self._torch(out)
+            first = runs[0][2]
+            starts = {c: np.concatenate([[0], np.cumsum([len(run[c].values) for _, _, run in runs])])
+                      for c in ragged}
+            arrays, tensors = self._alloc(self._specs(n, first, {c: int(starts[c][-1]) for c in ragged}), shared)
+            for i, (a, b, run) in enumerate(runs):
+                for c in fixed:
                     arrays[c][a:b] = run[c]
+                for c in ragged:
+                    e0 = starts[c][i]
+                    arrays[c][e0: e0 + len(run[c].values)] = run[c].values
+                    arrays[offsets_name(c)][a: b + 1] = run[c].offsets + e0
             return tensors
         uniq = np.unique(shards).tolist()
+        cols = {c: {s: self._column(ds.shards[s], c) for s in uniq} for c in self.columns}
+        spans = {}  # ragged column -> (element starts in their shards, lengths) per row
+        for c in ragged:
+            begin, length = np.empty(n, np.int64), np.empty(n, np.int64)
+            for s in uniq:
+                m = shards == s
+                o = ds.offsets(ds.shards[s], c)
+                begin[m] = o[rows[m]]
+                length[m] = o[rows[m] + 1] - begin[m]
+            spans[c] = (begin, length)
+        first = {c: cols[c][uniq[0]] for c in fixed}
+        first.update({c: Ragged(cols[c][uniq[0]], None) for c in ragged})
+        arrays, tensors = self._alloc(self._specs(n, first, {c: int(spans[c][1].sum()) for c in ragged}), shared)
+        for c in ragged:
+            begin, length = spans[c]
+            out_off = arrays[offsets_name(c)]
+            out_off[0] = 0
+            np.cumsum(length, out=out_off[1:])
+            buf, src = arrays[c], cols[c]
+            # one slice copy per row (a row is a run of elements in its shard's values)
+            for s, b, e, o in zip(shards.tolist(), begin.tolist(), (begin + length).tolist(), out_off[:-1].tolist()):
+                buf[o: o + (e - b)] = src[s][b:e]
         if len(uniq) * 4 > n:
             # scattered over many shards (a random sampler over the whole dataset): one row copy
             # per sample and column beats a mask and a take per shard
-            cols = {c: {s: self._column(ds.shards[s], c) for s in uniq} for c in self.columns}
-            arrays, tensors = self._alloc(n, {c: cols[c][uniq[0]] for c in self.columns}, shared)
             where = list(zip(shards.tolist(), rows.tolist()))
-            for c in self.columns:
+            for c in fixed:
                 buf, src = arrays[c], cols[c]
                 for k, (s, r) in enumerate(where):
                     buf[k] = src[s][r]
             return tensors
-        first = {c: self._column(ds.shards[uniq[0]], c) for c in self.columns}
-        arrays, tensors = self._alloc(n, first, shared)
         for s in uniq:
             m = shards == s
-            for c in self.columns:
-                arrays[c][m] = self._column(ds.shards[s], c).take(rows[m], axis=0)
+            for c in fixed:
+                arrays[c][m] = cols[c][s].take(rows[m], axis=0)
         return tensors
 
-    def _alloc(self, n, like, shared):
-        """Output buffers for a batch of ``n`` rows shaped like the arrays ``like`` (column →
-        rows): ``(column → numpy array to fill, column → tensor of the same memory)``.
+    def _specs(self, n, like, elements):
+        """``[(name, numpy dtype, shape)]`` of a batch of ``n`` rows: a fixed column shaped like
+        the rows ``like[c]``; a ragged column's values (``elements[c]`` elements) and offsets."""
+        specs = []
+        for c in self.columns:
+            a = like[c]
+            if isinstance(a, Ragged):
+                specs.append((c, a.values.dtype, (elements[c], *a.values.shape[1:])))
+                specs.append((offsets_name(c), np.dtype(np.int64), (n + 1,)))
+            else:
+                specs.append((c, a.dtype, (n, *a.shape[1:])))
+        return specs
+
+    def _alloc(self, specs, shared):
+        """Output buffers for ``specs`` (:meth:`_specs`): ``(name → numpy array to fill, name →
+        tensor of the same memory)``.
 
         In a DataLoader worker all columns share one block of shared memory (what torch's own
         collate does for its stacked batches): sending the batch to the training process then
         passes one handle instead of copying every tensor into shared memory of its own."""
-        specs, total = [], 0
-        for c in self.columns:
-            a = like[c]
-            shape = (n, *a.shape[1:])
-            nbytes = int(np.prod(shape, dtype=np.int64)) * a.dtype.itemsize
-            specs.append((c, a.dtype, shape, total, nbytes))
+        total = 0
+        placed = []
+        for c, dt, shape in specs:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            placed.append((c, dt, shape, total, nbytes))
             total += -(-nbytes // 64) * 64  # each column 64-byte aligned
         if not shared:
-            arrays = {c: np.empty(shape, dtype=dt) for c, dt, shape, _, _ in specs}
+            arrays = {c: np.empty(shape, dtype=dt) for c, dt, shape, _, _ in placed}
             return arrays, self._torch(arrays)
         if self.pool is not None:
             slot, block, new = self.pool.get(total)
         else:
             slot, block, new = None, new_shared_block(total), True
         arrays, tensors, layout = {}, {}, []
-        for c, dt, shape, off, nbytes in specs:
+        for c, dt, shape, off, nbytes in placed:
             t = self._torch({c: np.empty((0,), dtype=dt)})[c]  # the column's torch dtype
             tensors[c] = block[off: off + nbytes].view(t.dtype).view(shape)
             arrays[c] = tensors[c].view(torch.uint8).numpy().view(dt).reshape(shape) if nbytes else np.empty(shape, dt)

@@ -63,9 +63,11 @@ public final class NativeWriter {
    *  bool} (retain: the dataset's retention is not 0, §5.8.1; not acted on yet).
    *  {@code replacementsJsonOrNull}: [{"old": shard name, "new": manifest shard entry or null}]:
    *  shards of the base an append replaces (lastWin across writes).
+   *  {@code commitInfoJsonOrNull}: {"committed_at_ms", "commit_message", "app_id"} recorded in
+   *  the version (spec/dataset.md §5.8), taken just before each attempt.
    *  An append that no longer fits the dataset throws IllegalArgumentException. */
   public static native String nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
-      boolean append, String replacementsJsonOrNull);
+      boolean append, String replacementsJsonOrNull, String commitInfoJsonOrNull);
 
   /** Vacuum (spec/dataset.md §5.8.1): the plan of what the JVM listed. {@code requestJson}:
    *  {"log": [{"version", "source", "text", "mtime_ms"}], "latest", "latest_source", "shards":
@@ -90,7 +92,8 @@ public final class NativeWriter {
    *  records {@code batchId} as {@code queryId}'s last committed micro-batch, in the same manifest
    *  version. Throws SafetensorsException if the base already records that batch. */
   public static native String nextStreamManifest(String baseManifestJsonOrNull,
-      String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId);
+      String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId,
+      String commitInfoJsonOrNull);
 
   /** Driver, KV: the keys of the shards in {@code runsJson} ([{"file", "part" (its index part, a
    *  local file), "existing", "partition", "shard"}]) merged from their sorted index parts

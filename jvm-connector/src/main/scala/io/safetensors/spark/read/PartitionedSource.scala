@@ -92,6 +92,13 @@ private[spark] object PartitionedSource {
         val root = fs.makeQualified(path)
         if (!fs.exists(root) || !fs.getFileStatus(root).isDirectory) None
         else HivePartitions.discover(fs, root).map { dirs =>
+          // each partition directory is a dataset with versions of its own: no one version
+          // number or time names a state of the root (spec/dataset.md §5.8)
+          if (options.versionAsOf.isDefined || options.timestampAsOf.isDefined) {
+            throw new IllegalArgumentException(s"safetensors: $root is a partitioned root; each " +
+              "partition directory has versions of its own, so options 'versionAsOf' and " +
+              "'timestampAsOf' read one partition directory (a dataset), not the root")
+          }
           new PartitionedSource(options, conf, root, dirs, HivePartitions.schema(dirs, inferTypes))
         }
       case _ => None

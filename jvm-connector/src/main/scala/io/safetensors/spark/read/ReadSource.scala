@@ -7,7 +7,8 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.fasterxml.jackson.databind.node.ObjectNode
-import io.safetensors.spark.jni.{NativeLib, NativeReader}
+import io.safetensors.spark.commit.DatasetCommit
+import io.safetensors.spark.jni.{NativeLib, NativeReader, NativeVersions}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
 import org.apache.spark.sql.sources.Filter
@@ -22,13 +23,15 @@ private[spark] final case class ReadOptions(
     ignoreCorruptFiles: Boolean,
     batchRows: Long,
     ignoreMissingFiles: Boolean = false,
-    fileLayoutMaxTensors: Option[Long] = None)
+    fileLayoutMaxTensors: Option[Long] = None,
+    versionAsOf: Option[String] = None,
+    timestampAsOf: Option[String] = None)
 
 private[spark] object ReadOptions {
   val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
   val Keys: Seq[String] =
     Seq("layout", "inferSchema", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles",
-      "read_batch_rows", "file_layout_max_tensors")
+      "read_batch_rows", "file_layout_max_tensors", "versionAsOf", "timestampAsOf")
   val BatchBytes: Long = 64L << 20
 
   private val mapper = new ObjectMapper()
@@ -97,9 +100,17 @@ private[spark] object ReadOptions {
       }
       n
     }
+    // time travel (spec/reading.md §1.1): the values are checked by the engine (Rust) when the
+    // dataset's log is read; both at once is refused here
+    val versionAsOf = o.get("versionasof")
+    val timestampAsOf = o.get("timestampasof")
+    if (versionAsOf.isDefined && timestampAsOf.isDefined) {
+      throw new IllegalArgumentException(
+        "safetensors: give one of the options 'versionAsOf' and 'timestampAsOf', not both")
+    }
     ReadOptions(paths, layout, bool(o, "recursivefilelookup", default = true),
       bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows,
-      bool(o, "ignoremissingfiles", ignoreMissingDefault), maxTensors)
+      bool(o, "ignoremissingfiles", ignoreMissingDefault), maxTensors, versionAsOf, timestampAsOf)
   }
 }
 
@@ -177,7 +188,8 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       val manifest = children.find(c => c.isFile && c.getPath.getName == DatasetFiles.ManifestName)
       manifest.foreach { m =>
         val key = dir.getPath.toString.stripSuffix("/")
-        val text = manifests.getOrElseUpdate(key, DatasetFiles.readText(fs, m.getPath))
+        val text = manifests.getOrElseUpdate(key,
+          if (timeTravel) versionText(fs, dir.getPath) else DatasetFiles.readText(fs, m.getPath))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
         children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir).foreach { i =>
           indexes.getOrElseUpdate(key, i.getPath.toString)
@@ -204,6 +216,11 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         }
       }
     }
+    if (timeTravel && manifests.isEmpty) {
+      throw new IllegalArgumentException("safetensors: options 'versionAsOf' and 'timestampAsOf' " +
+        s"read a version of a dataset; no dataset (${DatasetFiles.ManifestName}) found under " +
+        options.paths.mkString(", "))
+    }
     // one file, one name: a dataset's files keep theirs, others the first found
     val taken = mutable.Set[String]() ++ found.values.collect { case (_, real, true) => real }
     val kept = found.values.collect {
@@ -211,6 +228,38 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       case (f, real, false) if taken.add(real) => f
     }
     (kept.toSeq.sortBy(_.uri), manifests.toSeq, indexes.toMap)
+  }
+
+  private def timeTravel: Boolean = options.versionAsOf.isDefined || options.timestampAsOf.isDefined
+
+  /**
+   * The manifest of the version `versionAsOf` / `timestampAsOf` names in the dataset `dir`
+   * (spec/dataset.md §5.8): the log entry the engine selects, after the engine has checked that
+   * every shard it lists is there with its recorded size (else an error naming version and
+   * shard: never a partial read).
+   */
+  private def versionText(fs: FileSystem, dir: Path): String = {
+    NativeLib.ensureLoaded()
+    val logDir = new Path(dir, DatasetCommit.LogDir)
+    val logged = if (!fs.exists(logDir)) Seq.empty else fs.listStatus(logDir).toSeq.flatMap { s =>
+      DatasetCommit.parseLogName(s.getPath.getName).map(v => (v, s))
+    }
+    val entries = mapper.createArrayNode()
+    logged.foreach { case (v, s) =>
+      val e = entries.addObject().put("version", v).put("modified_ms", s.getModificationTime)
+      if (options.timestampAsOf.isDefined) e.put("text", DatasetFiles.readText(fs, s.getPath))
+    }
+    val version = NativeVersions.selectVersion(mapper.writeValueAsString(entries),
+      options.versionAsOf.orNull, options.timestampAsOf.orNull)
+    val text = DatasetFiles.readText(fs, new Path(logDir, DatasetCommit.logName(version)))
+    val found = mapper.createObjectNode()
+    mapper.readTree(text).path("shards").elements().asScala.foreach { s =>
+      val name = s.path("shard_path").asText()
+      try found.put(name, fs.getFileStatus(new Path(dir, name)).getLen)
+      catch { case _: java.io.FileNotFoundException => }
+    }
+    NativeVersions.checkVersionShards(text, version, mapper.writeValueAsString(found))
+    text
   }
 
   /**

@@ -251,18 +251,22 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
    * without the file in memory, and no range is limited to a Java array's 2 GiB.
    */
   private def supplyRanges(): Unit = {
-    val ranges = NativeReader.neededRanges(handle)
-    var i = 0
-    while (i < ranges.length) {
-      var start = ranges(i)
-      val end = ranges(i + 1)
-      while (start < end) {
-        val buf = new Array[Byte](math.min(end - start, SafetensorsPartitionReader.SupplyChunk).toInt)
-        stream.readFully(start, buf)
-        NativeReader.supply(handle, start, buf)
-        start += buf.length
+    // A batch of ragged columns needs two rounds (its offsets, then the values they span).
+    var ranges = NativeReader.neededRanges(handle)
+    while (ranges.nonEmpty) {
+      var i = 0
+      while (i < ranges.length) {
+        var start = ranges(i)
+        val end = ranges(i + 1)
+        while (start < end) {
+          val buf = new Array[Byte](math.min(end - start, SafetensorsPartitionReader.SupplyChunk).toInt)
+          stream.readFully(start, buf)
+          NativeReader.supply(handle, start, buf)
+          start += buf.length
+        }
+        i += 2
       }
-      i += 2
+      ranges = NativeReader.neededRanges(handle)
     }
   }
 

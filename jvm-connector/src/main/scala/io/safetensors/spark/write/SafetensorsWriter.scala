@@ -56,7 +56,8 @@ private[spark] object SafetensorsWriter {
     val base = if (mode == SaveMode.Append) appendBase(target) else None
     val planJson = planWrite(sqlContext, keepIndex(target, parameters, base), data.schema, base)
     start(target, mode, base, stream).foreach { s =>
-      new DriverWrite(sqlContext, data, planJson, target, s, stream).run()
+      new DriverWrite(sqlContext, data, planJson, target, s, stream,
+        ConnectorOptions.get(parameters, "commit_message")).run()
     }
     relation
   }
@@ -204,7 +205,7 @@ private[spark] object SafetensorsWriter {
    * directory is removed again if it fails before its manifest commit.
    */
   private final class DriverWrite(sqlContext: SQLContext, data: DataFrame, planJson: String,
-      target: Target, start: Start, stream: Option[StreamBatch]) {
+      target: Target, start: Start, stream: Option[StreamBatch], commitMessage: Option[String]) {
     import target.{dest, fs}
     private val plan = mapper.readTree(planJson)
     private val writeId = plan.get("write_id").asText()
@@ -305,6 +306,7 @@ private[spark] object SafetensorsWriter {
           if (delete) shards.remove(i)
           else shards.get(i).asInstanceOf[ObjectNode].put("samples", r.get("samples").asLong())
             .put("bytes", r.get("bytes").asLong()).put("num_tensors", r.get("num_tensors").asLong())
+            .put("crc32c", r.get("crc32c").asText())
         }
       }
     }
@@ -425,6 +427,7 @@ private[spark] object SafetensorsWriter {
           .put("partition", parsePartition(old))
           .put("padded_samples", 0)
           .put("num_tensors", r.get("num_tensors").asLong())
+          .put("crc32c", r.get("crc32c").asText())
       }
     }
 
@@ -433,11 +436,17 @@ private[spark] object SafetensorsWriter {
         replacements: ArrayNode): JsonNode = {
       val replacementsJson =
         if (replacements.isEmpty) null else mapper.writeValueAsString(replacements)
+      // who and when (spec/dataset.md §5.8): the time is taken now, just before this attempt
+      // creates its version, so a retry records its own
+      val info = mapper.createObjectNode().put("committed_at_ms", System.currentTimeMillis())
+        .put("app_id", sqlContext.sparkContext.applicationId)
+      commitMessage.foreach(m => info.put("commit_message", m))
+      val infoJson = mapper.writeValueAsString(info)
       mapper.readTree(stream match {
         case Some(b) => NativeWriter.nextStreamManifest(base.map(_._2).orNull, mine.json,
-          replacementsJson, b.queryId, b.batchId)
+          replacementsJson, b.queryId, b.batchId, infoJson)
         case None => NativeWriter.nextManifest(base.map(_._2).orNull, mine.json, start.append,
-          replacementsJson)
+          replacementsJson, infoJson)
       })
     }
 

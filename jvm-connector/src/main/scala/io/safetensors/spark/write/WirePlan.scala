@@ -12,6 +12,8 @@ private[spark] object WireInput {
   case object Binary extends WireInput
   case object TensorStruct extends WireInput
   case object MlVector extends WireInput
+  /** A string column (batch mode, ragged): travels as Utf8. */
+  case object Str extends WireInput
 }
 
 private[spark] final case class WireColumn(name: String, fieldIndex: Int, input: WireInput)
@@ -37,6 +39,7 @@ private[spark] object WirePlan {
         case "binary" => WireInput.Binary
         case "tensor_struct" => WireInput.TensorStruct
         case "ml_vector" => WireInput.MlVector
+        case "string" => WireInput.Str
         case other => throw new IllegalStateException(s"unknown input kind in write plan: $other")
       }
       WireColumn(c.get("name").asText(), c.get("field_index").asInt(), input)

@@ -1,0 +1,26 @@
+package io.safetensors.spark.jni;
+
+/**
+ * JNI surface of a dataset's versions (spec/dataset.md §5.8; the rules are Rust's). The JVM lists
+ * {@code _manifest_log/} through Hadoop and passes the entries as JSON
+ * {@code [{"version": n, "modified_ms": ms, "text": manifest text or absent}]}. Stateless and
+ * thread-safe; call {@link NativeLib#ensureLoaded()} first.
+ */
+public final class NativeVersions {
+  private NativeVersions() {}
+
+  /** The version to read: {@code versionAsOf} (entries' texts not needed) or
+   *  {@code timestampAsOf} (every entry's text given), exactly one non-null. A bad value throws
+   *  SafetensorsOptionsException; a version not in the log or a time before the first commit
+   *  throws SafetensorsDatasetException naming it. */
+  public static native long selectVersion(String entriesJson, String versionAsOfOrNull,
+      String timestampAsOfOrNull);
+
+  /** Checks the shards a version lists against {@code foundJson} ({shard name: file size}, a
+   *  missing shard absent): throws SafetensorsDatasetException naming the version and shard. */
+  public static native void checkVersionShards(String manifestJson, long version,
+      String foundJson);
+
+  /** The history rows of the entries (every text given), a JSON array, oldest first. */
+  public static native String history(String entriesJson);
+}

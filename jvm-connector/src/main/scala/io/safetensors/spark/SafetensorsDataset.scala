@@ -1,0 +1,73 @@
+package io.safetensors.spark
+
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import io.safetensors.spark.commit.DatasetCommit
+import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.jni.{NativeLib, NativeVersions}
+import org.apache.hadoop.fs.Path
+import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.types._
+
+/**
+ * Functions on a dataset as a whole (spec/dataset.md §5.8).
+ * {{{
+ *   SafetensorsDataset.history(spark, "/data/train").show()
+ * }}}
+ */
+object SafetensorsDataset {
+  private val mapper = new ObjectMapper()
+
+  /** The columns of [[history]]. */
+  val HistorySchema: StructType = StructType(Seq(
+    StructField("version", LongType, nullable = false),
+    StructField("committed_at", TimestampType, nullable = false),
+    StructField("operation", StringType),
+    StructField("rows_added", LongType, nullable = false),
+    StructField("rows_removed", LongType, nullable = false),
+    StructField("bytes_added", LongType, nullable = false),
+    StructField("bytes_removed", LongType, nullable = false),
+    StructField("shards_added", LongType, nullable = false),
+    StructField("shards_removed", LongType, nullable = false),
+    StructField("total_rows", LongType, nullable = false),
+    StructField("total_bytes", LongType, nullable = false),
+    StructField("created_by", StringType),
+    StructField("app_id", StringType),
+    StructField("commit_message", StringType)))
+
+  /**
+   * One row per version in the dataset's manifest log, oldest first: when it was committed, the
+   * operation, rows/bytes/shards added and removed against the version before it, and the
+   * writer. The rules are the engine's (the same as `safetensors-spark history`).
+   */
+  def history(spark: SparkSession, path: String): DataFrame = {
+    NativeLib.ensureLoaded()
+    val dir = new Path(path)
+    val fs = dir.getFileSystem(spark.sessionState.newHadoopConf())
+    val logDir = new Path(dir, DatasetCommit.LogDir)
+    if (!fs.exists(logDir)) {
+      throw new IllegalArgumentException(s"safetensors: $dir has no manifest log " +
+        s"(${DatasetCommit.LogDir}/): not a dataset written by this connector")
+    }
+    val entries = mapper.createArrayNode()
+    fs.listStatus(logDir).foreach { s =>
+      DatasetCommit.parseLogName(s.getPath.getName).foreach { v =>
+        entries.addObject().put("version", v).put("modified_ms", s.getModificationTime)
+          .put("text", DatasetFiles.readText(fs, s.getPath))
+      }
+    }
+    val rows = mapper.readTree(NativeVersions.history(mapper.writeValueAsString(entries)))
+      .elements().asScala.map(toRow).toList
+    spark.createDataFrame(rows.asJava, HistorySchema)
+  }
+
+  private def toRow(r: JsonNode): Row = {
+    def str(k: String): String = if (r.path(k).isTextual) r.get(k).asText() else null
+    def long(k: String): Long = r.path(k).asLong()
+    Row(long("version"), new java.sql.Timestamp(long("committed_at_ms")), str("operation"),
+      long("rows_added"), long("rows_removed"), long("bytes_added"), long("bytes_removed"),
+      long("shards_added"), long("shards_removed"), long("total_rows"), long("total_bytes"),
+      str("created_by"), str("app_id"), str("commit_message"))
+  }
+}

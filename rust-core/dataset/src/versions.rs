@@ -1,0 +1,759 @@
+//! Versions of a dataset (spec/dataset.md §5.8): every commit is `_manifest_log/{v:020}.json`;
+//! this module resolves a version (by number or by time), checks that the shards it lists are
+//! still there as written, lists the history and validates every version in the log.
+//!
+//! The selection and check rules are pure functions ([`select_version`], [`check_shard`],
+//! [`history_rows`]) so a reader that lists files through another file system (the Spark side,
+//! through Hadoop) applies the same rules; the `*_dir` functions apply them to a local
+//! directory (the CLI, the Python package).
+
+use super::manifest::{parse_manifest, Manifest, Operation};
+use super::names::{manifest_log_file_name, parse_manifest_log_file_name, MANIFEST_LOG_DIR};
+use super::DatasetError;
+use safetensors_spark_format::file::{crc32c_hex, crc32c_of};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Which version to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionSpec {
+    /// `versionAsOf`: this manifest version.
+    Version(u64),
+    /// `timestampAsOf`: the newest version committed at or before this time (ms since epoch).
+    TimestampMs(i64),
+}
+
+/// One entry of `_manifest_log/` as a selection needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntryTime {
+    pub version: u64,
+    /// `committed_at_ms` of the entry, else the log file's modification time (ms).
+    pub time_ms: i64,
+}
+
+fn version_err(problem: String) -> DatasetError {
+    DatasetError::Version { problem }
+}
+
+/// Parses a `timestampAsOf` value: `YYYY-MM-DD`, `YYYY-MM-DD HH:MM:SS[.fff]` (also with `T`),
+/// read as UTC, or RFC 3339 with an offset (`2026-11-26T12:00:00Z`, `…+01:00`). Returns ms
+/// since the Unix epoch.
+pub fn parse_timestamp(text: &str) -> Result<i64, DatasetError> {
+    use chrono::{DateTime, NaiveDate, NaiveDateTime};
+    let t = text.trim();
+    if let Ok(d) = DateTime::parse_from_rfc3339(t) {
+        return Ok(d.timestamp_millis());
+    }
+    for f in [
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(d) = NaiveDateTime::parse_from_str(t, f) {
+            return Ok(d.and_utc().timestamp_millis());
+        }
+    }
+    if let Ok(d) = NaiveDate::parse_from_str(t, "%Y-%m-%d") {
+        if let Some(d) = d.and_hms_opt(0, 0, 0) {
+            return Ok(d.and_utc().timestamp_millis());
+        }
+    }
+    Err(version_err(format!(
+        "timestampAsOf '{text}' is not a time; expected 'YYYY-MM-DD HH:MM:SS' (UTC) or ISO 8601 \
+         such as '2026-11-26T12:00:00Z'"
+    )))
+}
+
+/// Parses a `versionAsOf` value: a manifest version, an integer ≥ 1.
+pub fn parse_version(text: &str) -> Result<u64, DatasetError> {
+    match text.trim().parse::<i64>() {
+        Ok(v) if v >= 1 => Ok(v as u64),
+        _ => Err(version_err(format!(
+            "versionAsOf '{text}' is not a version; expected an integer ≥ 1 (the manifest_version \
+             of a commit, see `safetensors-spark history`)"
+        ))),
+    }
+}
+
+/// Chooses the version `spec` names among the log's entries (any order). A version the log does
+/// not hold is an error saying whether it was never committed or is no longer kept; a time
+/// before the first kept commit is an error naming that commit.
+pub fn select_version(entries: &[LogEntryTime], spec: VersionSpec) -> Result<u64, DatasetError> {
+    let mut sorted = entries.to_vec();
+    sorted.sort_by_key(|e| e.version);
+    let (Some(first), Some(last)) = (sorted.first(), sorted.last()) else {
+        return Err(version_err(
+            "the dataset has no manifest log (_manifest_log/), so no version can be chosen"
+                .to_string(),
+        ));
+    };
+    match spec {
+        VersionSpec::Version(v) => {
+            if sorted.iter().any(|e| e.version == v) {
+                Ok(v)
+            } else if v > last.version {
+                Err(version_err(format!(
+                    "version {v} was never committed; the latest version is {}",
+                    last.version
+                )))
+            } else {
+                Err(version_err(format!(
+                    "version {v} is no longer in the manifest log (kept: versions {}); it was \
+                     pruned or vacuumed",
+                    kept_list(&sorted)
+                )))
+            }
+        }
+        VersionSpec::TimestampMs(ts) => {
+            // the newest version whose commit time is at or before ts
+            let best = sorted
+                .iter()
+                .filter(|e| e.time_ms <= ts)
+                .max_by_key(|e| (e.time_ms, e.version));
+            best.map(|e| e.version).ok_or_else(|| {
+                version_err(format!(
+                    "timestampAsOf {} is before the first kept commit (version {} at {})",
+                    format_ms(ts),
+                    first.version,
+                    format_ms(first.time_ms)
+                ))
+            })
+        }
+    }
+}
+
+fn kept_list(sorted: &[LogEntryTime]) -> String {
+    let v: Vec<String> = sorted.iter().map(|e| e.version.to_string()).collect();
+    if v.len() > 8 {
+        format!("{}…{}", v[0], v[v.len() - 1])
+    } else {
+        v.join(", ")
+    }
+}
+
+/// A time (ms since epoch) as `YYYY-MM-DD HH:MM:SS.mmm UTC`.
+pub fn format_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).map_or_else(
+        || format!("{ms} ms"),
+        |d| d.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string(),
+    )
+}
+
+/// What a version's shard looks like on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundShard {
+    pub bytes: u64,
+    /// The file's CRC-32C, when it was computed.
+    pub crc32c: Option<String>,
+}
+
+/// Checks one shard that `version` lists against what is on disk (`None`: missing): it must
+/// exist with its recorded size, and its CRC-32C must match when both are known.
+pub fn check_shard(
+    version: u64,
+    listed: &super::ManifestShard,
+    found: Option<&FoundShard>,
+) -> Result<(), DatasetError> {
+    let name = &listed.shard_path;
+    let Some(f) = found else {
+        return Err(version_err(format!(
+            "version {version} lists shard {name}, which is missing (vacuumed or deleted)"
+        )));
+    };
+    if f.bytes != listed.bytes {
+        return Err(version_err(format!(
+            "version {version} lists shard {name} with {} bytes, the file has {}",
+            listed.bytes, f.bytes
+        )));
+    }
+    if let (Some(want), Some(got)) = (&listed.crc32c, &f.crc32c) {
+        if !want.eq_ignore_ascii_case(got) {
+            return Err(version_err(format!(
+                "version {version}: shard {name} has CRC-32C {got}, the manifest records {want} \
+                 (the file changed or is corrupt)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The CRC-32C of a local file, as the manifest writes it.
+pub fn file_crc32c(path: &Path) -> Result<String, DatasetError> {
+    let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    crc32c_of(std::io::BufReader::with_capacity(1 << 20, f))
+        .map(crc32c_hex)
+        .map_err(|e| io_err(path, e))
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> DatasetError {
+    version_err(format!("{}: {e}", path.display()))
+}
+
+/// The versions in a local dataset's `_manifest_log/`, ascending (none when there is no log).
+pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
+    let log = dir.join(MANIFEST_LOG_DIR);
+    let rd = match std::fs::read_dir(&log) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(&log, e)),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| io_err(&log, e))?;
+        if let Some(v) = entry
+            .file_name()
+            .to_str()
+            .and_then(parse_manifest_log_file_name)
+        {
+            out.push(v);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Reads and parses log entry `version` of a local dataset.
+pub fn read_log_entry_dir(dir: &Path, version: u64) -> Result<Manifest, DatasetError> {
+    let path = dir
+        .join(MANIFEST_LOG_DIR)
+        .join(manifest_log_file_name(version));
+    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+    parse_manifest(&text).map_err(|e| {
+        version_err(format!(
+            "version {version} ({MANIFEST_LOG_DIR}/{}): {e}",
+            manifest_log_file_name(version)
+        ))
+    })
+}
+
+/// Commit time of a log entry: its `committed_at_ms`, else the file's modification time.
+fn entry_time(dir: &Path, version: u64, m: &Manifest) -> Result<i64, DatasetError> {
+    if let Some(t) = m.ext.as_ref().and_then(|x| x.committed_at_ms) {
+        return Ok(i64::try_from(t).unwrap_or(i64::MAX));
+    }
+    let path = dir
+        .join(MANIFEST_LOG_DIR)
+        .join(manifest_log_file_name(version));
+    let modified = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .map_err(|e| io_err(&path, e))?;
+    Ok(match modified.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    })
+}
+
+/// Resolves `spec` in a local dataset and checks the version's shards (size always; CRC-32C when
+/// `verify` and the manifest records one). Returns the version and its manifest; never a
+/// manifest listing a shard that is not there as written.
+pub fn open_version_dir(
+    dir: &Path,
+    spec: VersionSpec,
+    verify: bool,
+) -> Result<(u64, Manifest), DatasetError> {
+    let versions = log_versions_dir(dir)?;
+    let mut times = Vec::new();
+    let mut loaded = BTreeMap::new();
+    for v in &versions {
+        match spec {
+            VersionSpec::Version(_) => times.push(LogEntryTime {
+                version: *v,
+                time_ms: 0,
+            }),
+            VersionSpec::TimestampMs(_) => {
+                let m = read_log_entry_dir(dir, *v)?;
+                times.push(LogEntryTime {
+                    version: *v,
+                    time_ms: entry_time(dir, *v, &m)?,
+                });
+                loaded.insert(*v, m);
+            }
+        }
+    }
+    let v = select_version(&times, spec)?;
+    let m = match loaded.remove(&v) {
+        Some(m) => m,
+        None => read_log_entry_dir(dir, v)?,
+    };
+    check_version_dir(dir, v, &m, verify)?;
+    Ok((v, m))
+}
+
+/// Checks every shard `m` (version `version`) lists against the local directory.
+pub fn check_version_dir(
+    dir: &Path,
+    version: u64,
+    m: &Manifest,
+    verify: bool,
+) -> Result<(), DatasetError> {
+    for s in &m.shards {
+        let path = dir.join(&s.shard_path);
+        let found = match std::fs::metadata(&path) {
+            Ok(md) if md.is_file() => Some(FoundShard {
+                bytes: md.len(),
+                crc32c: None,
+            }),
+            Ok(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err(&path, e)),
+        };
+        check_shard(version, s, found.as_ref())?;
+        if verify && s.crc32c.is_some() {
+            let crc = file_crc32c(&path)?;
+            check_shard(
+                version,
+                s,
+                Some(&FoundShard {
+                    bytes: s.bytes,
+                    crc32c: Some(crc),
+                }),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// One row of a dataset's history: a version in the log and what it changed against the
+/// version before it in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRow {
+    pub version: u64,
+    /// `committed_at_ms`, else the log file's modification time.
+    pub committed_at_ms: i64,
+    /// `operation` (`null` in manifests written before it was recorded).
+    pub operation: Option<Operation>,
+    pub rows_added: u64,
+    pub rows_removed: u64,
+    pub bytes_added: u64,
+    pub bytes_removed: u64,
+    pub shards_added: u64,
+    pub shards_removed: u64,
+    pub total_rows: u64,
+    pub total_bytes: u64,
+    pub created_by: Option<String>,
+    pub app_id: Option<String>,
+    pub commit_message: Option<String>,
+}
+
+/// History rows of `versions` (ascending: version, commit time, manifest): each compared with
+/// the previous entry (the first with an empty dataset).
+pub fn history_rows(versions: &[(u64, i64, &Manifest)]) -> Vec<HistoryRow> {
+    let mut out = Vec::with_capacity(versions.len());
+    let mut prev: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (v, t, m) in versions {
+        let now: BTreeMap<&str, (u64, u64)> = m
+            .shards
+            .iter()
+            .map(|s| (s.shard_path.as_str(), (s.samples_count, s.bytes)))
+            .collect();
+        let (mut ra, mut ba, mut sa) = (0u64, 0u64, 0u64);
+        for (name, (r, b)) in &now {
+            if !prev.contains_key(name) {
+                ra += r;
+                ba += b;
+                sa += 1;
+            }
+        }
+        let (mut rr, mut br, mut sr) = (0u64, 0u64, 0u64);
+        for (name, (r, b)) in &prev {
+            if !now.contains_key(name) {
+                rr += r;
+                br += b;
+                sr += 1;
+            }
+        }
+        let x = m.ext.as_ref();
+        out.push(HistoryRow {
+            version: *v,
+            committed_at_ms: *t,
+            operation: x.and_then(|x| x.operation),
+            rows_added: ra,
+            rows_removed: rr,
+            bytes_added: ba,
+            bytes_removed: br,
+            shards_added: sa,
+            shards_removed: sr,
+            total_rows: m.total_samples,
+            total_bytes: m.total_bytes,
+            created_by: x.map(|x| x.created_by.clone()),
+            app_id: x.and_then(|x| x.app_id.clone()),
+            commit_message: x.and_then(|x| x.commit_message.clone()),
+        });
+        prev = now;
+    }
+    out
+}
+
+/// The history of a local dataset: one row per version in its log, oldest first.
+pub fn history_dir(dir: &Path) -> Result<Vec<HistoryRow>, DatasetError> {
+    let versions = log_versions_dir(dir)?;
+    if versions.is_empty() {
+        return Err(version_err(format!(
+            "{} has no manifest log ({MANIFEST_LOG_DIR}/): not a dataset written by this connector",
+            dir.display()
+        )));
+    }
+    let mut loaded = Vec::with_capacity(versions.len());
+    for v in versions {
+        let m = read_log_entry_dir(dir, v)?;
+        let t = entry_time(dir, v, &m)?;
+        loaded.push((v, t, m));
+    }
+    let refs: Vec<(u64, i64, &Manifest)> = loaded.iter().map(|(v, t, m)| (*v, *t, m)).collect();
+    Ok(history_rows(&refs))
+}
+
+/// The outcome of [`validate_dir`] for one version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionCheck {
+    pub version: u64,
+    pub shards: u64,
+    /// Shards whose CRC-32C was verified (the others were written before checksums).
+    pub verified: u64,
+    /// `None`: every shard is there as written.
+    pub error: Option<String>,
+}
+
+/// Checks every version in a local dataset's log: each listed shard exists with its size and,
+/// where the manifest records one, its CRC-32C. A shard listed by several versions is read once.
+/// A dataset without a log is checked through `dataset_manifest.json` alone (version 0 when the
+/// manifest has none).
+pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
+    let mut versions: Vec<(u64, Manifest)> = Vec::new();
+    for v in log_versions_dir(dir)? {
+        versions.push((v, read_log_entry_dir(dir, v)?));
+    }
+    if versions.is_empty() {
+        let path = dir.join(super::names::MANIFEST_FILE_NAME);
+        let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+        let m =
+            parse_manifest(&text).map_err(|e| version_err(format!("{}: {e}", path.display())))?;
+        versions.push((m.manifest_version(), m));
+    }
+    // file → (size, crc) on disk, computed once
+    let mut seen: BTreeMap<String, Option<FoundShard>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (v, m) in &versions {
+        let mut error = None;
+        let mut verified = 0;
+        for s in &m.shards {
+            let want_crc = s.crc32c.is_some();
+            let entry = seen.entry(s.shard_path.clone()).or_insert(None);
+            let path = dir.join(&s.shard_path);
+            if entry
+                .as_ref()
+                .is_none_or(|f| want_crc && f.crc32c.is_none())
+            {
+                *entry = match std::fs::metadata(&path) {
+                    Ok(md) if md.is_file() => Some(FoundShard {
+                        bytes: md.len(),
+                        crc32c: if want_crc {
+                            Some(file_crc32c(&path)?)
+                        } else {
+                            None
+                        },
+                    }),
+                    _ => None,
+                };
+            }
+            if let Err(e) = check_shard(*v, s, entry.as_ref()) {
+                error = Some(e.to_string());
+                break;
+            }
+            if want_crc {
+                verified += 1;
+            }
+        }
+        out.push(VersionCheck {
+            version: *v,
+            shards: m.shards.len() as u64,
+            verified,
+            error,
+        });
+    }
+    Ok(out)
+}
+
+/// One log entry as a caller that lists the log through its own file system passes it (the
+/// Spark side, the Python package): its version, the file's modification time and, when read,
+/// its text.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ListedEntry {
+    pub version: u64,
+    pub modified_ms: i64,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+fn parse_listed(e: &ListedEntry) -> Result<Option<Manifest>, DatasetError> {
+    e.text
+        .as_deref()
+        .map(|t| {
+            parse_manifest(t).map_err(|err| {
+                version_err(format!(
+                    "version {} ({MANIFEST_LOG_DIR}/{}): {err}",
+                    e.version,
+                    manifest_log_file_name(e.version)
+                ))
+            })
+        })
+        .transpose()
+}
+
+fn listed_time(e: &ListedEntry, m: Option<&Manifest>) -> i64 {
+    m.and_then(|m| m.ext.as_ref())
+        .and_then(|x| x.committed_at_ms)
+        .map_or(e.modified_ms, |t| i64::try_from(t).unwrap_or(i64::MAX))
+}
+
+/// [`select_version`] over listed entries (their texts are needed for a timestamp).
+pub fn select_listed(entries: &[ListedEntry], spec: VersionSpec) -> Result<u64, DatasetError> {
+    let mut times = Vec::with_capacity(entries.len());
+    for e in entries {
+        let m = parse_listed(e)?;
+        times.push(LogEntryTime {
+            version: e.version,
+            time_ms: listed_time(e, m.as_ref()),
+        });
+    }
+    select_version(&times, spec)
+}
+
+/// The values of the options `versionAsOf` / `timestampAsOf` (Python: `version=` /
+/// `timestamp=`) as a [`VersionSpec`]: exactly one.
+pub fn version_spec(
+    version: Option<&str>,
+    timestamp: Option<&str>,
+) -> Result<VersionSpec, DatasetError> {
+    match (version, timestamp) {
+        (Some(v), None) => Ok(VersionSpec::Version(parse_version(v)?)),
+        (None, Some(t)) => Ok(VersionSpec::TimestampMs(parse_timestamp(t)?)),
+        _ => Err(version_err(
+            "give one of versionAsOf (version=) and timestampAsOf (timestamp=), not both"
+                .to_string(),
+        )),
+    }
+}
+
+/// Checks every shard `m` (version `version`) lists against `found` (shard name → file size;
+/// absent: missing).
+pub fn check_listed_shards(
+    m: &Manifest,
+    version: u64,
+    found: &BTreeMap<String, u64>,
+) -> Result<(), DatasetError> {
+    for s in &m.shards {
+        let f = found.get(&s.shard_path).map(|b| FoundShard {
+            bytes: *b,
+            crc32c: None,
+        });
+        check_shard(version, s, f.as_ref())?;
+    }
+    Ok(())
+}
+
+/// [`history_rows`] of listed entries (every text given), oldest first.
+pub fn history_listed(entries: &[ListedEntry]) -> Result<Vec<HistoryRow>, DatasetError> {
+    let mut sorted: Vec<&ListedEntry> = entries.iter().collect();
+    sorted.sort_by_key(|e| e.version);
+    let mut loaded = Vec::with_capacity(sorted.len());
+    for e in sorted {
+        let Some(m) = parse_listed(e)? else {
+            return Err(version_err(format!(
+                "the history needs the text of version {}",
+                e.version
+            )));
+        };
+        loaded.push((e.version, listed_time(e, Some(&m)), m));
+    }
+    let refs: Vec<(u64, i64, &Manifest)> = loaded.iter().map(|(v, t, m)| (*v, *t, m)).collect();
+    Ok(history_rows(&refs))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::manifest::ManifestShard;
+
+    fn e(version: u64, time_ms: i64) -> LogEntryTime {
+        LogEntryTime { version, time_ms }
+    }
+
+    #[test]
+    fn selects_by_version_and_by_time() {
+        let log = [e(3, 3000), e(4, 4000), e(5, 5000)];
+        assert_eq!(select_version(&log, VersionSpec::Version(4)).unwrap(), 4);
+        let never = select_version(&log, VersionSpec::Version(9))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            never.contains("version 9 was never committed; the latest version is 5"),
+            "{never}"
+        );
+        let gone = select_version(&log, VersionSpec::Version(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            gone.contains("version 2 is no longer in the manifest log (kept: versions 3, 4, 5)"),
+            "{gone}"
+        );
+        assert_eq!(
+            select_version(&log, VersionSpec::TimestampMs(4000)).unwrap(),
+            4
+        );
+        assert_eq!(
+            select_version(&log, VersionSpec::TimestampMs(4999)).unwrap(),
+            4
+        );
+        assert_eq!(
+            select_version(&log, VersionSpec::TimestampMs(i64::MAX)).unwrap(),
+            5
+        );
+        let before = select_version(&log, VersionSpec::TimestampMs(2999))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            before.contains(
+                "before the first kept commit (version 3 at 1970-01-01 00:00:03.000 UTC)"
+            ),
+            "{before}"
+        );
+        assert!(select_version(&[], VersionSpec::Version(1)).is_err());
+    }
+
+    #[test]
+    fn parses_option_values() {
+        assert_eq!(parse_version(" 7 ").unwrap(), 7);
+        for bad in ["0", "-1", "x", "1.5", ""] {
+            let m = parse_version(bad).unwrap_err().to_string();
+            assert!(m.contains("expected an integer ≥ 1"), "{m}");
+        }
+        let t = 1_795_694_400_000; // 2026-11-26 12:00:00 UTC
+        assert_eq!(parse_timestamp("2026-11-26 12:00:00").unwrap(), t);
+        assert_eq!(parse_timestamp("2026-11-26T12:00:00Z").unwrap(), t);
+        assert_eq!(parse_timestamp("2026-11-26T13:00:00+01:00").unwrap(), t);
+        assert_eq!(parse_timestamp("2026-11-26 12:00:00.250").unwrap(), t + 250);
+        assert_eq!(parse_timestamp("2026-11-26").unwrap(), t - 12 * 3_600_000);
+        assert!(parse_timestamp("yesterday")
+            .unwrap_err()
+            .to_string()
+            .contains("'yesterday' is not a time"));
+        assert!(version_spec(Some("1"), Some("2026-11-26")).is_err());
+    }
+
+    fn shard(name: &str, bytes: u64, crc: Option<&str>) -> ManifestShard {
+        ManifestShard {
+            shard_path: name.into(),
+            samples_count: 1,
+            bytes,
+            partition: Some(0),
+            padded_samples: Some(0),
+            num_tensors: Some(1),
+            crc32c: crc.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn shard_checks_name_version_and_shard() {
+        let s = shard("part-00000-0000-a.safetensors", 10, Some("0000abcd"));
+        let missing = check_shard(3, &s, None).unwrap_err().to_string();
+        assert!(
+            missing
+                .contains("version 3 lists shard part-00000-0000-a.safetensors, which is missing"),
+            "{missing}"
+        );
+        let f = |bytes, crc: Option<&str>| FoundShard {
+            bytes,
+            crc32c: crc.map(str::to_string),
+        };
+        let size = check_shard(3, &s, Some(&f(9, None)))
+            .unwrap_err()
+            .to_string();
+        assert!(size.contains("with 10 bytes, the file has 9"), "{size}");
+        let crc = check_shard(3, &s, Some(&f(10, Some("deadbeef"))))
+            .unwrap_err()
+            .to_string();
+        assert!(crc.contains("version 3: shard part-00000-0000-a.safetensors has CRC-32C deadbeef, the manifest records 0000abcd"), "{crc}");
+        check_shard(3, &s, Some(&f(10, Some("0000ABCD")))).unwrap();
+        // written before checksums: size only
+        check_shard(
+            3,
+            &shard("part-00000-0000-a.safetensors", 10, None),
+            Some(&f(10, Some("1"))),
+        )
+        .unwrap();
+    }
+
+    /// Every commit records its time, operation and writer, and they survive the manifest's
+    /// text (they were parsed before, but not written).
+    #[test]
+    fn commits_record_operation_time_and_writer() {
+        use crate::manifest::{
+            next_manifest, next_stream_manifest, stamp_commit, CommitInfo, ManifestExt,
+            StreamBatch, MANIFEST_FORMAT,
+        };
+        use crate::DatasetMode;
+        let ext = ManifestExt {
+            format: MANIFEST_FORMAT.into(),
+            created_by: "t".into(),
+            manifest_version: 1,
+            mode: DatasetMode::Kv,
+            batch_size: None,
+            tail_strategy: None,
+            kv_separator: Some("__".into()),
+            padded_samples: 0,
+            dropped_samples: 0,
+            stream_commits: Default::default(),
+            committed_at_ms: None,
+            operation: None,
+            commit_message: None,
+            app_id: None,
+            retention_seconds: None,
+            vacuumed: None,
+        };
+        let write = Manifest::empty(ext);
+        let info = CommitInfo {
+            committed_at_ms: 1_795_694_400_000,
+            commit_message: Some("first \"load\"".into()),
+            app_id: Some("local-1".into()),
+        };
+        let mut v1 = next_manifest(None, &write, false, &[]).unwrap();
+        stamp_commit(&mut v1, &info).unwrap();
+        let back = parse_manifest(&v1.to_json_pretty().unwrap()).unwrap();
+        let x = back.ext.as_ref().unwrap();
+        assert_eq!(x.operation, Some(Operation::Create));
+        assert_eq!(x.committed_at_ms, Some(1_795_694_400_000));
+        assert_eq!(x.commit_message.as_deref(), Some("first \"load\""));
+        assert_eq!(x.app_id.as_deref(), Some("local-1"));
+        let op = |m: &Manifest| m.ext.as_ref().unwrap().operation;
+        let v2 = next_manifest(Some(&back), &write, true, &[]).unwrap();
+        assert_eq!(op(&v2), Some(Operation::Append));
+        // the next commit records its own writer, not the base's
+        assert_eq!(v2.ext.as_ref().unwrap().commit_message, None);
+        assert_eq!(
+            op(&next_manifest(Some(&v2), &write, false, &[]).unwrap()),
+            Some(Operation::Overwrite)
+        );
+        let batch = StreamBatch {
+            query_id: "q".into(),
+            batch_id: 0,
+        };
+        assert_eq!(
+            op(&next_stream_manifest(Some(&v2), &write, &[], &batch).unwrap()),
+            Some(Operation::StreamBatch)
+        );
+        let long = CommitInfo {
+            commit_message: Some("x".repeat(70_000)),
+            ..info
+        };
+        let err = stamp_commit(&mut v1, &long).unwrap_err().to_string();
+        assert!(
+            err.contains("commit_message is 70000 bytes; at most 65536"),
+            "{err}"
+        );
+    }
+}

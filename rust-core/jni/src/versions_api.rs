@@ -1,0 +1,105 @@
+//! `NativeVersions`: the versions of a dataset for the Spark side (spec/dataset.md §5.8), which
+//! lists `_manifest_log/` through Hadoop and asks here which version to read, whether its shards
+//! are there as written, and what the history is. The rules are the dataset crate's
+//! ([`safetensors_spark_dataset::versions`]).
+
+use crate::{arg, guard, parse_json, to_json, JniError};
+use ::jni::objects::{JClass, JString};
+use ::jni::sys::jlong;
+use ::jni::EnvUnowned;
+use safetensors_spark_dataset::manifest::parse_manifest;
+use safetensors_spark_dataset::versions::{
+    check_listed_shards, history_listed, select_listed, version_spec, ListedEntry,
+};
+use safetensors_spark_dataset::DatasetError;
+use std::collections::BTreeMap;
+
+/// A bad option value is the user's options error.
+fn options(e: DatasetError) -> JniError {
+    JniError::Options(e.to_string())
+}
+
+/// `selectVersion`: the version to read among `entries` (texts needed for a timestamp).
+pub fn select_version_json(
+    entries_json: &str,
+    version_as_of: Option<&str>,
+    timestamp_as_of: Option<&str>,
+) -> Result<u64, JniError> {
+    let spec = version_spec(version_as_of, timestamp_as_of).map_err(options)?;
+    let entries: Vec<ListedEntry> = parse_json(entries_json, "manifest log entries")?;
+    Ok(select_listed(&entries, spec)?)
+}
+
+/// `checkVersionShards`: every shard `manifest` (version `version`) lists against `found`
+/// (shard name → file size; absent: missing).
+pub fn check_version_shards_json(
+    manifest: &str,
+    version: u64,
+    found_json: &str,
+) -> Result<(), JniError> {
+    let m = parse_manifest(manifest)?;
+    let found: BTreeMap<String, u64> = parse_json(found_json, "shard sizes")?;
+    Ok(check_listed_shards(&m, version, &found)?)
+}
+
+/// `history`: the history rows (JSON array) of `entries` (every text given).
+pub fn history_json(entries_json: &str) -> Result<String, JniError> {
+    let entries: Vec<ListedEntry> = parse_json(entries_json, "manifest log entries")?;
+    to_json(&history_listed(&entries)?)
+}
+
+fn opt(env: &::jni::Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
+    if s.is_null() {
+        Ok(None)
+    } else {
+        Ok(Some(s.try_to_string(env)?))
+    }
+}
+
+/// `static native long selectVersion(String entriesJson, String versionAsOfOrNull, String timestampAsOfOrNull)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_selectVersion<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    entries: JString<'local>,
+    version_as_of: JString<'local>,
+    timestamp_as_of: JString<'local>,
+) -> jlong {
+    guard(&mut env, |env| {
+        let entries = arg(env, &entries, "entriesJson")?;
+        let v = opt(env, &version_as_of)?;
+        let t = opt(env, &timestamp_as_of)?;
+        let version = select_version_json(&entries, v.as_deref(), t.as_deref())?;
+        Ok(i64::try_from(version).unwrap_or(i64::MAX))
+    })
+}
+
+/// `static native void checkVersionShards(String manifestJson, long version, String foundJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_checkVersionShards<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    manifest: JString<'local>,
+    version: jlong,
+    found: JString<'local>,
+) {
+    guard(&mut env, |env| {
+        let manifest = arg(env, &manifest, "manifestJson")?;
+        let found = arg(env, &found, "foundJson")?;
+        check_version_shards_json(&manifest, u64::try_from(version).unwrap_or(0), &found)
+    })
+}
+
+/// `static native String history(String entriesJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_history<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    entries: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let entries = arg(env, &entries, "entriesJson")?;
+        let json = history_json(&entries)?;
+        Ok(env.new_string(json)?)
+    })
+}
