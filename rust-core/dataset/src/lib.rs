@@ -11,12 +11,15 @@
 //!   build index rows from the write path's reports, live in the engine crate.
 //! * [`vacuum`] — retention and vacuum: which versions are retained, what a vacuum deletes;
 //!   [`local`] runs it (and the commit protocol) on a local directory.
+//! * [`compaction`] — merging small shards into full ones as one version, the same rows;
+//!   [`compaction::local`] runs it on a local directory.
 //! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
 //!   its shards (size, CRC-32C), the history, validating every version.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
 //! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
 
+pub mod compaction;
 #[cfg(feature = "index")]
 pub mod index;
 pub mod kv;
@@ -59,4 +62,8 @@ pub enum DatasetError {
     /// A vacuum that cannot run (spec/dataset.md §5.8.1).
     #[error("vacuum: {problem}")]
     Vacuum { problem: String },
+
+    /// A compaction that cannot run or commit (spec/dataset.md §5.8.2).
+    #[error("compaction: {problem}")]
+    Compaction { problem: String },
 }
