@@ -133,3 +133,58 @@ def test_partitions_are_compacted_alone_and_bad_input_changes_nothing(spark, tmp
         "shards": [{"shard_path": shard.name, "samples_count": 1, "bytes": shard.stat().st_size}]}))
     with pytest.raises(ValueError, match="written by another tool"):
         safetensors_spark.compact(other)
+
+
+def _held_compaction(rust_tools, ds, go):
+    """Starts `safetensors-spark compact DS` as its own process, held after its new shards are in
+    place and before its commit (the CLI's test hook), and waits until it is held there."""
+    import subprocess
+    import time
+
+    env = dict(os.environ, SAFETENSORS_SPARK_TEST_COMPACT_PAUSE=str(go))
+    proc = subprocess.Popen([str(rust_tools / "safetensors-spark"), "compact", str(ds)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = go.with_name(go.name + ".ready")
+    while not ready.exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+def test_forced_race_a_real_append_during_a_compaction_is_kept_an_overwrite_fails_it(spark, tmp_path, rust_tools):
+    ds = tmp_path / "ds"
+    _batch_appends(spark, ds)
+    v = _manifest(ds)["manifest_version"]
+    # 1: the compaction process is held; a Spark append commits version v+1; the compaction
+    # then commits v+2 on top of it
+    proc = _held_compaction(rust_tools, ds, tmp_path / "go1")
+    extra = spark.createDataFrame([(900 + i, [9.0, 9.0], "late") for i in range(3)], "id long, x array<float>, s string")
+    extra.coalesce(1).write.format("safetensors").option("batch_size", 4).option("tail_strategy", "pad") \
+        .mode("append").save(str(ds))
+    assert _manifest(ds)["manifest_version"] == v + 1
+    want = _rows(spark, ds)
+    (tmp_path / "go1").touch()
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    [out] = json.loads(stdout)
+    assert (out["plan"]["base_version"], out["committed_on"], out["version"]) == (v, v + 1, v + 2)
+    m = _manifest(ds)
+    assert m["operation"] == "compaction" and m["total_samples"] == 18
+    assert _rows(spark, ds) == want  # the appended rows are kept
+    # 2: the held compaction loses to an overwrite: it fails naming the version, deletes its own
+    # shards only, commits nothing
+    extra.coalesce(1).write.format("safetensors").option("batch_size", 4).option("tail_strategy", "pad") \
+        .mode("append").save(str(ds))
+    proc = _held_compaction(rust_tools, ds, tmp_path / "go2")
+    extra.write.format("safetensors").option("batch_size", 4).mode("overwrite").save(str(ds))
+    ow = _manifest(ds)["manifest_version"]
+    files_before = set(os.listdir(ds))
+    (tmp_path / "go2").touch()
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and f"version {ow} (overwrite) removed it" in stderr, stderr
+    assert _manifest(ds)["manifest_version"] == ow
+    # the held compaction's own new shards were deleted; every other file stays
+    gone = files_before - set(os.listdir(ds))
+    assert gone and all(f.endswith(".safetensors") and f not in str(_manifest(ds)) for f in gone)
+    assert all(f in files_before for f in os.listdir(ds))
+    assert sorted(r[0] for r in _rows(spark, ds)) == [900, 901, 902]

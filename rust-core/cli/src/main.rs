@@ -288,11 +288,30 @@ fn compact(args: &[String]) -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    // Test hook (tests/python/test_compaction.py races a real Spark append against this
+    // process): with SAFETENSORS_SPARK_TEST_COMPACT_PAUSE=F set, once the new shards are in
+    // place the command creates F.ready and waits (at most 10 minutes) until F exists.
+    let pause =
+        std::env::var_os("SAFETENSORS_SPARK_TEST_COMPACT_PAUSE").map(std::path::PathBuf::from);
+    let mut hold = |_: &safetensors_spark_dataset::compaction::CompactionPlan| {
+        if let Some(go) = &pause {
+            let mut ready = go.clone().into_os_string();
+            ready.push(".ready");
+            let _ = std::fs::write(&ready, b"");
+            for _ in 0..6000 {
+                if go.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    };
     match compact_path(
         std::path::Path::new(&dir),
         &partitions,
         &opts,
         Some(write_index_part),
+        &mut hold,
     ) {
         Ok(out) => match serde_json::to_string_pretty(&out) {
             Ok(text) => {

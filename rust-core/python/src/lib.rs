@@ -300,7 +300,15 @@ fn compact(
         commit_message,
     };
     let out = py
-        .detach(|| compact_path(std::path::Path::new(path), &partitions, &opts, None))
+        .detach(|| {
+            compact_path(
+                std::path::Path::new(path),
+                &partitions,
+                &opts,
+                None,
+                &mut |_| {},
+            )
+        })
         .map_err(|e| ManifestError::new_err(format!("compact: {e}")))?;
     serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
 }

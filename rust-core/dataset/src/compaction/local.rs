@@ -158,7 +158,12 @@ pub fn compact_dir(
             for s in &out.inputs {
                 crate::check_shard_path(&s.shard).map_err(|e| ds_err(dir, e))?;
                 let p = dir.join(&s.shard);
-                inputs.push((s.shard.clone(), fs::read(&p).map_err(io_err(&p))?));
+                // a listed shard that is not a regular file (a FIFO would block) is refused
+                let mut bytes = Vec::new();
+                safetensors_spark_format::file::open_regular(&p)
+                    .and_then(|mut f| io::Read::read_to_end(&mut f, &mut bytes))
+                    .map_err(io_err(&p))?;
+                inputs.push((s.shard.clone(), bytes));
             }
             let refs: Vec<(&str, &[u8])> = inputs
                 .iter()
@@ -399,12 +404,14 @@ pub fn select_datasets(root: &Path, partitions: &[String]) -> Result<Vec<PathBuf
 
 /// Compacts `root` (a dataset, or the chosen partition datasets of a `partitionBy` root): one
 /// compaction version per dataset directory, never across partitions. Every selector is checked
-/// before anything is written.
+/// before anything is written. `after_write` runs in each directory between the placing of the
+/// new shards and the commit (a test hook: the CLI's forced race).
 pub fn compact_path(
     root: &Path,
     partitions: &[String],
     opts: &CompactionOptions,
     index_writer: Option<IndexPartWriter>,
+    after_write: &mut dyn FnMut(&CompactionPlan),
 ) -> Result<Vec<CompactionOutcome>, LocalError> {
     let dirs = select_datasets(root, partitions)?;
     // every dataset's options are checked (a plan each) before the first is compacted
@@ -420,6 +427,6 @@ pub fn compact_path(
         )?;
     }
     dirs.iter()
-        .map(|d| compact_dir(d, opts, index_writer, &mut |_| {}))
+        .map(|d| compact_dir(d, opts, index_writer, after_write))
         .collect()
 }

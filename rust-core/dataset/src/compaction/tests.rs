@@ -747,6 +747,7 @@ fn partitions_are_chosen_by_name_and_bad_paths_change_nothing() {
         &["split=train".into()],
         &CompactionOptions::default(),
         None,
+        &mut |_| {},
     )
     .unwrap();
     assert_eq!(out.len(), 1);
