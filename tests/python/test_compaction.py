@@ -188,3 +188,26 @@ def test_forced_race_a_real_append_during_a_compaction_is_kept_an_overwrite_fail
     assert gone and all(f.endswith(".safetensors") and f not in str(_manifest(ds)) for f in gone)
     assert all(f in files_before for f in os.listdir(ds))
     assert sorted(r[0] for r in _rows(spark, ds)) == [900, 901, 902]
+
+
+def test_spark_compaction_through_hadoop_keeps_every_value(spark, tmp_path):
+    from safetensors_spark.spark import compact as spark_compact
+
+    ds = tmp_path / "ds"
+    _batch_appends(spark, ds)
+    before = _rows(spark, ds)
+    m0 = _manifest(ds)
+    with pytest.raises(Exception, match="unknown option 'batchsize'"):
+        spark_compact(spark, str(ds), batchsize=4)
+    with pytest.raises(Exception, match="batch_size is 8, the dataset has batch_size 4"):
+        spark_compact(spark, str(ds), batch_size=8)
+    [dry] = spark_compact(spark, str(ds), dry_run=True).collect()
+    assert dry.version is None and _manifest(ds) == m0
+    [r] = spark_compact(spark, str(ds), commit_message="spark compaction").collect()
+    m = _manifest(ds)
+    assert r.version == m["manifest_version"] == m0["manifest_version"] + 1 and r.rows == dry.rows
+    assert m["operation"] == "compaction" and m["commit_message"] == "spark compaction"
+    assert m["app_id"] == spark.sparkContext.applicationId
+    assert m["total_samples"] == m0["total_samples"]
+    assert _rows(spark, ds) == before
+    assert len(safetensors_spark.open_dataset(str(ds), verify_checksums=True)) == 15

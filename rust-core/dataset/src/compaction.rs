@@ -27,7 +27,7 @@ use crate::DatasetError;
 use safetensors_spark_format::file::{crc32c_hex, serialize};
 use safetensors_spark_format::header::{parse_file_bytes, Header, TensorEntry};
 use safetensors_spark_format::Dtype;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod local;
@@ -50,7 +50,7 @@ pub struct CompactionRequest {
 }
 
 /// Rows `[start, end)` of the real rows of shard `shard` (KV: all its keys, `0..samples`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputSlice {
     pub shard: String,
     pub start: u64,
@@ -58,7 +58,7 @@ pub struct InputSlice {
 }
 
 /// One shard a compaction writes: its name and the input rows it holds, in order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedShard {
     pub name: String,
     pub partition: u32,
@@ -71,7 +71,7 @@ pub struct PlannedShard {
 
 /// What a compaction merges: `replaced` shards of version `base_version` become `outputs`.
 /// Empty `outputs`: nothing to compact.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactionPlan {
     pub base_version: u64,
     pub layout: DatasetMode,
