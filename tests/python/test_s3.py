@@ -979,3 +979,39 @@ def test_a_tampered_dataset_on_s3_fails_as_on_local_disk(spark, s3, bucket, tmp_
         with pytest.raises(SafetensorsSparkError, match=py_msg) as e:
             open_dataset(url, storage_options=opts)
         assert named in str(e.value), f"{where}: {e.value}"
+
+
+def test_compaction_on_s3_batch_and_kv_with_its_index(spark, s3, bucket):
+    """spec/dataset.md §5.8.2 on s3a://: the Spark-side compaction reads and writes shards through
+    S3A and commits with the conditional PUT; the same rows and tensors after."""
+    from safetensors_spark.spark import compact
+
+    url = f"s3a://{bucket}/cmp"
+    for a in range(3):
+        batch_frame(spark, 5, start=a * 10).write.format("safetensors").option("batch_size", 4) \
+            .mode("append").save(url)
+    before = sorted(tuple(r) for r in spark.read.format("safetensors").load(url).collect())
+    m0 = manifest(s3, bucket, "cmp")
+    [r] = compact(spark, url).collect()
+    m = manifest(s3, bucket, "cmp")
+    assert r.version == m0["manifest_version"] + 1 and m["operation"] == "compaction"
+    assert m["total_samples"] == 15 and len(m["shards"]) < len(m0["shards"])
+    assert sorted(tuple(x) for x in spark.read.format("safetensors").load(url).collect()) == before
+    kv = f"s3a://{bucket}/cmpkv"
+    for a in range(3):
+        kv_frame(spark, 4, start=a * 4).write.format("safetensors").option("name_col", "name") \
+            .option("generate_index", "true").mode("append").save(kv)
+    want = {}
+    for t in shard_tensors(s3, bucket, "cmpkv").values():
+        want.update(t)
+    [r] = compact(spark, kv, target_shard_size_mb=1).collect()
+    m = manifest(s3, bucket, "cmpkv")
+    assert m["operation"] == "compaction" and len(m["shards"]) == 1
+    got = {}
+    for t in shard_tensors(s3, bucket, "cmpkv").values():
+        got.update(t)
+    assert sorted(got) == sorted(want) and all(got[k].tobytes() == want[k].tobytes() for k in want)
+    parts = {k.rsplit("/", 1)[1] for k in keys(s3, bucket, "cmpkv/_tensor_index.parquet/")}
+    assert m["shards"][0]["shard_path"][: -len(".safetensors")] + ".parquet" in parts
+    hit = spark.read.format("safetensors").load(kv).filter(F.col("key") == "k0005__emb").collect()
+    assert [list(x["decoded"]) for x in hit] == [[5.0] * 3]

@@ -11,6 +11,13 @@
 //! safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
 //!                                     forensic report per file and per sharded checkpoint
 //!                                     (spec/forensics.md); exit 0 clean, 1 warnings, 2 errors
+//! safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET
+//!                                     delete superseded shards outside the retention period
+//!                                     (spec/dataset.md §5.8.1; local paths); JSON plan on stdout
+//! safetensors-spark compact [--batch-size N | --target-shard-size-mb M] [--partition K=V]...
+//!                           [--message TEXT] [--dry-run] DATASET
+//!                                     merge small shards into full ones as one `compaction`
+//!                                     version per dataset (spec/dataset.md §5.8.2; local paths)
 //! ```
 
 mod report;
@@ -25,7 +32,9 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: safetensors-spark inspect FILE...
        safetensors-spark validate FILE|DATASET...
        safetensors-spark history [--json] DATASET
-       safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...";
+       safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
+       safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET
+       safetensors-spark compact [--batch-size N | --target-shard-size-mb M] [--partition K=V]... [--message TEXT] [--dry-run] DATASET";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -33,6 +42,8 @@ fn main() -> ExitCode {
         Some((cmd, files)) if cmd == "inspect" && !files.is_empty() => inspect(files),
         Some((cmd, files)) if cmd == "validate" && !files.is_empty() => validate(files),
         Some((cmd, rest)) if cmd == "report" => report::run(rest, USAGE),
+        Some((cmd, rest)) if cmd == "vacuum" => vacuum(rest),
+        Some((cmd, rest)) if cmd == "compact" => compact(rest),
         Some((cmd, rest)) if cmd == "history" => history(rest),
         Some((cmd, _)) if cmd == "--help" || cmd == "-h" => {
             println!("{USAGE}");
@@ -211,5 +222,168 @@ fn validate(files: &[String]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// `compact`: spec/dataset.md §5.8.2 on a local dataset (or the chosen partitions of a
+/// `partitionBy` root). Prints one JSON outcome per dataset directory. Exit 0 done (or dry run,
+/// or nothing to merge), 1 on an error (printed; nothing of that dataset committed), 2 on a
+/// usage error.
+fn compact(args: &[String]) -> ExitCode {
+    use safetensors_spark_dataset::compaction::local::{
+        compact_path, write_index_part, CompactionOptions,
+    };
+    let mut opts = CompactionOptions::default();
+    let (mut partitions, mut dir) = (Vec::new(), None);
+    let mut it = args.iter();
+    let number = |flag: &str, v: Option<&String>| -> Result<u64, ExitCode> {
+        match v.map(|v| (v, v.parse::<u64>())) {
+            Some((_, Ok(n))) => Ok(n),
+            Some((v, Err(_))) => {
+                eprintln!(
+                    "{}",
+                    shown(format_args!("{flag} '{v}': expected a whole number"))
+                );
+                Err(ExitCode::from(2))
+            }
+            None => {
+                eprintln!("{flag} needs a value");
+                Err(ExitCode::from(2))
+            }
+        }
+    };
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--dry-run" => opts.dry_run = true,
+            "--batch-size" => match number(a, it.next()) {
+                Ok(n) => opts.request.batch_size = Some(n),
+                Err(c) => return c,
+            },
+            "--target-shard-size-mb" => match number(a, it.next()) {
+                Ok(n) => opts.request.target_shard_size_mb = Some(n),
+                Err(c) => return c,
+            },
+            "--partition" => match it.next() {
+                Some(p) => partitions.push(p.clone()),
+                None => {
+                    eprintln!("--partition needs column=value");
+                    return ExitCode::from(2);
+                }
+            },
+            "--message" => match it.next() {
+                Some(m) => opts.commit_message = Some(m.clone()),
+                None => {
+                    eprintln!("--message needs a text");
+                    return ExitCode::from(2);
+                }
+            },
+            _ if dir.is_none() && !a.starts_with("--") => dir = Some(a.clone()),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(dir) = dir else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    // Test hook (tests/python/test_compaction.py races a real Spark append against this
+    // process): with SAFETENSORS_SPARK_TEST_COMPACT_PAUSE=F set, once the new shards are in
+    // place the command creates F.ready and waits (at most 10 minutes) until F exists.
+    let pause =
+        std::env::var_os("SAFETENSORS_SPARK_TEST_COMPACT_PAUSE").map(std::path::PathBuf::from);
+    let mut hold = |_: &safetensors_spark_dataset::compaction::CompactionPlan| {
+        if let Some(go) = &pause {
+            let mut ready = go.clone().into_os_string();
+            ready.push(".ready");
+            let _ = std::fs::write(&ready, b"");
+            for _ in 0..6000 {
+                if go.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    };
+    match compact_path(
+        std::path::Path::new(&dir),
+        &partitions,
+        &opts,
+        Some(write_index_part),
+        &mut hold,
+    ) {
+        Ok(out) => match serde_json::to_string_pretty(&out) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("{}", shown(format_args!("compact: {e}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `vacuum`: spec/dataset.md §5.8.1 on a local dataset directory. Exit 0 done (or dry run), 1 on
+/// an error (printed, nothing more deleted), 2 on a usage error.
+fn vacuum(args: &[String]) -> ExitCode {
+    use safetensors_spark_dataset::local::{now_ms, vacuum_dir};
+    use safetensors_spark_dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
+    let mut req = VacuumRequest::default();
+    let (mut dry_run, mut dir) = (false, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--dry-run" => dry_run = true,
+            "--allow-shorter-retention" => req.allow_shorter_retention = true,
+            "--retention" => {
+                let Some(v) = it.next() else {
+                    eprintln!("--retention needs a value: {RETENTION_EXPECTED}");
+                    return ExitCode::from(2);
+                };
+                let Some(s) = parse_retention(v) else {
+                    eprintln!(
+                        "{}",
+                        shown(format_args!(
+                            "--retention '{v}': expected {RETENTION_EXPECTED}"
+                        ))
+                    );
+                    return ExitCode::from(2);
+                };
+                req.retention_seconds = Some(s);
+            }
+            _ if dir.is_none() && !a.starts_with("--") => dir = Some(a.clone()),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(dir) = dir else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    req.now_ms = now_ms();
+    match vacuum_dir(std::path::Path::new(&dir), &req, dry_run, &mut |_| {}) {
+        Ok(out) => match serde_json::to_string_pretty(&out) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("{}", shown(format_args!("vacuum: {e}")));
+            ExitCode::FAILURE
+        }
     }
 }

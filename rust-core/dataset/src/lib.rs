@@ -9,18 +9,25 @@
 //!   the default cargo feature `index`, the only part of this crate that needs arrow and parquet;
 //!   the Python extension, which reads the index with pyarrow, leaves it off. Its tests, which
 //!   build index rows from the write path's reports, live in the engine crate.
+//! * [`vacuum`] — retention and vacuum: which versions are retained, what a vacuum deletes;
+//!   [`local`] runs it (and the commit protocol) on a local directory.
+//! * [`compaction`] — merging small shards into full ones as one version, the same rows;
+//!   [`compaction::local`] runs it on a local directory.
 //! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
 //!   its shards (size, CRC-32C), the history, validating every version.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
 //! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
 
+pub mod compaction;
 #[cfg(feature = "index")]
 pub mod index;
 pub mod kv;
+pub mod local;
 pub mod manifest;
 pub mod names;
 pub mod ragged;
+pub mod vacuum;
 pub mod versions;
 
 pub use manifest::{
@@ -51,4 +58,12 @@ pub enum DatasetError {
     /// A streaming micro-batch that cannot be committed (spec/dataset.md §5.7).
     #[error("streaming write: {problem}")]
     StreamBatch { problem: String },
+
+    /// A vacuum that cannot run (spec/dataset.md §5.8.1).
+    #[error("vacuum: {problem}")]
+    Vacuum { problem: String },
+
+    /// A compaction that cannot run or commit (spec/dataset.md §5.8.2).
+    #[error("compaction: {problem}")]
+    Compaction { problem: String },
 }

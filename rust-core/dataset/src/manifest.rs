@@ -675,6 +675,14 @@ pub fn next_manifest(
     }
     if let Some(x) = &mut out.ext {
         x.manifest_version = version;
+        // the dataset's retention outlives every write that does not set it (§5.8.1); a
+        // vacuum's record belongs to the vacuum version only
+        if x.retention_seconds.is_none() {
+            x.retention_seconds = base
+                .and_then(|b| b.ext.as_ref())
+                .and_then(|b| b.retention_seconds);
+        }
+        x.vacuumed = None;
         x.operation = Some(match base {
             None => Operation::Create,
             Some(_) if append => Operation::Append,

@@ -136,6 +136,7 @@ fn main() {
         columns,
         metadata: BTreeMap::new(),
         generate_index: false,
+        retention_seconds: None,
     };
     let _ = std::fs::remove_dir_all(&dir);
     let batches: Vec<StructArray> = (0..rows)

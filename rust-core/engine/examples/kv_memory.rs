@@ -98,6 +98,7 @@ fn main() {
         }],
         metadata: BTreeMap::new(),
         generate_index: false,
+        retention_seconds: None,
     };
     let _ = std::fs::remove_dir_all(&dir);
 

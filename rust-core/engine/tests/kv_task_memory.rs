@@ -73,6 +73,7 @@ fn plan() -> WritePlan {
         }],
         metadata: BTreeMap::new(),
         generate_index: false,
+        retention_seconds: None,
     }
 }
 

@@ -189,7 +189,9 @@ impl From<CommitError> for JniError {
 impl From<DatasetError> for JniError {
     fn from(err: DatasetError) -> Self {
         match err {
-            DatasetError::AppendMismatch { .. } => JniError::Options(err.to_string()),
+            DatasetError::AppendMismatch { .. } | DatasetError::Vacuum { .. } => {
+                JniError::Options(err.to_string())
+            }
             _ => JniError::Dataset(err.to_string()),
         }
     }

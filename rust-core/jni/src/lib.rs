@@ -26,6 +26,7 @@ use ::jni::strings::JNIString;
 use ::jni::sys::{jint, jlong};
 use ::jni::{jni_str, Env, EnvUnowned};
 
+mod compaction_api;
 mod error;
 mod functions_api;
 mod reader_api;

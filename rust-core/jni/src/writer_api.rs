@@ -24,6 +24,11 @@ use safetensors_spark_dataset::manifest::{
     superseded_shards, CommitInfo, ShardReplacement, StreamBatch,
 };
 use safetensors_spark_dataset::names::{MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
+use safetensors_spark_dataset::vacuum::{
+    deletes_at_commit, parse_retention, plan_vacuum, vacuum_manifest, LoggedVersion, VacuumRequest,
+    RETENTION_EXPECTED,
+};
+use safetensors_spark_dataset::Manifest;
 use safetensors_spark_engine::write::commit::{
     commit_manifest, merge_key_runs, rewrite_shard_without_keys, write_shard_index_part,
     KeyRunInput,
@@ -244,14 +249,22 @@ pub fn next_manifest_json(
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
     let mut next = next_manifest(base.as_ref(), &new, append, &replacements)?;
     stamp(&mut next, commit_info_json)?;
+    commit_answer(base.as_ref(), &next)
+}
+
+/// What a commit attempt needs from `next` (built on `base`, stamped):
+/// `{"manifest", "version", "superseded", "retain"}`. `superseded`: the shards `base` lists and
+/// `next` does not. `retain`: the dataset's retention is not 0, so by spec/dataset.md §5.8.1 they
+/// stay until a vacuum (and the log is not pruned).
+fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<String, JniError> {
     let superseded: Vec<&str> = base
-        .as_ref()
-        .map(|b| superseded_shards(b, &next))
+        .map(|b| superseded_shards(b, next))
         .unwrap_or_default();
     to_json(&json!({
         "manifest": next.to_json_pretty().map_err(failed)?,
         "version": next.manifest_version(),
         "superseded": superseded,
+        "retain": !deletes_at_commit(next),
     }))
 }
 
@@ -309,15 +322,7 @@ pub fn next_stream_manifest_json(
         .map_err(|e| JniError::from(e).context("this write's manifest"))?;
     let mut next = next_stream_manifest(base.as_ref(), &new, &replacements, batch)?;
     stamp(&mut next, commit_info_json)?;
-    let superseded: Vec<&str> = base
-        .as_ref()
-        .map(|b| superseded_shards(b, &next))
-        .unwrap_or_default();
-    to_json(&json!({
-        "manifest": next.to_json_pretty().map_err(failed)?,
-        "version": next.manifest_version(),
-        "superseded": superseded,
-    }))
+    commit_answer(base.as_ref(), &next)
 }
 
 /// `checkManifest`: parses and validates a dataset's current manifest (every shard name passes
@@ -807,4 +812,129 @@ mod tests {
             "{e:?}"
         );
     }
+}
+
+/// One `_manifest_log/` entry as the JVM read it.
+#[derive(serde::Deserialize)]
+struct LogEntryRequest {
+    version: u64,
+    /// The entry's path, for errors.
+    source: String,
+    text: String,
+    mtime_ms: u64,
+}
+
+/// `planVacuum`'s request: the log, the latest manifest, the directory's files.
+#[derive(serde::Deserialize)]
+struct VacuumPlanRequest {
+    log: Vec<LogEntryRequest>,
+    latest: String,
+    latest_source: String,
+    shards: BTreeMap<String, u64>,
+    index_parts: BTreeMap<String, u64>,
+    retention: Option<String>,
+    allow_shorter_retention: bool,
+    now_ms: u64,
+}
+
+/// `planVacuum`: the vacuum plan (spec/dataset.md §5.8.1) of what the JVM listed.
+pub fn plan_vacuum_json(request_json: &str) -> Result<String, JniError> {
+    let r: VacuumPlanRequest = parse_json(request_json, "vacuum request")?;
+    let retention_seconds = match r.retention.as_deref() {
+        None => None,
+        Some(v) => Some(parse_retention(v).ok_or_else(|| {
+            JniError::invalid_argument(format!(
+                "vacuum option retention = '{v}': expected {RETENTION_EXPECTED}"
+            ))
+        })?),
+    };
+    let mut log = Vec::with_capacity(r.log.len());
+    for e in &r.log {
+        let manifest = parse_manifest(&e.text).map_err(|err| {
+            JniError::from(err).context(format_args!("manifest log entry {}", e.source))
+        })?;
+        log.push(LoggedVersion {
+            version: e.version,
+            manifest,
+            file_mtime_ms: e.mtime_ms,
+        });
+    }
+    let latest = parse_manifest(&r.latest).map_err(|err| {
+        JniError::from(err).context(format_args!(
+            "the dataset's current manifest {}",
+            r.latest_source
+        ))
+    })?;
+    let plan = plan_vacuum(
+        &log,
+        &latest,
+        &r.shards,
+        &r.index_parts,
+        &VacuumRequest {
+            retention_seconds,
+            allow_shorter_retention: r.allow_shorter_retention,
+            now_ms: r.now_ms,
+        },
+    )?;
+    let vacuumed = plan.vacuumed();
+    to_json(&json!({"plan": plan, "files": vacuumed.files, "bytes": vacuumed.bytes}))
+}
+
+/// `vacuumManifest`: the vacuum version on top of `base` (`{"manifest", "version"}`).
+pub fn vacuum_manifest_json(
+    base: &str,
+    files: u64,
+    bytes: u64,
+    app_id: Option<String>,
+) -> Result<String, JniError> {
+    let base = parse_manifest(base).map_err(|e| {
+        JniError::from(e).context(format_args!("the dataset's current manifest ({MANIFEST_FILE_NAME} or its newest {MANIFEST_LOG_DIR}/ entry)"))
+    })?;
+    let next = vacuum_manifest(
+        &base,
+        safetensors_spark_dataset::manifest::Vacuumed { files, bytes },
+        safetensors_spark_dataset::local::now_ms(),
+        app_id,
+    )?;
+    to_json(&json!({
+        "manifest": next.to_json_pretty().map_err(failed)?,
+        "version": next.manifest_version(),
+    }))
+}
+
+/// `static native String planVacuum(String requestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_planVacuum<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    request: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let request = arg(env, &request, "requestJson")?;
+        let json = plan_vacuum_json(&request)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native String vacuumManifest(String baseManifestJson, long files, long bytes, String appIdOrNull)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_vacuumManifest<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    files: jlong,
+    bytes: jlong,
+    app_id: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = arg(env, &base, "baseManifestJson")?;
+        let app_id = opt_arg(env, &app_id)?;
+        let json = vacuum_manifest_json(
+            &base,
+            u64::try_from(files).unwrap_or(0),
+            u64::try_from(bytes).unwrap_or(0),
+            app_id,
+        )?;
+        new_string(env, &json)
+    })
 }

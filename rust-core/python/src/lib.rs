@@ -242,6 +242,79 @@ fn index_part_name(shard: &str) -> PyResult<String> {
         .ok_or_else(|| ManifestError::new_err(format!("'{shard}' is not a shard file name")))
 }
 
+/// Vacuums the local dataset `path` (spec/dataset.md §5.8.1); returns the outcome as JSON.
+/// A bad retention or a retention shorter than the dataset's without the override raises
+/// `ValueError` (ManifestError) naming it.
+#[pyfunction]
+#[pyo3(signature = (path, retention=None, dry_run=false, allow_shorter_retention=false))]
+fn vacuum(
+    py: Python<'_>,
+    path: &str,
+    retention: Option<&str>,
+    dry_run: bool,
+    allow_shorter_retention: bool,
+) -> PyResult<String> {
+    use dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
+    let retention_seconds = match retention {
+        None => None,
+        Some(v) => Some(parse_retention(v).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "vacuum: retention '{v}': expected {RETENTION_EXPECTED}"
+            ))
+        })?),
+    };
+    let req = VacuumRequest {
+        retention_seconds,
+        allow_shorter_retention,
+        now_ms: dataset::local::now_ms(),
+    };
+    let out = py
+        .detach(|| {
+            dataset::local::vacuum_dir(std::path::Path::new(path), &req, dry_run, &mut |_| {})
+        })
+        .map_err(|e| ManifestError::new_err(format!("vacuum: {e}")))?;
+    serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
+}
+
+/// Compacts the local dataset `path` (or its chosen `partitions`, `column=value`) by
+/// spec/dataset.md §5.8.2; returns the outcomes as JSON (one per dataset directory). The
+/// extension has no index writer: a dataset with `_tensor_index.parquet` parts is refused (the
+/// CLI compacts it). Bad input raises `ManifestError` naming it; nothing is changed.
+#[pyfunction]
+#[pyo3(signature = (path, batch_size=None, target_shard_size_mb=None, partitions=Vec::new(), dry_run=false, commit_message=None))]
+fn compact(
+    py: Python<'_>,
+    path: &str,
+    batch_size: Option<u64>,
+    target_shard_size_mb: Option<u64>,
+    partitions: Vec<String>,
+    dry_run: bool,
+    commit_message: Option<String>,
+) -> PyResult<String> {
+    use dataset::compaction::local::{compact_path, CompactionOptions};
+    use dataset::compaction::CompactionRequest;
+    let opts = CompactionOptions {
+        request: CompactionRequest {
+            batch_size,
+            target_shard_size_mb,
+        },
+        dry_run,
+        commit_message,
+    };
+    let out = py
+        .detach(|| {
+            compact_path(
+                std::path::Path::new(path),
+                &partitions,
+                &opts,
+                None,
+                &mut |_| {},
+            )
+        })
+        .map_err(|e| ManifestError::new_err(format!("compact: {e}")))?;
+    serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
+}
+
 /// The version to read among the listed `_manifest_log/` entries (`entries_json`: `[{"version",
 /// "modified_ms", "text"?}]`, texts needed for a timestamp): `version` / `timestamp` as text,
 /// exactly one (spec/dataset.md §5.8).
@@ -415,6 +488,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
     m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(vacuum, m)?)?;
+    m.add_function(wrap_pyfunction!(compact, m)?)?;
     m.add_function(wrap_pyfunction!(check_ragged_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(select_version, m)?)?;
     m.add_function(wrap_pyfunction!(check_version_shards, m)?)?;

@@ -112,7 +112,7 @@ pub fn empty_manifest(plan: &WritePlan) -> Manifest {
         operation: None,
         commit_message: None,
         app_id: None,
-        retention_seconds: None,
+        retention_seconds: plan.retention_seconds,
         vacuumed: None,
     })
 }

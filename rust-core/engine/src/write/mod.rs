@@ -174,6 +174,9 @@ pub struct WritePlan {
     /// User metadata added to every shard's `__metadata__`.
     pub metadata: BTreeMap<String, String>,
     pub generate_index: bool,
+    /// The `retention` option in seconds (spec/dataset.md §5.8.1); `None`: the dataset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_seconds: Option<u64>,
 }
 
 /// One tensor of a sealed shard, as the index and the commit checks need it.

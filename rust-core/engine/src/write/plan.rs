@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
 /// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
-pub const WRITE_OPTIONS: [&str; 14] = [
+pub const WRITE_OPTIONS: [&str; 15] = [
     "batch_size",
     "columns",
     "commit_message",
@@ -30,6 +30,7 @@ pub const WRITE_OPTIONS: [&str; 14] = [
     "metadata",
     "name_col",
     "ragged",
+    "retention",
     "shapes",
     "tail_strategy",
     "target_shard_size_mb",
@@ -1300,6 +1301,19 @@ fn plan(
         Some(v) => parse_choice("generate_index", v, &[("true", true), ("false", false)])?,
     };
 
+    let retention_seconds = match opts.get("retention") {
+        None => None,
+        Some(v) => Some(
+            safetensors_spark_dataset::vacuum::parse_retention(v).ok_or_else(|| {
+                invalid_value(
+                    "retention",
+                    v,
+                    safetensors_spark_dataset::vacuum::RETENTION_EXPECTED,
+                )
+            })?,
+        ),
+    };
+
     let mut metadata = BTreeMap::new();
     if let Some(raw) = opts.get("metadata") {
         let expected = "a JSON object of string → string";
@@ -1344,6 +1358,7 @@ fn plan(
         columns,
         metadata,
         generate_index,
+        retention_seconds,
     })
 }
 

@@ -29,6 +29,8 @@ from ._native import VERSION as __version__
 
 __all__ = [
     "open_dataset",
+    "vacuum",
+    "compact",
     "history",
     "Dataset",
     "Ragged",
@@ -42,6 +44,47 @@ __all__ = [
     "StateError",
     "__version__",
 ]
+
+
+def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
+    """Deletes the shards of a local dataset that no version inside the retention period lists
+    (spec/dataset.md §5.8.1) and commits a ``vacuum`` version; ``dry_run`` only lists them.
+
+    ``retention``: ``"<n> seconds|minutes|hours|days"`` or ``"0"``; None for the dataset's own
+    (default 7 days). A shorter one than the dataset's needs ``allow_shorter_retention=True``.
+    Returns ``{"plan": {...}, "dry_run": bool, "version": int or None}``.
+    """
+    import json
+    import os
+
+    from . import _native
+
+    out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+    return json.loads(out)
+
+
+def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry_run=False,
+            commit_message=None):
+    """Merges the small shards of a local dataset into full ones as one ``compaction`` version,
+    the same rows and values (spec/dataset.md §5.8.2); ``dry_run`` only returns the plan.
+
+    Batch layout: shards with fewer than ``batch_size`` rows (the dataset's; giving another is an
+    error) are cut again at ``batch_size``. KV layout: shards smaller than
+    ``target_shard_size_mb`` (default 300) are packed whole. ``partitions``: ``"column=value"``
+    strings choosing partition datasets of a ``partitionBy`` root (default: all). Returns one
+    ``{"dataset", "plan", "dry_run", "version", "committed_on", "replaced_deleted"}`` per dataset
+    directory. A dataset with a tensor index is refused (use ``safetensors-spark compact``).
+    """
+    import json
+    import os
+
+    from . import _native
+
+    if isinstance(partitions, str):
+        partitions = [partitions]
+    out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
+                          dry_run, commit_message)
+    return json.loads(out)
 
 
 def __getattr__(name):

@@ -140,3 +140,20 @@ def history(spark, path):
     from pyspark.sql import DataFrame
     jdf = spark._jvm.io.safetensors.spark.SafetensorsDataset.history(spark._jsparkSession, str(path))
     return DataFrame(jdf, spark)
+
+
+def compact(spark, path, **options):
+    """Compacts the dataset at ``path`` (any path Spark writes to: local, HDFS, ``s3a://``) through
+    the connector's ``io.safetensors.spark.Compaction`` (spec/dataset.md §5.8.2): small shards
+    merged into full ones as one ``compaction`` version. ``options``: ``batch_size``,
+    ``target_shard_size_mb``, ``commit_message``, ``dry_run``. Returns a DataFrame of one row
+    (``version``, ``shards_replaced``, ``shards_written``, ``rows``, ``plan``). Classic sessions."""
+    if _session_is_connect(spark):
+        raise SafetensorsSparkError("compact(spark, path) needs a classic SparkSession; with a local "
+                                    "path use safetensors_spark.compact(path)")
+    from pyspark.sql import DataFrame
+    jmap = spark._jvm.java.util.HashMap()
+    for k, v in options.items():
+        jmap.put(str(k), str(v).lower() if isinstance(v, bool) else str(v))
+    jdf = spark._jvm.io.safetensors.spark.Compaction.compact(spark._jsparkSession, str(path), jmap)
+    return DataFrame(jdf, spark)

@@ -280,8 +280,8 @@ fn unknown_option_lists_every_valid_key() {
     assert_eq!(
         e.to_string(),
         "unknown option 'dtpye'; valid options: batch_size, columns, commit_message, dtype, dtypes, \
-duplicatesStrategy, generate_index, kv_separator, metadata, name_col, ragged, shapes, tail_strategy, \
-target_shard_size_mb"
+duplicatesStrategy, generate_index, kv_separator, metadata, name_col, ragged, retention, shapes, \
+tail_strategy, target_shard_size_mb"
     );
 }
 
@@ -1113,6 +1113,25 @@ fn a_kv_append_finds_its_key_column_and_separator() {
         .unwrap_err()
         .to_string()
         .contains("this write is in batch mode (option batch_size), the dataset is in KV mode"));
+}
+
+#[test]
+fn retention_option_is_parsed_or_refused_naming_it() {
+    let p = plan(&xs(), &[("batch_size", "1"), ("retention", "2 hours")]).unwrap();
+    assert_eq!(p.retention_seconds, Some(7200));
+    let p = plan(&xs(), &[("batch_size", "1"), ("retention", "0")]).unwrap();
+    assert_eq!(p.retention_seconds, Some(0));
+    assert_eq!(
+        plan(&xs(), &[("batch_size", "1")])
+            .unwrap()
+            .retention_seconds,
+        None
+    );
+    for bad in ["-1 days", "a week", "99999999999999999999 seconds"] {
+        let e = err(&xs(), &[("batch_size", "1"), ("retention", bad)]).to_string();
+        assert!(e.contains("retention") && e.contains(bad), "{e}");
+        assert!(e.contains("seconds, minutes, hours or days"), "{e}");
+    }
 }
 
 #[test]

@@ -59,6 +59,7 @@ fn plan_batch(columns: Vec<ColumnPlan>, batch_size: u64, tail: TailStrategy) -> 
         columns,
         metadata: BTreeMap::from([("owner".to_string(), "tests".to_string())]),
         generate_index: false,
+        retention_seconds: None,
     }
 }
 
@@ -75,6 +76,7 @@ fn plan_kv(columns: Vec<ColumnPlan>, target: u64, duplicates: DuplicatesStrategy
         columns,
         metadata: BTreeMap::new(),
         generate_index: false,
+        retention_seconds: None,
     }
 }
 

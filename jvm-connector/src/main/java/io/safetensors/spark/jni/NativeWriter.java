@@ -59,7 +59,8 @@ public final class NativeWriter {
 
   /** Driver, each commit attempt: this write's manifest (from commitJob) on top of the
    *  directory's latest committed one (null: none), appended or replacing it. JSON
-   *  {"manifest": "<text to write>", "version": n, "superseded": ["shard names", ...]}.
+   *  {"manifest": "<text to write>", "version": n, "superseded": ["shard names", ...], "retain":
+   *  bool} (retain: the dataset's retention is not 0, §5.8.1; not acted on yet).
    *  {@code replacementsJsonOrNull}: [{"old": shard name, "new": manifest shard entry or null}]:
    *  shards of the base an append replaces (lastWin across writes).
    *  {@code commitInfoJsonOrNull}: {"committed_at_ms", "commit_message", "app_id"} recorded in
@@ -67,6 +68,19 @@ public final class NativeWriter {
    *  An append that no longer fits the dataset throws IllegalArgumentException. */
   public static native String nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
       boolean append, String replacementsJsonOrNull, String commitInfoJsonOrNull);
+
+  /** Vacuum (spec/dataset.md §5.8.1): the plan of what the JVM listed. {@code requestJson}:
+   *  {"log": [{"version", "source", "text", "mtime_ms"}], "latest", "latest_source", "shards":
+   *  {name: bytes}, "index_parts": {name: bytes}, "retention": string or null,
+   *  "allow_shorter_retention", "now_ms"}. Returns {"plan": {"base_version",
+   *  "retention_seconds", "retained_versions", "shards": [{"name", "bytes"}], "index_parts":
+   *  [...], "prune_versions"}, "files", "bytes"}. A bad retention or a retention shorter than the
+   *  dataset's without the override throws IllegalArgumentException. */
+  public static native String planVacuum(String requestJson);
+
+  /** Vacuum: the vacuum version on top of {@code baseManifestJson}: {"manifest", "version"}. */
+  public static native String vacuumManifest(String baseManifestJson, long files, long bytes,
+      String appIdOrNull);
 
   /** Driver, streaming sink: whether the directory's latest committed manifest (null: none)
    *  records micro-batch {@code batchId} of query {@code queryId} as committed (its

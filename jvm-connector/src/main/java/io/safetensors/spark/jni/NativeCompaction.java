@@ -1,0 +1,32 @@
+package io.safetensors.spark.jni;
+
+/**
+ * JNI surface of compaction (spec/dataset.md §5.8.2; the rules are the Rust dataset crate's
+ * {@code compaction.rs}). Call {@link NativeLib#ensureLoaded()} before the first call. Bad
+ * requests throw {@link IllegalArgumentException}; data, format and I/O errors
+ * {@link SafetensorsException}.
+ */
+public final class NativeCompaction {
+  private NativeCompaction() {}
+
+  /** Driver: the plan of a compaction of the latest manifest. {@code requestJson}:
+   *  {"batch_size": n or null, "target_shard_size_mb": n or null, "write_id": uuid}. Returns the
+   *  plan: {"base_version", "layout", "write_id", "batch_size", "target_bytes", "replaced":
+   *  [names], "outputs": [{"name", "partition", "inputs": [{"shard", "start", "end"}],
+   *  "samples", "padded"}], "rows", "replaced_bytes"}. */
+  public static native String planCompaction(String latestManifestJson, String requestJson);
+
+  /** Task: writes output {@code output} of the plan into the local directory {@code workDir}
+   *  from its input shards there (each checked against the base manifest: size, CRC-32C,
+   *  header), and its index part ({@code <stem>.parquet}) when {@code indexed}. Returns the new
+   *  shard's manifest entry (JSON). */
+  public static native String compactShard(String baseManifestJson, String planJson, int output,
+      String workDir, boolean indexed);
+
+  /** Driver, each commit attempt: the compaction version on top of the latest manifest:
+   *  {"manifest", "version", "retain"} (retain: the replaced shards stay for vacuum). Throws
+   *  SafetensorsException naming the version that removed a shard the plan replaces
+   *  ({@code logJson}: [{"version", "text"}] of the log entries after the plan's base). */
+  public static native String compactionManifest(String currentManifestJson, String planJson,
+      String newShardsJson, String commitInfoJson, String logJson);
+}

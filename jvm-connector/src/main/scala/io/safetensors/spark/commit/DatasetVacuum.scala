@@ -1,0 +1,100 @@
+package io.safetensors.spark.commit
+
+import java.io.FileNotFoundException
+import java.util.UUID
+
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.jni.{NativeLib, NativeWriter}
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+
+/**
+ * A vacuum of a dataset through Hadoop's file systems (local, HDFS, s3a, …), spec/dataset.md
+ * §5.8.1. Rust decides (`NativeWriter.planVacuum`: which shards, index parts and log entries go;
+ * `vacuumManifest`: the vacuum version); this lists the directory, deletes what the plan says, and
+ * commits the vacuum version with the writers' protocol ([[DatasetCommit]]).
+ */
+private[spark] object DatasetVacuum {
+  private val mapper = new ObjectMapper()
+
+  /** Tests only: runs between the plan and its execution (lets a test race a writer). */
+  @volatile private[spark] var afterPlan: () => Unit = null
+
+  /** How many times the vacuum version is retried on top of a newer one (as writers do). */
+  private val MaxCommitAttempts = 100
+
+  /** What a vacuum did: its plan (Rust's JSON) and the vacuum version (None on a dry run). */
+  final case class Outcome(dest: Path, plan: JsonNode, version: Option[Long])
+
+  def run(path: String, conf: Configuration, retention: Option[String], dryRun: Boolean,
+      allowShorterRetention: Boolean, appId: Option[String]): Outcome = {
+    NativeLib.ensureLoaded()
+    val root = new Path(path)
+    val fs = root.getFileSystem(conf)
+    val dest = fs.makeQualified(root)
+    val commits = new DatasetCommit(fs, dest, conf, DatasetFiles.localFile(fs, dest))
+    val (_, latestText, latestSource) = commits.latestWithSource().getOrElse(
+      throw new IllegalArgumentException(
+        s"safetensors: vacuum: $dest has no ${DatasetFiles.ManifestName}: not a dataset"))
+    val logDir = new Path(dest, DatasetCommit.LogDir)
+    val log = mapper.createArrayNode()
+    commits.logVersions().foreach { v =>
+      val p = new Path(logDir, DatasetCommit.logName(v))
+      try {
+        val st = fs.getFileStatus(p)
+        log.addObject().put("version", v).put("source", p.toString)
+          .put("text", DatasetFiles.readText(fs, p)).put("mtime_ms", st.getModificationTime)
+      } catch { case _: FileNotFoundException => } // pruned meanwhile by another vacuum
+    }
+    def files(dir: Path) = {
+      val o = mapper.createObjectNode()
+      if (fs.exists(dir)) fs.listStatus(dir).filter(_.isFile).foreach(s => o.put(s.getPath.getName, s.getLen))
+      o
+    }
+    val indexDir = new Path(dest, DatasetFiles.IndexDir)
+    val req = mapper.createObjectNode()
+    req.set[JsonNode]("log", log)
+    req.put("latest", latestText).put("latest_source", latestSource.toString)
+    req.set[JsonNode]("shards", files(dest))
+    req.set[JsonNode]("index_parts", files(indexDir))
+    retention.foreach(r => req.put("retention", r))
+    req.put("allow_shorter_retention", allowShorterRetention)
+    req.put("now_ms", System.currentTimeMillis())
+    val answer = mapper.readTree(NativeWriter.planVacuum(mapper.writeValueAsString(req)))
+    val plan = answer.get("plan")
+    if (dryRun) return Outcome(dest, plan, None)
+    Option(afterPlan).foreach(_())
+    // names from the plan passed the shard-name trust rule (spec/dataset.md §5.4)
+    // a file that cannot be deleted stops the vacuum before the log is pruned: the next vacuum
+    // finds the same candidates
+    def delete(p: Path): Unit =
+      if (!fs.delete(p, false) && fs.exists(p)) {
+        throw new java.io.IOException(s"safetensors: vacuum could not delete $p; nothing of the log was pruned")
+      }
+    plan.get("shards").elements().asScala.foreach(f => delete(new Path(dest, f.get("name").asText())))
+    plan.get("index_parts").elements().asScala
+      .foreach(f => delete(new Path(indexDir, f.get("name").asText())))
+    plan.get("prune_versions").elements().asScala
+      .foreach(v => fs.delete(new Path(logDir, DatasetCommit.logName(v.asLong())), false))
+    val id = s"vacuum-${UUID.randomUUID()}"
+    var attempts = 0
+    while (attempts < MaxCommitAttempts) {
+      attempts += 1
+      val (baseVersion, baseText) = commits.latest().get
+      val next = mapper.readTree(NativeWriter.vacuumManifest(baseText, answer.get("files").asLong(),
+        answer.get("bytes").asLong(), appId.orNull))
+      val version = next.get("version").asLong()
+      val text = next.get("manifest").asText()
+      if (commits.tryCommit(version, baseVersion, text, id)) {
+        commits.publish(version, text, id)
+        return Outcome(dest, plan, Some(version))
+      }
+    }
+    throw new java.io.IOException(s"safetensors: vacuum of $dest deleted its files, but " +
+      s"$MaxCommitAttempts attempts to commit its version each found a newer version committed " +
+      "by another writer")
+  }
+}

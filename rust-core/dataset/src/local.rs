@@ -1,0 +1,287 @@
+//! A dataset directory on the local file system: its manifest log read back, the commit of a
+//! version with the protocol of spec/dataset.md §5.3 (create-if-absent by a hard link from a
+//! synced temporary file, then `dataset_manifest.json` replaced by rename), and a vacuum run on
+//! it ([`vacuum_dir`]) — what the CLI and the Python package use. The Spark connector runs the
+//! same steps through Hadoop's file systems.
+
+use crate::manifest::{parse_manifest, Manifest};
+use crate::names::{
+    parse_manifest_log_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
+};
+use crate::vacuum::{plan_vacuum, vacuum_manifest, LoggedVersion, VacuumPlan, VacuumRequest};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// How many times a vacuum's commit is retried on top of a newer version (as writers do).
+const MAX_COMMIT_ATTEMPTS: usize = 100;
+
+/// Why a local vacuum failed: the file it was at, and what happened.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: {source}")]
+    Dataset {
+        path: PathBuf,
+        source: crate::DatasetError,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LocalError + '_ {
+    move |source| LocalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn mtime_ms(meta: &fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn read_manifest(path: &Path) -> Result<Manifest, LocalError> {
+    let text = fs::read_to_string(path).map_err(io_err(path))?;
+    parse_manifest(&text).map_err(|source| LocalError::Dataset {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Every `_manifest_log/` entry, parsed (a damaged one fails naming it), ascending.
+pub fn read_log(dir: &Path) -> Result<Vec<LoggedVersion>, LocalError> {
+    let log_dir = dir.join(MANIFEST_LOG_DIR);
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(&log_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io_err(&log_dir)(e)),
+    };
+    for e in entries {
+        let e = e.map_err(io_err(&log_dir))?;
+        let Some(version) = e
+            .file_name()
+            .to_str()
+            .and_then(parse_manifest_log_file_name)
+        else {
+            continue;
+        };
+        let path = e.path();
+        let meta = fs::metadata(&path).map_err(io_err(&path))?;
+        out.push(LoggedVersion {
+            version,
+            manifest: read_manifest(&path)?,
+            file_mtime_ms: mtime_ms(&meta),
+        });
+    }
+    out.sort_by_key(|l| l.version);
+    Ok(out)
+}
+
+/// The latest committed manifest: the newest log entry, or `dataset_manifest.json` when it is
+/// newer (§5.3 step 1). `None` when the directory has neither.
+pub fn latest(dir: &Path, log: &[LoggedVersion]) -> Result<Option<Manifest>, LocalError> {
+    let published = dir.join(MANIFEST_FILE_NAME);
+    let pub_manifest = if published.exists() {
+        Some(read_manifest(&published)?)
+    } else {
+        None
+    };
+    Ok(match (log.last(), pub_manifest) {
+        (Some(l), p) if p.as_ref().is_none_or(|p| p.manifest_version() < l.version) => {
+            Some(l.manifest.clone())
+        }
+        (_, p) => p,
+    })
+}
+
+/// Regular files directly in `dir` (not links, not directories), by name, with their sizes.
+fn regular_files(dir: &Path) -> Result<BTreeMap<String, u64>, LocalError> {
+    let mut out = BTreeMap::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    for e in entries {
+        let e = e.map_err(io_err(dir))?;
+        let meta = fs::symlink_metadata(e.path()).map_err(io_err(&e.path()))?;
+        if let (true, Some(name)) = (meta.file_type().is_file(), e.file_name().to_str()) {
+            out.insert(name.to_string(), meta.len());
+        }
+    }
+    Ok(out)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
+/// Creates `_manifest_log/{version}.json` with `text` only if it does not exist (a hard link
+/// from a synced temporary file): false when another writer created that version first.
+pub fn try_commit(dir: &Path, version: u64, text: &str, id: &str) -> Result<bool, LocalError> {
+    let log_dir = dir.join(MANIFEST_LOG_DIR);
+    fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+    let name = crate::names::manifest_log_file_name(version);
+    let tmp = log_dir.join(format!(".{name}.{id}.tmp"));
+    let target = log_dir.join(&name);
+    let result = write_synced(&tmp, text.as_bytes())
+        .and_then(|()| fs::hard_link(&tmp, &target))
+        .and_then(|()| sync_dir(&log_dir));
+    let _ = fs::remove_file(&tmp);
+    match result {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(io_err(&target)(e)),
+    }
+}
+
+/// Replaces `dataset_manifest.json` with `text` (version `version`), then with the newest log
+/// entry while a newer one appears (§5.3 step 4).
+pub fn publish(dir: &Path, version: u64, text: &str, id: &str) -> Result<(), LocalError> {
+    let (mut v, mut t) = (version, text.to_string());
+    loop {
+        let tmp = dir.join(format!(".{MANIFEST_FILE_NAME}.{id}.tmp"));
+        let target = dir.join(MANIFEST_FILE_NAME);
+        write_synced(&tmp, t.as_bytes())
+            .and_then(|()| fs::rename(&tmp, &target))
+            .and_then(|()| sync_dir(dir))
+            .map_err(io_err(&target))?;
+        let log = dir.join(MANIFEST_LOG_DIR);
+        let newest = fs::read_dir(&log)
+            .map_err(io_err(&log))?
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()
+                    .and_then(parse_manifest_log_file_name)
+            })
+            .max();
+        match newest {
+            Some(n) if n > v => {
+                let p = log.join(crate::names::manifest_log_file_name(n));
+                t = fs::read_to_string(&p).map_err(io_err(&p))?;
+                v = n;
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// What a vacuum did (or, dry, would do).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VacuumOutcome {
+    pub plan: VacuumPlan,
+    pub dry_run: bool,
+    /// The vacuum version committed (None when dry).
+    pub version: Option<u64>,
+}
+
+/// Vacuums the local dataset `dir` (spec/dataset.md §5.8.1). `after_plan` runs between the plan
+/// and its execution (tests use it to race a writer against the vacuum).
+pub fn vacuum_dir(
+    dir: &Path,
+    req: &VacuumRequest,
+    dry_run: bool,
+    after_plan: &mut dyn FnMut(&VacuumPlan),
+) -> Result<VacuumOutcome, LocalError> {
+    let log = read_log(dir)?;
+    let Some(current) = latest(dir, &log)? else {
+        return Err(LocalError::Dataset {
+            path: dir.join(MANIFEST_FILE_NAME),
+            source: crate::DatasetError::Vacuum {
+                problem: "no manifest: not a dataset".to_string(),
+            },
+        });
+    };
+    let index_dir = dir.join(INDEX_DIR_NAME);
+    let plan = plan_vacuum(
+        &log,
+        &current,
+        &regular_files(dir)?,
+        &regular_files(&index_dir)?,
+        req,
+    )
+    .map_err(|source| LocalError::Dataset {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if dry_run {
+        return Ok(VacuumOutcome {
+            plan,
+            dry_run,
+            version: None,
+        });
+    }
+    after_plan(&plan);
+    let not_found_ok = |p: &Path, r: io::Result<()>| match r {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(p)(e)),
+        _ => Ok(()),
+    };
+    for s in &plan.shards {
+        let p = dir.join(&s.name);
+        not_found_ok(&p, fs::remove_file(&p))?;
+    }
+    for s in &plan.index_parts {
+        let p = index_dir.join(&s.name);
+        not_found_ok(&p, fs::remove_file(&p))?;
+    }
+    for v in &plan.prune_versions {
+        let p = dir
+            .join(MANIFEST_LOG_DIR)
+            .join(crate::names::manifest_log_file_name(*v));
+        not_found_ok(&p, fs::remove_file(&p))?;
+    }
+    let id = format!("vacuum-{}-{}", std::process::id(), now_ms());
+    for _ in 0..MAX_COMMIT_ATTEMPTS {
+        let log = read_log(dir)?;
+        let Some(base) = latest(dir, &log)? else {
+            break;
+        };
+        let next = vacuum_manifest(&base, plan.vacuumed(), now_ms(), None).map_err(|source| {
+            LocalError::Dataset {
+                path: dir.to_path_buf(),
+                source,
+            }
+        })?;
+        let text = next
+            .to_json_pretty()
+            .map_err(|source| LocalError::Dataset {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        let version = next.manifest_version();
+        if try_commit(dir, version, &text, &id)? {
+            publish(dir, version, &text, &id)?;
+            return Ok(VacuumOutcome {
+                plan,
+                dry_run,
+                version: Some(version),
+            });
+        }
+    }
+    Err(LocalError::Io {
+        path: dir.to_path_buf(),
+        source: io::Error::other(format!(
+            "the vacuum's files are deleted, but {MAX_COMMIT_ATTEMPTS} attempts to commit its \
+             version each found a newer version committed by another writer"
+        )),
+    })
+}

@@ -1,0 +1,262 @@
+//! Retention and vacuum (spec/dataset.md §5.8.1): the rules, once. Which versions a dataset
+//! retains, which files a vacuum deletes, which log entries it prunes, and the manifest of the
+//! vacuum version. No I/O here: [`crate::local`] runs a vacuum on a local directory (the CLI,
+//! the Python package); the Spark connector runs the same plan through Hadoop's file systems.
+
+use crate::manifest::{Manifest, Operation, Vacuumed};
+use crate::names::shard_index_part_file_name;
+use crate::DatasetError;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The retention of a dataset whose manifest does not say (7 days, like Delta Lake's).
+pub const DEFAULT_RETENTION_SECONDS: u64 = 7 * 24 * 3600;
+
+/// What a retention value may be, for errors that name the option.
+pub const RETENTION_EXPECTED: &str = "a duration \"<n> <unit>\" with n a whole number ≥ 0 and unit \
+seconds, minutes, hours or days (e.g. \"7 days\"), or \"0\" (superseded shards are deleted at once)";
+
+/// Parses a retention duration (`"<n> <unit>"`, units seconds|minutes|hours|days, singular
+/// allowed, case-insensitive; `"0"`) to seconds. `None` for anything else: a negative or
+/// fractional number, an unknown unit, garbage, or more seconds than fit in milliseconds as u64.
+pub fn parse_retention(value: &str) -> Option<u64> {
+    let v = value.trim();
+    if v == "0" {
+        return Some(0);
+    }
+    let mut parts = v.split_whitespace();
+    let (Some(n), Some(unit), None) = (parts.next(), parts.next(), parts.next()) else {
+        return None;
+    };
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = n.parse().ok()?;
+    let unit = unit.to_ascii_lowercase();
+    let per = match unit.strip_suffix('s').unwrap_or(&unit) {
+        "second" => 1,
+        "minute" => 60,
+        "hour" => 3600,
+        "day" => 86400,
+        _ => return None,
+    };
+    let seconds = n.checked_mul(per)?;
+    seconds.checked_mul(1000)?;
+    Some(seconds)
+}
+
+/// The retention a manifest records, or the default.
+pub fn retention_seconds(m: &Manifest) -> u64 {
+    m.ext
+        .as_ref()
+        .and_then(|x| x.retention_seconds)
+        .unwrap_or(DEFAULT_RETENTION_SECONDS)
+}
+
+/// Whether the commit of `next` deletes the shards it supersedes (and prunes old log entries)
+/// itself: only with retention 0; otherwise they stay until a vacuum.
+pub fn deletes_at_commit(next: &Manifest) -> bool {
+    retention_seconds(next) == 0
+}
+
+/// One entry of `_manifest_log/`, parsed, with its file's modification time (the commit time of
+/// entries written before `committed_at_ms` was recorded).
+#[derive(Debug, Clone)]
+pub struct LoggedVersion {
+    pub version: u64,
+    pub manifest: Manifest,
+    pub file_mtime_ms: u64,
+}
+
+impl LoggedVersion {
+    /// When this version was committed.
+    pub fn committed_at_ms(&self) -> u64 {
+        self.manifest
+            .ext
+            .as_ref()
+            .and_then(|x| x.committed_at_ms)
+            .unwrap_or(self.file_mtime_ms)
+    }
+}
+
+/// What a vacuum is asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct VacuumRequest {
+    /// Retention for this vacuum; `None`: the dataset's.
+    pub retention_seconds: Option<u64>,
+    /// Allows a retention shorter than the dataset's (like Delta's `retentionDurationCheck`).
+    pub allow_shorter_retention: bool,
+    /// Now, in ms since the Unix epoch.
+    pub now_ms: u64,
+}
+
+/// A file a vacuum deletes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VacuumFile {
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// What a vacuum deletes: shards, then their index parts, then log entries, then it commits a
+/// `vacuum` version on top of `base_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VacuumPlan {
+    pub base_version: u64,
+    pub retention_seconds: u64,
+    /// Versions retained (the latest always).
+    pub retained_versions: Vec<u64>,
+    /// Shards to delete (names relative to the dataset directory), with their sizes.
+    pub shards: Vec<VacuumFile>,
+    /// Index parts to delete (names inside `_tensor_index.parquet/`).
+    pub index_parts: Vec<VacuumFile>,
+    /// Log entries to delete (never the latest version).
+    pub prune_versions: Vec<u64>,
+}
+
+impl VacuumPlan {
+    /// `vacuumed` of the vacuum version: files and bytes of shards and index parts deleted.
+    pub fn vacuumed(&self) -> Vacuumed {
+        Vacuumed {
+            files: (self.shards.len() + self.index_parts.len()) as u64,
+            bytes: self
+                .shards
+                .iter()
+                .chain(&self.index_parts)
+                .map(|f| f.bytes)
+                .sum(),
+        }
+    }
+}
+
+fn vacuum_err(problem: impl Into<String>) -> DatasetError {
+    DatasetError::Vacuum {
+        problem: problem.into(),
+    }
+}
+
+/// The plan of a vacuum. `log`: the `_manifest_log/` entries (any order); `latest`: the
+/// dataset's latest committed manifest (the newest log entry, or `dataset_manifest.json` when
+/// newer); `shard_files`: the regular files of the dataset directory with their sizes;
+/// `index_files`: the regular files of `_tensor_index.parquet/` with their sizes.
+///
+/// A shard is deleted only when some log version lists it, no retained version lists it, it
+/// passed [`crate::check_shard_path`] (every parsed manifest's names did) and it is a file of the
+/// directory: a file no version lists (a foreign file, an in-flight writer's shard) is never
+/// a candidate.
+pub fn plan_vacuum(
+    log: &[LoggedVersion],
+    latest: &Manifest,
+    shard_files: &BTreeMap<String, u64>,
+    index_files: &BTreeMap<String, u64>,
+    req: &VacuumRequest,
+) -> Result<VacuumPlan, DatasetError> {
+    if latest.ext.is_none() {
+        return Err(vacuum_err(
+            "the dataset's manifest has only the published fields (written by another tool); \
+             vacuum works on datasets this connector wrote",
+        ));
+    }
+    let dataset_retention = retention_seconds(latest);
+    let retention = req.retention_seconds.unwrap_or(dataset_retention);
+    if retention < dataset_retention && !req.allow_shorter_retention {
+        return Err(vacuum_err(format!(
+            "retention {retention} s is shorter than the dataset's retention {dataset_retention} s \
+             (retention_seconds in its manifest): versions inside the dataset's retention would \
+             lose their shards; pass allow_shorter_retention (CLI --allow-shorter-retention, \
+             Spark allowShorterRetention) to do it anyway"
+        )));
+    }
+    let latest_version = latest.manifest_version();
+    let mut log: Vec<&LoggedVersion> = log.iter().filter(|l| l.version <= latest_version).collect();
+    log.sort_by_key(|l| l.version);
+    let cutoff = req.now_ms.saturating_sub(retention.saturating_mul(1000));
+    let mut retained = BTreeSet::from([latest_version]);
+    let mut not_retained = Vec::new();
+    for (i, l) in log.iter().enumerate() {
+        if l.version == latest_version {
+            continue;
+        }
+        // v was the current state until the next version was committed (the next one in the log;
+        // if entries between are missing, a later time: more is retained, never less)
+        let superseded_at = log.get(i + 1).map_or(u64::MAX, |n| n.committed_at_ms());
+        if superseded_at > cutoff {
+            retained.insert(l.version);
+        } else {
+            not_retained.push(*l);
+        }
+    }
+    let mut keep: BTreeSet<&str> = latest
+        .shards
+        .iter()
+        .map(|s| s.shard_path.as_str())
+        .collect();
+    for l in &log {
+        if retained.contains(&l.version) {
+            keep.extend(l.manifest.shards.iter().map(|s| s.shard_path.as_str()));
+        }
+    }
+    let mut candidates: BTreeSet<&str> = BTreeSet::new();
+    for l in &not_retained {
+        for s in &l.manifest.shards {
+            if !keep.contains(s.shard_path.as_str()) {
+                candidates.insert(s.shard_path.as_str());
+            }
+        }
+    }
+    let mut shards = Vec::new();
+    let mut index_parts = Vec::new();
+    for name in candidates {
+        crate::check_shard_path(name)?;
+        if let Some(bytes) = shard_files.get(name) {
+            shards.push(VacuumFile {
+                name: name.to_string(),
+                bytes: *bytes,
+            });
+        }
+        if let Some(part) = shard_index_part_file_name(name) {
+            if let Some(bytes) = index_files.get(&part) {
+                index_parts.push(VacuumFile {
+                    name: part,
+                    bytes: *bytes,
+                });
+            }
+        }
+    }
+    Ok(VacuumPlan {
+        base_version: latest_version,
+        retention_seconds: retention,
+        retained_versions: retained.into_iter().collect(),
+        shards,
+        index_parts,
+        prune_versions: not_retained.iter().map(|l| l.version).collect(),
+    })
+}
+
+/// The manifest of a vacuum version on top of `base` (the latest committed manifest when the
+/// vacuum commits, which may be newer than its plan's base): the same shards, the next
+/// `manifest_version`, `operation: vacuum`, `vacuumed`, `committed_at_ms`.
+pub fn vacuum_manifest(
+    base: &Manifest,
+    vacuumed: Vacuumed,
+    committed_at_ms: u64,
+    app_id: Option<String>,
+) -> Result<Manifest, DatasetError> {
+    let mut out = base.clone();
+    let Some(x) = &mut out.ext else {
+        return Err(vacuum_err(
+            "the dataset's manifest has only the published fields (written by another tool)",
+        ));
+    };
+    x.manifest_version += 1;
+    x.committed_at_ms = Some(committed_at_ms);
+    x.operation = Some(Operation::Vacuum);
+    x.commit_message = None;
+    x.app_id = app_id;
+    x.vacuumed = Some(vacuumed);
+    out.validate()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests;

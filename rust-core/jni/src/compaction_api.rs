@@ -1,0 +1,194 @@
+//! `NativeCompaction`: compaction through the JVM (spec/dataset.md §5.8.2). The rules are the
+//! dataset crate's (`compaction.rs`); the JVM lists, copies shards between its file system and a
+//! task's local work directory, and commits with the writers' protocol.
+
+use crate::{arg, failed, guard, parse_json, to_json, JniError};
+use ::jni::objects::{JClass, JString};
+use ::jni::sys::jint;
+use ::jni::{Env, EnvUnowned};
+use safetensors_spark_dataset::compaction::{
+    compaction_manifest, conflict, merge_output, plan_compaction, CompactionPlan, CompactionRequest,
+};
+use safetensors_spark_dataset::manifest::{CommitInfo, ManifestShard};
+use safetensors_spark_dataset::names::shard_index_part_file_name;
+use safetensors_spark_dataset::vacuum::{deletes_at_commit, LoggedVersion};
+use safetensors_spark_dataset::{check_shard_path, parse_manifest};
+use serde_json::json;
+use std::path::Path;
+
+fn manifest(text: &str, what: &str) -> Result<safetensors_spark_dataset::Manifest, JniError> {
+    parse_manifest(text).map_err(|e| JniError::from(e).context(format_args!("{what}")))
+}
+
+#[derive(serde::Deserialize)]
+struct PlanRequest {
+    batch_size: Option<u64>,
+    target_shard_size_mb: Option<u64>,
+    write_id: String,
+}
+
+/// `planCompaction`: the plan of a compaction of the latest manifest `latest`.
+pub fn plan_compaction_json(latest: &str, request_json: &str) -> Result<String, JniError> {
+    let r: PlanRequest = parse_json(request_json, "compaction request")?;
+    let m = manifest(latest, "the dataset's current manifest")?;
+    let plan = plan_compaction(
+        &m,
+        &CompactionRequest {
+            batch_size: r.batch_size,
+            target_shard_size_mb: r.target_shard_size_mb,
+        },
+        &r.write_id,
+    )
+    .map_err(|e| JniError::invalid_argument(e.to_string()))?;
+    to_json(&plan)
+}
+
+/// `compactShard`: writes output `index` of `plan` into `work_dir` from the input shards there
+/// (and its index part when `indexed`); returns its manifest entry.
+pub fn compact_shard_json(
+    latest: &str,
+    plan_json: &str,
+    index: usize,
+    work_dir: &str,
+    indexed: bool,
+) -> Result<String, JniError> {
+    let m = manifest(latest, "the compaction's base manifest")?;
+    let plan: CompactionPlan = parse_json(plan_json, "compaction plan")?;
+    let out = plan
+        .outputs
+        .get(index)
+        .ok_or_else(|| JniError::invalid_argument(format!("no output {index} in the plan")))?;
+    let dir = Path::new(work_dir);
+    let mut inputs = Vec::new();
+    for s in &out.inputs {
+        check_shard_path(&s.shard)?;
+        let p = dir.join(&s.shard);
+        let bytes = std::fs::read(&p).map_err(|e| failed(format!("{}: {e}", p.display())))?;
+        inputs.push((s.shard.clone(), bytes));
+    }
+    let refs: Vec<(&str, &[u8])> = inputs
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect();
+    let merged = merge_output(&m, &plan, out, &refs)?;
+    let dest = dir.join(&out.name);
+    std::fs::write(&dest, &merged.bytes).map_err(|e| failed(format!("{}: {e}", dest.display())))?;
+    if indexed {
+        if let Some(part) = shard_index_part_file_name(&out.name) {
+            safetensors_spark_dataset::compaction::local::write_index_part(
+                &dir.join(part),
+                &m,
+                &out.name,
+                &merged.bytes,
+            )
+            .map_err(failed)?;
+        }
+    }
+    to_json(&merged.entry)
+}
+
+#[derive(serde::Deserialize)]
+struct LogEntry {
+    version: u64,
+    text: String,
+}
+
+/// `compactionManifest`: the compaction version on top of `current` (`{"manifest", "version",
+/// "retain"}`), or the conflict naming the version that removed a replaced shard (`log`: the
+/// entries after the plan's base).
+pub fn compaction_manifest_json(
+    current: &str,
+    plan_json: &str,
+    new_json: &str,
+    commit_info_json: &str,
+    log_json: &str,
+) -> Result<String, JniError> {
+    let current = manifest(current, "the dataset's current manifest")?;
+    let plan: CompactionPlan = parse_json(plan_json, "compaction plan")?;
+    let new: Vec<ManifestShard> = parse_json(new_json, "compaction shards")?;
+    let info: CommitInfo = parse_json(commit_info_json, "commit info")?;
+    let entries: Vec<LogEntry> = parse_json(log_json, "manifest log")?;
+    let mut log = Vec::new();
+    for e in entries {
+        log.push(LoggedVersion {
+            version: e.version,
+            manifest: manifest(&e.text, "a manifest log entry")?,
+            file_mtime_ms: 0,
+        });
+    }
+    if let Some(e) = conflict(&plan, &current, &log) {
+        return Err(JniError::from(e));
+    }
+    let next = compaction_manifest(&current, &plan, &new, &info)?;
+    to_json(&json!({
+        "manifest": next.to_json_pretty().map_err(failed)?,
+        "version": next.manifest_version(),
+        "retain": !deletes_at_commit(&next),
+    }))
+}
+
+fn new_string<'local>(env: &mut Env<'local>, s: &str) -> Result<JString<'local>, JniError> {
+    Ok(env.new_string(s)?)
+}
+
+/// `static native String planCompaction(String latestManifestJson, String requestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_planCompaction<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    latest: JString<'local>,
+    request: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let latest = arg(env, &latest, "latestManifestJson")?;
+        let request = arg(env, &request, "requestJson")?;
+        let json = plan_compaction_json(&latest, &request)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native String compactShard(String baseManifestJson, String planJson, int output,
+/// String workDir, boolean indexed)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_compactShard<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    plan: JString<'local>,
+    output: jint,
+    work_dir: JString<'local>,
+    indexed: ::jni::sys::jboolean,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = arg(env, &base, "baseManifestJson")?;
+        let plan = arg(env, &plan, "planJson")?;
+        let work_dir = arg(env, &work_dir, "workDir")?;
+        let index = usize::try_from(output)
+            .map_err(|_| JniError::invalid_argument(format!("output {output}")))?;
+        let json = compact_shard_json(&base, &plan, index, &work_dir, indexed)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native String compactionManifest(String currentManifestJson, String planJson,
+/// String newShardsJson, String commitInfoJson, String logJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_compactionManifest<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    current: JString<'local>,
+    plan: JString<'local>,
+    new: JString<'local>,
+    info: JString<'local>,
+    log: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let current = arg(env, &current, "currentManifestJson")?;
+        let plan = arg(env, &plan, "planJson")?;
+        let new = arg(env, &new, "newShardsJson")?;
+        let info = arg(env, &info, "commitInfoJson")?;
+        let log = arg(env, &log, "logJson")?;
+        let json = compaction_manifest_json(&current, &plan, &new, &info, &log)?;
+        new_string(env, &json)
+    })
+}
