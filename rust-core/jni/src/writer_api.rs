@@ -257,9 +257,7 @@ pub fn next_manifest_json(
 /// `next` does not. `retain`: the dataset's retention is not 0, so by spec/dataset.md §5.8.1 they
 /// stay until a vacuum (and the log is not pruned).
 fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<String, JniError> {
-    let superseded: Vec<&str> = base
-        .map(|b| superseded_shards(b, next))
-        .unwrap_or_default();
+    let superseded: Vec<&str> = base.map(|b| superseded_shards(b, next)).unwrap_or_default();
     to_json(&json!({
         "manifest": next.to_json_pretty().map_err(failed)?,
         "version": next.manifest_version(),
