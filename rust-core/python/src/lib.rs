@@ -272,6 +272,8 @@ fn vacuum(
         })
         .map_err(|e| ManifestError::new_err(format!("vacuum: {e}")))?;
     serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
+}
+
 /// The version to read among the listed `_manifest_log/` entries (`entries_json`: `[{"version",
 /// "modified_ms", "text"?}]`, texts needed for a timestamp): `version` / `timestamp` as text,
 /// exactly one (spec/dataset.md §5.8).
