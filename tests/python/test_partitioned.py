@@ -154,12 +154,18 @@ def test_static_overwrite_empties_unwritten_directories_and_dynamic_keeps_them(s
     w(frame(spark, 20).where("split in ('train', 'val')"), "overwrite")
     foreign = out / "split=val" / "notes.txt"
     foreign.write_text("mine")
-    # dynamic: only the directories written are replaced
+    train_v1 = {s["shard_path"] for s in manifest(out / "split=train")["shards"]}
+    # dynamic: only the directories written are replaced; train's replaced shards stay for its
+    # version 1 (default retention)
     w(frame(spark, 8).where("split = 'train'"), "overwrite", partitionOverwriteMode="dynamic")
     counts = {r["split"]: r["count"] for r in spark.read.format("safetensors").load(str(out)).groupBy("split").count().collect()}
     assert counts == {"train": 2, "val": 5}
-    # static (Spark's default): the root is replaced; val stays a dataset with no samples
-    w(frame(spark, 8).where("split = 'train'"), "overwrite")
+    assert all((out / "split=train" / f).exists() for f in train_v1)
+    old = spark.read.format("safetensors").option("versionAsOf", 1).load(str(out / "split=train")).collect()
+    assert sorted(r["i"] for r in old) == [0, 4, 8, 12, 16]
+    # static (Spark's default): the root is replaced; val stays a dataset with no samples (retention
+    # 0, also for the directories emptied: their shards are deleted at once)
+    w(frame(spark, 8).where("split = 'train'"), "overwrite", retention="0")
     counts = {r["split"]: r["count"] for r in spark.read.format("safetensors").load(str(out)).groupBy("split").count().collect()}
     assert counts == {"train": 2}
     assert manifest(out / "split=val")["total_samples"] == 0

@@ -104,8 +104,18 @@ def test_every_save_mode(spark, s3, bucket):
     m = manifest(s3, bucket, "modes")
     assert m["total_samples"] == 2
     listed = {s["shard_path"] for s in m["shards"]}
-    on_store = {k.split("/")[1] for k in keys(s3, bucket, "modes/") if k.endswith(".safetensors")}
-    assert on_store == listed and not (first & on_store)  # the overwritten shards are gone
+    on_store = lambda: {k.split("/")[1] for k in keys(s3, bucket, "modes/") if k.endswith(".safetensors")}
+    # the overwritten shards stay for the older versions (default retention 7 days) ...
+    assert on_store() >= listed | first
+    assert sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect()) == [50, 51]
+    old = spark.read.format("safetensors").option("versionAsOf", 2).load(url).collect()
+    assert sorted(r["id"] for r in old) == [0, 1, 2, 3, 100, 101, 102]
+    # ... until a vacuum (the connector's, from PySpark) deletes them on the store
+    from safetensors_spark.spark import vacuum
+    before = on_store()
+    done = vacuum(spark, url, "0", allow_shorter_retention=True).collect()
+    assert {r["file"] for r in done if r["kind"] == "shard"} == before - listed
+    assert on_store() == listed and not (first & on_store())
     assert sorted(r["id"] for r in spark.read.format("safetensors").load(url).collect()) == [50, 51]
 
 
@@ -220,9 +230,10 @@ def test_last_win_rewrites_are_puts_not_copies(spark, s3, bucket):
     w = df.write.format("safetensors").option("name_col", "name").option("duplicatesStrategy", "lastWin") \
         .option("generate_index", "true")
     w.save(url)
+    # retention 0: the shard the append replaces is deleted at its commit
     spark.createDataFrame([("n1", [7.0] * 3)], "name string, emb array<float>").write.format("safetensors") \
         .option("name_col", "name").option("duplicatesStrategy", "lastWin").option("generate_index", "true") \
-        .mode("append").save(url)
+        .option("retention", "0").mode("append").save(url)
     reqs = s3.requests_since(mark)
     assert [(r["path"], r["copy_source"]) for r in reqs if r["copy_source"]] == []
     m = manifest(s3, bucket, "lw")

@@ -42,7 +42,8 @@ def test_insert_into_a_table_writes_its_options_f16(spark, tmp_path):
     try:
         spark.sql(
             "CREATE TABLE py_f16 (id BIGINT, x ARRAY<FLOAT>) USING safetensors "
-            f"OPTIONS (batch_size '2', dtypes '{{\"x\": \"F16\"}}') LOCATION '{path}'"
+            f"OPTIONS (batch_size '2', dtypes '{{\"x\": \"F16\"}}') TBLPROPERTIES ('retention' = '0') "
+            f"LOCATION '{path}'"
         )
         spark.createDataFrame(rows(range(3)), SCHEMA).createOrReplaceTempView("py_src")
         spark.sql("INSERT INTO py_f16 SELECT * FROM py_src")
@@ -56,6 +57,7 @@ def test_insert_into_a_table_writes_its_options_f16(spark, tmp_path):
         # the table reads back the F16 values as floats
         back = {r.id: r.x for r in spark.table("py_f16").collect()}
         np.testing.assert_array_equal(np.array(back[1], np.float32), got[1][1].astype(np.float32))
+        # the table's retention 0: INSERT OVERWRITE deletes the shards it replaces at once
         spark.sql("INSERT OVERWRITE py_f16 SELECT * FROM py_src WHERE id = 2")
         assert [i for i, _ in stored(path)] == [2]
         assert sorted(p.name for p in Path(path).glob("*.safetensors")) == [

@@ -339,7 +339,8 @@ def test_overwrite_append_ignore_and_index(spark, tmp_path):
             f.seek(r["data_start"])
             raw = f.read(r["data_end"] - r["data_start"])
         assert np.frombuffer(raw, "<f8").size == int(np.prod(r["shape"]))
-    df(2, 4).write.format("safetensors").mode("overwrite").option("batch_size", 2).save(str(out))
+    # retention 0: the overwritten shards and their index parts go at the commit
+    df(2, 4).write.format("safetensors").mode("overwrite").option("batch_size", 2).option("retention", "0").save(str(out))
     m = manifest(out)
     assert m["total_samples"] == 2 and not (out / "_tensor_index.parquet").exists()
     assert load_all(out)["x"].tolist() == [[4.0, 4.0], [4.0, 4.0]]

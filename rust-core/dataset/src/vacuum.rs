@@ -53,10 +53,13 @@ pub fn retention_seconds(m: &Manifest) -> u64 {
         .unwrap_or(DEFAULT_RETENTION_SECONDS)
 }
 
-/// Whether the commit of `next` deletes the shards it supersedes (and prunes old log entries)
-/// itself: only with retention 0; otherwise they stay until a vacuum.
-pub fn deletes_at_commit(next: &Manifest) -> bool {
-    retention_seconds(next) == 0
+/// Whether the commit of `next` on top of `base` deletes the shards it supersedes (and their
+/// index parts, and prunes old log entries) itself: with retention 0, or when `base` is a
+/// manifest with only the published fields (another tool's: no `_manifest_log/` version of this
+/// connector lists its shards, so no vacuum would ever delete them). Otherwise they stay until
+/// a vacuum (spec/dataset.md §5.8.1).
+pub fn deletes_at_commit(base: Option<&Manifest>, next: &Manifest) -> bool {
+    retention_seconds(next) == 0 || base.is_some_and(|b| b.ext.is_none())
 }
 
 /// One entry of `_manifest_log/`, parsed, with its file's modification time (the commit time of

@@ -254,15 +254,16 @@ pub fn next_manifest_json(
 
 /// What a commit attempt needs from `next` (built on `base`, stamped):
 /// `{"manifest", "version", "superseded", "retain"}`. `superseded`: the shards `base` lists and
-/// `next` does not. `retain`: the dataset's retention is not 0, so by spec/dataset.md §5.8.1 they
-/// stay until a vacuum (and the log is not pruned).
+/// `next` does not. `retain`: by spec/dataset.md §5.8.1 they (and their index parts) stay until
+/// a vacuum and the writer prunes no log entry (retention not 0, `deletes_at_commit`); false:
+/// the writer deletes them and prunes the log as before retention existed.
 fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<String, JniError> {
     let superseded: Vec<&str> = base.map(|b| superseded_shards(b, next)).unwrap_or_default();
     to_json(&json!({
         "manifest": next.to_json_pretty().map_err(failed)?,
         "version": next.manifest_version(),
         "superseded": superseded,
-        "retain": !deletes_at_commit(next),
+        "retain": !deletes_at_commit(base, next),
     }))
 }
 
@@ -786,6 +787,38 @@ mod tests {
         assert_eq!(v["manifest"]["shards"], json!([]));
         assert_eq!(v["manifest"]["total_samples"], json!(0));
         assert_eq!(v["rewrites"], json!([]));
+    }
+
+    #[test]
+    fn the_commit_answer_says_whether_superseded_shards_are_retained() {
+        let manifest_of = |opts: &str| {
+            let plan = plan_write_json(SCHEMA, opts, false, None).unwrap_or_default();
+            let out = commit_job_json(&plan, "[]").unwrap_or_default();
+            let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+            v["manifest"].to_string()
+        };
+        let answer = |base: Option<&str>, new: &str| {
+            let out = next_manifest_json(base, new, false, None, None).unwrap_or_default();
+            serde_json::from_str::<Value>(&out).unwrap_or(Value::Null)
+        };
+        let default = manifest_of(r#"{"batch_size":"2"}"#);
+        let zero = manifest_of(r#"{"batch_size":"2","retention":"0"}"#);
+        assert_eq!(answer(Some(&default), &default)["retain"], json!(true));
+        assert_eq!(answer(Some(&default), &zero)["retain"], json!(false));
+        // a retention of 0 carries forward to a write that does not set one
+        let committed_zero = answer(None, &zero)["manifest"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(
+            answer(Some(&committed_zero), &default)["retain"],
+            json!(false)
+        );
+        // a base with only the published fields (another tool's): its shards go at the commit
+        let published = json!({"format_version": "1.0", "safetensors_version": "1.0",
+            "total_samples": 0, "total_bytes": 0, "shards": [], "schema": {}})
+        .to_string();
+        assert_eq!(answer(Some(&published), &default)["retain"], json!(false));
     }
 
     #[test]

@@ -88,9 +88,15 @@ fn retention_values() {
 fn carried_forward_and_defaulted() {
     let m = parse_manifest(&manifest_json(1, &[1], None, None)).unwrap();
     assert_eq!(retention_seconds(&m), DEFAULT_RETENTION_SECONDS);
-    assert!(!deletes_at_commit(&m));
+    assert!(!deletes_at_commit(Some(&m), &m));
+    assert!(!deletes_at_commit(None, &m));
     let zero = parse_manifest(&manifest_json(1, &[1], None, Some(0))).unwrap();
-    assert!(deletes_at_commit(&zero));
+    assert!(deletes_at_commit(Some(&m), &zero));
+    // a base of another tool (only the published fields): no log version lists its shards, so
+    // no vacuum could delete them later; the commit does
+    let mut published = m.clone();
+    published.ext = None;
+    assert!(deletes_at_commit(Some(&published), &m));
     // a write that does not set it keeps the base's; one that does, its own
     let next = crate::manifest::next_manifest(Some(&zero), &m, false, &[]).unwrap();
     assert_eq!(next.ext.as_ref().unwrap().retention_seconds, Some(0));

@@ -157,3 +157,18 @@ def compact(spark, path, **options):
         jmap.put(str(k), str(v).lower() if isinstance(v, bool) else str(v))
     jdf = spark._jvm.io.safetensors.spark.Compaction.compact(spark._jsparkSession, str(path), jmap)
     return DataFrame(jdf, spark)
+
+
+def vacuum(spark, path, retention=None, dry_run=False, allow_shorter_retention=False):
+    """Vacuums the dataset at ``path`` through the session's file systems (local, HDFS,
+    ``s3a://``; spec/dataset.md §5.8.1): the connector's ``io.safetensors.spark.Vacuum.vacuum``.
+    Returns its DataFrame, one row per file deleted (dry run: to be deleted): ``file``, ``kind``
+    (shard, index_part, log_entry), ``bytes``, ``version`` (the vacuum version; null on a dry run).
+    Classic sessions; for a local path without a session use :func:`safetensors_spark.vacuum`."""
+    if _session_is_connect(spark):
+        raise SafetensorsSparkError("vacuum(spark, path) needs a classic SparkSession; with Spark Connect "
+                                    "use safetensors_spark.vacuum(path) on a local path")
+    from pyspark.sql import DataFrame
+    jdf = spark._jvm.io.safetensors.spark.Vacuum.vacuum(
+        spark._jsparkSession, str(path), retention, bool(dry_run), bool(allow_shorter_retention))
+    return DataFrame(jdf, spark)

@@ -34,9 +34,10 @@ class NativeMemorySoakSuite extends SparkSuiteBase {
   /** One round: a batch write and a KV write (one write batch per partition each), then reads. */
   private def round(i: Int): Unit = {
     val dir = new File(base, s"r${i % 3}").getAbsolutePath
-    frame(i).write.format("safetensors").mode("overwrite").option("batch_size", "7")
+    // retention 0: each round's overwrite deletes the previous round's shards
+    frame(i).write.format("safetensors").mode("overwrite").option("retention", "0").option("batch_size", "7")
       .option("columns", "x,y").save(dir + "-batch")
-    frame(i).write.format("safetensors").mode("overwrite").option("name_col", "k")
+    frame(i).write.format("safetensors").mode("overwrite").option("retention", "0").option("name_col", "k")
       .option("generate_index", "true").save(dir + "-kv")
     val reader = spark.read.format("safetensors").option("read_batch_rows", "1")
     val rows = reader.load(dir + "-batch").collect()

@@ -23,6 +23,10 @@ private[spark] object DatasetVacuum {
   /** Tests only: runs between the plan and its execution (lets a test race a writer). */
   @volatile private[spark] var afterPlan: () => Unit = null
 
+  /** Tests only: runs after the files are deleted, before the log is pruned (lets a test read a
+   *  version whose shards are gone while its log entry is still there). */
+  @volatile private[spark] var beforePrune: () => Unit = null
+
   /** How many times the vacuum version is retried on top of a newer one (as writers do). */
   private val MaxCommitAttempts = 100
 
@@ -77,6 +81,7 @@ private[spark] object DatasetVacuum {
     plan.get("shards").elements().asScala.foreach(f => delete(new Path(dest, f.get("name").asText())))
     plan.get("index_parts").elements().asScala
       .foreach(f => delete(new Path(indexDir, f.get("name").asText())))
+    Option(beforePrune).foreach(_())
     plan.get("prune_versions").elements().asScala
       .foreach(v => fs.delete(new Path(logDir, DatasetCommit.logName(v.asLong())), false))
     val id = s"vacuum-${UUID.randomUUID()}"

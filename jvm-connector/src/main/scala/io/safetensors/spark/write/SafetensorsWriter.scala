@@ -11,7 +11,7 @@ import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
 import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
-import io.safetensors.spark.jni.{NativeLib, NativeWriter}
+import io.safetensors.spark.jni.{NativeLib, NativeReader, NativeWriter}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.TaskContext
@@ -101,15 +101,21 @@ private[spark] object SafetensorsWriter {
 
   /**
    * An append keeps the dataset's index: with `generate_index` left out, an append to a dataset
-   * whose `_tensor_index.parquet` holds parts indexes its new shards too (the manifest does not
-   * record the option; the index on disk does). `generate_index=false` drops the index
-   * (spec/dataset.md §5.2).
+   * whose `_tensor_index.parquet` holds parts of shards its latest manifest lists indexes its new
+   * shards too (the manifest does not record the option; the index on disk does). Parts of
+   * shards only older versions list (kept for them until a vacuum) do not count.
+   * `generate_index=false` drops the index (spec/dataset.md §5.2).
    */
   private def keepIndex(target: Target, parameters: Map[String, String],
       base: Option[String]): Map[String, String] = {
     val dir = new Path(target.dest, DatasetFiles.IndexDir)
-    def hasParts = target.fs.exists(dir) &&
-      target.fs.listStatus(dir).exists(s => s.isFile && !DatasetFiles.isHidden(s.getPath.getName))
+    def hasParts = target.fs.exists(dir) && {
+      val names = target.fs.listStatus(dir).filter(_.isFile).map(_.getPath.getName).toSet
+      // (an index of the earlier one-part-per-version layout counts too)
+      names.exists(n => DatasetCommit.parseIndexPartName(n).isDefined) ||
+        base.exists(m => mapper.readTree(m).path("shards").elements().asScala
+          .exists(s => names(NativeReader.indexPartName(s.get("shard_path").asText()))))
+    }
     if (base.isEmpty || ConnectorOptions.get(parameters, "generate_index").isDefined || !hasParts) parameters
     else parameters + ("generate_index" -> "true")
   }
@@ -234,8 +240,8 @@ private[spark] object SafetensorsWriter {
         promote(staged, mine)
         commitManifest(staged, mine) match {
           case Some(next) =>
-            val version = publish(next)
-            cleanUp(version, next, mine)
+            publish(next)
+            cleanUp(next, mine)
             report(mine, job)
           case None =>
             // another run of this query committed the batch since the check before the job:
@@ -452,9 +458,9 @@ private[spark] object SafetensorsWriter {
 
     /**
      * After the commit: the version exists in the log; readers of dataset_manifest.json see it
-     * once it is published (spec/dataset.md §5.3 step 4). Returns the version.
+     * once it is published (spec/dataset.md §5.3 step 4).
      */
-    private def publish(next: JsonNode): Long = {
+    private def publish(next: JsonNode): Unit = {
       val version = next.get("version").asLong()
       try target.commits.publish(version, next.get("manifest").asText(), writeId)
       catch {
@@ -466,31 +472,27 @@ private[spark] object SafetensorsWriter {
             "path publishes a newer one, which includes this write's rows: do not run this write " +
             "again (spec/dataset.md §5.3)", e)
       }
-      version
     }
 
-    /** What the published version no longer needs: unlisted uploads, superseded shards and their
-     *  index parts, old log entries. */
-    private def cleanUp(version: Long, next: JsonNode, mine: JobManifest): Unit = {
+    /** What the published version no longer needs: unlisted uploads, index parts a version
+     *  without an index must not keep, and (by the commit answer) superseded shards. */
+    private def cleanUp(next: JsonNode, mine: JobManifest): Unit = {
       if (target.objectStore) {
         // uploads of attempts that did not commit (a task that failed after its upload)
         ObjectStoreCommit.removeUnlisted(fs, dest, writeId, mine.listed, null)
       }
       val nowListed = mapper.readTree(next.get("manifest").asText()).path("shards").elements().asScala
         .map(_.get("shard_path").asText()).toSeq
-      val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
       if (generateIndex) {
-        // earlier shards without a part (an append that creates the first index) get one
+        // earlier shards without a part (an append that creates the first index) get one; parts
+        // of the earlier one-part-per-version layout go
         parts.completeIndex(nowListed)
-        parts.remove(superseded)
+        parts.remove(Seq.empty)
       } else {
         // no index: no listed shard keeps a part (a partial index is never published)
-        parts.remove(nowListed ++ superseded)
+        parts.remove(nowListed)
       }
-      superseded.foreach { f =>
-        quietly(null)(fs.delete(new Path(dest, f), false))
-      }
-      target.commits.prune(version)
+      cleanUpSuperseded(fs, dest, target.commits, parts, next)
     }
 
     /** This write's shards as listed (a KV lastWin copy of an older shard is not counted). */
@@ -509,6 +511,25 @@ private[spark] object SafetensorsWriter {
         if (fs.exists(dest) && fs.listStatus(dest).isEmpty) fs.delete(dest, false)
       }
     }
+  }
+
+  /**
+   * After a commit is published: the one place a commit decides what happens to the shards it
+   * superseded (an overwrite's, the older copies a KV `lastWin` append replaced, a compaction's
+   * inputs). `next` is the commit answer of `NativeWriter.nextManifest` / `nextStreamManifest`
+   * (Rust decides, spec/dataset.md §5.8.1): with `retain` (the dataset's retention is not 0)
+   * they, their index parts and every log entry stay, for older versions to read, until a vacuum
+   * removes them; without it (retention 0) they and their parts are deleted now and log entries
+   * more than [[DatasetCommit.KeptVersions]] versions behind are pruned (§5.3 step 5).
+   */
+  private[spark] def cleanUpSuperseded(fs: FileSystem, dest: Path, commits: DatasetCommit,
+      parts: IndexParts, next: JsonNode): Unit = {
+    // an answer without the field keeps the files: a leftover is vacuumed, a deletion is final
+    if (next.path("retain").asBoolean(true)) return
+    val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
+    parts.remove(superseded)
+    superseded.foreach(f => quietly(null)(fs.delete(new Path(dest, f), false)))
+    commits.prune(next.get("version").asLong())
   }
 
   /** The tasks: each writes its rows' shards to staging and returns where they are. */

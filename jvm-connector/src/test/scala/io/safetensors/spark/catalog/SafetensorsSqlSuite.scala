@@ -3,6 +3,8 @@ package io.safetensors.spark.catalog
 import java.io.File
 import java.nio.{ByteBuffer, ByteOrder}
 
+import scala.jdk.CollectionConverters._
+
 import org.apache.spark.sql.{DataFrame, Row, SaveMode}
 import org.apache.spark.sql.types._
 import io.safetensors.spark.{SafetensorsExtensions, SparkSuiteBase}
@@ -39,9 +41,15 @@ class SafetensorsSqlSuite extends SparkSuiteBase {
     spark.createDataFrame(spark.sparkContext.parallelize(data, 2), schema)
   }
 
-  /** Every stored sample's (id, x) read from the shards themselves, sorted by id. */
+  /** The shards the dataset's manifest lists (an overwrite's superseded shards stay on disk for
+   *  older versions until a vacuum, spec/dataset.md §5.8.1). */
+  private def listedShards(path: String): Seq[File] =
+    if (!new File(path, DatasetFiles.ManifestName).exists()) Seq.empty
+    else manifest(path).get("shards").elements().asScala.map(s => new File(path, s.get("shard_path").asText())).toSeq
+
+  /** Every sample the dataset lists as (id, x), read from its shards themselves, sorted by id. */
   private def onDisk(path: String): Seq[(Long, Seq[Float])] =
-    shardFiles(path).flatMap { f =>
+    listedShards(path).flatMap { f =>
       val st = readShard(f)
       val ids = ByteBuffer.wrap(st.tensor("id").data).order(ByteOrder.LITTLE_ENDIAN).asLongBuffer()
       val xs = ByteBuffer.wrap(st.tensor("x").data).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer()
@@ -150,6 +158,29 @@ class SafetensorsSqlSuite extends SparkSuiteBase {
       // the INSERT's batch_size is the one checked against the dataset's
       val other = intercept[Exception](sql("INSERT INTO opt WITH ('batch_size' = '5') VALUES (9L, array(9f, 9.5f))"))
       assert(messages(other).contains("batch_size is 5, the dataset has 1"), messages(other))
+    }
+  }
+
+  test("TBLPROPERTIES retention: like the write option, an INSERT OVERWRITE keeps the old shards for versionAsOf, or with '0' deletes them") {
+    for ((retention, seconds) <- Seq("2 hours" -> 7200L, "0" -> 0L)) {
+      val path = freshPath()
+      withTable("ret") {
+        sql(s"CREATE TABLE ret (id BIGINT, x ARRAY<FLOAT>) USING safetensors " +
+          s"TBLPROPERTIES ('batch_size' = '2', 'retention' = '$retention') LOCATION '$path'")
+        rows(4).createOrReplaceTempView("ret_src")
+        sql("INSERT INTO ret SELECT id, x FROM ret_src")
+        val first = listedShards(path)
+        sql("INSERT OVERWRITE ret SELECT id, x FROM ret_src WHERE id IN (1, 2)")
+        assert(manifest(path).get("retention_seconds").asLong == seconds)
+        assert(selected(spark.table("ret")) == expected(1 until 3))
+        if (seconds > 0) {
+          assert(first.forall(_.exists()), s"retention $retention: the overwritten shards stay")
+          assert(selected(spark.read.format("safetensors").option("versionAsOf", 1).load(path)) == expected(0 until 4))
+        } else {
+          assert(first.forall(!_.exists()), s"retention $retention: the overwritten shards go")
+          assert(shardFiles(path) == listedShards(path).sortBy(_.getName))
+        }
+      }
     }
   }
 

@@ -106,14 +106,16 @@ class DatasetCommitSuite extends SparkSuiteBase {
     }
   }
 
-  test("an overwrite racing an append: the manifest lists exactly the files on disk, in a serial order") {
+  test("an overwrite racing an append (retention 0): the manifest lists exactly the files on disk, in a serial order") {
     for (trial <- 1 to 3) {
       val path = freshPath()
-      tagged(10, 0).write.format("safetensors").option("batch_size", "4").save(path)
+      // retention 0: the overwrite deletes the shards it supersedes at its commit (§5.8.1)
+      val w = (df: DataFrame) => df.write.format("safetensors").option("batch_size", "4").option("retention", "0")
+      w(tagged(10, 0)).save(path)
       val outcomes = racingForOneVersion(2) {
         concurrently(Seq(
-          () => tagged(20, 1).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path),
-          () => tagged(30, 2).write.format("safetensors").option("batch_size", "4").mode("append").save(path)))
+          () => w(tagged(20, 1)).mode("overwrite").save(path),
+          () => w(tagged(30, 2)).mode("append").save(path)))
       }
       outcomes.foreach { o => assert(o.isRight, s"trial $trial: ${o.left.map(messages)}") }
       assert(listed(path) == onDisk(path), s"trial $trial")
@@ -124,13 +126,14 @@ class DatasetCommitSuite extends SparkSuiteBase {
     }
   }
 
-  test("overwrite removes only the shards its manifest listed: foreign files stay") {
+  test("overwrite (retention 0) removes only the shards its manifest listed: foreign files stay") {
     // a directory that is not a dataset: its files are left alone, and not read as the dataset
     val path = freshPath()
     new File(path).mkdirs()
     Files.write(Paths.get(path, "notes.safetensors"), Array[Byte](1, 2, 3))
     Files.write(Paths.get(path, "README.txt"), "mine".getBytes(StandardCharsets.UTF_8))
-    tagged(8, 1).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(path)
+    tagged(8, 1).write.format("safetensors").option("batch_size", "4").option("retention", "0")
+      .mode("overwrite").save(path)
     assert(new File(path, "notes.safetensors").exists() && new File(path, "README.txt").exists())
     assert(tagsRead(path) == Map(1 -> 8L))
     // a dataset with a file it does not list: an overwrite keeps that file too
@@ -214,11 +217,13 @@ class DatasetCommitSuite extends SparkSuiteBase {
     assert(spark.read.format("safetensors").load(path).count() == 5)
   }
 
-  test("KV lastWin across appends: the appended copy replaces the stored one for every reader") {
+  test("KV lastWin across appends (retention 0): the appended copy replaces the stored one for every reader") {
     for (index <- Seq(false, true)) {
       val path = freshPath()
+      // retention 0: the replaced shards are deleted at the commit (DatasetVacuumSuite: kept)
       val w = (df: DataFrame) => df.write.format("safetensors").option("name_col", "k")
         .option("duplicatesStrategy", "lastWin").option("generate_index", index.toString)
+        .option("retention", "0")
       w(kv(Seq("a", "b__x", "c"), 1f, parts = 1)).save(path)
       w(kv(Seq("d"), 2f, parts = 1)).mode("append").save(path)
       val firstShard = listed(path).find(f => readShard(new File(path, f)).tensors.contains("a__v")).get

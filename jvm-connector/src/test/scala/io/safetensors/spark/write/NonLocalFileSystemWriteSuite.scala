@@ -177,7 +177,8 @@ class NonLocalFileSystemWriteSuite extends SparkSuiteBase {
     val (remote, local) = freshRemotePath()
     tracked(floats(4).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(remote))
     val oldShards = shardFiles(local).map(_.getName).toSet
-    val u = tracked(floats(6, 1).write.format("safetensors").option("batch_size", "3").mode("overwrite").save(remote))
+    val u = tracked(floats(6, 1).write.format("safetensors").option("batch_size", "3").option("retention", "0")
+      .mode("overwrite").save(remote))
     assert(shardUploads(u).size == 2 && reportUploads(u).size == 1 && taskUploads(u).size == 3, u)
     val newShards = shardFiles(local).map(_.getName).toSet
     assert(newShards.size == 2 && newShards.intersect(oldShards).isEmpty)

@@ -213,7 +213,9 @@ class SafetensorsWriteSuite extends SparkSuiteBase {
     assert(snapshot(path) == before)
 
     val oldShards = shardFiles(path).map(_.getName).toSet
-    floats(6, 1).write.format("safetensors").option("batch_size", "3").mode("overwrite").save(path)
+    // retention 0: the old shards go at the commit (with a retention they stay: DatasetVacuumSuite)
+    floats(6, 1).write.format("safetensors").option("batch_size", "3").option("retention", "0")
+      .mode("overwrite").save(path)
     val newShards = shardFiles(path).map(_.getName).toSet
     assert(newShards.size == 2 && newShards.intersect(oldShards).isEmpty)
     assert(manifest(path).get("total_samples").asInt == 6)
