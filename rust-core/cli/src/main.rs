@@ -65,6 +65,27 @@ fn shown(line: std::fmt::Arguments) -> String {
     escape(&line.to_string())
 }
 
+/// Prints a command's outcome as pretty JSON on stdout (exit 0), or its error on stderr prefixed
+/// by the command's name (exit 1).
+fn print_outcome<T: serde::Serialize, E: std::fmt::Display>(
+    what: &str,
+    out: Result<T, E>,
+) -> ExitCode {
+    let text = out
+        .map_err(|e| shown(format_args!("{what}: {e}")))
+        .and_then(|o| serde_json::to_string_pretty(&o).map_err(|e| e.to_string()));
+    match text {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn describe(path: &str, header: &Header) -> Value {
     let tensors: Vec<Value> = header
         .tensors
@@ -306,28 +327,14 @@ fn compact(args: &[String]) -> ExitCode {
             }
         }
     };
-    match compact_path(
+    let out = compact_path(
         std::path::Path::new(&dir),
         &partitions,
         &opts,
         Some(write_index_part),
         &mut hold,
-    ) {
-        Ok(out) => match serde_json::to_string_pretty(&out) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
-            eprintln!("{}", shown(format_args!("compact: {e}")));
-            ExitCode::FAILURE
-        }
-    }
+    );
+    print_outcome("compact", out)
 }
 
 /// `vacuum`: spec/dataset.md §5.8.1 on a local dataset directory. Exit 0 done (or dry run), 1 on
@@ -370,20 +377,8 @@ fn vacuum(args: &[String]) -> ExitCode {
         return ExitCode::from(2);
     };
     req.now_ms = now_ms();
-    match vacuum_dir(std::path::Path::new(&dir), &req, dry_run, &mut |_| {}) {
-        Ok(out) => match serde_json::to_string_pretty(&out) {
-            Ok(text) => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
-        Err(e) => {
-            eprintln!("{}", shown(format_args!("vacuum: {e}")));
-            ExitCode::FAILURE
-        }
-    }
+    print_outcome(
+        "vacuum",
+        vacuum_dir(std::path::Path::new(&dir), &req, dry_run, &mut |_| {}),
+    )
 }

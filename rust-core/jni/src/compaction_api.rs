@@ -123,7 +123,7 @@ pub fn compaction_manifest_json(
     to_json(&json!({
         "manifest": next.to_json_pretty().map_err(failed)?,
         "version": next.manifest_version(),
-        "retain": !deletes_at_commit(&next),
+        "retain": !deletes_at_commit(Some(&current), &next),
     }))
 }
 

@@ -228,7 +228,7 @@ pub fn compact_dir(
             publish(dir, version, &text, &id)?;
             outcome.version = Some(version);
             outcome.committed_on = Some(current.manifest_version());
-            if deletes_at_commit(&next) {
+            if deletes_at_commit(Some(&current), &next) {
                 for r in &outcome.plan.replaced {
                     let _ = fs::remove_file(dir.join(r));
                     if let Some(p) = shard_index_part_file_name(r) {

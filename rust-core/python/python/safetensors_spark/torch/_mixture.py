@@ -234,27 +234,10 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         """``{version, kind: "mixture", epoch, position, consumed_per_source, ...}``: ``position``
         = positions of the epoch's mixture order consumed by all ranks together (as
         :meth:`SafetensorsIterableDataset.state_dict`)."""
-        if torch.utils.data.get_worker_info() is not None:
-            # StatefulDataLoader asks each worker: where this worker's iterator stands (§5.1)
-            if batches_consumed is not None:
-                raise StateError("state_dict(batches_consumed=…) was called inside a DataLoader worker, which "
-                                 "cannot know what the training loop has consumed (workers prefetch); call it "
-                                 "in the training process (spec/python.md §5)")
-            return worker_state(self, self._common_state(), self._worker_progress)
-        self._refresh_rank()
-        progress = self._progress if (self._progress or {}).get("epoch") == self._epoch else None
-        start = progress["start"] if progress is not None else self._start_position()
-        if batches_consumed is None:
-            batches_consumed = progress["consumed"] if progress is not None else 0
-        elif not isinstance(batches_consumed, int) or batches_consumed < 0:
-            raise ValueError(f"batches_consumed must be an integer >= 0, got {batches_consumed!r}")
-        plan = self._plan(start)
-        if batches_consumed > plan.num_batches:
-            raise StateError(f"batches_consumed={batches_consumed} but rank {self.rank} has only "
-                             f"{plan.num_batches} batches in epoch {self._epoch} from position {start}")
-        position = min(plan.position_after(batches_consumed), self.num_samples)
-        return {**self._common_state(), "epoch": self._epoch, "position": position,
-                "consumed_per_source": self._mixture().consumed(position).tolist()}
+        state = super().state_dict(batches_consumed)  # a worker's state (§5.1), or the position
+        if "worker" not in state:
+            state["consumed_per_source"] = self._mixture().consumed(state["position"]).tolist()
+        return state
 
     def _common_state(self):
         return {"version": STATE_VERSION, **self._settings()}
