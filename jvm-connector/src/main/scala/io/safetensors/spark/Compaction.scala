@@ -60,7 +60,7 @@ object Compaction {
         s"safetensors: compaction: option $k = '$v': expected a whole number")
     })
     val dryRun = opts.get("dry_run").exists(_.equalsIgnoreCase("true"))
-    val conf = SparkInternals.hadoopConf(spark, Map.empty)
+    val conf = SparkInternals.hadoopConf(spark, Map.empty[String, String])
     val root = new Path(path)
     val fs = root.getFileSystem(conf)
     val dest = fs.makeQualified(root)

@@ -40,7 +40,7 @@ object Vacuum {
    *  `allowShorterRetention`. */
   def vacuum(spark: SparkSession, path: String, retention: String, dryRun: Boolean,
       allowShorterRetention: Boolean): DataFrame = {
-    val out = DatasetVacuum.run(path, SparkInternals.hadoopConf(spark, Map.empty),
+    val out = DatasetVacuum.run(path, SparkInternals.hadoopConf(spark, Map.empty[String, String]),
       Option(retention), dryRun, allowShorterRetention, Some(spark.sparkContext.applicationId))
     val v: java.lang.Long = out.version.map(Long.box).orNull
     def files(field: String, prefix: String, kind: String) =
