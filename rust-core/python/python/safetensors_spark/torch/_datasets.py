@@ -331,18 +331,26 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             self._worker_resume = load_worker_state(self, state)
             self._epoch = self._worker_resume[0]
             return
+        self._resume_at(state)
+
+    def _beyond(self, total):
+        """What a resume position past ``total`` is beyond (the error's words)."""
+        what = f"the epoch's {total} blocks" if self.pack is not None else f"total_samples={total}" \
+            if self.selection is None else f"the {total} samples the filter keeps"
+        unit = "blocks" if self.pack is not None else "samples"
+        return f"{what} (a position is at most the epoch's {total} {unit})"
+
+    def _resume_at(self, state):
+        """The next iterator of ``state['epoch']`` starts at ``state['position']`` (both checked)."""
         epoch, position = state.get("epoch"), state.get("position")
+
         def whole(v):
             return isinstance(v, int) and not isinstance(v, bool) and v >= 0
         if not whole(epoch) or not whole(position):
             raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
         total = self._units()
         if position > total:
-            what = f"the epoch's {total} blocks" if self.pack is not None else f"total_samples={total}" \
-                if self.selection is None else f"the {total} samples the filter keeps"
-            unit = "blocks" if self.pack is not None else "samples"
-            raise StateError(f"cannot resume: state has position={position}, beyond {what} "
-                             f"(a position is at most the epoch's {total} {unit})")
+            raise StateError(f"cannot resume: state has position={position}, beyond {self._beyond(total)}")
         self._epoch = epoch
         self._resume = (epoch, position)
         self._progress = None
@@ -353,21 +361,21 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        start, progress, skip = self._iterator_start(info)
+        return self._generate(self._plan(start), self._order(), worker, workers, progress, skip)
+
+    def _iterator_start(self, info):
+        """``(start position, progress, batches to skip)`` of an iterator starting now. The
+        training process counts what it takes; a worker reads the training process's epoch and
+        start now (live workers see ``set_epoch()``) and counts what it yields (its state for
+        StatefulDataLoader)."""
         self._refresh_rank()
-        skip = 0
         if info is None:
             start = self._start_position()
-        else:  # the training process's epoch and start, read now: live workers see set_epoch()
-            self._epoch, start, skip = self._worker_start()
-        plan = self._plan(start)
-        order = self._order()
-        # the training process itself iterates: count what it takes; a worker counts what it
-        # yielded (its state for StatefulDataLoader)
-        if info is None:
-            progress = self._count_from(start)
-        else:
-            progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip}
-        return self._generate(plan, order, worker, workers, progress, skip)
+            return start, self._count_from(start), 0
+        self._epoch, start, skip = self._worker_start()
+        progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip}
+        return start, progress, skip
 
     def _order(self):
         """The epoch's global order (position → shard, row), over the kept samples when filtered."""

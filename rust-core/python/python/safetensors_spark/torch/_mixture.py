@@ -259,35 +259,18 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             self._worker_resume = load_worker_state(self, state)
             self._epoch = self._worker_resume[0]
             return
-        epoch, position = state.get("epoch"), state.get("position")
+        self._resume_at(state)
 
-        def whole(v):
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        if not whole(epoch) or not whole(position):
-            raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
-        if position > self.num_samples:
-            raise StateError(f"cannot resume: state has position={position}, beyond the epoch's "
-                             f"num_samples={self.num_samples}")
-        self._epoch = epoch
-        self._resume = (epoch, position)
-        self._progress = None
-        self._publish()
+    def _beyond(self, total):
+        return f"the epoch's num_samples={total}"
 
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._refresh_rank()
-        skip = 0
-        if info is None:
-            start = self._start_position()
-            progress = self._count_from(start)
-        else:  # the training process's epoch and start, read now: live workers see set_epoch()
-            self._epoch, start, skip = self._worker_start()
-            progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip}
-        plan = self._plan(start)
-        return self._generate_mixture(plan, worker, workers, progress, skip)
+        start, progress, skip = self._iterator_start(info)
+        return self._generate_mixture(self._plan(start), worker, workers, progress, skip)
 
     def _generate_mixture(self, plan, worker, workers, progress, skip=0):
         mix, epoch, total = self._mixture(), self._epoch, self.num_samples
