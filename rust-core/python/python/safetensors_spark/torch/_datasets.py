@@ -124,15 +124,15 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             columns = [pack.column]
         self.columns = ds.check_columns(columns)
         self.pack = pack
-        if filter is not None and pack is not None:
-            raise ValueError("filter: a packed dataset packs every document; filter with pack is not supported")
         # the filter evaluated once over its column: the epoch's order is over the kept samples
-        # (spec/python.md §3.4)
+        # (spec/python.md §3.4); packed, the stream is made of the kept documents only (§3.3)
         self.selection = Selection(ds, filter) if filter is not None else None
         if pack is not None:
             lengths = document_lengths(ds, pack.column)
-            tokens = stream_tokens(lengths, pack.eos)
-            # blocks of an epoch (the same every epoch: the token count does not depend on the order)
+            kept = lengths if self.selection is None else lengths[self.selection.kept()]
+            tokens = stream_tokens(kept, pack.eos)
+            # blocks of an epoch (the same every epoch: the kept documents' token count does not
+            # depend on the order)
             self.num_blocks = tokens // pack.seq_len
             self.dropped_tokens = tokens - self.num_blocks * pack.seq_len
             self._lengths = lengths
@@ -155,7 +155,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
         counts = [s.samples for s in ds.shards] if self.selection is None else self.selection.counts.tolist()
         if shuffle_block_size is None:
-            shuffle_block_size = 4 * max(counts, default=1)
+            # (at least 4: a filter that keeps nothing makes an empty epoch, not an error)
+            shuffle_block_size = 4 * max(max(counts, default=1), 1)
         if not isinstance(shuffle_block_size, int) or shuffle_block_size < 1:
             raise ValueError(f"shuffle_block_size must be an integer >= 1, got {shuffle_block_size!r}")
         self.shuffle_block_size = shuffle_block_size
@@ -441,6 +442,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             yield out
 
     def _generate_packed(self, plan, order, worker, workers, progress, skip=0):
+        if plan.num_batches == 0:  # (a filter may keep no document: no stream to build)
+            return
         epoch = PackedEpoch(self.dataset, self.pack, order, self._lengths)
         transform = self.finish.transform
         single = self.batch_size is None
