@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import handmade
-from safetensors_spark import StateError
+from safetensors_spark import ColumnNotFoundError, StateError
 from safetensors_spark.torch import Filter, Packing, SafetensorsIterableDataset, loader
 from test_mixture_filter import kept_per_shard, ref_order, ref_rank
 
@@ -172,3 +172,163 @@ def test_filtered_packing_errors(data):
     # a filter that keeps no document: no blocks, no batches (and no error)
     none = SafetensorsIterableDataset(data, batch_size=2, filter=Filter.where("y", "<", 0), pack=pack)
     assert (none.num_blocks, none.dropped_tokens, len(none), list(none)) == (0, 0, 0, [])
+
+
+# -- mixtures of packed sources --------------------------------------------------------------
+
+B_SIZES = [6, 8]
+B_TOKENS = [-(1000 * i + np.arange(n)) - 1 for i, n in enumerate(np.random.default_rng(5).integers(0, 12, 14))]
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """A second token dataset: its token column is named ids (I32, negative ids), plus x (F32)."""
+    path = str(tmp_path_factory.mktemp("filterpack") / "b")
+    handmade.write_ragged_dataset(path, B_SIZES, {"ids": ("ragged", "I32", B_TOKENS, "array"),
+                                                  "x": ("fixed", "F32", np.zeros(sum(B_SIZES)))})
+    return path
+
+
+def ref_packed_mixture(srcs, counts, seq_len, eos, shuffle, seed, epoch):
+    """§3.5 over blocks: labels as for samples (default_rng([seed, epoch, 2]) or the key
+    interleave); draw d of source i is block d mod L_i of pass d div L_i of source i's own packed
+    stream (ref_stream with seed SeedSequence([seed, i, pass]), its filter's kept documents).
+    ``srcs``: (keep, tokens, sizes) per source. Returns (block, source) per position."""
+    labels = [i for i, c in enumerate(counts) for _ in range(c)]
+    if shuffle:
+        labels = np.random.default_rng([seed, epoch, 2]).permutation(labels).tolist()
+    else:
+        labels = [i for _, i in sorted(((j + 0.5) / c, i) for i, c in enumerate(counts) for j in range(c))]
+    seen, out, streams = [0] * len(counts), [], {}
+
+    def stream(i, rnd):
+        if (i, rnd) not in streams:
+            s = int(np.random.SeedSequence([seed, i, rnd]).generate_state(1, np.uint64)[0]) >> 1
+            keep, tokens, sizes = srcs[i]
+            streams[(i, rnd)] = ref_stream(keep, seq_len, eos, shuffle, s, epoch, tokens=tokens, sizes=sizes)[0]
+        return streams[(i, rnd)]
+
+    for i in labels:
+        rnd, q = divmod(seen[i], len(stream(i, 0)))
+        seen[i] += 1
+        out.append((stream(i, rnd)[q], i))
+    return out
+
+
+def packed_sources(data, other):
+    from safetensors_spark.torch import Source
+    return [Source(data, filter=Filter.mask("keep")), Source(other, columns={"tokens": "ids"})]
+
+
+REF_SOURCES = [(lambda i: KEEP[i], TOKENS, SIZES), (lambda i: True, B_TOKENS, B_SIZES)]
+
+
+def with_sources(batches, seq_len):
+    return [(b, int(s)) for batch in batches for b, s in zip(as_blocks([batch], seq_len), batch["src"].tolist())]
+
+
+@pytest.mark.parametrize("mode", [dict(weights=[1, 3], num_samples=23), dict(mode="exhaust")])
+def test_packed_mixture_equals_the_brute_force_reference(data, other, mode):
+    from safetensors_spark.torch import SafetensorsMixture
+    pack = Packing("tokens", seq_len=5, eos=0)
+    lengths = [len(ref_stream(k, 5, 0, False, 0, 0, tokens=t, sizes=s)[0]) for k, t, s in REF_SOURCES]
+    counts = lengths if mode.get("mode") == "exhaust" else [6, 17]  # 23 · (1/4, 3/4), largest remainder
+    for shuffle, seed, epoch in ((False, 0, 0), (True, 4, 0), (True, 4, 1)):
+        want = ref_packed_mixture(REF_SOURCES, counts, 5, 0, shuffle, seed, epoch)
+        for world, b, drop_last in ((1, 3, False), (2, 2, False), (3, 2, True)):
+            per_rank = []
+            for r in range(world):
+                mix = SafetensorsMixture(packed_sources(data, other), batch_size=b, shuffle=shuffle, seed=seed,
+                                         rank=r, world_size=world, drop_last=drop_last, pack=pack,
+                                         source_column="src", **mode)
+                mix.set_epoch(epoch)
+                assert mix.source_counts == counts
+                per_rank.append(with_sources(mix, 5))
+                ref = ref_packed_rank(want, world, r, b, drop_last)
+                assert len(mix) == len(ref)
+                assert per_rank[r] == [x for batch in ref for x in batch], (mode, shuffle, epoch, world, r)
+            assert len({len(p) for p in per_rank}) == 1
+
+
+def test_packed_mixture_resumes_with_other_workers_and_world_size(data, other):
+    from safetensors_spark.torch import SafetensorsMixture
+    pack = Packing("tokens", seq_len=4, eos=-1)
+    kw = dict(weights=[2, 1], num_samples=30, batch_size=2, shuffle=True, seed=6, pack=pack, source_column="src")
+    counts = [20, 10]
+    want = ref_packed_mixture(REF_SOURCES, counts, 4, -1, True, 6, 0)
+    mix = SafetensorsMixture(packed_sources(data, other), rank=0, world_size=2, **kw)
+    head = []
+    for batch in loader(mix, num_workers=2, handoff_batches=2):  # real worker processes
+        head.append(batch)
+        if len(head) == 3:
+            break
+    assert with_sources(head, 4) == [x for batch in ref_packed_rank(want, 2, 0, 2, False)[:3] for x in batch]
+    state = mix.state_dict()
+    assert state["position"] == 12 and state["pack"] == {"column": "tokens", "seq_len": 4, "eos": -1}
+    assert state["consumed_per_source"] == [sum(1 for _, s in want[:12] if s == i) for i in (0, 1)]
+    for r in range(3):
+        again = SafetensorsMixture(packed_sources(data, other), rank=r, world_size=3, **kw)
+        again.load_state_dict(state)
+        assert with_sources(loader(again), 4) == \
+            [x for batch in ref_packed_rank(want, 3, r, 2, False, start=12) for x in batch], r
+    with pytest.raises(StateError, match="sources"):  # another packing of the same sources
+        SafetensorsMixture(packed_sources(data, other), **dict(kw, pack=Packing("tokens", 5, eos=-1))).load_state_dict(
+            state)
+    single = list(SafetensorsMixture(packed_sources(data, other), **dict(kw, batch_size=None)))
+    assert [s["tokens"].tolist() for s in single] == [b["tokens"] for b, _ in want[:30]]
+    assert single[0]["tokens"].shape == (4,) and single[0]["src"].shape == ()
+
+
+def test_packed_mixture_refusals_name_what_is_wrong(data, other, tmp_path):
+    from safetensors_spark.torch import SafetensorsMixture, Source
+    pack = Packing("tokens", seq_len=4)
+    with pytest.raises(ValueError, match=r"mixture source 1 .*: a packed mixture yields blocks of mixture column "
+                                         r"'tokens' only, got columns \['ids', 'x'\]"):
+        SafetensorsMixture([data, Source(other, columns=["ids", "x"])], pack=pack)
+    with pytest.raises(ColumnNotFoundError, match=r"mixture source 1 .*: column 'tokens' is not in the dataset"):
+        SafetensorsMixture([data, other], pack=pack)  # its token column is named ids: map it
+    with pytest.raises(ValueError, match=r"column 'x' of dataset .* is not ragged"):
+        SafetensorsMixture([data, Source(other, columns={"tokens": "x"})], pack=pack)
+    f64 = str(tmp_path / "f64")
+    handmade.write_ragged_dataset(f64, [2], {"tokens": ("ragged", "I64", [np.arange(3), np.arange(5)], "array")})
+    with pytest.raises(ValueError, match=r"token column 'tokens' of mixture source 1 .* is I64 but 'tokens' of "
+                                         r"mixture source 0 .* is I32; the sources' tokens must have one dtype"):
+        SafetensorsMixture([data, f64], pack=pack)
+    none = Source(data, filter=Filter.where("y", "<", 0))
+    with pytest.raises(ValueError, match=r"mixture source 0 .* has weight 1.0 but no blocks its filter keeps"):
+        SafetensorsMixture([none, Source(other, columns={"tokens": "ids"})], weights=[1, 1], pack=pack)
+    with pytest.raises(ValueError, match="pack must be a safetensors_spark.torch.Packing"):
+        SafetensorsMixture([data], pack=("tokens", 4))
+    # unpacked, a ragged column is refused with what to do instead
+    with pytest.raises(ValueError, match=r"column 'tokens' is ragged; a mixture stacks fixed-shape columns only .*"
+                                         r"pack=Packing"):
+        SafetensorsMixture([Source(data, columns=["tokens"]), Source(other, columns={"tokens": "ids"})])
+
+
+def test_mixture_of_a_kv_and_a_batch_dataset_and_kv_refusals(tmp_path):
+    """KV sources mix like batch ones when their columns have one shape (each key's tensors
+    stacked); a KV column of null shape (rows of different shapes) is refused, naming it."""
+    from safetensors_spark.torch import SafetensorsMixture, Source
+    from test_mixture_filter import ref_mixture
+
+    kv, batch = str(tmp_path / "kv"), str(tmp_path / "b")
+    handmade.write_kv_dataset(kv, [["a", "bb", "ccc"], ["dd", "e"]])  # label = 0..4, emb = [len(key), label]
+    ids = np.arange(6) + 100
+    handmade.write_ragged_dataset(batch, [4, 2], {"emb": ("fixed", "F32", np.stack([ids, ids], 1)),
+                                                  "label": ("fixed", "I32", ids.astype(np.int32))})
+    refs = [[[0, 1, 2], [3, 4]], [[100, 101, 102, 103], [104, 105]]]
+    srcs = [Source(kv, filter=Filter.where("label", "!=", 3)), batch]
+    refs[0][1].remove(3)
+    for shuffle, seed in ((False, 0), (True, 2)):
+        want = ref_mixture(refs, [7, 5], shuffle, seed, 0)
+        mix = SafetensorsMixture(srcs, weights=[7, 5], num_samples=12, batch_size=4, shuffle=shuffle, seed=seed)
+        got = list(mix)
+        assert [int(v) for b in got for v in b["label"].tolist()] == want
+        assert all(b["emb"][:, 1].tolist() == b["label"].float().tolist() for b in got)
+    manifest = handmade.read_manifest(kv)
+    manifest["schema"]["emb"]["shape"] = None  # as a KV write of rows of different shapes records it
+    handmade.write_manifest(kv, manifest)
+    with pytest.raises(ValueError, match=r"mixture source 0 .*: column 'emb' has rows of different shapes \(KV schema "
+                                         r"shape null\); a mixture stacks fixed-shape columns only"):
+        SafetensorsMixture([kv, batch])
+    assert SafetensorsMixture([Source(kv, columns=["label"]), Source(batch, columns=["label"])]).source_counts == [5, 6]
