@@ -332,3 +332,56 @@ def test_mixture_of_a_kv_and_a_batch_dataset_and_kv_refusals(tmp_path):
                                          r"shape null\); a mixture stacks fixed-shape columns only"):
         SafetensorsMixture([kv, batch])
     assert SafetensorsMixture([Source(kv, columns=["label"]), Source(batch, columns=["label"])]).source_counts == [5, 6]
+
+
+# -- the map-style dataset's filter ----------------------------------------------------------
+
+
+def test_map_style_filter_indexes_the_kept_samples(data):
+    """SafetensorsDataset(filter=): len = kept samples, ds[i] = the i-th kept sample in dataset
+    order (negative from the end), the same through __getitems__, torch's DataLoader and loader()
+    with real worker processes; out of range and key lookups name what is wrong."""
+    import torch
+    from safetensors_spark.torch import SafetensorsDataset
+
+    for flt, keep in FILTERS:
+        kept = [i for i in range(N) if keep(i)]
+        ds = SafetensorsDataset(data, columns=["y", "tokens"], filter=flt)
+        assert len(ds) == len(kept)
+        assert [int(ds[i]["y"]) for i in range(len(ds))] == kept
+        assert int(ds[-1]["y"]) == kept[-1] and ds[2]["tokens"].tolist() == TOKENS[kept[2]].tolist()
+        rows = ds.__getitems__([3, 0, -2])
+        assert [int(r["y"]) for r in rows] == [kept[3], kept[0], kept[-2]]
+        assert [r["tokens"].tolist() for r in rows] == [TOKENS[kept[k]].tolist() for k in (3, 0, -2)]
+    flt, keep = FILTERS[0]
+    kept = [i for i in range(N) if keep(i)]
+    ds = SafetensorsDataset(data, columns=["y"], filter=flt)
+    assert [int(v) for b in torch.utils.data.DataLoader(ds, batch_size=4) for v in b["y"]] == kept
+    g = torch.Generator().manual_seed(3)
+    want = [kept[i] for i in torch.randperm(len(kept), generator=torch.Generator().manual_seed(3)).tolist()]
+    got = [int(v) for b in loader(ds, batch_size=4, shuffle=True, generator=g, num_workers=2) for v in b["y"]]
+    assert got == want
+    with pytest.raises(IndexError, match=rf"sample index {len(kept)} is out of range for the {len(kept)} samples "
+                                         rf"filter mask keep keeps of dataset"):
+        ds[len(kept)]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, -len(kept) - 1])
+    with pytest.raises(TypeError, match="sample index must be an integer"):
+        ds[1.5]
+    with pytest.raises(ValueError, match="mask column 'lang' .* has dtype I32"):
+        SafetensorsDataset(data, filter=Filter.mask("lang"))
+    empty = SafetensorsDataset(data, filter=Filter.where("y", "<", 0))
+    assert len(empty) == 0 and list(torch.utils.data.DataLoader(empty, batch_size=2)) == []
+    with pytest.raises(IndexError, match="out of range for the 0 samples"):
+        empty[0]
+
+
+def test_map_style_filter_refuses_key_lookups(tmp_path):
+    from safetensors_spark.torch import SafetensorsDataset
+
+    kv = str(tmp_path / "kv")
+    handmade.write_kv_dataset(kv, [["a", "bb", "ccc"], ["dd", "e"]])
+    ds = SafetensorsDataset(kv, filter=Filter.where("label", ">=", 2))
+    assert [int(ds[i]["label"]) for i in range(len(ds))] == [2, 3, 4]
+    with pytest.raises(ValueError, match=r"get\(key\) looks a key up in all of dataset .* filter label >= 2"):
+        ds.get("a")
