@@ -42,7 +42,8 @@ def data(tmp_path_factory):
 
 FILTERS = [(Filter.mask("keep"), lambda i: KEEP[i]),
            (Filter.where("y", ">=", 12), lambda i: i >= 12),  # shards 0 and 1 drop out whole
-           (Filter.where("lang", lambda v: v != 2), lambda i: i % 4 != 2)]
+           (Filter.where("lang", lambda v: v != 2), lambda i: i % 4 != 2),
+           (Filter.length("tokens", ">=", 4), lambda i: len(TOKENS[i]) >= 4)]  # from the offsets only
 
 
 def ref_stream(keep, seq_len, eos, shuffle, seed, epoch, tokens=TOKENS, sizes=SIZES):
@@ -165,8 +166,16 @@ def test_filtered_packing_resumes_mid_epoch_with_other_workers_and_world_size(da
 
 def test_filtered_packing_errors(data):
     pack = Packing("tokens", seq_len=4)
-    with pytest.raises(ValueError, match="column 'tokens' .* is ragged"):
+    with pytest.raises(ValueError, match=r"column 'tokens' .* is ragged.*filter its row lengths with "
+                                         r"Filter.length\('tokens', op, value\)"):
         SafetensorsIterableDataset(data, filter=Filter.where("tokens", ">", 0), pack=pack)
+    with pytest.raises(ValueError, match=r"Filter.length reads the row lengths of a ragged column; column 'lang' .* "
+                                         r"is not ragged \(its ragged columns: \['tokens'\]\)"):
+        SafetensorsIterableDataset(data, filter=Filter.length("lang", ">", 0), pack=pack)
+    with pytest.raises(ValueError, match="Filter.length: op must be one of"):
+        Filter.length("tokens", "~", 3)
+    with pytest.raises(TypeError, match=r"column 'tokens': the function must return a bool array of shape \[7\]"):
+        SafetensorsIterableDataset(data, filter=Filter.length("tokens", lambda n: n[:2] > 0), pack=pack)
     with pytest.raises(ValueError, match="mask column 'lang' .* has dtype I32; a mask must be BOOL"):
         SafetensorsIterableDataset(data, filter=Filter.mask("lang"), pack=pack)
     # a filter that keeps no document: no blocks, no batches (and no error)
