@@ -164,6 +164,9 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     * ``mode="exhaust"``: every sample of every source once per epoch, the sources interleaved in
       proportion to their lengths (``weights`` and ``num_samples`` are refused).
 
+    ``pack``: a :class:`Packing` of a mixture token column: each source is packed on its own
+    (its kept documents, its order) and the mixture's positions are blocks, mixed by weight.
+
     ``source_column``: a name under which every batch carries each sample's source index (int64).
     Ranks, workers, ``drop_last``, ``loader()`` and resume (``state_dict`` / ``load_state_dict``)
     work as for :class:`SafetensorsIterableDataset`; ``source_counts`` are the samples each source
