@@ -153,3 +153,37 @@ def test_spark_written_ragged_dataset_reads_back_in_spark_and_packs_in_python(sp
     assert len(blocks) == len(want) and blocks != want
     assert not delivered - Counter(stream)
     assert sum((Counter(stream) - delivered).values()) == shuffled.dropped_tokens == len(stream) % seq
+
+
+def test_spark_written_mask_column_filters_the_documents_python_packs(spark, tmp_path):
+    """The LLM pipeline: Spark scores and tokenizes, writes a boolean mask column (`keep`) beside
+    the ragged tokens; Python packs only the kept documents (spec/python.md §3.3/§3.4), against
+    a brute-force stream of the kept documents in the filtered order, split over two ranks."""
+    import sys
+    from pyspark.sql import functions as F
+    from safetensors_spark import open_dataset
+    from safetensors_spark.torch import Filter, Packing, SafetensorsIterableDataset
+    sys.path.insert(0, str(Path(__file__).parent / "package"))
+    from test_filter_pack import as_blocks, ref_packed_rank, ref_stream
+
+    data = rows(41)
+    df = (spark.createDataFrame(data, SCHEMA).select("i", "tok")
+          .withColumn("score", (F.col("i") * 37 % 100) / 100.0)
+          .withColumn("keep", (F.col("score") > 0.3) & (F.size("tok") >= 1))
+          .repartition(3, "i").sortWithinPartitions("i"))
+    out = str(tmp_path / "d")
+    df.write.format("safetensors").option("ragged", "tok").option("batch_size", "4").mode("overwrite").save(out)
+    ds = open_dataset(out)
+    assert ds.schema["keep"]["dtype"] == "BOOL" and len(ds.shards) > 3  # shards of 4 samples
+    ids = [int(ds[k]["i"]) for k in range(len(ds))]  # id of each sample, in the dataset's order
+    tokens = [np.asarray(data[i][1], np.int32) for i in ids]
+    keep = [(i * 37 % 100) / 100.0 > 0.3 and len(data[i][1]) >= 1 for i in ids]
+    assert 0 < sum(keep) < len(ids)
+    pack = Packing("tok", seq_len=4, eos=-1)
+    want, dropped = ref_stream(lambda k: keep[k], 4, -1, True, 2, 0, tokens=tokens,
+                               sizes=[s.samples for s in ds.shards])
+    for r in range(2):
+        packed = SafetensorsIterableDataset(out, batch_size=2, shuffle=True, seed=2, rank=r, world_size=2,
+                                            filter=Filter.mask("keep"), pack=pack)
+        assert packed.num_blocks == len(want) and packed.dropped_tokens == dropped
+        assert as_blocks(packed, 4) == [b for batch in ref_packed_rank(want, 2, r, 2, False) for b in batch]

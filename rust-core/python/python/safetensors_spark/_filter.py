@@ -1,7 +1,8 @@
 """Load-time filters (spec/python.md §3.4), in numpy only (no torch), so they are testable alone.
 
-* :class:`Filter` — what to keep: a boolean mask column (``Filter.mask``) or a predicate on a
-  scalar column (``Filter.where``: a comparison, or a vectorised function of the column).
+* :class:`Filter` — what to keep: a boolean mask column (``Filter.mask``), a predicate on a
+  scalar column (``Filter.where``: a comparison, or a vectorised function of the column), or
+  the same on the row lengths of a ragged column (``Filter.length``: read from its offsets).
 * :class:`Selection` — the filter evaluated once, up front, over that one column of every shard:
   the kept samples (a bit per sample), their count per shard, and a fingerprint for resume.
 * :class:`FilteredOrder` — an epoch's global order over the kept samples only: the sampler of
@@ -30,8 +31,9 @@ _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.l
 class Filter:
     """What a dataset keeps. Build with :meth:`mask` or :meth:`where`."""
 
-    def __init__(self, column, kind, op=None, value=None):
-        self.column, self.kind, self.op, self.value = column, kind, op, value
+    def __init__(self, column, kind, op=None, value=None, of="values"):
+        # of: "values" (the column's values) or "length" (a ragged column's row lengths)
+        self.column, self.kind, self.op, self.value, self.of = column, kind, op, value, of
 
     @classmethod
     def mask(cls, column):
@@ -46,31 +48,46 @@ class Filter:
         ``== != < <= > >=`` with a number ``value``, ``in`` / ``not in`` with a list of numbers,
         or a function ``values (numpy array of one shard's rows) -> bool array of the same
         length`` (vectorised: it is called once per shard, never per sample)."""
+        return cls._build(column, op, value, "Filter.where")
+
+    @classmethod
+    def _build(cls, column, op, value, who):
         if not isinstance(column, str):
-            raise ValueError(f"Filter.where: column must be a column name, got {column!r}")
+            raise ValueError(f"{who}: column must be a column name, got {column!r}")
         if callable(op):
             if value is not None:
-                raise ValueError("Filter.where: with a function, leave value out")
+                raise ValueError(f"{who}: with a function, leave value out")
             return cls(column, "call", op)
         if op not in _OPS:
-            raise ValueError(f"Filter.where: op must be one of {list(_OPS)} or a function, got {op!r}")
+            raise ValueError(f"{who}: op must be one of {list(_OPS)} or a function, got {op!r}")
         if op in ("in", "not in"):
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-                raise ValueError(f"Filter.where: op {op!r} takes a list of values, got {value!r}")
+                raise ValueError(f"{who}: op {op!r} takes a list of values, got {value!r}")
             value = list(value)
             bad = [v for v in value if not _is_number(v)]
         else:
             bad = [] if _is_number(value) else [value]
         if bad:
-            raise ValueError(f"Filter.where: column '{column}' compares with numbers or booleans, got {bad[0]!r}")
+            raise ValueError(f"{who}: column '{column}' compares with numbers or booleans, got {bad[0]!r}")
         return cls(column, "op", op, value)
+
+    @classmethod
+    def length(cls, column, op, value=None):
+        """Keep the samples whose row of ragged column ``column`` (e.g. a document's tokens) has
+        a length (elements; bytes for binary and string) that satisfies ``op``, as in
+        :meth:`where` (a comparison with a number, ``in``/``not in``, or a vectorised function of
+        the lengths, int64). Read from the column's offsets only, never its values."""
+        f = cls._build(column, op, value, "Filter.length")
+        f.of = "length"
+        return f
 
     def describe(self):
         if self.kind == "mask":
             return f"mask {self.column}"
+        name = f"len({self.column})" if self.of == "length" else self.column
         if self.kind == "call":
-            return f"{self.column} where {getattr(self.op, '__qualname__', repr(self.op))}"
-        return f"{self.column} {self.op} {self.value!r}"
+            return f"{name} where {getattr(self.op, '__qualname__', repr(self.op))}"
+        return f"{name} {self.op} {self.value!r}"
 
     def __repr__(self):
         return f"Filter({self.describe()})"
@@ -114,25 +131,31 @@ class Selection:
             raise ColumnNotFoundError(f"filter: column '{c}' is not in dataset {ds.path}; its columns are "
                                       f"{ds.columns}")
         dtype = ds.schema[c]["dtype"]
-        if c in ds.ragged:
+        if flt.of == "length":
+            if c not in ds.ragged:
+                raise ValueError(f"filter: Filter.length reads the row lengths of a ragged column; column '{c}' of "
+                                 f"dataset {ds.path} is not ragged (its ragged columns: {sorted(ds.ragged)})")
+        elif c in ds.ragged:
             raise ValueError(f"filter: column '{c}' of dataset {ds.path} is ragged (rows of different lengths); "
-                             f"a filter reads a scalar column (one value per sample)")
+                             f"a filter reads a scalar column (one value per sample); filter its row lengths "
+                             f"with Filter.length('{c}', op, value)")
         shape = ds.schema[c].get("shape")
         sample = None if shape is None else (shape[1:] if ds.layout == "batch" else shape)
-        if sample is None or int(np.prod(sample, dtype=np.int64)) != 1:
+        if flt.of != "length" and (sample is None or int(np.prod(sample, dtype=np.int64)) != 1):
             raise ValueError(f"filter: column '{c}' of dataset {ds.path} has per-sample shape {sample}; a filter "
                              f"reads a scalar column (shape [] or all 1s: one value per sample)")
         if flt.kind == "mask" and dtype != "BOOL":
             raise ValueError(f"filter: mask column '{c}' of dataset {ds.path} has dtype {dtype}; a mask must "
                              f"be BOOL (true keeps the sample)")
-        if flt.kind == "op" and dtype == "BF16":
+        if flt.kind == "op" and dtype == "BF16" and flt.of != "length":
             raise ValueError(f"filter: column '{c}' of dataset {ds.path} is BF16; compare it with a function "
                              f"(Filter.where(column, fn)) on its values")
         keep = np.zeros(len(ds), dtype=np.bool_)
         for shard in ds.shards:
             if shard.samples == 0:
                 continue
-            values = _column_values(ds, shard, c)
+            values = np.diff(ds.offsets(shard, c))[: shard.samples] if flt.of == "length" \
+                else _column_values(ds, shard, c)
             keep[shard.offset: shard.offset + shard.samples] = flt.evaluate(values, ds._store.url(shard.name))
         self.n = len(ds)
         self.bits = np.packbits(keep)

@@ -35,25 +35,52 @@ def _dist_rank_world():
 
 class SafetensorsDataset(torch.utils.data.Dataset):
     """Map-style: ``len(ds)`` samples (pad rows excluded), ``ds[i]`` → ``{column: tensor}``.
+    With ``filter`` (a :class:`safetensors_spark.Filter`): ``len(ds)`` kept samples, ``ds[i]``
+    the ``i``-th kept sample in dataset order.
 
     Local shards are memory-mapped (private, copy-on-write): the tensors are views of the map,
     no bytes are copied; remote shards are read by byte range into fresh tensors."""
 
-    def __init__(self, path, columns=None, *, ragged=None, pad_value=0, transform=None, storage_options=None,
-                 cache_dir=None, version=None, timestamp=None):
+    def __init__(self, path, columns=None, *, ragged=None, pad_value=0, transform=None, filter=None,
+                 storage_options=None, cache_dir=None, version=None, timestamp=None):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
         self.columns = self.dataset.check_columns(columns)
         # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
+        # the filter evaluated once over its column: indices count the kept samples (§3.4)
+        self.selection = Selection(self.dataset, filter) if filter is not None else None
         self._reader = None  # BatchReader of __getitems__, made in the process that reads
 
     def __len__(self):
-        return len(self.dataset)
+        return len(self.dataset) if self.selection is None else self.selection.total
+
+    def _kept(self, indices):
+        """Dataset sample indices of kept-sample indices ``indices`` (negative count from the end)."""
+        n = self.selection.total
+        v = np.asarray(indices)
+        if v.dtype.kind not in "iu" or v.ndim > 1:
+            raise TypeError(f"sample index must be an integer, got {indices!r}")
+        v = v.astype(np.int64)
+        bad = (v < -n) | (v >= n)
+        if bad.any():
+            raise IndexError(f"sample index {int(np.atleast_1d(v)[np.atleast_1d(bad)][0])} is out of range for the "
+                             f"{n} samples filter {self.selection.description} keeps of dataset {self.dataset.path}")
+        return self.selection.kept()[np.where(v < 0, v + n, v)]
+
+    def locate_many(self, indices):
+        """``(shard indices, rows)`` of this dataset's samples ``indices`` (kept ones when filtered)."""
+        if self.selection is not None and len(indices):
+            indices = self._kept(indices)
+        return self.dataset.locate_many(indices)
 
     def __getitem__(self, i):
         ds = self.dataset
+        if self.selection is not None:
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+                raise TypeError(f"sample index must be an integer, got {type(i).__name__}")
+            i = int(self._kept(i))
         shard, row = ds.locate(i)
         sample = ds.sample(shard, row, self.columns)
         return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
@@ -67,7 +94,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         ds = self.dataset
         if ds.layout != "batch" or len(indices) == 0:
             return [self[i] for i in indices]
-        shards, rows = ds.locate_many(indices)
+        shards, rows = self.locate_many(indices)
         if self._reader is None:
             self._reader = BatchReader(ds, self.columns, cache_shards=8)
         # private memory even in a worker: the collate function stacks the views into the
@@ -84,6 +111,10 @@ class SafetensorsDataset(torch.utils.data.Dataset):
     def get(self, key):
         """KV datasets: ``{column: tensor}`` of the row with this key."""
         ds = self.dataset
+        if self.selection is not None:
+            raise ValueError(f"get(key) looks a key up in all of dataset {ds.path}, but this SafetensorsDataset "
+                             f"keeps only the samples filter {self.selection.description} keeps; look keys up "
+                             f"in an unfiltered SafetensorsDataset")
         return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in ds.get(key, self.columns).items()}
 
 
@@ -124,15 +155,15 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             columns = [pack.column]
         self.columns = ds.check_columns(columns)
         self.pack = pack
-        if filter is not None and pack is not None:
-            raise ValueError("filter: a packed dataset packs every document; filter with pack is not supported")
         # the filter evaluated once over its column: the epoch's order is over the kept samples
-        # (spec/python.md §3.4)
+        # (spec/python.md §3.4); packed, the stream is made of the kept documents only (§3.3)
         self.selection = Selection(ds, filter) if filter is not None else None
         if pack is not None:
             lengths = document_lengths(ds, pack.column)
-            tokens = stream_tokens(lengths, pack.eos)
-            # blocks of an epoch (the same every epoch: the token count does not depend on the order)
+            kept = lengths if self.selection is None else lengths[self.selection.kept()]
+            tokens = stream_tokens(kept, pack.eos)
+            # blocks of an epoch (the same every epoch: the kept documents' token count does not
+            # depend on the order)
             self.num_blocks = tokens // pack.seq_len
             self.dropped_tokens = tokens - self.num_blocks * pack.seq_len
             self._lengths = lengths
@@ -155,7 +186,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
         counts = [s.samples for s in ds.shards] if self.selection is None else self.selection.counts.tolist()
         if shuffle_block_size is None:
-            shuffle_block_size = 4 * max(counts, default=1)
+            # (at least 4: a filter that keeps nothing makes an empty epoch, not an error)
+            shuffle_block_size = 4 * max(max(counts, default=1), 1)
         if not isinstance(shuffle_block_size, int) or shuffle_block_size < 1:
             raise ValueError(f"shuffle_block_size must be an integer >= 1, got {shuffle_block_size!r}")
         self.shuffle_block_size = shuffle_block_size
@@ -441,6 +473,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             yield out
 
     def _generate_packed(self, plan, order, worker, workers, progress, skip=0):
+        if plan.num_batches == 0:  # (a filter may keep no document: no stream to build)
+            return
         epoch = PackedEpoch(self.dataset, self.pack, order, self._lengths)
         transform = self.finish.transform
         single = self.batch_size is None

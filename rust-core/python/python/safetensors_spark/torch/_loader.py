@@ -47,12 +47,12 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
         finish = ds.finish
         # the store reads ahead in this worker's order (spec/python.md §2.1)
-        ds.dataset.prefetch(index_groups(ds.dataset.locate_many, self.indices, size, worker, workers,
+        ds.dataset.prefetch(index_groups(ds.locate_many, self.indices, size, worker, workers,
                                          k if info is not None else 1), ds.columns)
 
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]
-            return (*ds.dataset.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
+            return (*ds.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
 
         if info is not None and k > 1:
             if finish.in_worker:

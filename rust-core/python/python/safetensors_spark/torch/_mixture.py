@@ -17,11 +17,12 @@ from .._dataset import Dataset
 from .._errors import ColumnNotFoundError, StateError
 from .._filter import FilteredOrder, Selection
 from .._mixture import MixtureOrder, check_weights, quotas, source_seed
+from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder
 from ._datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
-from ._reader import BatchReader
+from ._reader import BatchReader, to_torch
 
 MODES = ("sample", "exhaust")
 
@@ -38,9 +39,10 @@ class Source:
 
 
 class _Opened:
-    """A source, opened: its Dataset, the column mapping, its selection and length."""
+    """A source, opened: its Dataset, the column mapping, its selection and length (samples; with
+    ``pack``, the blocks of its own packed stream)."""
 
-    def __init__(self, i, src, shuffle_block_size):
+    def __init__(self, i, src, shuffle_block_size, pack=None):
         if not isinstance(src, Source):
             src = Source(src)
         ds = src.path if isinstance(src.path, Dataset) else Dataset(src.path, **src.open_kw)
@@ -48,7 +50,7 @@ class _Opened:
         self.name = f"mixture source {i} ({ds.path})"
         cols = src.columns
         if cols is None:
-            mapping = {c: c for c in ds.columns}
+            mapping = {pack.column: pack.column} if pack is not None else {c: c for c in ds.columns}
         elif isinstance(cols, dict):
             mapping = dict(cols)
         else:
@@ -66,16 +68,36 @@ class _Opened:
         self.length = len(ds) if self.selection is None else self.selection.total
         self.counts = [s.samples for s in ds.shards] if self.selection is None else self.selection.counts.tolist()
         self.block = shuffle_block_size if shuffle_block_size is not None else 4 * max(self.counts, default=1)
+        self.packing = None
+        if pack is not None:
+            if list(mapping) != [pack.column]:
+                raise ValueError(f"{self.name}: a packed mixture yields blocks of mixture column '{pack.column}' "
+                                 f"only, got columns {list(mapping)}; give each source's token column as "
+                                 f"Source(path, columns={{'{pack.column}': <its column>}}) (or leave columns out "
+                                 f"when it is named '{pack.column}')")
+            # this source's own stream (spec/python.md §3.3, over its filter's kept documents)
+            self.packing = Packing(mapping[pack.column], pack.seq_len, pack.eos)
+            self.packing.check(ds)
+            self.doc_lengths = document_lengths(ds, self.packing.column)
+            kept = self.doc_lengths if self.selection is None else self.doc_lengths[self.selection.kept()]
+            tokens = stream_tokens(kept, pack.eos)
+            self.num_blocks = tokens // pack.seq_len
+            self.dropped_tokens = tokens - self.num_blocks * pack.seq_len
+            self.length = self.num_blocks  # the mixture's unit is a block
 
     def signature(self, out):
         """``(dtype, per-sample shape)`` of mixture column ``out`` in this source."""
         ds, c = self.dataset, self.mapping[out]
         if c in ds.ragged:
-            raise ValueError(f"{self.name}: column '{c}' is ragged; a mixture stacks fixed-shape columns only")
+            raise ValueError(f"{self.name}: column '{c}' is ragged; a mixture stacks fixed-shape columns only "
+                             f"(rows of several sources are not cut into one ragged batch). Token documents mix "
+                             f"packed: SafetensorsMixture(..., pack=Packing(column, seq_len)); otherwise select "
+                             f"the fixed-shape columns with Source(path, columns=[...])")
         shape = ds.schema[c].get("shape")
         if shape is None:
-            raise ValueError(f"{self.name}: column '{c}' has rows of different shapes (schema shape null); a "
-                             f"mixture stacks fixed-shape columns only")
+            raise ValueError(f"{self.name}: column '{c}' has rows of different shapes (KV schema shape null); a "
+                             f"mixture stacks fixed-shape columns only; select the fixed-shape columns with "
+                             f"Source(path, columns=[...])")
         return ds.schema[c]["dtype"], list(shape[1:] if ds.layout == "batch" else shape)
 
     def fingerprint(self):
@@ -84,14 +106,30 @@ class _Opened:
 
     def state(self):
         return {"manifest_fingerprint": self.fingerprint(), "samples": self.length, "columns": self.mapping,
-                "filter": self.selection.state() if self.selection is not None else None}
+                "filter": self.selection.state() if self.selection is not None else None,
+                **({"pack": self.packing.state(), "blocks": self.num_blocks} if self.packing is not None else {})}
 
     def order(self, shuffle, seed, epoch, rnd):
         """This source's order in pass ``rnd`` of epoch ``epoch``."""
         s = source_seed(seed, self.index, rnd)
         if self.selection is not None:
-            return FilteredOrder(self.dataset, self.selection, shuffle, s, epoch, self.block)
-        return EpochOrder(self.counts, shuffle, s, epoch, self.block)
+            order = FilteredOrder(self.dataset, self.selection, shuffle, s, epoch, self.block)
+        else:
+            order = EpochOrder(self.counts, shuffle, s, epoch, self.block)
+        if self.packing is not None:  # pass rnd's stream: this source's documents in that order
+            return PackedEpoch(self.dataset, self.packing, order, self.doc_lengths)
+        return order
+
+
+def _check_packed(opened):
+    first = opened[0]
+    dtype = first.dataset.schema[first.packing.column]["dtype"]
+    for o in opened[1:]:
+        other = o.dataset.schema[o.packing.column]["dtype"]
+        if other != dtype:
+            raise ValueError(f"packed mixture: token column '{o.packing.column}' of {o.name} is {other} but "
+                             f"'{first.packing.column}' of {first.name} is {dtype}; the sources' tokens must have "
+                             f"one dtype")
 
 
 def _check_schemas(opened):
@@ -126,6 +164,9 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     * ``mode="exhaust"``: every sample of every source once per epoch, the sources interleaved in
       proportion to their lengths (``weights`` and ``num_samples`` are refused).
 
+    ``pack``: a :class:`Packing` of a mixture token column: each source is packed on its own
+    (its kept documents, its order) and the mixture's positions are blocks, mixed by weight.
+
     ``source_column``: a name under which every batch carries each sample's source index (int64).
     Ranks, workers, ``drop_last``, ``loader()`` and resume (``state_dict`` / ``load_state_dict``)
     work as for :class:`SafetensorsIterableDataset`; ``source_counts`` are the samples each source
@@ -133,7 +174,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
 
     def __init__(self, sources, weights=None, batch_size=None, *, mode="sample", num_samples=None, shuffle=True,
                  seed=0, rank=None, world_size=None, drop_last=False, shuffle_block_size=None, source_column=None,
-                 transform=None, cache_shards=8):
+                 transform=None, cache_shards=8, pack=None):
         if isinstance(sources, (str, bytes, Source, Dataset)) or not hasattr(sources, "__len__") or not sources:
             raise ValueError(f"mixture: sources must be a non-empty list of paths, Datasets or Sources, "
                              f"got {sources!r}")
@@ -146,8 +187,13 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         if shuffle_block_size is not None and (not isinstance(shuffle_block_size, int) or shuffle_block_size < 1):
             raise ValueError(f"shuffle_block_size must be an integer >= 1, got {shuffle_block_size!r}")
-        self.sources = [_Opened(i, s, shuffle_block_size) for i, s in enumerate(sources)]
-        _check_schemas(self.sources)
+        if pack is not None and not isinstance(pack, Packing):
+            raise ValueError(f"pack must be a safetensors_spark.torch.Packing, got {pack!r}")
+        self.sources = [_Opened(i, s, shuffle_block_size, pack) for i, s in enumerate(sources)]
+        if pack is not None:
+            _check_packed(self.sources)
+        else:
+            _check_schemas(self.sources)
         self.columns = list(self.sources[0].mapping)
         if source_column is not None and (not isinstance(source_column, str) or source_column in self.columns):
             raise ValueError(f"mixture: source_column must be a name that is not a column {self.columns}, "
@@ -168,7 +214,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             counts = quotas(self.weights, num_samples)
             for o, w, c in zip(self.sources, self.weights, counts):
                 if c > 0 and o.length == 0:
-                    raise ValueError(f"{o.name} has weight {w} but no samples"
+                    raise ValueError(f"{o.name} has weight {w} but no {'blocks' if pack is not None else 'samples'}"
                                      f"{' its filter keeps' if o.selection is not None else ''}; give it weight 0")
         self.mode = mode
         self.counts = counts
@@ -180,7 +226,8 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self.source_column = source_column
         self.transform = transform
         self.cache_shards = cache_shards
-        self.pack = None
+        # packed: positions are blocks, cut to a multiple of world_size as for one packed dataset
+        self.pack = pack
         self.selection = None
         self._explicit_rank = (rank, world_size)
         self.rank, self.world_size = self._resolve_rank(rank, world_size)
@@ -204,6 +251,9 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     def sample_bytes(self):
         """Bytes of one sample of a batch (loader()'s message size)."""
         o = self.sources[0]
+        if self.pack is not None:  # tokens, position_ids and document_ids of a block
+            return self.pack.seq_len * (o.dataset._dtypes[o.packing.column].itemsize + 16) + \
+                (8 if self.source_column is not None else 0)
         total = sum(int(np.prod(o.signature(c)[1], dtype=np.int64)) * o.dataset._dtypes[o.mapping[c]].itemsize
                     for c in self.columns)
         return total + (8 if self.source_column is not None else 0)
@@ -228,7 +278,8 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         return {"kind": "mixture", "sources": [o.state() for o in self.sources], "mode": self.mode,
                 "num_samples": self.num_samples, "weights": self.weights.tolist(),
                 "source_counts": self.source_counts, "shuffle": self.shuffle, "seed": self.seed,
-                "shuffle_block_size": [o.block for o in self.sources]}
+                "shuffle_block_size": [o.block for o in self.sources],
+                **({"pack": self.pack.state()} if self.pack is not None else {})}
 
     def state_dict(self, batches_consumed=None):
         """``{version, kind: "mixture", epoch, position, consumed_per_source, ...}``: ``position``
@@ -262,7 +313,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._resume_at(state)
 
     def _beyond(self, total):
-        return f"the epoch's num_samples={total}"
+        return f"the epoch's num_samples={total}" + (" blocks" if self.pack is not None else "")
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -275,7 +326,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     def _generate_mixture(self, plan, worker, workers, progress, skip=0):
         mix, epoch, total = self._mixture(), self._epoch, self.num_samples
         readers = [BatchReader(o.dataset, list(dict.fromkeys(o.mapping.values())), self.cache_shards)
-                   for o in self.sources]
+                   for o in self.sources] if self.pack is None else None
         orders = {}  # (source, pass) -> its order (a few live at a time)
 
         def order_of(i, rnd):
@@ -286,7 +337,32 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                 o = orders[(i, rnd)] = self.sources[i].order(self.shuffle, self.seed, epoch, rnd)
             return o
 
+        def packed_batch(j):
+            """Blocks of the sources' own packed streams, in position order (spec/python.md §3.5)."""
+            first, n = plan.batch(j)
+            pos = np.arange(first, first + n, dtype=np.int64) % total
+            labels, draws = mix.labels[pos], mix.draws[pos]
+            parts = []
+            for k in range(n):
+                i = int(labels[k])
+                rnd, q = divmod(int(draws[k]), self.sources[i].length)
+                parts.append(order_of(i, rnd).blocks(q, q + 1))
+            seq = self.pack.seq_len
+            dtype = self.sources[0].dataset.schema[self.sources[0].packing.column]["dtype"]
+            out = {"tokens": to_torch(np.concatenate([p["tokens"] for p in parts]), dtype)}
+            for name in ("position_ids", "document_ids"):
+                out[name] = torch.from_numpy(np.concatenate([p[name] for p in parts]))
+            cu = [p["cu_seqlens"][:-1].astype(np.int64) + k * seq for k, p in enumerate(parts)]
+            out["cu_seqlens"] = torch.from_numpy(np.append(np.concatenate(cu), n * seq).astype(np.int32))
+            if self.source_column is not None:
+                out[self.source_column] = torch.from_numpy(labels.astype(np.int64))
+            if self.batch_size is None:
+                out = {c: t if c == "cu_seqlens" else t[0] for c, t in out.items()}
+            return self.transform(out) if self.transform is not None else out
+
         def batch(j):
+            if self.pack is not None:
+                return packed_batch(j)
             first, n = plan.batch(j)
             pos = np.arange(first, first + n, dtype=np.int64) % total
             labels, draws = mix.labels[pos], mix.draws[pos]
