@@ -670,6 +670,52 @@ def test_verify_checksums_bytes_fetched(spark, s3, bucket):
     assert sent == plain_sent + total, (sent, plain_sent, total)
 
 
+CLUSTER_VERIFY_READ = r"""
+import json, sys, urllib.request
+from pyspark.sql import SparkSession
+
+args = json.loads(sys.argv[1])
+builder = SparkSession.builder.master(args["master"])
+for k, v in args["conf"].items():
+    builder = builder.config(k, v)
+spark = builder.getOrCreate()
+df = spark.read.format("safetensors").option("verify_checksums", "true").load(args["url"])
+# listed and headers read: now the next GET of the shard (the task's whole-object stream) is
+# corrupted on the wire
+urllib.request.urlopen(urllib.request.Request(args["fault"], method="POST"), timeout=10).read()
+print("RESULT " + json.dumps(sorted(r["id"] for r in df.collect())))
+spark.stop()
+"""
+
+
+def test_verify_checksums_retried_task_fetches_again_on_local_cluster(s3, bucket, spark, connector_jar, tmp_path):
+    """Executors of their own (local-cluster[2,1,1024], spark.task.maxFailures 4): one shard's
+    first whole-object GET corrupted on the wire fails that task attempt on the executor
+    (CRC-32C mismatch); Spark's retry streams the object again and the read returns every row
+    once. The retry is the refetch."""
+    import subprocess
+
+    url, shards = crc_dataset(spark, s3, bucket, "retry")
+    name = shards[0]["shard_path"]
+    fault = f"{s3.endpoint}/_faults?method=GET&count=1&path=/retry/{name}&status=503&corrupt=1"
+    mark = s3.mark()
+    args = {"master": "local-cluster[2,1,1024]", "conf": cluster_conf(s3, connector_jar, {}),
+            "url": url, "fault": fault}
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-c", CLUSTER_VERIFY_READ, json.dumps(args)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [line] = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert json.loads(line[len("RESULT "):]) == list(range(8))
+    assert "CRC-32C" in proc.stderr and name in proc.stderr, proc.stderr[-4000:]  # the failed attempt
+    whole = [r for r in s3.requests_since(mark) if r["method"] == "GET" and r["path"].endswith(f"/retry/{name}")
+             and r.get("response_length") == shards[0]["bytes"]]
+    # (an object this small comes whole in every GET, the header reads' too): the corrupted
+    # stream, then the retry's GETs of the whole object again
+    bad = [i for i, r in enumerate(whole) if r.get("corrupt")]
+    assert len(bad) == 1 and len(whole) > bad[0] + 1, whole
+
+
 # ---------------------------------------------------------------------------------------------
 # Faults (spec/dataset.md §5.6): a server that goes away, a killed executor, speculation
 # ---------------------------------------------------------------------------------------------
