@@ -561,6 +561,164 @@ def test_key_lookups_fetch_one_header_and_one_tensor(spark, s3, bucket):
 
 
 # ---------------------------------------------------------------------------------------------
+# Integrity: read option verify_checksums (spec/reading.md §5 "Checksums"), every shard a task
+# reads streamed whole once and checked against the manifest's shards[].crc32c in the engine
+# ---------------------------------------------------------------------------------------------
+
+def crc_dataset(spark, s3, bucket, prefix):
+    """Batch shards of at most 4 rows (8 in all) on the server; the URL and the manifest's shards."""
+    url = f"s3a://{bucket}/{prefix}"
+    batch_frame(spark, 8).write.format("safetensors").option("batch_size", 4).save(url)
+    shards = manifest(s3, bucket, prefix)["shards"]
+    assert len(shards) >= 2 and all(len(s["crc32c"]) == 8 for s in shards), shards
+    return url, shards
+
+
+def put(s3, bucket, key, body):
+    s3.client().put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def scan_bytes_read(df):
+    """The rows and the scan's safetensorsBytesRead metric."""
+    rows = df.collect()
+    leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
+    assert leaves.size() == 1
+    return rows, leaves.apply(0).metrics().apply("safetensorsBytesRead").value()
+
+
+def test_verify_checksums_fails_naming_a_corrupt_shard(spark, s3, bucket):
+    """One shard's object replaced by bytes of the same size with one data byte flipped (header
+    intact): with verify_checksums the read fails naming the shard, both CRC-32Cs and the option;
+    without it the read returns rows (only the option checks). The same for a byte flipped on
+    the wire (the stored object intact), caught in the task's whole-object stream."""
+    from safetensors_spark import _native
+
+    url, shards = crc_dataset(spark, s3, bucket, "bad")
+    bad = shards[0]["shard_path"]
+    body = bytearray(get(s3, bucket, f"bad/{bad}"))
+    body[-1] ^= 0xFF
+    put(s3, bucket, f"bad/{bad}", bytes(body))
+    actual = _native.crc32c_hex(bytes(body))
+    assert actual != shards[0]["crc32c"]
+    with pytest.raises(Exception) as e:
+        spark.read.format("safetensors").option("verify_checksums", "true").load(url).collect()
+    msg = str(e.value)
+    assert f"{url}/{bad}" in msg and actual in msg and shards[0]["crc32c"] in msg, msg[-3000:]
+    assert "verify_checksums" in msg, msg[-3000:]
+    assert spark.read.format("safetensors").load(url).count() == 8
+
+    # in flight: the stored object is good again; the task's first GET of it is corrupted
+    body[-1] ^= 0xFF
+    put(s3, bucket, f"bad/{bad}", bytes(body))
+    df = spark.read.format("safetensors").option("verify_checksums", "true").load(url)
+    s3.fail_next("GET", 1, path=f"/bad/{bad}", corrupt=True)
+    with pytest.raises(Exception) as e:
+        df.collect()
+    msg = str(e.value)
+    assert f"{url}/{bad}" in msg and shards[0]["crc32c"] in msg and "verify_checksums" in msg, msg[-3000:]
+    assert sorted(r["id"] for r in df.collect()) == list(range(8))
+
+
+def test_verify_checksums_fails_on_a_truncated_object(spark, s3, bucket):
+    """A shard's object cut to half its size after the scan listed it: the task's stream ends
+    early and the read fails naming the shard and both sizes."""
+    url, shards = crc_dataset(spark, s3, bucket, "short")
+    name, size = shards[1]["shard_path"], shards[1]["bytes"]
+    df = spark.read.format("safetensors").option("verify_checksums", "true").load(url)
+    put(s3, bucket, f"short/{name}", get(s3, bucket, f"short/{name}")[: size // 2])
+    with pytest.raises(Exception) as e:
+        df.collect()
+    msg = str(e.value)
+    assert f"{url}/{name}" in msg and f"has {size // 2} bytes" in msg and f"records {size}" in msg, msg[-3000:]
+    assert "verify_checksums" in msg, msg[-3000:]
+
+
+def test_verify_checksums_reads_shards_without_a_recorded_crc(spark, s3, bucket):
+    """A manifest without shards[].crc32c (written before checksums, or by another tool): the
+    option reads it without a check, not an error, even with a shard's data changed."""
+    url, shards = crc_dataset(spark, s3, bucket, "old")
+    m = manifest(s3, bucket, "old")
+    for s in m["shards"]:
+        del s["crc32c"]
+    put(s3, bucket, "old/dataset_manifest.json", json.dumps(m).encode())
+    name = shards[0]["shard_path"]
+    body = bytearray(get(s3, bucket, f"old/{name}"))
+    body[-1] ^= 0xFF
+    put(s3, bucket, f"old/{name}", bytes(body))
+    rows = spark.read.format("safetensors").option("verify_checksums", "true").load(url).collect()
+    assert sorted(r["id"] for r in rows) == list(range(8))
+
+
+def test_verify_checksums_bytes_fetched(spark, s3, bucket):
+    """With the option the scan's safetensorsBytesRead grows by exactly the shards' sizes, and
+    the server sent exactly that many more shard bytes (its log of every GET's body): each object
+    streamed whole once, on top of the header and ranges the read takes without the option."""
+    url, shards = crc_dataset(spark, s3, bucket, "met")
+    total = sum(s["bytes"] for s in shards)
+
+    def read(verify):
+        mark = s3.mark()
+        rows, metric = scan_bytes_read(spark.read.format("safetensors")
+                                       .option("verify_checksums", verify).load(url))
+        sent = sum(b for g in shard_gets(s3.requests_since(mark), bucket, "met").values() for _, b in g)
+        assert sorted(r["id"] for r in rows) == list(range(8))
+        return metric, sent
+
+    plain_metric, plain_sent = read("false")
+    metric, sent = read("true")
+    assert metric == plain_metric + total, (metric, plain_metric, total)
+    assert sent == plain_sent + total, (sent, plain_sent, total)
+
+
+CLUSTER_VERIFY_READ = r"""
+import json, sys, urllib.request
+from pyspark.sql import SparkSession
+
+args = json.loads(sys.argv[1])
+builder = SparkSession.builder.master(args["master"])
+for k, v in args["conf"].items():
+    builder = builder.config(k, v)
+spark = builder.getOrCreate()
+df = spark.read.format("safetensors").option("verify_checksums", "true").load(args["url"])
+# listed and headers read: now the next GET of the shard (the task's whole-object stream) is
+# corrupted on the wire
+urllib.request.urlopen(urllib.request.Request(args["fault"], method="POST"), timeout=10).read()
+print("RESULT " + json.dumps(sorted(r["id"] for r in df.collect())))
+spark.stop()
+"""
+
+
+def test_verify_checksums_retried_task_fetches_again_on_local_cluster(s3, bucket, spark, connector_jar, tmp_path):
+    """Executors of their own (local-cluster[2,1,1024], spark.task.maxFailures 4): one shard's
+    first whole-object GET corrupted on the wire fails that task attempt on the executor
+    (CRC-32C mismatch); Spark's retry streams the object again and the read returns every row
+    once. The retry is the refetch."""
+    import subprocess
+
+    url, shards = crc_dataset(spark, s3, bucket, "retry")
+    name = shards[0]["shard_path"]
+    fault = f"{s3.endpoint}/_faults?method=GET&count=1&path=/retry/{name}&status=503&corrupt=1"
+    mark = s3.mark()
+    args = {"master": "local-cluster[2,1,1024]", "conf": cluster_conf(s3, connector_jar, {}),
+            "url": url, "fault": fault}
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-c", CLUSTER_VERIFY_READ, json.dumps(args)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    # the connector's errors first (the tail of stderr is the cluster's shutdown)
+    assert proc.returncode == 0, "\n".join(l for l in proc.stderr.splitlines() if "safetensors:" in l)[-3000:] \
+        + "\n...\n" + proc.stderr[-2000:]
+    [line] = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert json.loads(line[len("RESULT "):]) == list(range(8))
+    assert "CRC-32C" in proc.stderr and name in proc.stderr, proc.stderr[-4000:]  # the failed attempt
+    whole = [r for r in s3.requests_since(mark) if r["method"] == "GET" and r["path"].endswith(f"/retry/{name}")
+             and r.get("response_length") == shards[0]["bytes"]]
+    # (an object this small comes whole in every GET, the header reads' too): the corrupted
+    # stream, then the retry's GETs of the whole object again
+    bad = [i for i, r in enumerate(whole) if r.get("corrupt")]
+    assert len(bad) == 1 and len(whole) > bad[0] + 1, whole
+
+
+# ---------------------------------------------------------------------------------------------
 # Faults (spec/dataset.md §5.6): a server that goes away, a killed executor, speculation
 # ---------------------------------------------------------------------------------------------
 

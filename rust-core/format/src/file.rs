@@ -65,6 +65,12 @@ pub fn crc32c_hex(crc: u32) -> String {
     format!("{crc:08x}")
 }
 
+/// `crc` (the CRC-32C of the bytes before) extended by `bytes`: a checksum computed from a
+/// stream of pieces (a remote object read in chunks).
+pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
 /// The CRC-32C of everything `r` yields, read in 1 MiB chunks.
 pub fn crc32c_of(mut r: impl Read) -> std::io::Result<u32> {
     let mut buf = vec![0u8; 1 << 20];

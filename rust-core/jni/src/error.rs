@@ -130,6 +130,7 @@ impl From<ReadError> for JniError {
             | ReadErrorKind::NotUtf8 { .. }
             | ReadErrorKind::ReservedMetadata { .. }
             | ReadErrorKind::Corrupt(_)
+            | ReadErrorKind::Checksum(_)
             | ReadErrorKind::Changed(_) => JniError::Format(msg),
             ReadErrorKind::Manifest(_)
             | ReadErrorKind::MissingShard { .. }

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use ::jni::objects::{JByteArray, JClass, JLongArray, JString};
-use ::jni::sys::{jint, jlong};
+use ::jni::sys::{jboolean, jint, jlong};
 use ::jni::{Env, EnvUnowned};
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, RecordBatch, StructArray};
@@ -436,6 +436,73 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_supply<'local>
         // SAFETY: the Java owner serialises calls on a live handle.
         let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
         state.task.supply(start, bytes).map_err(JniError::from)
+    })
+}
+
+/// `static native boolean verifyNeeded(long handle, int unit)`: the unit's file must be
+/// streamed whole through `verifyUpdate` / `verifyFinish` before it is opened (read option
+/// `verify_checksums`; local files are checked by `openLocal` itself).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_verifyNeeded<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+) -> jboolean {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        state.task.verify_needed(i).map_err(JniError::from)
+    })
+}
+
+/// `static native void verifyUpdate(long handle, int unit, byte[] bytes, int length)`: the
+/// next `length` bytes of the unit's whole file, in order from offset 0.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_verifyUpdate<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+    bytes: JByteArray<'local>,
+    length: jint,
+) {
+    guard(&mut env, |env| {
+        let bytes = bytes_arg(env, &bytes, "bytes")?;
+        let n = usize::try_from(length)
+            .ok()
+            .filter(|&n| n <= bytes.len())
+            .ok_or_else(|| {
+                JniError::invalid_argument(format!(
+                    "length {length} outside the {} bytes given",
+                    bytes.len()
+                ))
+            })?;
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        state
+            .task
+            .verify_update(i, &bytes[..n])
+            .map_err(JniError::from)
+    })
+}
+
+/// `static native void verifyFinish(long handle, int unit)`: the whole file was given; its size
+/// and CRC-32C must be the manifest's (else a `SafetensorsException` naming the file).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_verifyFinish<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    handle: jlong,
+    unit: jint,
+) {
+    guard(&mut env, |_env| {
+        // SAFETY: the Java owner serialises calls on a live handle.
+        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
+        let i = unit_index(&state.task, unit)?;
+        state.task.verify_finish(i).map_err(JniError::from)
     })
 }
 

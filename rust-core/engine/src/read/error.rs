@@ -156,6 +156,11 @@ pub enum ReadErrorKind {
     #[error("changed since the scan was planned: {0}")]
     Changed(String),
 
+    /// The file is not the one the dataset's manifest records (read option `verify_checksums`):
+    /// another CRC-32C or size than `shards[].crc32c` / `shards[].bytes`.
+    #[error("{0} (read option verify_checksums; the object is corrupt, truncated or was replaced; a retried task fetches it again)")]
+    Checksum(String),
+
     /// A remote batch needed file bytes that were not supplied.
     #[error("file bytes [{start}, {end}) are needed but were not supplied")]
     NotSupplied { start: u64, end: u64 },

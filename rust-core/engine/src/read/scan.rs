@@ -302,6 +302,20 @@ pub struct PlanRequest {
     /// Upper bounds of one Arrow batch: rows and data bytes.
     pub batch_rows: u64,
     pub batch_bytes: u64,
+    /// Read option `verify_checksums`: every shard a task reads whose manifest entry has a
+    /// `crc32c` is checked whole against it ([`PartitionSpec::checksums`]).
+    #[serde(default)]
+    pub verify_checksums: bool,
+}
+
+/// What a dataset's manifest records of a shard file, checked whole by the task that reads it
+/// (read option `verify_checksums`, spec/reading.md §5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardChecksum {
+    /// `shards[].crc32c`: 8 hex digits.
+    pub crc32c: String,
+    /// `shards[].bytes`.
+    pub bytes: u64,
 }
 
 /// The work of one Spark input partition, run by [`super::task::ReadTask`]. Opaque to the
@@ -320,6 +334,10 @@ pub struct PartitionSpec {
     /// rows instead of failing the task (see [`super::task::ReadTask::skipped`]).
     #[serde(default)]
     pub ignore_corrupt: bool,
+    /// With `verify_checksums`: the units' files (URI) whose manifest entry records a CRC-32C,
+    /// with it; each is read whole and checked before its rows are read.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checksums: BTreeMap<String, ShardChecksum>,
 }
 
 /// One output column of a partition: its Spark name and how to fill it.
@@ -1927,9 +1945,30 @@ pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> 
         // A file's selected bytes do not depend on how it is split: `total` stays the same.
         planned = units(&schema, &files, &columns, &filters, split);
     }
+    // the files of datasets whose manifest records their CRC-32C (others: no check)
+    let mut recorded: HashMap<String, ShardChecksum> = HashMap::new();
+    if req.verify_checksums {
+        for m in &cat.manifests {
+            for s in &m.manifest.shards {
+                if let Some(crc) = &s.crc32c {
+                    recorded.insert(
+                        format!("{}/{}", m.dir, s.shard_path),
+                        ShardChecksum {
+                            crc32c: crc.clone(),
+                            bytes: s.bytes,
+                        },
+                    );
+                }
+            }
+        }
+    }
     let specs = pack(planned, split, req.open_cost_bytes)
         .into_iter()
         .map(|units| PartitionSpec {
+            checksums: units
+                .iter()
+                .filter_map(|u| recorded.get(&u.file).map(|c| (u.file.clone(), c.clone())))
+                .collect(),
             layout: req.layout,
             columns: columns.clone(),
             bytes: units.iter().fold(0u64, |a, u| a.saturating_add(u.bytes)),

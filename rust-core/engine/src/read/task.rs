@@ -44,19 +44,20 @@ use super::rows::{
     FileColumn, SampleTarget, TensorColumn, TensorField,
 };
 use super::scan::{
-    ColumnSource, Excluded, Layout, PartitionSpec, TensorAssumption, Unit, UnitPart,
+    ColumnSource, Excluded, Layout, PartitionSpec, ShardChecksum, TensorAssumption, Unit, UnitPart,
 };
 use super::TensorSource;
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
 use arrow_schema::{Schema, SchemaRef};
 use safetensors_spark_dataset::manifest::ragged_offsets_name;
-use safetensors_spark_format::file::SafetensorsFile;
+use safetensors_spark_format::file::{crc32c_append, crc32c_hex, SafetensorsFile};
 use safetensors_spark_format::forensics::hash;
 use safetensors_spark_format::header::{self, Header, TensorInfo, PREFIX_LEN};
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -67,6 +68,17 @@ pub struct ReadTask {
     open: Option<Open>,
     bytes_read: u64,
     skipped: Vec<Excluded>,
+    /// The whole-file CRC-32C being computed (`verify_checksums`).
+    verifying: Option<Verifying>,
+    /// Files this task has verified (a shard split into several units is read whole once).
+    verified: HashSet<String>,
+}
+
+/// A file's CRC-32C computed from its bytes in order: unit, CRC so far, bytes so far.
+struct Verifying {
+    unit: usize,
+    crc: u32,
+    bytes: u64,
 }
 
 /// The unit being read.
@@ -356,7 +368,106 @@ impl ReadTask {
             open: None,
             bytes_read: 0,
             skipped: Vec::new(),
+            verifying: None,
+            verified: HashSet::new(),
         }
+    }
+
+    /// Whether unit `i`'s file must be checked whole against its manifest's CRC-32C before it
+    /// is read (read option `verify_checksums`, a manifest entry with `crc32c`, not yet checked
+    /// by this task). A local file is checked by [`ReadTask::open_local`]; a remote one is
+    /// streamed whole through [`ReadTask::verify_update`], then [`ReadTask::verify_finish`].
+    pub fn verify_needed(&self, i: usize) -> Result<bool, ReadError> {
+        let file = &self.unit(i)?.file;
+        Ok(self.spec.checksums.contains_key(file) && !self.verified.contains(file))
+    }
+
+    fn recorded(&self, i: usize) -> Result<(String, Option<&ShardChecksum>), ReadError> {
+        let file = self.unit(i)?.file.clone();
+        let want = self.spec.checksums.get(&file);
+        Ok((file, want))
+    }
+
+    /// The next bytes of unit `i`'s whole file, in order from offset 0 (counted as read).
+    pub fn verify_update(&mut self, i: usize, bytes: &[u8]) -> Result<(), ReadError> {
+        let (file, want) = self.recorded(i)?;
+        let Some(want) = want.cloned() else {
+            return Err(invalid(format!("{file}: no CRC-32C to verify")));
+        };
+        let v = match self.verifying.take() {
+            Some(v) if v.unit == i => v,
+            _ => Verifying {
+                unit: i,
+                crc: 0,
+                bytes: 0,
+            },
+        };
+        let v = Verifying {
+            unit: i,
+            crc: crc32c_append(v.crc, bytes),
+            bytes: v.bytes.saturating_add(bytes.len() as u64),
+        };
+        self.bytes_read = self.bytes_read.saturating_add(bytes.len() as u64);
+        if v.bytes > want.bytes {
+            return Err(ReadErrorKind::Checksum(format!(
+                "the object has more than the {} bytes its manifest entry records",
+                want.bytes
+            ))
+            .in_file(&file));
+        }
+        self.verifying = Some(v);
+        Ok(())
+    }
+
+    /// Unit `i`'s whole file was given to [`ReadTask::verify_update`]: its size and CRC-32C
+    /// must be the manifest's, else an error naming the file, both values and the option.
+    pub fn verify_finish(&mut self, i: usize) -> Result<(), ReadError> {
+        let (file, want) = self.recorded(i)?;
+        let Some(want) = want.cloned() else {
+            return Ok(());
+        };
+        let (crc, bytes) = match self.verifying.take() {
+            Some(v) if v.unit == i => (v.crc, v.bytes),
+            _ => (0, 0),
+        };
+        if bytes != want.bytes {
+            return Err(ReadErrorKind::Checksum(format!(
+                "the object has {bytes} bytes, its manifest entry records {}",
+                want.bytes
+            ))
+            .in_file(&file));
+        }
+        let got = crc32c_hex(crc);
+        if !got.eq_ignore_ascii_case(&want.crc32c) {
+            return Err(ReadErrorKind::Checksum(format!(
+                "CRC-32C {got}, its manifest entry records {}",
+                want.crc32c
+            ))
+            .in_file(&file));
+        }
+        self.verified.insert(file);
+        Ok(())
+    }
+
+    /// Checks a local file whole (see [`ReadTask::verify_needed`]).
+    fn verify_local(&mut self, i: usize, path: &Path) -> Result<(), ReadError> {
+        let file = self.unit(i)?.file.clone();
+        let io = |e: std::io::Error| {
+            ReadErrorKind::Checksum(format!("cannot read it to check its CRC-32C: {e}"))
+                .in_file(&file)
+        };
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(e)),
+            };
+            self.verify_update(i, &buf[..n])?;
+        }
+        self.verify_finish(i)
     }
 
     pub fn spec(&self) -> &PartitionSpec {
@@ -390,6 +501,9 @@ impl ReadTask {
     /// Opens unit `i` on a local file (read with positioned reads, batch by batch).
     pub fn open_local(&mut self, i: usize, path: &Path) -> Result<(), ReadError> {
         self.open = None;
+        if self.verify_needed(i)? {
+            self.verify_local(i, path)?;
+        }
         let uri = self.unit(i)?.file.clone();
         let opened =
             SafetensorsFile::open(path).map_err(|e| ReadErrorKind::Format(e).in_file(&uri));

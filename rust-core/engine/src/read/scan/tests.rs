@@ -283,6 +283,7 @@ pub(crate) fn plan_req(layout: Layout, input: ScanInput, required: &[&str]) -> P
         min_partitions: 1,
         batch_rows: 1024,
         batch_bytes: 1 << 20,
+        verify_checksums: false,
     }
 }
 

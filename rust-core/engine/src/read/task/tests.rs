@@ -5,7 +5,7 @@ use crate::read::scan::tests::{
     input, manifest, path_of, plan_ok, plan_req, shard, shard_name, two_shards, with_header, write,
     Dir,
 };
-use crate::read::scan::{FileInput, PartitionSpec, ScanInput};
+use crate::read::scan::{FileInput, ManifestInput, PartitionSpec, PlanRequest, ScanInput};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int64Type};
 use arrow_array::Array;
@@ -736,5 +736,102 @@ fn ragged_bad_offsets_are_errors_naming_the_column() {
             .unwrap();
         let e = task.next_batch().unwrap_err().to_string();
         assert!(e.contains("tensor `t`") && e.contains(needle), "{e}");
+    }
+}
+
+/// `m` with each listed shard's `crc32c` set to its file's (as the writer records it).
+fn with_crc32c(m: &ManifestInput) -> ManifestInput {
+    let mut v: serde_json::Value = serde_json::from_str(&m.text).unwrap();
+    for s in v["shards"].as_array_mut().unwrap() {
+        let name = s["shard_path"].as_str().unwrap().to_string();
+        let path = path_of(&format!("{}/{name}", m.dir));
+        let crc = safetensors_spark_dataset::versions::file_crc32c(&path).unwrap();
+        s["crc32c"] = serde_json::Value::String(crc);
+    }
+    ManifestInput {
+        text: v.to_string(),
+        ..m.clone()
+    }
+}
+
+#[test]
+fn verify_checksums_reads_each_file_whole_once_and_names_a_mismatch() {
+    let dir = Dir::new("t-verify");
+    let (a, b, m) = two_shards(&dir);
+    let m = with_crc32c(&m);
+    let mut r = plan_req(
+        Layout::Sample,
+        input(&[a.clone(), b.clone()], std::slice::from_ref(&m)),
+        &["y"],
+    );
+    let plain = only(plan_ok(&r));
+    assert!(
+        plain.checksums.is_empty(),
+        "without the option nothing is checked"
+    );
+    r.verify_checksums = true;
+    let spec = only(plan_ok(&r));
+    assert_eq!(spec.checksums.len(), 2);
+    // local: each file read whole once on top of what the read takes
+    let (rows, plain_bytes) = run_local(&plain);
+    let (checked_rows, bytes) = run_local(&spec);
+    assert_eq!(rows, checked_rows);
+    assert_eq!(bytes, plain_bytes + a.length + b.length);
+    // remote: the whole object through verify_update, in pieces
+    let mut task = ReadTask::new(spec.clone());
+    assert!(task.verify_needed(0).unwrap());
+    let whole = std::fs::read(path_of(&spec.units[0].file)).unwrap();
+    for piece in whole.chunks(7) {
+        task.verify_update(0, piece).unwrap();
+    }
+    task.verify_finish(0).unwrap();
+    assert!(!task.verify_needed(0).unwrap(), "checked once per task");
+    // a short object and a changed byte: errors naming the file, both values and the option
+    let mut task = ReadTask::new(spec.clone());
+    task.verify_update(0, &whole[..whole.len() - 1]).unwrap();
+    let e = task.verify_finish(0).unwrap_err().to_string();
+    let n = whole.len();
+    assert!(
+        e.contains(&spec.units[0].file)
+            && e.contains(&format!("has {} bytes", n - 1))
+            && e.contains(&format!("records {n}"))
+            && e.contains("verify_checksums"),
+        "{e}"
+    );
+    let mut changed = whole.clone();
+    changed[n - 1] ^= 0xff;
+    let mut task = ReadTask::new(spec.clone());
+    task.verify_update(0, &changed).unwrap();
+    let e = task.verify_finish(0).unwrap_err().to_string();
+    assert!(
+        e.contains(&spec.units[0].file) && e.contains("CRC-32C"),
+        "{e}"
+    );
+    std::fs::write(path_of(&spec.units[0].file), &changed).unwrap();
+    let mut task = ReadTask::new(spec.clone());
+    let e = task
+        .open_local(0, &path_of(&spec.units[0].file))
+        .unwrap_err();
+    assert!(matches!(e.kind, ReadErrorKind::Checksum(_)), "{e}");
+    // a manifest without crc32c: the option checks nothing
+    let r = PlanRequest {
+        verify_checksums: true,
+        ..plan_req(
+            Layout::Sample,
+            input(&[a, b], &[two_shards_manifest_without_crc(&m)]),
+            &["y"],
+        )
+    };
+    assert!(only(plan_ok(&r)).checksums.is_empty());
+}
+
+fn two_shards_manifest_without_crc(m: &ManifestInput) -> ManifestInput {
+    let mut v: serde_json::Value = serde_json::from_str(&m.text).unwrap();
+    for s in v["shards"].as_array_mut().unwrap() {
+        s.as_object_mut().unwrap().remove("crc32c");
+    }
+    ManifestInput {
+        text: v.to_string(),
+        ..m.clone()
     }
 }

@@ -63,6 +63,19 @@ public final class NativeReader {
   public static native void supply(long handle, long start, byte[] bytes);
 
   /**
+   * Whether unit {@code unit}'s file must first be streamed whole through {@link #verifyUpdate}
+   * and {@link #verifyFinish} (read option verify_checksums, a manifest entry with crc32c; a
+   * local file is checked by {@link #openLocal} itself).
+   */
+  public static native boolean verifyNeeded(long handle, int unit);
+
+  /** The next {@code length} bytes of the unit's whole file, in order from offset 0. */
+  public static native void verifyUpdate(long handle, int unit, byte[] bytes, int length);
+
+  /** The whole file was given: its size and CRC-32C must be the manifest's. */
+  public static native void verifyFinish(long handle, int unit);
+
+  /**
    * Rows of the next batch of the current unit, or -1 when the unit is done. A batch with
    * columns is moved into the given freshly allocated C Data structs (the caller imports and
    * later releases it); a batch without columns (count only) exports nothing.

@@ -25,13 +25,15 @@ private[spark] final case class ReadOptions(
     ignoreMissingFiles: Boolean = false,
     fileLayoutMaxTensors: Option[Long] = None,
     versionAsOf: Option[String] = None,
-    timestampAsOf: Option[String] = None)
+    timestampAsOf: Option[String] = None,
+    verifyChecksums: Boolean = false)
 
 private[spark] object ReadOptions {
   val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
   val Keys: Seq[String] =
     Seq("layout", "inferSchema", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles",
-      "read_batch_rows", "file_layout_max_tensors", "versionAsOf", "timestampAsOf")
+      "read_batch_rows", "file_layout_max_tensors", "versionAsOf", "timestampAsOf",
+      "verify_checksums")
   val BatchBytes: Long = 64L << 20
 
   private val mapper = new ObjectMapper()
@@ -110,7 +112,10 @@ private[spark] object ReadOptions {
     }
     ReadOptions(paths, layout, bool(o, "recursivefilelookup", default = true),
       bool(o, "ignorecorruptfiles", ignoreCorruptDefault), batchRows,
-      bool(o, "ignoremissingfiles", ignoreMissingDefault), maxTensors, versionAsOf, timestampAsOf)
+      bool(o, "ignoremissingfiles", ignoreMissingDefault), maxTensors, versionAsOf, timestampAsOf,
+      // every shard a task reads is checked whole against its manifest's crc32c
+      // (spec/reading.md §5, "Checksums")
+      bool(o, "verify_checksums", default = false))
   }
 }
 
@@ -451,6 +456,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       req.put("min_partitions", minPartitions)
       req.put("batch_rows", options.batchRows)
       req.put("batch_bytes", ReadOptions.BatchBytes)
+      req.put("verify_checksums", options.verifyChecksums)
     }, NativeReader.plan, mapper.writeValueAsString(preds))
     parts.elements().asScala.map(p => mapper.writeValueAsString(p) -> p.get("bytes").asLong()).toSeq
   }

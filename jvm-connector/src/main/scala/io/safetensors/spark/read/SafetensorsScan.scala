@@ -239,10 +239,29 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
     DatasetFiles.localFile(fs, path) match {
       case Some(file) => NativeReader.openLocal(handle, unit, file.getAbsolutePath)
       case None =>
+        if (NativeReader.verifyNeeded(handle, unit)) verifyWhole(fs, path)
         stream = ShardHeaders.openForRanges(fs, path, length)
         NativeReader.openRemote(handle, unit, ShardHeaders.readPrefixAndHeader(stream, uri, length))
     }
     opened = true
+  }
+
+  /**
+   * Read option `verify_checksums`: streams the unit's whole object once, in order, through the
+   * engine's CRC-32C, which fails (naming the file, both sizes or CRCs and the option) unless it
+   * is what the dataset's manifest records; only then are the unit's ranges read.
+   */
+  private def verifyWhole(fs: org.apache.hadoop.fs.FileSystem, path: Path): Unit = {
+    val in = fs.open(path)
+    try {
+      val buf = new Array[Byte](SafetensorsPartitionReader.VerifyChunk)
+      var n = in.read(buf)
+      while (n >= 0) {
+        if (n > 0) NativeReader.verifyUpdate(handle, unit, buf, n)
+        n = in.read(buf)
+      }
+    } finally in.close()
+    NativeReader.verifyFinish(handle, unit)
   }
 
   /**
@@ -358,4 +377,7 @@ private[spark] final class SafetensorsPartitionReader(specJson: String, conf: Se
 private[spark] object SafetensorsPartitionReader {
   /** Largest piece of a range read at once through a non-local file system. */
   val SupplyChunk: Long = 16L << 20
+
+  /** Piece of a whole object streamed through the CRC-32C check (`verify_checksums`). */
+  val VerifyChunk: Int = 4 << 20
 }
