@@ -7,6 +7,7 @@ them one at a time as views of it. A worker's blocks come from a :class:`BlockPo
 training process sets a block's release flag when every tensor of its message is gone, and the
 worker then writes its next message into it instead of a fresh block (spec/python.md §4)."""
 
+import math
 import weakref
 
 import numpy as np
@@ -78,6 +79,53 @@ def item_messages(batches_of, num_batches, worker, workers, k, release_flags):
     pool = BlockPool(release_flags, worker) if release_flags is not None else None
     for b in range(worker, -(-num_batches // k), workers):
         yield pack(batches_of(b * k, min((b + 1) * k, num_batches)), pool)
+
+
+def block_messages(epoch, spans, num_batches, worker, workers, k, release_flags):
+    """A DataLoader worker's messages of ``k`` batches of packed blocks (spec/python.md §3.3),
+    as :func:`item_messages` sends them, the batches written straight into the message's pooled
+    block by the Rust block builder (``epoch``: a local :class:`PackedEpoch`; ``spans(j)``: the
+    blocks ``(first, count)`` of batch ``j``) — no copy in between."""
+    pool = BlockPool(release_flags, worker) if release_flags is not None else None
+    for b in range(worker, -(-num_batches // k), workers):
+        plans, total = [], 0
+        for j in range(b * k, min((b + 1) * k, num_batches)):
+            first, n = spans(j)
+            parts = []
+            for name, dtype, shape in epoch.layout(first, first + n):
+                nbytes = math.prod(shape) * dtype.itemsize
+                parts.append((name, dtype, shape, total, nbytes))
+                total += -(-nbytes // 64) * 64
+            plans.append((first, n, parts))
+        if pool is not None:
+            slot, block, new = pool.get(total)
+        else:
+            slot, block, new = None, new_shared_block(total), True
+        base = block.data_ptr()
+        counts = epoch.fill([(first, first + n, {name: (base + off, nbytes) for name, _, _, off, nbytes in parts})
+                             for first, n, parts in plans])
+        layouts = []
+        for (first, n, parts), cu in zip(plans, counts):
+            layout = []
+            for name, dtype, shape, off, nbytes in parts:
+                if name == "cu_seqlens":
+                    shape, nbytes = (cu,), cu * dtype.itemsize
+                layout.append((name, [(_torch_dtype(dtype), shape, off, nbytes)]))
+            layouts.append(layout)
+        if slot is None:
+            yield Handoff(None, tensors={"": block}, items=layouts)
+        else:
+            yield Handoff(None, slot=(pool.worker, slot, block if new else None, None), items=layouts)
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(dtype):
+    t = _TORCH_DTYPES.get(dtype)
+    if t is None:
+        t = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype)).dtype
+    return t
 
 
 def pack(batches, pool):
