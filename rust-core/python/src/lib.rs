@@ -564,9 +564,9 @@ impl PyPacker {
         self.values.get(shard).is_some_and(Option::is_some)
     }
 
-    /// Blocks `[b0, b1)` into the caller's outputs, each `(address, bytes)` of a writable
-    /// C-contiguous array it holds for the call (ids: `ids_bytes` 4 or 8 each); returns the
-    /// number of `cu_seqlens` entries written. The GIL is released meanwhile.
+    /// Blocks `[b0, b1)` into the caller's outputs, each `(address, bytes)` of writable memory
+    /// it holds for the call (ids: `ids_bytes` 4 or 8 each); returns the number of `cu_seqlens`
+    /// entries written. The GIL is released meanwhile.
     #[allow(clippy::too_many_arguments)]
     fn build(
         &self,
@@ -579,9 +579,10 @@ impl PyPacker {
         ids_bytes: usize,
         cu_seqlens: (usize, usize),
     ) -> PyResult<usize> {
-        // SAFETY: the caller (_packing.py) passes the data address and byte length of writable
-        // C-contiguous numpy arrays it keeps alive for the call, apart from each other and from
-        // every shard's values; the values are arrays this packer keeps alive (set_values).
+        // SAFETY: the caller (_packing.py PackedEpoch.fill) passes address and length of
+        // disjoint parts of one writable buffer it holds for the call (a numpy array or a
+        // shared-memory block, the parts inside it: checked there), apart from every shard's
+        // values; the values are arrays this packer keeps alive (set_values).
         let out = |(addr, len): (usize, usize)| -> &mut [u8] {
             if len == 0 {
                 &mut []

@@ -126,21 +126,25 @@ class PackedEpoch:
         self._values = {}  # shard index -> its values (local shards: a view of the map)
         self._packer = None  # the Rust block builder over this epoch's stream (local shards)
 
-    def layout(self, b0, b1):
-        """What :meth:`fill` writes for blocks ``[b0, b1)``: ``[(name, numpy dtype, shape)]``,
-        ``cu_seqlens`` at its most entries (a piece starts at every block start and at every
-        document start inside)."""
+    def layout(self, firsts, counts):
+        """Where :meth:`fill` writes batches of blocks ``[firsts[i], firsts[i] + counts[i])``
+        laid one after the other in one buffer: ``(parts, offsets, nbytes, total)`` — ``parts``
+        ``[(name, numpy dtype)]`` (``tokens``, the ids asked for, ``cu_seqlens``), ``offsets``
+        and ``nbytes`` int64 ``[batches, parts]`` (each part 64-byte aligned; ``cu_seqlens`` at
+        its most entries: a piece starts at every block start and at every document start
+        inside), ``total`` the buffer's bytes."""
         seq = self.packing.seq_len
-        shape = (b1 - b0, seq)
-        d0, d1 = self._documents(b0, b1)
-        return ([("tokens", self.dtype, shape)] + [(i, self.packing.ids_dtype, shape) for i in self.packing.ids]
-                + [("cu_seqlens", np.dtype(np.int32), ((b1 - b0) + (d1 - d0) + 1,))])
-
-    def _documents(self, b0, b1):
-        """The first and last position of the documents blocks ``[b0, b1)`` hold tokens of."""
-        seq = self.packing.seq_len
-        return (int(self.ends.searchsorted(b0 * seq, side="right")),
-                int(self.ends.searchsorted(b1 * seq - 1, side="right")))
+        firsts, counts = np.asarray(firsts, np.int64), np.asarray(counts, np.int64)
+        d0 = self.ends.searchsorted(firsts * seq, side="right")
+        d1 = self.ends.searchsorted((firsts + counts) * seq - 1, side="right")
+        parts = ([("tokens", self.dtype)] + [(i, self.packing.ids_dtype) for i in self.packing.ids]
+                 + [("cu_seqlens", np.dtype(np.int32))])
+        nbytes = np.empty((len(firsts), len(parts)), np.int64)
+        nbytes[:, :-1] = (counts * seq)[:, None] * np.array([d.itemsize for _, d in parts[:-1]], np.int64)
+        nbytes[:, -1] = (counts + d1 - d0 + 1) * 4
+        padded = -(-nbytes // 64) * 64
+        ends = np.cumsum(padded.reshape(-1)).reshape(padded.shape)
+        return parts, ends - padded, nbytes, int(ends[-1, -1]) if len(firsts) else 0
 
     def blocks(self, b0, b1):
         """Blocks ``[b0, b1)`` as numpy arrays: ``tokens`` and the ids the packing asks for
@@ -152,25 +156,31 @@ class PackedEpoch:
             return {name: a if name in ("tokens", "cu_seqlens") else a.astype(ids, copy=False)
                     for name, a in self.reference_blocks(b0, b1).items()
                     if name in ("tokens", "cu_seqlens") or name in self.packing.ids}
-        arrays = {name: np.empty(shape, dtype) for name, dtype, shape in self.layout(b0, b1)}
-        (n,) = self.fill([(b0, b1, {name: (a.__array_interface__["data"][0], a.nbytes)
-                                    for name, a in arrays.items()})])
-        arrays["cu_seqlens"] = arrays["cu_seqlens"][:n]
-        return arrays
+        parts, offsets, nbytes, total = self.layout([b0], [b1 - b0])
+        memory = np.empty(total, np.uint8)
+        (n,) = self.fill(memory.__array_interface__["data"][0], total, [b0], [b1 - b0], offsets, nbytes)
+        shape = (b1 - b0, self.packing.seq_len)
+        return {name: memory[o: o + (n * 4 if name == "cu_seqlens" else k)].view(dtype).reshape(
+                    (n,) if name == "cu_seqlens" else shape)
+                for (name, dtype), o, k in zip(parts, offsets[0].tolist(), nbytes[0].tolist())}
 
-    def fill(self, jobs):
-        """Writes each ``(b0, b1, outputs)`` of ``jobs``: blocks ``[b0, b1)`` into ``outputs``
-        (``{name: (address, bytes)}`` of writable memory the caller holds, for the names of
-        :meth:`layout`, e.g. a shared-memory block), one call of the Rust builder each; returns
-        each job's number of ``cu_seqlens`` entries. Local shards only: the shards the jobs read
-        are checked (``check_unchanged``) once before and once after."""
-        ds, column = self.ds, self.packing.column
+    def fill(self, address, size, firsts, counts, offsets, nbytes):
+        """Writes batches of blocks ``[firsts[i], firsts[i] + counts[i])`` into the writable
+        buffer of ``size`` bytes at ``address`` that the caller holds (e.g. a shared-memory
+        block), where :meth:`layout` placed them (``offsets``, ``nbytes``), one call of the Rust
+        builder per batch; returns each batch's number of ``cu_seqlens`` entries. Local shards
+        only: the shards the batches read are checked (``check_unchanged``) once before and once
+        after."""
+        ds, column, seq = self.ds, self.packing.column, self.packing.seq_len
         packer = self._packer or self._new_packer()
-        touched = set()
-        for b0, b1, _ in jobs:
-            d0, d1 = self._documents(b0, b1)
-            touched.update(self.shard_of[d0: d1 + 1].tolist())
-        shards = [ds.shards[s] for s in touched]
+        if len(firsts) == 0:
+            return []
+        if int((offsets + nbytes).max()) > size or int(offsets.min()) < 0:
+            raise ValueError(f"pack: a buffer of {size} bytes cannot hold the layout's parts")
+        firsts, counts = np.asarray(firsts, np.int64), np.asarray(counts, np.int64)
+        d0 = int(self.ends.searchsorted(int(firsts.min()) * seq, side="right"))
+        d1 = int(self.ends.searchsorted(int((firsts + counts).max()) * seq - 1, side="right"))
+        shards = [ds.shards[s] for s in np.unique(self.shard_of[d0: d1 + 1]).tolist()]
         for shard in shards:
             if not packer.has_values(shard.index):
                 t = ds._header(shard)[column]
@@ -178,11 +188,19 @@ class PackedEpoch:
                 packer.set_values(shard.index, v, v.__array_interface__["data"][0], v.nbytes, len(v))
             ds.check_unchanged(shard)
         width = self.packing.ids_dtype.itemsize
-        counts = [packer.build(b0, b1, out["tokens"], out.get("position_ids"), out.get("document_ids"), width,
-                               out["cu_seqlens"]) for b0, b1, out in jobs]
+        where = (address + offsets).tolist()
+        nb = nbytes.tolist()
+        ids = self.packing.ids
+        pos = 1 + ids.index("position_ids") if "position_ids" in ids else None
+        doc = 1 + ids.index("document_ids") if "document_ids" in ids else None
+        build = packer.build
+        out = []
+        for b0, n, w, k in zip(firsts.tolist(), counts.tolist(), where, nb):
+            out.append(build(b0, b0 + n, (w[0], k[0]), None if pos is None else (w[pos], k[pos]),
+                             None if doc is None else (w[doc], k[doc]), width, (w[-1], k[-1])))
         for shard in shards:
             ds.check_unchanged(shard)
-        return counts
+        return out
 
     def _new_packer(self):
         ds, column = self.ds, self.packing.column

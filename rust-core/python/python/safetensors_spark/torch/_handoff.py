@@ -7,7 +7,6 @@ them one at a time as views of it. A worker's blocks come from a :class:`BlockPo
 training process sets a block's release flag when every tensor of its message is gone, and the
 worker then writes its next message into it instead of a fresh block (spec/python.md §4)."""
 
-import math
 import weakref
 
 import numpy as np
@@ -87,31 +86,20 @@ def block_messages(epoch, spans, num_batches, worker, workers, k, release_flags)
     block by the Rust block builder (``epoch``: a local :class:`PackedEpoch`; ``spans(j)``: the
     blocks ``(first, count)`` of batch ``j``) — no copy in between."""
     pool = BlockPool(release_flags, worker) if release_flags is not None else None
+    seq = epoch.packing.seq_len
     for b in range(worker, -(-num_batches // k), workers):
-        plans, total = [], 0
-        for j in range(b * k, min((b + 1) * k, num_batches)):
-            first, n = spans(j)
-            parts = []
-            for name, dtype, shape in epoch.layout(first, first + n):
-                nbytes = math.prod(shape) * dtype.itemsize
-                parts.append((name, dtype, shape, total, nbytes))
-                total += -(-nbytes // 64) * 64
-            plans.append((first, n, parts))
+        firsts, counts = zip(*(spans(j) for j in range(b * k, min((b + 1) * k, num_batches))))
+        parts, offsets, nbytes, total = epoch.layout(firsts, counts)
         if pool is not None:
             slot, block, new = pool.get(total)
         else:
             slot, block, new = None, new_shared_block(total), True
-        base = block.data_ptr()
-        counts = epoch.fill([(first, first + n, {name: (base + off, nbytes) for name, _, _, off, nbytes in parts})
-                             for first, n, parts in plans])
-        layouts = []
-        for (first, n, parts), cu in zip(plans, counts):
-            layout = []
-            for name, dtype, shape, off, nbytes in parts:
-                if name == "cu_seqlens":
-                    shape, nbytes = (cu,), cu * dtype.itemsize
-                layout.append((name, [(_torch_dtype(dtype), shape, off, nbytes)]))
-            layouts.append(layout)
+        cus = epoch.fill(block.data_ptr(), block.numel(), firsts, counts, offsets, nbytes)
+        kinds = [(name, _torch_dtype(dtype)) for name, dtype in parts]
+        layouts = [[(name, [(dtype, (cu,) if name == "cu_seqlens" else (n, seq), o,
+                             cu * 4 if name == "cu_seqlens" else k_)])
+                    for (name, dtype), o, k_ in zip(kinds, offs, nbs)]
+                   for n, cu, offs, nbs in zip(counts, cus, offsets.tolist(), nbytes.tolist())]
         if slot is None:
             yield Handoff(None, tensors={"": block}, items=layouts)
         else:
