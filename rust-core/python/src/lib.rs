@@ -4,6 +4,7 @@
 //! same code the Spark connector runs. Every failure is a Python exception; nothing panics.
 
 mod gather;
+mod pack;
 
 use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
@@ -476,12 +477,168 @@ fn gather_ragged(
         .map_err(gather_error)
 }
 
+/// One epoch's packed token stream (spec/python.md §3.3) for `pack::build_blocks`: the
+/// epoch's arrays (native int64 bytes, one entry per position of its order: stream ends,
+/// document lengths, shard numbers, first elements in the shard's values, document ids),
+/// copied once; each shard's values are set once (`set_values`) and kept alive here. Private to
+/// the package (`_packing.py`).
+/// A shard's values for the packer: (address, bytes, elements), and the array holding them.
+type Values = (usize, usize, u64, Py<PyAny>);
+
+#[pyclass(module = "safetensors_spark._native", name = "Packer")]
+struct PyPacker {
+    seq_len: u64,
+    token_bytes: usize,
+    eos: Option<Vec<u8>>,
+    ends: Vec<i64>,
+    lengths: Vec<i64>,
+    shards: Vec<i64>,
+    firsts: Vec<i64>,
+    documents: Vec<i64>,
+    /// Per shard number: its values, when set.
+    values: Vec<Option<Values>>,
+}
+
+#[pymethods]
+impl PyPacker {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        seq_len: u64,
+        token_bytes: usize,
+        eos: Option<Vec<u8>>,
+        ends: &[u8],
+        lengths: &[u8],
+        shards: &[u8],
+        firsts: &[u8],
+        documents: &[u8],
+        num_shards: usize,
+    ) -> PyResult<Self> {
+        let packer = PyPacker {
+            seq_len,
+            token_bytes,
+            eos,
+            ends: ints(ends, "stream ends")?,
+            lengths: ints(lengths, "document lengths")?,
+            shards: ints(shards, "shard numbers")?,
+            firsts: ints(firsts, "first elements")?,
+            documents: ints(documents, "document ids")?,
+            values: (0..num_shards).map(|_| None).collect(),
+        };
+        packer.stream().check().map_err(gather_error)?;
+        Ok(packer)
+    }
+
+    /// Sets shard number `shard`'s values: `array` (kept alive by the packer) is C-contiguous at
+    /// `address`, `nbytes` long, `elements` tokens.
+    fn set_values(
+        &mut self,
+        shard: usize,
+        array: Py<PyAny>,
+        address: usize,
+        nbytes: usize,
+        elements: u64,
+    ) -> PyResult<()> {
+        let n = self.values.len();
+        let Some(slot) = self.values.get_mut(shard) else {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "pack: shard {shard} is out of range ({n} shards)"
+            )));
+        };
+        if usize::try_from(elements)
+            .ok()
+            .and_then(|e| e.checked_mul(self.token_bytes))
+            != Some(nbytes)
+        {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "pack: shard {shard}: {nbytes} bytes are not {elements} tokens of {} bytes",
+                self.token_bytes
+            )));
+        }
+        *slot = Some((address, nbytes, elements, array));
+        Ok(())
+    }
+
+    /// Whether shard number `shard`'s values are set.
+    fn has_values(&self, shard: usize) -> bool {
+        self.values.get(shard).is_some_and(Option::is_some)
+    }
+
+    /// Blocks `[b0, b1)` into the caller's outputs, each `(address, bytes)` of writable memory
+    /// it holds for the call (ids: `ids_bytes` 4 or 8 each); returns the number of `cu_seqlens`
+    /// entries written. The GIL is released meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        &self,
+        py: Python<'_>,
+        b0: u64,
+        b1: u64,
+        tokens: (usize, usize),
+        position_ids: Option<(usize, usize)>,
+        document_ids: Option<(usize, usize)>,
+        ids_bytes: usize,
+        cu_seqlens: (usize, usize),
+    ) -> PyResult<usize> {
+        // SAFETY: the caller (_packing.py PackedEpoch.fill) passes address and length of
+        // disjoint parts of one writable buffer it holds for the call (a numpy array or a
+        // shared-memory block, the parts inside it: checked there), apart from every shard's
+        // values; the values are arrays this packer keeps alive (set_values).
+        let out = |(addr, len): (usize, usize)| -> &mut [u8] {
+            if len == 0 {
+                &mut []
+            } else {
+                unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+            }
+        };
+        let sources: Vec<Option<gather::Source<'_>>> = self
+            .values
+            .iter()
+            .map(|v| {
+                v.as_ref().map(|&(addr, len, rows, _)| gather::Source {
+                    data: if len == 0 {
+                        &[]
+                    } else {
+                        unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+                    },
+                    rows,
+                })
+            })
+            .collect();
+        let mut blocks = pack::Blocks {
+            tokens: out(tokens),
+            position_ids: position_ids.map(out),
+            document_ids: document_ids.map(out),
+            ids_bytes,
+            cu_seqlens: out(cu_seqlens),
+        };
+        let stream = self.stream();
+        py.detach(|| pack::build_blocks(&stream, &sources, b0, b1, &mut blocks))
+            .map_err(gather_error)
+    }
+}
+
+impl PyPacker {
+    fn stream(&self) -> pack::Stream<'_> {
+        pack::Stream {
+            seq_len: self.seq_len,
+            ends: &self.ends,
+            lengths: &self.lengths,
+            shards: &self.shards,
+            firsts: &self.firsts,
+            documents: &self.documents,
+            eos: self.eos.as_deref(),
+            token_bytes: self.token_bytes,
+        }
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", m.py().get_type::<FormatError>())?;
     m.add("ManifestError", m.py().get_type::<ManifestError>())?;
     m.add("IndexEntryError", m.py().get_type::<IndexEntryError>())?;
     m.add_class::<PyHeader>()?;
+    m.add_class::<PyPacker>()?;
     m.add("VERSION", safetensors_spark_format::VERSION)?;
     m.add_function(wrap_pyfunction!(check_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;

@@ -20,7 +20,7 @@ from .._prefetch import batch_groups
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
 from ._forms import Finish, resolve_forms
-from ._handoff import item_messages, messages
+from ._handoff import block_messages, item_messages, messages
 from ._reader import BatchReader, to_torch
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
 
@@ -490,6 +490,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
         k, release_flags = self._handoff
         if k > 1 and torch.utils.data.get_worker_info() is not None:
+            if transform is None and self.dataset._store.is_local:  # built into the pooled blocks
+                yield from block_messages(epoch, plan.batch, plan.num_batches, worker, workers, k, release_flags)
+                return
             yield from item_messages(lambda j0, j1: [block_batch(j) for j in range(j0, j1)], plan.num_batches,
                                      worker, workers, k, release_flags)
             return

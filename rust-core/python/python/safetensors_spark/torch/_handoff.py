@@ -80,6 +80,42 @@ def item_messages(batches_of, num_batches, worker, workers, k, release_flags):
         yield pack(batches_of(b * k, min((b + 1) * k, num_batches)), pool)
 
 
+def block_messages(epoch, spans, num_batches, worker, workers, k, release_flags):
+    """A DataLoader worker's messages of ``k`` batches of packed blocks (spec/python.md §3.3),
+    as :func:`item_messages` sends them, the batches written straight into the message's pooled
+    block by the Rust block builder (``epoch``: a local :class:`PackedEpoch`; ``spans(j)``: the
+    blocks ``(first, count)`` of batch ``j``) — no copy in between."""
+    pool = BlockPool(release_flags, worker) if release_flags is not None else None
+    seq = epoch.packing.seq_len
+    for b in range(worker, -(-num_batches // k), workers):
+        firsts, counts = zip(*(spans(j) for j in range(b * k, min((b + 1) * k, num_batches))))
+        parts, offsets, nbytes, total = epoch.layout(firsts, counts)
+        if pool is not None:
+            slot, block, new = pool.get(total)
+        else:
+            slot, block, new = None, new_shared_block(total), True
+        cus = epoch.fill(block.data_ptr(), block.numel(), firsts, counts, offsets, nbytes)
+        kinds = [(name, _torch_dtype(dtype)) for name, dtype in parts]
+        layouts = [[(name, [(dtype, (cu,) if name == "cu_seqlens" else (n, seq), o,
+                             cu * 4 if name == "cu_seqlens" else k_)])
+                    for (name, dtype), o, k_ in zip(kinds, offs, nbs)]
+                   for n, cu, offs, nbs in zip(counts, cus, offsets.tolist(), nbytes.tolist())]
+        if slot is None:
+            yield Handoff(None, tensors={"": block}, items=layouts)
+        else:
+            yield Handoff(None, slot=(pool.worker, slot, block if new else None, None), items=layouts)
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(dtype):
+    t = _TORCH_DTYPES.get(dtype)
+    if t is None:
+        t = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype)).dtype
+    return t
+
+
 def pack(batches, pool):
     """One :class:`Handoff` holding ``batches`` in one block (a pooled one when ``pool``): per
     batch a layout ``[(name, parts)]``, ``parts`` ``[(torch dtype, shape, byte offset, bytes)]``

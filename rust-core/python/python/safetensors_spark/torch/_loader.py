@@ -236,7 +236,8 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     if isinstance(dataset, SafetensorsMixture):
         handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=dataset.sample_bytes)
     elif dataset.pack is not None:
-        per_block = dataset.pack.seq_len * (dataset.dataset._dtypes[dataset.pack.column].itemsize + 16)
+        pack = dataset.pack
+        per_block = pack.seq_len * (dataset.dataset._dtypes[pack.column].itemsize + len(pack.ids) * pack.ids_dtype.itemsize)
         handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=per_block)
     else:
         handoff = batches_per_message(dataset.dataset, dataset.columns, dataset.batch_size, handoff_batches)
