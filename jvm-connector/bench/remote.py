@@ -518,24 +518,25 @@ def report(args, result):
     for p in args.paths:
         e = result["epochs"].get(p)
         if e is None:
-            rows.append([p] + ["—"] * 8 + ["cannot run here: " + result["unavailable"].get(p, "?")])
+            rows.append([p] + ["—"] * 9 + ["cannot run here: " + result["unavailable"].get(p, "?")])
             continue
         size = result["datasets"]["ours" if p.startswith("ours") else p]["bytes"]
         s = {"epoch_s": e["epoch_s"], "samples_per_s": e["samples"] / e["epoch_s"], "first_batch_s": e["first_batch_s"],
              "open_s": e["open_s"], "bytes_fetched": e["server"]["bytes_out"], "gets": e["server"]["gets"],
              "fetched_vs_dataset": e["server"]["bytes_out"] / size, "dataset_bytes": size,
              "mb_per_s": e["server"]["bytes_out"] / e["epoch_s"] / 1e6, "peak_cache_disk": e["peak_cache_disk"],
+             "cpu_s": e.get("cpu_s"),
              "data_ok": e["checksum"] == want and e["samples"] == args.rows}
         summary[p] = s
         rows.append([p, E.fmt(s["epoch_s"], ".2f"), f"{s['samples_per_s']:,.0f}", E.fmt(s["first_batch_s"], ".2f"),
                      E.fmt(s["open_s"], ".2f"), f"{s['bytes_fetched'] / 1e6:,.1f}", f"{s['fetched_vs_dataset']:.3f}",
-                     f"{s['gets']:,}", f"{s['peak_cache_disk'] / 1e6:,.0f}",
+                     f"{s['gets']:,}", f"{s['peak_cache_disk'] / 1e6:,.0f}", E.fmt(s["cpu_s"], ".1f"),
                      "data ok" if s["data_ok"] else "DATA MISMATCH"])
     result["summary"] = summary
     E.print_table(f"{args.rows:,} rows × {E.SAMPLE_BYTES} B from S3 on loopback, {args.rate_mbit / 8:.0f} MB/s (tc tbf) + "
                   f"{args.delay_ms} ms per request; one shuffled epoch, batch {E.BATCH}, {E.WORKERS} workers",
                   ["path", "epoch s", "samples/s", "1st batch s", "open s", "fetched MB", "÷ dataset", "GETs",
-                   "peak cache MB", "note"], rows)
+                   "peak cache MB", "CPU s", "note"], rows)
     if link:
         print(f"\nplain GET loop of our shards ({link['unshaped']['threads']} threads): unshaped "
               f"{link['unshaped']['mb_per_s']:,.0f} MB/s, shaped {shaped:.1f} MB/s (tbf {link['nominal_mb_per_s']:.0f} MB/s); "
