@@ -209,8 +209,7 @@ class Dataset:
         self.kv_separator = m.get("kv_separator")
         self.batch_size = m.get("batch_size")
         if self.layout is None or check_headers:
-            for shard in self.shards:
-                self._native_header(shard)
+            self._each_shard(self._native_header)
         if self.layout is None:
             self._infer_layout()
         if self.layout == "kv" and self.kv_separator is None:
@@ -406,8 +405,25 @@ class Dataset:
             n += 1
         return n
 
+    def _each_shard(self, fn):
+        """``fn(shard)`` for every shard, in manifest order. Remote: on ``max_in_flight`` threads,
+        so opening costs ``shards / max_in_flight`` round trips, not one per shard (at 25 ms a
+        request, 61 shards took 3 s to open one after another); the first failure in manifest
+        order is raised, as one after another would."""
+        remote = isinstance(self._store, CachedStore) or not self._store.is_local
+        if not remote or len(self.shards) < 2 or self.max_in_flight < 2:
+            for shard in self.shards:
+                fn(shard)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self.max_in_flight, len(self.shards)),
+                                thread_name_prefix="safetensors-spark-open") as pool:
+            for _ in pool.map(fn, self.shards):
+                pass
+
     def _check_shard_files(self):
-        for shard in self.shards:
+        def check(shard):
             url = self._store.url(shard.name)
             try:
                 size = self._store.size(shard.name)
@@ -416,6 +432,8 @@ class Dataset:
             if size != shard.size:
                 raise ShardError(f"{url}: the file has {size} bytes but {MANIFEST_FILE_NAME} says "
                                  f"{shard.size} (shards[].bytes)")
+
+        self._each_shard(check)
 
     def _native_header(self, shard):
         """The shard's parsed, validated header (read on first use)."""
