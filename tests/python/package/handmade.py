@@ -208,3 +208,26 @@ def write_manifest(path, manifest):
 
 def random_name():
     return uuid.uuid4().hex
+
+
+def pack_reference(documents, seq_len, eos):
+    """Brute force of spec/python.md §3.3: ``documents`` = ``(document id, token list)`` in stream
+    order, each followed by ``eos`` (when not None), one stream cut into blocks of ``seq_len``; per
+    block the pieces walked token by token. Returns the blocks (tokens, position_ids,
+    document_ids, cu_seqlens as lists) and the dropped token count."""
+    stream, owner = [], []
+    for d, tokens in documents:
+        toks = list(tokens) + ([eos] if eos is not None else [])
+        stream += toks
+        owner += [d] * len(toks)
+    blocks = []
+    for b in range(len(stream) // seq_len):
+        toks, docs = stream[b * seq_len: (b + 1) * seq_len], owner[b * seq_len: (b + 1) * seq_len]
+        pos, cu = [], [0]
+        for i, d in enumerate(docs):
+            new = i == 0 or d != docs[i - 1]
+            if new and i:
+                cu.append(i)
+            pos.append(0 if new else pos[-1] + 1)
+        blocks.append({"tokens": toks, "position_ids": pos, "document_ids": docs, "cu_seqlens": cu + [seq_len]})
+    return blocks, len(stream) - len(blocks) * seq_len

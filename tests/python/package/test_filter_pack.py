@@ -51,22 +51,7 @@ def ref_stream(keep, seq_len, eos, shuffle, seed, epoch, tokens=TOKENS, sizes=SI
     eos, one stream cut into blocks; per block the pieces walked token by token. Returns the
     blocks and the dropped token count."""
     order = ref_order(kept_per_shard(sizes, 0, keep), shuffle, seed, epoch)
-    stream, owner = [], []
-    for d in order:
-        toks = tokens[d].tolist() + ([eos] if eos is not None else [])
-        stream += toks
-        owner += [d] * len(toks)
-    blocks = []
-    for b in range(len(stream) // seq_len):
-        toks, docs = stream[b * seq_len: (b + 1) * seq_len], owner[b * seq_len: (b + 1) * seq_len]
-        pos, cu = [], [0]
-        for i, d in enumerate(docs):
-            new = i == 0 or d != docs[i - 1]
-            if new and i:
-                cu.append(i)
-            pos.append(0 if new else pos[-1] + 1)
-        blocks.append({"tokens": toks, "position_ids": pos, "document_ids": docs, "cu_seqlens": cu + [seq_len]})
-    return blocks, len(stream) - len(blocks) * seq_len
+    return handmade.pack_reference(((d, tokens[d].tolist()) for d in order), seq_len, eos)
 
 
 def ref_packed_rank(blocks, world, rank, b, drop_last, start=0):

@@ -287,22 +287,7 @@ def reference_blocks(path, seq_len, eos, shuffle, seed, epoch):
     plain = SafetensorsIterableDataset(path, columns=["y"], shuffle=shuffle, seed=seed)
     plain.set_epoch(epoch)
     order = [int(s["y"]) for s in plain]
-    stream, owner = [], []
-    for d in order:
-        toks = TOKENS[d].reshape(-1).tolist() + ([eos] if eos is not None else [])
-        stream += toks
-        owner += [d] * len(toks)
-    blocks = []
-    for b in range(len(stream) // seq_len):
-        toks, docs = stream[b * seq_len: (b + 1) * seq_len], owner[b * seq_len: (b + 1) * seq_len]
-        pos, cu = [], [0]
-        for i, d in enumerate(docs):
-            new = i == 0 or d != docs[i - 1]
-            if new and i:
-                cu.append(i)
-            pos.append(0 if new else pos[-1] + 1)
-        blocks.append({"tokens": toks, "position_ids": pos, "document_ids": docs, "cu_seqlens": cu + [seq_len]})
-    return blocks, len(stream) - len(blocks) * seq_len
+    return handmade.pack_reference(((d, TOKENS[d].reshape(-1).tolist()) for d in order), seq_len, eos)
 
 
 def as_blocks(batches, seq_len):
