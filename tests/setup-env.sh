@@ -1,6 +1,11 @@
 # Sourced by tests/run-all.sh and tests/demo.sh: makes a fresh machine ready.
 # Creates the Python venv (.venv, or $SAFETENSORS_SPARK_VENV) with tests/python/requirements.txt,
 # reinstalling only when that file changes, and exports what Spark needs to run locally.
+# It runs with -euo pipefail and gives the shell that sources it its own options back at the end
+# (an interactive shell is not left with errexit on).
+case $- in *e*) _sts_errexit=-e ;; *) _sts_errexit=+e ;; esac
+case $- in *u*) _sts_nounset=-u ;; *) _sts_nounset=+u ;; esac
+if shopt -qo pipefail; then _sts_pipefail=-o; else _sts_pipefail=+o; fi
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${SAFETENSORS_SPARK_VENV:-$ROOT/.venv}
@@ -30,3 +35,5 @@ fi
 export SPARK_LOCAL_IP=127.0.0.1
 export PYSPARK_PYTHON=$PYTHON
 export PYSPARK_DRIVER_PYTHON=$PYTHON
+set "$_sts_errexit" "$_sts_nounset" "$_sts_pipefail" pipefail
+unset _sts_errexit _sts_nounset _sts_pipefail
