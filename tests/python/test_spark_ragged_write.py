@@ -164,7 +164,8 @@ def test_spark_written_mask_column_filters_the_documents_python_packs(spark, tmp
     from safetensors_spark import open_dataset
     from safetensors_spark.torch import Filter, Packing, SafetensorsIterableDataset
     sys.path.insert(0, str(Path(__file__).parent / "package"))
-    from test_filter_pack import as_blocks, ref_packed_rank, ref_stream
+    from handmade import as_blocks
+    from test_filter_pack import ref_packed_rank, ref_stream
 
     data = rows(41)
     df = (spark.createDataFrame(data, SCHEMA).select("i", "tok")

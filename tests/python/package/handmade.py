@@ -231,3 +231,16 @@ def pack_reference(documents, seq_len, eos):
             pos.append(0 if new else pos[-1] + 1)
         blocks.append({"tokens": toks, "position_ids": pos, "document_ids": docs, "cu_seqlens": cu + [seq_len]})
     return blocks, len(stream) - len(blocks) * seq_len
+
+
+def as_blocks(batches, seq_len):
+    """Batches of packed blocks → per-block dicts (cu_seqlens cut back into blocks)."""
+    out = []
+    for b in batches:
+        cu = b["cu_seqlens"].tolist()
+        for i in range(len(b["tokens"])):
+            lo, hi = i * seq_len, (i + 1) * seq_len
+            out.append({"tokens": b["tokens"][i].tolist(), "position_ids": b["position_ids"][i].tolist(),
+                        "document_ids": b["document_ids"][i].tolist(),
+                        "cu_seqlens": [c - lo for c in cu if lo <= c <= hi]})
+    return out

@@ -60,19 +60,6 @@ def ref_packed_rank(blocks, world, rank, b, drop_last, start=0):
     return ref_rank(blocks[:n], world, rank, b, drop_last, start)
 
 
-def as_blocks(batches, seq_len):
-    """Batches of packed blocks → per-block dicts (cu_seqlens cut back into blocks)."""
-    out = []
-    for b in batches:
-        cu = b["cu_seqlens"].tolist()
-        for i in range(len(b["tokens"])):
-            lo, hi = i * seq_len, (i + 1) * seq_len
-            out.append({"tokens": b["tokens"][i].tolist(), "position_ids": b["position_ids"][i].tolist(),
-                        "document_ids": b["document_ids"][i].tolist(),
-                        "cu_seqlens": [c - lo for c in cu if lo <= c <= hi]})
-    return out
-
-
 # -- filter + pack ---------------------------------------------------------------------------
 
 
@@ -93,7 +80,7 @@ def test_filtered_packed_blocks_equal_the_brute_force_reference(data, f, seq_len
                 assert ds.num_blocks == len(want) and ds.dropped_tokens == dropped
                 ref = ref_packed_rank(want, world, r, b, drop_last)
                 assert len(ds) == len(ref)
-                per_rank.append(as_blocks(list(ds), seq_len))
+                per_rank.append(handmade.as_blocks(list(ds), seq_len))
                 assert per_rank[r] == [blk for batch in ref for blk in batch], (f, epoch, world, r)
             assert len({len(p) for p in per_rank}) == 1  # every rank the same number of blocks
 
@@ -103,7 +90,7 @@ def test_filtered_packing_through_worker_processes_and_single_blocks(data):
     want, _ = ref_stream(keep, 5, 0, True, 9, 0)
     kw = dict(shuffle=True, seed=9, filter=flt, pack=Packing("tokens", seq_len=5, eos=0))
     for handoff in (1, 3):
-        got = as_blocks(loader(SafetensorsIterableDataset(data, batch_size=2, **kw), num_workers=2,
+        got = handmade.as_blocks(loader(SafetensorsIterableDataset(data, batch_size=2, **kw), num_workers=2,
                                handoff_batches=handoff), 5)
         assert got == want, handoff
     single = list(SafetensorsIterableDataset(data, **kw))
@@ -123,7 +110,7 @@ def test_filtered_packing_resumes_mid_epoch_with_other_workers_and_world_size(da
         head.append(batch)
         if len(head) == 3:
             break
-    assert as_blocks(head, 4) == [b for batch in ref_packed_rank(want, 2, 1, 2, False)[:3] for b in batch]
+    assert handmade.as_blocks(head, 4) == [b for batch in ref_packed_rank(want, 2, 1, 2, False)[:3] for b in batch]
     state = ds.state_dict()
     assert state["epoch"] == 1 and state["position"] == 12 and state["blocks"] == len(want)
     assert state["filter"]["kept"] == sum(keep(i) for i in range(N)) and state["pack"]["seq_len"] == 4
@@ -132,7 +119,7 @@ def test_filtered_packing_resumes_mid_epoch_with_other_workers_and_world_size(da
         for r in range(world):
             again = SafetensorsIterableDataset(data, rank=r, world_size=world, **kw)
             again.load_state_dict(state)
-            rest.append(as_blocks(loader(again, num_workers=workers), 4))
+            rest.append(handmade.as_blocks(loader(again, num_workers=workers), 4))
             ref = ref_packed_rank(want, world, r, 2, False, start=12)
             assert rest[r] == [b for batch in ref for b in batch], (world, r)
         assert len({len(p) for p in rest}) == 1
@@ -218,7 +205,7 @@ REF_SOURCES = [(lambda i: KEEP[i], TOKENS, SIZES), (lambda i: True, B_TOKENS, B_
 
 
 def with_sources(batches, seq_len):
-    return [(b, int(s)) for batch in batches for b, s in zip(as_blocks([batch], seq_len), batch["src"].tolist())]
+    return [(b, int(s)) for batch in batches for b, s in zip(handmade.as_blocks([batch], seq_len), batch["src"].tolist())]
 
 
 @pytest.mark.parametrize("mode", [dict(weights=[1, 3], num_samples=23), dict(mode="exhaust")])
@@ -400,8 +387,8 @@ def test_filtered_packing_under_stateful_dataloader(data):
     same = StatefulDataLoader(SafetensorsIterableDataset(data, **kw), batch_size=None, num_workers=2,
                               snapshot_every_n_steps=1)
     same.load_state_dict(state)
-    assert as_blocks(head, 4) + as_blocks(same, 4) == want
+    assert handmade.as_blocks(head, 4) + handmade.as_blocks(same, 4) == want
     other = SafetensorsIterableDataset(data, **kw)
     other.load_state_dict(state)
     assert other.state_dict()["position"] == 6
-    assert as_blocks(head, 4) + as_blocks(loader(other, num_workers=1), 4) == want
+    assert handmade.as_blocks(head, 4) + handmade.as_blocks(loader(other, num_workers=1), 4) == want

@@ -290,19 +290,6 @@ def reference_blocks(path, seq_len, eos, shuffle, seed, epoch):
     return handmade.pack_reference(((d, TOKENS[d].reshape(-1).tolist()) for d in order), seq_len, eos)
 
 
-def as_blocks(batches, seq_len):
-    """Batches of packed blocks → per-block dicts (cu_seqlens cut back into blocks)."""
-    out = []
-    for b in batches:
-        cu = b["cu_seqlens"].tolist()
-        for i in range(len(b["tokens"])):
-            lo, hi = i * seq_len, (i + 1) * seq_len
-            out.append({"tokens": b["tokens"][i].tolist(), "position_ids": b["position_ids"][i].tolist(),
-                        "document_ids": b["document_ids"][i].tolist(),
-                        "cu_seqlens": [c - lo for c in cu if lo <= c <= hi]})
-    return out
-
-
 @pytest.mark.parametrize("seq_len,eos,shuffle", [(8, None, False), (8, 7, True), (5, -1, True), (1, None, True),
                                                  (40, 0, False)])
 def test_packed_blocks_equal_the_brute_force_reference(data, seq_len, eos, shuffle):
@@ -314,7 +301,7 @@ def test_packed_blocks_equal_the_brute_force_reference(data, seq_len, eos, shuff
         assert ds.num_blocks == len(want) and ds.dropped_tokens == dropped
         got = list(ds)
         assert all(b["tokens"].dtype == torch.int32 and b["cu_seqlens"].dtype == torch.int32 for b in got)
-        assert as_blocks(got, seq_len) == want, f"seq_len {seq_len}, eos {eos}, epoch {epoch}"
+        assert handmade.as_blocks(got, seq_len) == want, f"seq_len {seq_len}, eos {eos}, epoch {epoch}"
         # single blocks without batch_size
         if epoch == 0:
             one = list(SafetensorsIterableDataset(data, shuffle=shuffle, seed=4,
@@ -329,12 +316,12 @@ def test_packing_is_deterministic_per_seed_and_epoch_and_deals_equal_blocks_to_r
     def blocks(epoch, seed=3):
         ds = SafetensorsIterableDataset(data, batch_size=2, shuffle=True, seed=seed, pack=pack)
         ds.set_epoch(epoch)
-        return as_blocks(list(ds), 6)
+        return handmade.as_blocks(list(ds), 6)
 
     assert blocks(0) == blocks(0) and blocks(0) != blocks(1) and blocks(0) != blocks(0, seed=4)
     full = blocks(1)
     for world in (2, 3):
-        per_rank = [as_blocks(list(_epoch(data, r, world, pack, 1)), 6) for r in range(world)]
+        per_rank = [handmade.as_blocks(list(_epoch(data, r, world, pack, 1)), 6) for r in range(world)]
         assert len({len(p) for p in per_rank}) == 1
         assert len(_epoch(data, 0, world, pack, 1).dataset) == -(-len(per_rank[0]) // 2)
         n = len(full) // world * world
@@ -356,7 +343,7 @@ def _epoch(path, rank, world, pack, epoch):
 def test_packing_resumes_exactly_at_any_block_with_other_worker_counts(data):
     pack = Packing("tokens", seq_len=7, eos=3)
     kw = dict(batch_size=2, shuffle=True, seed=8, pack=pack)
-    full = as_blocks(run(data, workers=2, **kw)[0], 7)
+    full = handmade.as_blocks(run(data, workers=2, **kw)[0], 7)
     want, _ = reference_blocks(data, 7, 3, True, 8, 0)
     assert full == want
     nb = -(-len(full) // 2)
@@ -365,7 +352,7 @@ def test_packing_resumes_exactly_at_any_block_with_other_worker_counts(data):
         state = ds.state_dict()
         assert state["position"] == 2 * k and state["pack"] == {"column": "tokens", "seq_len": 7, "eos": 3}
         tail, _ = run(data, workers=workers, handoff=handoff, state=state, **kw)
-        assert as_blocks(head, 7) + as_blocks(tail, 7) == full, f"stop after {k}, {workers} workers"
+        assert handmade.as_blocks(head, 7) + handmade.as_blocks(tail, 7) == full, f"stop after {k}, {workers} workers"
     # another packing cannot resume this state
     with pytest.raises(StateError, match="pack"):
         SafetensorsIterableDataset(data, batch_size=2, shuffle=True, seed=8,

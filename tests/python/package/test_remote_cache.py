@@ -86,6 +86,26 @@ def whole_gets(requests, names):
     return out
 
 
+def answered_while_held(s3_server, mark, remote, thread, ranged):
+    """While the server holds one request, waits (at most 15 s) until shards 1-3 have answered
+    GETs (``ranged``: range GETs only); then releases the held request and joins ``thread``.
+    Returns the shard names answered meanwhile and how many requests were held."""
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            answered = {r["path"].rsplit("/", 1)[-1] for r in since(s3_server, mark, remote)
+                        if r["method"] == "GET" and (r["range"] is not None or not ranged)
+                        and r.get("status") in (200, 206)}
+            if set(remote["names"][1:4]) <= answered or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        held = s3_server.held()
+    finally:
+        s3_server.release()
+        thread.join(30)
+    return answered, held
+
+
 def complete_bytes(root):
     """Bytes of the complete copies in a dataset's cache directory now."""
     n = 0
@@ -135,18 +155,7 @@ def test_prefetch_fetches_the_next_shards_while_one_is_slow(remote, s3_server, t
     got = {}
     t = threading.Thread(target=lambda: got.setdefault("b", next(iter(SafetensorsIterableDataset(ds, batch_size=4)))))
     t.start()
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            answered = {r["path"].rsplit("/", 1)[-1] for r in since(s3_server, mark, remote)
-                        if r["method"] == "GET" and r.get("status") in (200, 206)}
-            if set(remote["names"][1:4]) <= answered or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        held = s3_server.held()
-    finally:
-        s3_server.release()
-        t.join(30)
+    answered, held = answered_while_held(s3_server, mark, remote, t, ranged=False)
     assert set(remote["names"][1:4]) <= answered, f"shards 1-3 not fetched while shard 0 was held: {answered}"
     assert held == 1 and "b" in got
     assert got["b"]["y"].tolist() == [0, 1, 2, 3]
@@ -178,18 +187,7 @@ def test_open_checks_the_shards_concurrently(remote, s3_server, tmp_path, cached
 
     t = threading.Thread(target=opener)
     t.start()
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            answered = {r["path"].rsplit("/", 1)[-1] for r in since(s3_server, mark, remote)
-                        if r["method"] == "GET" and r["range"] is not None and r.get("status") in (200, 206)}
-            if set(remote["names"][1:4]) <= answered or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        held = s3_server.held()
-    finally:
-        s3_server.release()
-        t.join(30)
+    answered, held = answered_while_held(s3_server, mark, remote, t, ranged=True)
     assert set(remote["names"][1:4]) <= answered, f"shards 1-3 not checked while shard 0 was held: {answered}"
     assert held == 1 and "error" not in got, got.get("error")
     opened = since(s3_server, mark, remote)

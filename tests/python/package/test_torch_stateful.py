@@ -179,7 +179,8 @@ def test_states_that_cannot_resume_exactly_are_refused(data, tmp_path):
 def test_packed_blocks_resume_under_stateful_dataloader(tmp_path):
     """Packing (§3.3) under StatefulDataLoader with 2 workers: its own resume and ours (to 1
     worker) give the brute-force reference blocks of test_ragged.py."""
-    from test_ragged import PADDED, TOKENS, as_blocks, reference_blocks
+    from handmade import as_blocks
+    from test_ragged import PADDED, TOKENS, reference_blocks
     from test_ragged import SIZES as RAGGED_SIZES
     from test_ragged import N as RAGGED_N
 
