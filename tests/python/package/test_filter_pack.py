@@ -4,6 +4,7 @@ Python (numpy only for its generators). Hand-made datasets (handmade.py)."""
 
 import numpy as np
 import pytest
+import torch
 
 import handmade
 from safetensors_spark import ColumnNotFoundError, StateError
@@ -229,6 +230,24 @@ def test_packed_mixture_equals_the_brute_force_reference(data, other, mode):
                 assert len(mix) == len(ref)
                 assert per_rank[r] == [x for batch in ref for x in batch], (mode, shuffle, epoch, world, r)
             assert len({len(p) for p in per_rank}) == 1
+
+
+def test_packed_mixture_delivers_the_ids_its_packing_asks_for(data, other):
+    """``pack=Packing(..., ids=, ids_dtype=)`` on a mixture: its batches carry the ids asked for
+    in that dtype (the sources' own packings follow the mixture's), the same values as the
+    default packing's."""
+    from safetensors_spark.torch import SafetensorsMixture
+    kw = dict(weights=[1, 3], num_samples=12, batch_size=3, shuffle=True, seed=2)
+    full = list(SafetensorsMixture(packed_sources(data, other), pack=Packing("tokens", 5, eos=0), **kw))
+    for ids, dtype in ((("position_ids",), torch.int32), ((), torch.int64), (("document_ids", "position_ids"), torch.int32)):
+        got = list(SafetensorsMixture(packed_sources(data, other),
+                                      pack=Packing("tokens", 5, eos=0, ids=ids, ids_dtype=dtype), **kw))
+        assert len(got) == len(full)
+        for g, f in zip(got, full):
+            assert sorted(g) == sorted(("tokens", "cu_seqlens") + ids)
+            assert torch.equal(g["tokens"], f["tokens"]) and torch.equal(g["cu_seqlens"], f["cu_seqlens"])
+            for i in ids:
+                assert g[i].dtype == dtype and torch.equal(g[i].long(), f[i])
 
 
 def test_packed_mixture_resumes_with_other_workers_and_world_size(data, other):

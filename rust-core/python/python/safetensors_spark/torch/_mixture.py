@@ -76,7 +76,7 @@ class _Opened:
                                  f"Source(path, columns={{'{pack.column}': <its column>}}) (or leave columns out "
                                  f"when it is named '{pack.column}')")
             # this source's own stream (spec/python.md §3.3, over its filter's kept documents)
-            self.packing = Packing(mapping[pack.column], pack.seq_len, pack.eos)
+            self.packing = Packing(mapping[pack.column], pack.seq_len, pack.eos, ids=pack.ids, ids_dtype=pack.ids_dtype)
             self.packing.check(ds)
             self.doc_lengths = document_lengths(ds, self.packing.column)
             kept = self.doc_lengths if self.selection is None else self.doc_lengths[self.selection.kept()]
@@ -350,7 +350,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             seq = self.pack.seq_len
             dtype = self.sources[0].dataset.schema[self.sources[0].packing.column]["dtype"]
             out = {"tokens": to_torch(np.concatenate([p["tokens"] for p in parts]), dtype)}
-            for name in ("position_ids", "document_ids"):
+            for name in self.pack.ids:
                 out[name] = torch.from_numpy(np.concatenate([p[name] for p in parts]))
             cu = [p["cu_seqlens"][:-1].astype(np.int64) + k * seq for k, p in enumerate(parts)]
             out["cu_seqlens"] = torch.from_numpy(np.append(np.concatenate(cu), n * seq).astype(np.int32))
