@@ -21,8 +21,13 @@ Each epoch's step is ``--step-ms`` of GPU work (a matmul loop sized to it, 0 = n
 every delivered tensor on the GPU, so copies that overlap the step show as batches/s close to the
 step-bound rate. Prints a table and writes ``--out`` JSON.
 
+``--rehearse`` runs the whole script on a machine without a GPU (every mode on the CPU: no pinning,
+no device copy, plain host copies for ``memcpy_pinned``): its figures mean nothing, it shows that
+the script works before scarce GPU time is spent on it (tests/python/package/test_bench_scripts.py
+runs it). The device kit and the one command for a lent GPU machine: spec/performance.md §10.9.
+
     source tests/setup-env.sh
-    $PYTHON jvm-connector/bench/gpu_feed.py [--shards 32] [--reps 3] [--workers 2] [--step-ms 2] [--out FILE]
+    $PYTHON jvm-connector/bench/gpu_feed.py [--shards 32] [--reps 3] [--workers 2] [--step-ms 2] [--out FILE] [--rehearse]
 """
 
 import argparse
@@ -43,29 +48,40 @@ from gather_cpu import BATCH, write_dataset  # noqa: E402
 from safetensors_spark.torch import SafetensorsIterableDataset, loader  # noqa: E402
 
 
+#: "cuda", or "cpu" under ``--rehearse``
+DEVICE = "cuda"
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def memcpy_pinned(nbytes, copies):
-    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    if DEVICE == "cuda":
+        host = host.pin_memory()
     host.fill_(1)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
     dev.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(copies):
         dev.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
+    sync()
     return nbytes * copies / (time.perf_counter() - t0) / 1e9
 
 
 def make_step(step_ms):
     """A GPU step of about ``step_ms`` ms (a loop of 1024² matmuls, calibrated) + a sum of the batch."""
-    a = torch.randn(1024, 1024, device="cuda")
+    a = torch.randn(1024, 1024, device=DEVICE)
     n = 0
     if step_ms > 0:
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(20):
             a @ a
-        torch.cuda.synchronize()
+        sync()
         n = max(1, round(step_ms / ((time.perf_counter() - t0) * 1000 / 20)))
 
     def step(batch):
@@ -78,26 +94,27 @@ def make_step(step_ms):
 
 def epoch(path, mode, workers, step):
     ds = SafetensorsIterableDataset(path, batch_size=BATCH, shuffle=True, seed=0)
+    gpu = DEVICE == "cuda"
     if mode == "ours_device":
-        it, move = loader(ds, num_workers=workers, device="cuda"), None
+        it, move = loader(ds, num_workers=workers, device="cuda" if gpu else None), None
     elif mode == "ours_pinned":
-        it, move = loader(ds, num_workers=workers, pin_memory=True), True
+        it, move = loader(ds, num_workers=workers, pin_memory=gpu), True
     elif mode == "torch_pinned":
-        it, move = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=True), True
+        it, move = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, pin_memory=gpu), True
     else:
         it, move = loader(ds, num_workers=workers), False
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     batches = nbytes = 0
     for b in it:
         if move is not None:
-            b = {k: v.to("cuda", non_blocking=move) for k, v in b.items()}
+            b = {k: v.to(DEVICE, non_blocking=move) for k, v in b.items()}
         step(b)
         batches += 1
         nbytes += sum(v.numel() * v.element_size() for v in b.values())
-    torch.cuda.synchronize()
+    sync()
     s = time.perf_counter() - t0
-    return batches / s, nbytes / s / 1e9
+    return batches / s, nbytes / s / 1e9, batches
 
 
 def main():
@@ -109,9 +126,14 @@ def main():
     ap.add_argument("--step-ms", type=float, default=2.0)
     ap.add_argument("--copies", type=int, default=200)
     ap.add_argument("--out")
+    ap.add_argument("--rehearse", action="store_true", help="run on the CPU to check the script (figures mean nothing)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("gpu_feed.py needs torch with CUDA and a GPU (torch.cuda.is_available() is False)")
+    global DEVICE
+    if args.rehearse:
+        DEVICE = "cpu"
+    elif not torch.cuda.is_available():
+        sys.exit("gpu_feed.py needs torch with CUDA and a GPU (torch.cuda.is_available() is False); "
+                 "--rehearse checks the script without one")
     tmp = None
     path = args.dataset
     if path is None:
@@ -122,7 +144,8 @@ def main():
         for f in Path(path).glob("*.safetensors"):  # page cache warm
             f.read_bytes()
         step = make_step(args.step_ms)
-        res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "workers": args.workers,
+        name = torch.cuda.get_device_name() if DEVICE == "cuda" else "REHEARSAL on the CPU (figures mean nothing)"
+        res = {"device": name, "torch": torch.__version__, "workers": args.workers,
                "step_ms": args.step_ms, "memcpy_pinned_gb_s": [], "modes": {}}
         modes = ["ours_device", "ours_pinned", "torch_pinned", "ours_pageable"]
         for rep in range(args.reps):

@@ -5,7 +5,12 @@ CI has no GPU: pinning and the device copy are exercised through an injected bac
 the real torch.cuda."""
 
 import gc
+import json
+import os
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -222,3 +227,26 @@ def test_without_cuda_device_is_refused_and_pin_memory_is_dropped_with_a_warning
     with pytest.warns(UserWarning, match="no CUDA device is available: batches are not pinned"):
         dl = loader(ds, num_workers=2, pin_memory=True)
     assert [b["y"].tolist() for b in dl] == [list(range(k, k + 50)) for k in range(0, 400, 50)]
+
+
+GPU_FEED = Path(__file__).resolve().parents[3] / "jvm-connector" / "bench" / "gpu_feed.py"
+
+
+def test_the_gpu_benchmark_runs_end_to_end_as_a_cpu_rehearsal_and_refuses_to_measure_without_a_gpu(tmp_path):
+    """gpu_feed.py has to work the first time a GPU machine is lent (spec/performance.md §10.9):
+    its rehearsal runs every mode over a real dataset with real workers; without a GPU and without
+    --rehearse it refuses instead of printing CPU figures as GPU ones."""
+    out = tmp_path / "feed.json"
+    run = subprocess.run([sys.executable, str(GPU_FEED), "--rehearse", "--shards", "2", "--reps", "2", "--step-ms", "0",
+                          "--copies", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "REHEARSAL on the CPU (figures mean nothing)" in run.stdout
+    res = json.loads(out.read_text())
+    assert sorted(res["modes"]) == ["ours_device", "ours_pageable", "ours_pinned", "torch_pinned"]
+    # 2 shards of 4,096 rows in batches of 256: every mode delivers the whole epoch in each rep
+    assert all([r[2] for r in reps] == [32, 32] for reps in res["modes"].values()), res["modes"]
+    assert len(res["memcpy_pinned_gb_s"]) == 2
+    refused = subprocess.run([sys.executable, str(GPU_FEED), "--shards", "1"], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert refused.returncode == 1 and "needs torch with CUDA and a GPU" in refused.stderr
+    assert "--rehearse checks the script without one" in refused.stderr

@@ -30,8 +30,8 @@ class CudaBackend:
 
     def register(self, block):
         """Registers the memory of a uint8 tensor as pinned; False when CUDA refuses."""
-        cudart = torch.cuda.cudart()
-        try:
+        try:  # torch.cuda.cudart() itself inside: a torch without the binding also falls back
+            cudart = torch.cuda.cudart()
             torch.cuda.check_error(cudart.cudaHostRegister(block.data_ptr(), block.numel(), 0))
         except Exception as e:  # noqa: BLE001 - any refusal: its batches are copied instead
             warnings.warn(f"loader(pin_memory=True): cudaHostRegister of a {block.numel()}-byte block failed "
