@@ -209,12 +209,15 @@ def with_sources(batches, seq_len):
     return [(b, int(s)) for batch in batches for b, s in zip(handmade.as_blocks([batch], seq_len), batch["src"].tolist())]
 
 
-@pytest.mark.parametrize("mode", [dict(weights=[1, 3], num_samples=23), dict(mode="exhaust")])
+@pytest.mark.parametrize("mode", [dict(weights=[1, 3], num_samples=23), dict(weights=[1, 3], num_samples=60),
+                                  dict(mode="exhaust")])
 def test_packed_mixture_equals_the_brute_force_reference(data, other, mode):
     from safetensors_spark.torch import SafetensorsMixture
     pack = Packing("tokens", seq_len=5, eos=0)
     lengths = [len(ref_stream(k, 5, 0, False, 0, 0, tokens=t, sizes=s)[0]) for k, t, s in REF_SOURCES]
-    counts = lengths if mode.get("mode") == "exhaust" else [6, 17]  # 23 · (1/4, 3/4), largest remainder
+    # 23 or 60 · (1/4, 3/4), largest remainder; 60: source 1 (17 blocks) is drawn in 3 passes, and
+    # batches hold blocks of two passes
+    counts = lengths if mode.get("mode") == "exhaust" else [6, 17] if mode["num_samples"] == 23 else [15, 45]
     for shuffle, seed, epoch in ((False, 0, 0), (True, 4, 0), (True, 4, 1)):
         want = ref_packed_mixture(REF_SOURCES, counts, 5, 0, shuffle, seed, epoch)
         for world, b, drop_last in ((1, 3, False), (2, 2, False), (3, 2, True)):

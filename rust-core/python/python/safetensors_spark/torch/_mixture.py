@@ -342,18 +342,28 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             first, n = plan.batch(j)
             pos = np.arange(first, first + n, dtype=np.int64) % total
             labels, draws = mix.labels[pos], mix.draws[pos]
-            parts = []
-            for k in range(n):
-                i = int(labels[k])
-                rnd, q = divmod(int(draws[k]), self.sources[i].length)
-                parts.append(order_of(i, rnd).blocks(q, q + 1))
             seq = self.pack.seq_len
+            arrays, starts = {}, []
+            # A source's draws in a batch are consecutive blocks of its stream, cut where a pass
+            # ends: each run of consecutive blocks of one pass is built in one call and scattered
+            # to its positions (one call per block made the epoch 1.5x slower).
+            for i in np.unique(labels).tolist():
+                at = np.flatnonzero(labels == i)
+                rnd, q = np.divmod(draws[at], self.sources[i].length)
+                cuts = np.flatnonzero((np.diff(q) != 1) | (np.diff(rnd) != 0)) + 1
+                for where, qs, r in zip(np.split(at, cuts), np.split(q, cuts), np.split(rnd, cuts)):
+                    part = order_of(i, int(r[0])).blocks(int(qs[0]), int(qs[0]) + len(qs))
+                    for name in ("tokens",) + tuple(self.pack.ids):
+                        if name not in arrays:
+                            arrays[name] = np.empty((n, seq), part[name].dtype)
+                        arrays[name][where] = part[name]
+                    c = part["cu_seqlens"][:-1].astype(np.int64)  # piece starts in the run's blocks
+                    starts.append(where[c // seq] * seq + c % seq)  # ... in the batch's
             dtype = self.sources[0].dataset.schema[self.sources[0].packing.column]["dtype"]
-            out = {"tokens": to_torch(np.concatenate([p["tokens"] for p in parts]), dtype)}
+            out = {"tokens": to_torch(arrays["tokens"], dtype)}
             for name in self.pack.ids:
-                out[name] = torch.from_numpy(np.concatenate([p[name] for p in parts]))
-            cu = [p["cu_seqlens"][:-1].astype(np.int64) + k * seq for k, p in enumerate(parts)]
-            out["cu_seqlens"] = torch.from_numpy(np.append(np.concatenate(cu), n * seq).astype(np.int32))
+                out[name] = torch.from_numpy(arrays[name])
+            out["cu_seqlens"] = torch.from_numpy(np.append(np.sort(np.concatenate(starts)), n * seq).astype(np.int32))
             if self.source_column is not None:
                 out[self.source_column] = torch.from_numpy(labels.astype(np.int64))
             if self.batch_size is None:
