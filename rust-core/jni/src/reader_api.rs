@@ -117,16 +117,23 @@ pub fn open_reader(partition_json: &str) -> Result<jlong, JniError> {
     }))
 }
 
-fn unit_index(task: &ReadTask, unit: jint) -> Result<usize, JniError> {
-    usize::try_from(unit)
+/// The read task behind `handle` and the index of its unit `unit` (checked against its units).
+///
+/// # Safety
+/// As [`handle_mut`]: `handle` is a live reader handle and the Java owner serialises calls on it.
+unsafe fn task_unit<'a>(handle: jlong, unit: jint) -> Result<(&'a mut ReadTask, usize), JniError> {
+    // SAFETY: the caller keeps handle_mut's contract.
+    let task = &mut unsafe { handle_mut::<ReaderHandle>(handle)? }.task;
+    let units = task.unit_count();
+    let i = usize::try_from(unit)
         .ok()
-        .filter(|&u| u < task.unit_count())
+        .filter(|&u| u < units)
         .ok_or_else(|| {
             JniError::invalid_argument(format!(
-                "unit {unit} out of range (the partition has {} units)",
-                task.unit_count()
+                "unit {unit} out of range (the partition has {units} units)"
             ))
-        })
+        })?;
+    Ok((task, i))
 }
 
 /// Moves `batch` (as one Struct array) into the C Data structs at the given addresses.
@@ -337,9 +344,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_unitFile<'loca
 ) -> JString<'local> {
     guard(&mut env, |env| {
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        let file = state.task.spec().units[i].file.clone();
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        let file = task.spec().units[i].file.clone();
         Ok(env.new_string(file)?)
     })
 }
@@ -354,9 +360,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_unitLength<'lo
 ) -> jlong {
     guard(&mut env, |_env| {
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        jlong::try_from(state.task.spec().units[i].length)
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        jlong::try_from(task.spec().units[i].length)
             .map_err(|_| JniError::invalid_argument("file length beyond 2^63"))
     })
 }
@@ -373,12 +378,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_openLocal<'loc
     guard(&mut env, |env| {
         let path = arg(env, &path, "path")?;
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        state
-            .task
-            .open_local(i, Path::new(&path))
-            .map_err(JniError::from)
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        task.open_local(i, Path::new(&path)).map_err(JniError::from)
     })
 }
 
@@ -394,9 +395,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_openRemote<'lo
     guard(&mut env, |env| {
         let bytes = bytes_arg(env, &bytes, "prefixAndHeader")?;
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        state.task.open_remote(i, &bytes).map_err(JniError::from)
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        task.open_remote(i, &bytes).map_err(JniError::from)
     })
 }
 
@@ -451,9 +451,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_verifyNeeded<'
 ) -> jboolean {
     guard(&mut env, |_env| {
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        state.task.verify_needed(i).map_err(JniError::from)
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        task.verify_needed(i).map_err(JniError::from)
     })
 }
 
@@ -480,12 +479,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_verifyUpdate<'
                 ))
             })?;
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        state
-            .task
-            .verify_update(i, &bytes[..n])
-            .map_err(JniError::from)
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        task.verify_update(i, &bytes[..n]).map_err(JniError::from)
     })
 }
 
@@ -500,9 +495,8 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_verifyFinish<'
 ) {
     guard(&mut env, |_env| {
         // SAFETY: the Java owner serialises calls on a live handle.
-        let state = unsafe { handle_mut::<ReaderHandle>(handle)? };
-        let i = unit_index(&state.task, unit)?;
-        state.task.verify_finish(i).map_err(JniError::from)
+        let (task, i) = unsafe { task_unit(handle, unit)? };
+        task.verify_finish(i).map_err(JniError::from)
     })
 }
 
