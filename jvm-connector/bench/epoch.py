@@ -893,21 +893,37 @@ def main():
     if args.driver_memory is None:
         cached = args.rows * (SAMPLE_BYTES + 16)
         args.driver_memory = f"{min(14, max(3, math.ceil(cached * 1.5 / 2**30) + 2))}g"
-    jar = Path(args.jar) if args.jar else next(iter(sorted((ROOT / "jvm-connector" / "target").glob("safetensors-spark-*.jar"))), None)
+    args.jar = connector_jar(args.jar)
     if args.role == "convert":
-        args.jar = jar
         return role_convert(args)
+    require_jar(args.jar)
+    run_paths(args, PATHS, role_run, always="ours")
+
+
+# -- the end of each benchmark's main() (this one's, tokens.py's, remote.py's) ----------------
+
+def connector_jar(given):
+    """``--jar``, else the connector jar Maven built in jvm-connector/target (None if there is none)."""
+    return Path(given) if given else next(iter(sorted((ROOT / "jvm-connector" / "target").glob(
+        "safetensors-spark-*.jar"))), None)
+
+
+def require_jar(jar):
     if jar is None or not jar.exists():
         sys.exit("no connector jar; build it with: mvn -B -q -f jvm-connector/pom.xml package -DskipTests")
-    args.jar = jar
+
+
+def run_paths(args, known, run, always=None):
+    """The orchestrator: ``--paths`` (comma-separated) checked against ``known`` (plus ``always``,
+    first), then ``run(args)``; a failure exits 1 with its traceback."""
     args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in args.paths if p not in PATHS]
+    bad = [p for p in args.paths if p not in known]
     if bad:
-        sys.exit(f"unknown path(s) {bad}; choose from {list(PATHS)}")
-    if "ours" not in args.paths:
-        args.paths.insert(0, "ours")
+        sys.exit(f"unknown path(s) {bad}; choose from {list(known)}")
+    if always is not None and always not in args.paths:
+        args.paths.insert(0, always)
     try:
-        role_run(args)
+        run(args)
     except Exception:
         traceback.print_exc()
         sys.exit(1)

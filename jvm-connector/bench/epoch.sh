@@ -14,11 +14,6 @@
 # reported by the benchmark with pip's reason; nothing of this touches the test venv.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../../tests/setup-env.sh"
-if ! ls "$ROOT"/jvm-connector/target/safetensors-spark-*.jar >/dev/null 2>&1; then
-  echo "== building the connector jar (cargo + maven)" >&2
-  (cd "$ROOT" && mvn -B -q -f jvm-connector/pom.xml package -DskipTests)
-fi
-source "$HERE/loaders/venvs.sh"
+source "$HERE/prepare.sh"
 make_loader_venvs petastorm streaming hf
 exec "$PYTHON" "$HERE/epoch.py" run "$@"

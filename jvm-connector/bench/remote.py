@@ -21,7 +21,6 @@ namespace's loopback with ``tc``. One file, four roles:
 What every number means, and the recorded result: spec/performance.md §13.
 """
 import argparse
-import datetime as dt
 import http.client
 import importlib
 import json
@@ -32,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.request
 from pathlib import Path
 
@@ -595,21 +593,11 @@ def main():
         return role_epoch(args)
     if args.role == "mds":
         return role_mds(args)
-    jar = Path(args.jar) if args.jar else next(iter(sorted((ROOT / "jvm-connector" / "target").glob("safetensors-spark-*.jar"))), None)
-    if jar is None or not jar.exists():
-        sys.exit("no connector jar; build it with: mvn -B -q -f jvm-connector/pom.xml package -DskipTests")
-    args.jar = jar
+    args.jar = E.connector_jar(args.jar)
+    E.require_jar(args.jar)
     if args.role == "convert":
         return role_convert(args)
-    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in args.paths if p not in PATHS]
-    if bad:
-        sys.exit(f"unknown path(s) {bad}; choose from {list(PATHS)}")
-    try:
-        role_run(args)
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    E.run_paths(args, PATHS, role_run)
 
 
 if __name__ == "__main__":

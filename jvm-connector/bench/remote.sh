@@ -14,12 +14,7 @@
 # Streaming gets its own venv (loaders/venvs.sh, shared with epoch.sh and tokens.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../../tests/setup-env.sh"
-if ! ls "$ROOT"/jvm-connector/target/safetensors-spark-*.jar >/dev/null 2>&1; then
-  echo "== building the connector jar (cargo + maven)" >&2
-  (cd "$ROOT" && mvn -B -q -f jvm-connector/pom.xml package -DskipTests)
-fi
-source "$HERE/loaders/venvs.sh"
+source "$HERE/prepare.sh"
 make_loader_venvs streaming
 for tool in go unshare ip tc; do
   command -v "$tool" >/dev/null || { echo "remote.sh needs '$tool' on PATH" >&2; exit 1; }

@@ -31,7 +31,6 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -750,22 +749,11 @@ def main():
     if args.role == "epoch":
         return role_epoch(args)
     args.partitions = args.partitions or args.cores
-    jar = Path(args.jar) if args.jar else next(iter(sorted((E.ROOT / "jvm-connector" / "target").glob("safetensors-spark-*.jar"))), None)
+    args.jar = E.connector_jar(args.jar)
     if args.role == "convert":
-        args.jar = jar
         return role_convert(args)
-    if jar is None or not jar.exists():
-        sys.exit("no connector jar; build it with: mvn -B -q -f jvm-connector/pom.xml package -DskipTests")
-    args.jar = jar
-    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in args.paths if p not in PATHS]
-    if bad:
-        sys.exit(f"unknown path(s) {bad}; choose from {list(PATHS)}")
-    try:
-        role_run(args)
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    E.require_jar(args.jar)
+    E.run_paths(args, PATHS, role_run)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-# Sourced by epoch.sh and tokens.sh (needs $PYTHON from tests/setup-env.sh): makes the other
+# Sourced by the benchmarks through prepare.sh (needs $PYTHON from tests/setup-env.sh): makes the other
 # loaders' venvs under jvm-connector/bench/.venv/<name> (ignored by git), each an overlay whose own
 # packages (jvm-connector/bench/loaders/<name>.txt, pinned) come first and whose base is the
 # project's venv (torch and pyspark are not installed twice). A venv is remade only when its list

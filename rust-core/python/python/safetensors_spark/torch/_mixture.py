@@ -21,7 +21,7 @@ from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder
 from ._datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
-from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
+from ._stateful import LiveEpoch, from_loader_state, load_worker_state
 from ._reader import BatchReader, to_torch
 
 MODES = ("sample", "exhaust")
