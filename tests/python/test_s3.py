@@ -670,8 +670,9 @@ def test_verify_checksums_bytes_fetched(spark, s3, bucket):
     assert sent == plain_sent + total, (sent, plain_sent, total)
 
 
-CLUSTER_VERIFY_READ = r"""
-import json, sys, urllib.request
+# The start of each driver script below: a SparkSession from the JSON in argv[1] (master, conf).
+SESSION_FROM_ARGS = r"""
+import json, sys
 from pyspark.sql import SparkSession
 
 args = json.loads(sys.argv[1])
@@ -679,6 +680,11 @@ builder = SparkSession.builder.master(args["master"])
 for k, v in args["conf"].items():
     builder = builder.config(k, v)
 spark = builder.getOrCreate()
+"""
+
+CLUSTER_VERIFY_READ = SESSION_FROM_ARGS + r"""
+import urllib.request
+
 df = spark.read.format("safetensors").option("verify_checksums", "true").load(args["url"])
 # listed and headers read: now the next GET of the shard (the task's whole-object stream) is
 # corrupted on the wire
@@ -807,16 +813,11 @@ def test_server_stopped_mid_write_fails_naming_the_path_and_keeps_the_old_data(s
         spark.conf.unset(opt)
 
 
-CLUSTER_WRITE = r"""
-import json, os, signal, sys, time
+CLUSTER_WRITE = SESSION_FROM_ARGS + r"""
+import os, signal, time
 from pyspark import TaskContext
-from pyspark.sql import SparkSession, functions as F
+from pyspark.sql import functions as F
 
-args = json.loads(sys.argv[1])
-builder = SparkSession.builder.master(args["master"])
-for k, v in args["conf"].items():
-    builder = builder.config(k, v)
-spark = builder.getOrCreate()
 marks, mode = args["marks"], args["mode"]
 
 
