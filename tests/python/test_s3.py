@@ -1,7 +1,6 @@
 """The connector and the Python package against a real S3 server on loopback (moto, started by
 conftest.s3_server), through Hadoop's S3A (hadoop-aws 3.4.1, the Hadoop of pyspark 4.0.5) and
 fsspec's s3fs. Every file written is cross-checked with the `safetensors` package."""
-import io
 import json
 import os
 import re

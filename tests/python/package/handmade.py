@@ -244,3 +244,24 @@ def as_blocks(batches, seq_len):
                         "document_ids": b["document_ids"][i].tolist(),
                         "cu_seqlens": [c - lo for c in cu if lo <= c <= hi]})
     return out
+
+
+def stateful_resumed(make_dataset, stop_after, *, num_workers, snapshot_every):
+    """torchdata's StatefulDataLoader over ``make_dataset()`` stopped after ``stop_after``
+    batches: ``(the batches taken, its state_dict(), a new StatefulDataLoader over a fresh
+    dataset that has loaded that state)``."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def new():
+        return StatefulDataLoader(make_dataset(), batch_size=None, num_workers=num_workers,
+                                  snapshot_every_n_steps=snapshot_every)
+
+    dl, head = new(), []
+    for batch in dl:
+        head.append(batch)
+        if len(head) == stop_after:
+            break
+    state = dl.state_dict()
+    same = new()
+    same.load_state_dict(state)
+    return head, state, same

@@ -394,21 +394,11 @@ def test_filtered_packing_under_stateful_dataloader(data):
     """torchdata's StatefulDataLoader with worker processes: its own per-worker states resume a
     filtered packed epoch exactly, and the whole state loads into a dataset for another worker
     count (spec/python.md §5.1)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
     flt, keep = FILTERS[3]
     kw = dict(batch_size=2, shuffle=True, seed=7, filter=flt, pack=Packing("tokens", seq_len=4, eos=-1))
     want, _ = ref_stream(keep, 4, -1, True, 7, 0)
-    dl = StatefulDataLoader(SafetensorsIterableDataset(data, **kw), batch_size=None, num_workers=2,
-                            snapshot_every_n_steps=1)
-    head = []
-    for batch in dl:
-        head.append(batch)
-        if len(head) == 3:
-            break
-    state = dl.state_dict()
-    same = StatefulDataLoader(SafetensorsIterableDataset(data, **kw), batch_size=None, num_workers=2,
-                              snapshot_every_n_steps=1)
-    same.load_state_dict(state)
+    head, state, same = handmade.stateful_resumed(lambda: SafetensorsIterableDataset(data, **kw), 3, num_workers=2,
+                                                  snapshot_every=1)
     assert handmade.as_blocks(head, 4) + handmade.as_blocks(same, 4) == want
     other = SafetensorsIterableDataset(data, **kw)
     other.load_state_dict(state)

@@ -356,17 +356,8 @@ def test_mixture_under_stateful_dataloader_and_persistent_workers(paths):
     from torchdata.stateful_dataloader import StatefulDataLoader
     kw = dict(weights=[1, 3, 0.5], num_samples=50, batch_size=3, shuffle=True, seed=4)
     order = ref_mixture(ref_sources(), ref_quotas([1, 3, 0.5], 50), True, 4, 0)
-    dl = StatefulDataLoader(SafetensorsMixture(sources(paths), **kw), batch_size=None, num_workers=2,
-                            snapshot_every_n_steps=2)
-    head = []
-    for batch in dl:
-        head.append(batch)
-        if len(head) == 5:
-            break
-    state = dl.state_dict()
-    same = StatefulDataLoader(SafetensorsMixture(sources(paths), **kw), batch_size=None, num_workers=2,
-                              snapshot_every_n_steps=2)
-    same.load_state_dict(state)
+    head, state, same = handmade.stateful_resumed(lambda: SafetensorsMixture(sources(paths), **kw), 5, num_workers=2,
+                                                  snapshot_every=2)
     assert flat(ids(head) + ids(same)) == order
     other = SafetensorsMixture(sources(paths), **kw)
     other.load_state_dict(state)

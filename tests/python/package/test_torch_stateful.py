@@ -54,11 +54,8 @@ def test_stateful_dataloader_resumes_exactly_with_its_state_and_with_another_wor
     state: the batches taken, dealt from the iterator's start; then any worker count)."""
     full = reference(data, 1)
     assert sorted(full) == list(range(N))
-    dl = StatefulDataLoader(dataset(data, 1), batch_size=None, num_workers=workers, snapshot_every_n_steps=3)
-    head = ids_of(take(dl, 4))
-    state = dl.state_dict()
-    same = StatefulDataLoader(dataset(data, 1), batch_size=None, num_workers=workers, snapshot_every_n_steps=3)
-    same.load_state_dict(state)
+    head, state, same = handmade.stateful_resumed(lambda: dataset(data, 1), 4, num_workers=workers, snapshot_every=3)
+    head = ids_of(head)
     assert head + ids_of(list(same)) == full, "StatefulDataLoader's own resume"
     for other in {0: (2,), 2: (1, 3)}[workers]:
         ds = dataset(data)  # epoch 0: the state says 1
