@@ -257,7 +257,7 @@ def test_batches_of_one_worker_message_share_one_shared_memory_block(data):
 
 
 def test_a_pooled_block_is_released_only_when_every_tensor_of_its_message_is_gone():
-    from safetensors_spark.torch._handoff import Handoff
+    from safetensors_spark.torch._handoff import Handoff, Releases
 
     block = torch.arange(48, dtype=torch.uint8)
     layout = [("a", torch.uint8, (3, 8), 0, 24), ("b", torch.int16, (3, 4), 24, 24)]
@@ -266,7 +266,7 @@ def test_a_pooled_block_is_released_only_when_every_tensor_of_its_message_is_gon
              "storage": lambda t: t.untyped_storage(), "dtype view": lambda t: t.view(torch.int8)}
     for i, (name, hold) in enumerate(holds.items()):
         msg = Handoff([2, 1], slot=(1, 3, block if i == 0 else None, layout))
-        batches = list(msg.batches(blocks, flags))
+        batches = list(msg.batches(blocks, Releases(flags)))
         assert [b["a"].shape[0] for b in batches] == [2, 1] and batches[1]["b"].dtype == torch.int16
         assert batches[0]["a"][1].tolist() == list(range(8, 16))  # the block's bytes, no copy
         kept = hold(batches[1]["a"])
@@ -290,10 +290,10 @@ def test_workers_reuse_released_blocks_and_never_overwrite_a_held_batch(tmp_path
     seen = {"pooled": 0, "reused": 0, "fresh": 0}
     batches = Handoff.batches
 
-    def counting(self, blocks=None, flags=None):
+    def counting(self, blocks=None, release=None):
         key = "fresh" if self.slot is None else ("pooled" if self.slot[2] is not None else "reused")
         seen[key] += 1
-        return batches(self, blocks, flags)
+        return batches(self, blocks, release)
 
     monkeypatch.setattr(Handoff, "batches", counting)
     got, held = [], []

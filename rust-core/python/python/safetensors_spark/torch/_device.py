@@ -4,7 +4,9 @@ pooled and reused, and copied to the GPU one batch ahead on a side stream (spec/
 Pinning: the pooled shared-memory blocks the workers write messages into (``_handoff.BlockPool``)
 are mapped by the training process for the iterator's life, so each is registered as pinned memory
 once (``cudaHostRegister``) when its first message arrives, and its batches, views of it, are
-pinned with no copy; the blocks are unregistered when the iterator ends. A batch that is not in a
+pinned with no copy; the blocks are unregistered when the iterator ends. A pinned block goes back
+to its worker only after an event on the current stream, recorded once its tensors are gone, has
+completed: a non-blocking copy from it may still be queued (``_handoff.Releases``). A batch that is not in a
 pooled block (no workers, one batch per message, a full pool) is copied into torch's own pinned
 memory (``Tensor.pin_memory``, torch's caching host allocator).
 
@@ -14,7 +16,8 @@ step; the host batch (its pooled block) is kept until that event has completed, 
 which lets the worker reuse the block.
 
 Every CUDA call goes through :data:`BACKEND` (``CudaBackend``); the package's tests, which run
-without a GPU, put a recording backend there."""
+without a GPU, put stand-ins there: a recording one, and one whose copies complete late
+(tests/python/package/late_cuda.py)."""
 
 import collections
 import warnings
@@ -47,6 +50,13 @@ class CudaBackend:
 
     def stream(self, device):
         return torch.cuda.Stream(device)
+
+    def record(self, device):
+        """An event recorded on the current stream of ``device`` (None: the current device):
+        it completes once every copy queued on that stream before it has."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
 
     def copy(self, batch, device, stream):
         """The batch's tensors copied to ``device`` on ``stream`` (non-blocking) and an event
@@ -113,6 +123,10 @@ class Delivery:
         """A pooled block's first arrival: registered as pinned, kept until :meth:`close`."""
         if key not in self.registered:
             self.registered[key] = (block, self.backend.register(block))
+
+    def fence(self):
+        """An event after every copy queued so far on the current stream (``Releases``)."""
+        return self.backend.record(self.device)
 
     def pinned(self, key):
         entry = self.registered.get(key)

@@ -7,6 +7,7 @@ them one at a time as views of it. A worker's blocks come from a :class:`BlockPo
 training process sets a block's release flag when every tensor of its message is gone, and the
 worker then writes its next message into it instead of a fresh block (spec/python.md §4)."""
 
+import collections
 import weakref
 
 import numpy as np
@@ -172,10 +173,10 @@ class Handoff:
         return Handoff(self.lengths, tensors={c: pin(t) for c, t in self.tensors.items()}, ragged=self.ragged,
                        nested=self.nested, items=self.items)
 
-    def batches(self, blocks=None, flags=None):
+    def batches(self, blocks=None, release=None):
         """The batches as ``{column: tensor}`` views of the message's block (no copy). A pooled
-        block is looked up in (or added to) ``blocks``; its release flag is set once every
-        tensor of this message is gone."""
+        block is looked up in (or added to) ``blocks``; ``release(worker, slot)`` is called once
+        every tensor of this message is gone (:class:`Releases`)."""
         tensors = self.tensors
         if self.slot is not None:
             worker, slot, block, layout = self.slot
@@ -185,7 +186,7 @@ class Handoff:
             # and storage made from the batches (views, detach, numpy, untyped_storage, dlpack)
             # keeps alive; when the last of them goes, the block is released to the worker
             memory = blocks[worker, slot][:]
-            weakref.finalize(memory, _release, flags, worker, slot)
+            weakref.finalize(memory, release, worker, slot).atexit = False
             base = torch.from_numpy(memory)
             del memory
             if self.items is None:
@@ -229,8 +230,52 @@ def _items(base, items):
         yield batch
 
 
-def _release(flags, worker, slot):
-    flags[worker, slot] = 1
+class Releases:
+    """How the training process gives pooled blocks back to their workers: by setting the block's
+    release flag (``flags[worker, slot] = 1``) once every tensor of its message is gone.
+
+    Without pinning that is at once. With pinned (registered) blocks a tensor's death does not
+    mean the memory is free: an asynchronous copy the user (``.to("cuda", non_blocking=True)``)
+    or the loader issued from it may still be queued on the GPU, and the worker would overwrite
+    the bytes under it. So with a ``fence`` (``fence()`` records an event on the current CUDA
+    stream) a dropped block is only noted when its last tensor goes (a finalizer makes no CUDA
+    call); :meth:`poll`, run by the training process each time it hands out a batch, records one
+    event after every copy queued so far on the current stream for the blocks dropped since, and
+    sets the flags of those whose event has completed (torch's caching host allocator does the
+    same per copy for its pinned blocks)."""
+
+    def __init__(self, flags, fence=None):
+        self.flags = flags
+        self.fence = fence
+        self.dropped = collections.deque()  # (worker, slot) whose tensors are gone, not fenced yet
+        self.fenced = collections.deque()  # (event, [(worker, slot)]) in the order recorded
+
+    def __call__(self, worker, slot):
+        if self.fence is None:
+            self.flags[worker, slot] = 1
+        else:
+            self.dropped.append((worker, slot))  # deque.append: atomic, safe from any thread's GC
+
+    def poll(self):
+        """Fences the blocks dropped since the last call and gives back those whose fence passed."""
+        if self.fence is None:
+            return
+        if self.dropped:
+            keys = []
+            while self.dropped:
+                keys.append(self.dropped.popleft())
+            self.fenced.append((self.fence(), keys))
+        while self.fenced and self.fenced[0][0].query():
+            for worker, slot in self.fenced.popleft()[1]:
+                self.flags[worker, slot] = 1
+
+    def drain(self):
+        """Waits for every copy queued so far on the current stream (before the blocks are
+        unregistered at the iterator's end); the iterator is over, so no flag is set."""
+        if self.fence is not None:
+            self.fence().synchronize()
+            self.dropped.clear()
+            self.fenced.clear()
 
 
 HANDOFF_BYTES = 8 << 20

@@ -12,7 +12,7 @@ from .._prefetch import index_groups
 from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
 from ._mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
-from ._handoff import POOL_SLOTS, Handoff, batches_per_message, item_messages, messages
+from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_messages, messages
 from ._reader import BatchReader
 
 
@@ -150,21 +150,25 @@ class _CountingLoader(torch.utils.data.DataLoader):
 
 def _count(iterator, progress, flags=None, delivery=None, counted=False):
     blocks = {}  # (worker, slot) -> the pooled blocks of this iterator's workers, mapped once
-    flags = flags.numpy() if flags is not None else None
-    host = _host_batches(iterator, blocks, flags, delivery, progress if counted else None)
+    # pinned blocks go back to their workers only after the GPU copies queued from them (Releases)
+    release = Releases(flags.numpy() if flags is not None else None,
+                       delivery.fence if delivery is not None else None)
+    host = _host_batches(iterator, blocks, release, delivery, progress if counted else None)
     out = delivery.deliver(host) if delivery is not None and delivery.device is not None else host
     try:
         for batch in out:
             progress["consumed"] += 1
             yield batch
+            release.poll()  # the loop is back for the next batch: what it dropped is fenced
     finally:
         out.close()  # the device copies in flight are waited for
         host.close()
         if delivery is not None:
+            release.drain()  # and the user's copies queued on the current stream
             delivery.close()  # then the pinned blocks unregistered
 
 
-def _host_batches(iterator, blocks, flags, delivery, counted):
+def _host_batches(iterator, blocks, release, delivery, counted):
     """The batches of the workers' messages (views of their blocks), pinned with ``delivery``:
     a pooled block registered once, anything else copied into pinned memory. ``counted``: the
     progress the source already counted each item in (undone here: the caller counts)."""
@@ -177,11 +181,11 @@ def _host_batches(iterator, blocks, flags, delivery, counted):
                 if block is not None:
                     delivery.block((worker, slot), block)
                 if not delivery.pinned((worker, slot)):
-                    yield from (delivery.pin_batch(b) for b in item.batches(blocks, flags))
+                    yield from (delivery.pin_batch(b) for b in item.batches(blocks, release))
                     continue
             elif delivery is not None:
                 item = item.pin_memory(delivery.backend.pin)
-            yield from item.batches(blocks, flags)
+            yield from item.batches(blocks, release)
         else:
             yield item if delivery is None else delivery.pin_batch(item)
 
