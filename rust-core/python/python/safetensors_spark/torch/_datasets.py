@@ -201,7 +201,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self._worker_progress = None  # in a worker: {"epoch", "start", "consumed"} of its iterator
         # batches per worker message and the block pool's release flags (workers × slots);
         # set by loader() while its workers start
-        self._handoff = (1, None)
+        self._handoff = (0, None)  # (0: not a loader()'s worker: one batch per item, torch's handoff)
 
     @staticmethod
     def _resolve_rank(rank, world_size):
@@ -438,7 +438,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         # the store reads ahead in this worker's order (spec/python.md §2.1)
         # (its own instance of the epoch's order, filtered or not; from the batch this worker resumes at)
         self.dataset.prefetch(batch_groups(plan, self._order(), worker, workers,
-                                           k if in_worker and self.batch_size is not None else 1, skip),
+                                           max(k, 1) if in_worker and self.batch_size is not None else 1, skip),
                               self.columns)
 
         def rows_of(j0, j1):
@@ -446,7 +446,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             positions = np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in spans]) % total
             return (*order.locate(positions), [n for _, n in spans])
 
-        if k > 1 and self.batch_size is not None and in_worker:
+        if k >= 1 and self.batch_size is not None and in_worker:
             # loader()'s workers: the batches [b·k, (b+1)·k) of the rank's sequence go to worker
             # b mod workers as one message, so the loader's in-order round robin over workers
             # yields them in the same order as batch by batch; _loader._count splits them again
@@ -489,7 +489,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             return transform(out) if transform is not None else out
 
         k, release_flags = self._handoff
-        if k > 1 and torch.utils.data.get_worker_info() is not None:
+        if k >= 1 and torch.utils.data.get_worker_info() is not None:
             if transform is None and self.dataset._store.is_local:  # built into the pooled blocks
                 yield from block_messages(epoch, plan.batch, plan.num_batches, worker, workers, k, release_flags)
                 return

@@ -291,7 +291,7 @@ def batches_per_message(data, columns, batch_size, requested, sample_bytes=None)
                              f"got {requested!r}")
         return requested
     if batch_size is None:
-        return 1
+        return 0  # single samples: one per item, torch's own handoff
     if sample_bytes is not None:
         return max(1, HANDOFF_BYTES // max(1, sample_bytes * batch_size))
     sample = 0

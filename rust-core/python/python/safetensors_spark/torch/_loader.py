@@ -28,7 +28,7 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         self.num_samples = num_samples  # the sampler's len (None: it has none)
         self.indices = None  # drawn when an iterator starts
         self.shared = None  # persistent workers: the indices in shared memory, rewritten per iterator
-        self._handoff = (1, None)
+        self._handoff = (0, None)
 
     def __len__(self):
         n = len(self.indices) if self.indices is not None else self.num_samples
@@ -48,13 +48,13 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         finish = ds.finish
         # the store reads ahead in this worker's order (spec/python.md §2.1)
         ds.dataset.prefetch(index_groups(ds.locate_many, self.indices, size, worker, workers,
-                                         k if info is not None else 1), ds.columns)
+                                         max(k, 1) if info is not None else 1), ds.columns)
 
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]
             return (*ds.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
 
-        if info is not None and k > 1:
+        if info is not None and k >= 1:
             if finish.in_worker:
                 def batches_of(j0, j1):
                     return [finish(reader.batch(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
@@ -116,14 +116,14 @@ class _CountingLoader(torch.utils.data.DataLoader):
 
     def _start_workers(self, ds):
         flags = None
-        if self.handoff_batches > 1 and not self.persistent_workers:
+        if self.handoff_batches >= 1 and not self.persistent_workers:
             # (live workers would keep a pool whose release flags outlive the iterator that set them)
             flags = torch.zeros((self.num_workers, POOL_SLOTS), dtype=torch.uint8).share_memory_()
         ds._handoff = (self.handoff_batches, flags)
         try:
             iterator = super().__iter__()  # workers start here, with the pending resume state
         finally:
-            ds._handoff = (1, None)  # only this loader's workers send several batches per message
+            ds._handoff = (0, None)  # only this loader's workers send messages in pooled blocks
         self._flags = flags
         return iterator
 
@@ -246,7 +246,7 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     else:
         handoff = batches_per_message(dataset.dataset, dataset.columns, dataset.batch_size, handoff_batches)
     if kwargs.get("collate_fn") is not None:
-        handoff = 1
+        handoff = 0  # the collate_fn's items, one per batch, through torch's own handoff
     return _CountingLoader(dataset, handoff, **kwargs)
 
 
@@ -274,7 +274,7 @@ def _map_loader(dataset, handoff_batches, kwargs):
                              f"shapes (schema shape null), so they cannot be stacked into batches")
     handoff = batches_per_message(data, dataset.columns, batch_size, handoff_batches)
     if kwargs.get("collate_fn") is not None:
-        handoff = 1
+        handoff = 0  # the collate_fn's items, one per batch, through torch's own handoff
     num_samples = len(sampler) if hasattr(sampler, "__len__") else None
     made = _CountingLoader(_SampledBatches(dataset, batch_size, drop_last, num_samples), handoff, batch_size=None,
                            **kwargs)

@@ -234,7 +234,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._epoch = 0
         self._resume = None
         self._progress = None
-        self._handoff = (1, None)
+        self._handoff = (0, None)  # (0: not a loader()'s worker, see SafetensorsIterableDataset)
         # live workers and StatefulDataLoader's worker states, as the single-dataset iterator
         # (_stateful.py; spec/python.md §5.1)
         self._live = LiveEpoch()
@@ -400,7 +400,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             return self.transform(out) if self.transform is not None else out
 
         k, release_flags = self._handoff
-        if k > 1 and torch.utils.data.get_worker_info() is not None:
+        if k >= 1 and torch.utils.data.get_worker_info() is not None:
             yield from item_messages(lambda j0, j1: [batch(j) for j in range(j0, j1)], plan.num_batches,
                                      worker, workers, k, release_flags)
             return
