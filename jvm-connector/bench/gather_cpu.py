@@ -40,9 +40,19 @@ from safetensors_spark.torch._reader import BatchReader
 EMB, IMG, ROWS, BATCH = 256, (3, 32, 32), 4096, 256
 
 
-def write_dataset(path, shards):
-    """``shards`` shards of ROWS rows of epoch.py's shape, with a manifest (spec/dataset.md §5)."""
+DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16), "uint8": ("U8", np.uint8),
+          "bfloat16": ("BF16", None)}
+
+
+def write_dataset(path, shards, dtype="float32"):
+    """``shards`` shards of ROWS rows of epoch.py's shape (the embedding in ``dtype``), with a
+    manifest (spec/dataset.md §5)."""
     from safetensors.numpy import save_file
+
+    st_dtype, np_dtype = DTYPES[dtype]
+    if np_dtype is None:
+        import ml_dtypes
+        np_dtype = ml_dtypes.bfloat16
 
     os.makedirs(path, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -50,12 +60,12 @@ def write_dataset(path, shards):
     for k in range(shards):
         name = f"part-{k:05d}-0000-0f8fad5b-d9cb-469f-a165-70867728950e.safetensors"
         ids = np.arange(k * ROWS, (k + 1) * ROWS, dtype=np.int64)
-        save_file({"embedding": rng.standard_normal((ROWS, EMB), dtype=np.float32),
+        save_file({"embedding": rng.standard_normal((ROWS, EMB), dtype=np.float32).astype(np_dtype),
                    "image": rng.integers(0, 256, (ROWS, *IMG), dtype=np.uint8), "label": ids},
                   os.path.join(path, name), metadata={"safetensors_spark.layout": "batch"})
         entries.append({"shard_path": name, "samples_count": ROWS, "bytes": os.path.getsize(os.path.join(path, name)),
                         "partition": k, "padded_samples": 0, "num_tensors": 3})
-    schema = {"embedding": {"dtype": "F32", "shape": [ROWS, EMB]}, "image": {"dtype": "U8", "shape": [ROWS, *IMG]},
+    schema = {"embedding": {"dtype": st_dtype, "shape": [ROWS, EMB]}, "image": {"dtype": "U8", "shape": [ROWS, *IMG]},
               "label": {"dtype": "I64", "shape": [ROWS]}}
     manifest = {"format_version": "1.0", "safetensors_version": "1.0", "total_samples": shards * ROWS,
                 "total_bytes": sum(e["bytes"] for e in entries), "shards": entries, "schema": schema,

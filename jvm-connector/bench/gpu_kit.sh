@@ -23,5 +23,5 @@ trap 'rm -rf "$site"' EXIT
 # from a directory outside the checkout, so that the editable install's sources cannot be imported
 (cd "$site" && PYTHONPATH=$site "$PYTHON" -c 'import safetensors_spark, sys; p = safetensors_spark.__file__
 assert p.startswith(sys.argv[1]), f"imported {p}, not the kit"' "$site"
-  PYTHONPATH=$site "$PYTHON" "$ROOT/jvm-connector/bench/gpu_feed.py" --rehearse --shards 2 --reps 1 --step-ms 0 --copies 2)
+  PYTHONPATH=$site "$PYTHON" "$ROOT/jvm-connector/bench/gpu_feed.py" --rehearse --shards 2 --passes 2 --reps 1 --step-ms 0 --copies 2)
 echo "kit: ${wheels[0]} ($(du -h "${wheels[0]}" | cut -f1)); carry target/gpu-kit"

@@ -251,15 +251,23 @@ def test_the_gpu_benchmark_runs_end_to_end_as_a_cpu_rehearsal_and_refuses_to_mea
     its rehearsal runs every mode over a real dataset with real workers; without a GPU and without
     --rehearse it refuses instead of printing CPU figures as GPU ones."""
     out = tmp_path / "feed.json"
-    run = subprocess.run([sys.executable, str(GPU_FEED), "--rehearse", "--shards", "2", "--reps", "2", "--step-ms", "0",
-                          "--copies", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, str(GPU_FEED), "--rehearse", "--shards", "2", "--passes", "2", "--reps", "2",
+                          "--step-ms", "1", "--copies", "2", "--out", str(out)], capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr
-    assert "REHEARSAL on the CPU (figures mean nothing)" in run.stdout
+    assert "REHEARSAL on the CPU (GPU figures mean nothing)" in run.stdout
     res = json.loads(out.read_text())
-    assert sorted(res["modes"]) == ["ours_device", "ours_pageable", "ours_pinned", "torch_pinned"]
-    # 2 shards of 4,096 rows in batches of 256: every mode delivers the whole epoch in each rep
-    assert all([r[2] for r in reps] == [32, 32] for reps in res["modes"].values()), res["modes"]
-    assert len(res["memcpy_pinned_gb_s"]) == 2
+    assert sorted(res["modes"]) == ["cpu_only", "memcpy", "memcpy_pinned", "ours_device", "ours_pageable",
+                                    "ours_pinned", "torch_pinned"]
+    # every delivering mode was checked batch by batch against the CPU batches first
+    assert res["wrong"] == dict.fromkeys(["cpu_only", "ours_device", "ours_pinned", "torch_pinned", "ours_pageable"], 0)
+    # 2 shards of 4,096 rows, each read twice (hard links), in batches of 256: every mode delivers
+    # the whole epoch in each rep, with the time to the first batch apart and the loop's CPU per batch
+    for mode in ("cpu_only", "ours_device", "ours_pinned", "torch_pinned", "ours_pageable", "memcpy"):
+        assert [r["batches"] for r in res["modes"][mode]] == [64, 64], (mode, res["modes"][mode])
+        assert all(r["gb_s"] > 0 and r["cpu_us_per_batch"] > 0 for r in res["modes"][mode])
+    assert all(r["first_s"] > 0 for r in res["modes"]["ours_device"]) and res["matmul_ms"] > 0
+    assert len(res["modes"]["memcpy_pinned"]) == 2
     refused = subprocess.run([sys.executable, str(GPU_FEED), "--shards", "1"], capture_output=True, text=True,
                              timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert refused.returncode == 1 and "needs torch with CUDA and a GPU" in refused.stderr

@@ -241,6 +241,12 @@ class Dataset:
         and after an epoch for the epoch's bytes. ``None`` without ``cache_dir``."""
         return self._store.node.stats() if isinstance(self._store, CachedStore) else None
 
+    def io_counters(self):
+        """This process's remote reads of this dataset: ``bytes_fetched``, ``requests`` (GETs),
+        ``request_s`` (their summed latency), ``cache_hits`` / ``cache_misses`` (node cache);
+        zeros for a local dataset. ``loader().stats()`` adds up its workers'."""
+        return self._store.io_counters()
+
     def prefetch(self, groups, columns):
         """Starts reading ahead (spec/python.md §2.1) for an iterator of this process that will
         read ``groups`` (an iterable of lists of shard indices, one per batch or message, in

@@ -70,6 +70,9 @@ class RetryPolicy:
                 time.sleep(wait * (0.5 + random.random() / 2))
 
 
+IO_FIELDS = ("bytes_fetched", "requests", "request_s", "cache_hits", "cache_misses")
+
+
 class LocalStore:
     """A dataset directory on the local file system. Shards are memory-mapped copy-on-write
     (``MAP_PRIVATE``): arrays over them are writable, writes never reach the file."""
@@ -89,6 +92,10 @@ class LocalStore:
 
     def url(self, name):
         return os.path.join(self.root, name)
+
+    def io_counters(self):
+        """This process's remote reads (``IO_FIELDS``): none for a local directory."""
+        return dict.fromkeys(IO_FIELDS, 0)
 
     def exists(self, name):
         return os.path.exists(self.url(name))
@@ -176,8 +183,7 @@ class FsspecStore:
         self._pid = os.getpid()
         self.root = root.rstrip("/")
         self.retry = retry or RetryPolicy()
-        self.bytes_fetched = 0
-        self._count_lock = threading.Lock()
+        self._reset_counts()
         self.prefetcher = None  # a _prefetch.Prefetcher of column ranges (this process)
 
     def __getstate__(self):
@@ -190,14 +196,29 @@ class FsspecStore:
         self._pid = os.getpid()
         self.root = state["root"]
         self.retry = state.get("retry") or RetryPolicy()
-        self.bytes_fetched = 0
-        self._count_lock = threading.Lock()
+        self._reset_counts()
         self.prefetcher = None
 
-    def _count(self, n):
+    def _reset_counts(self):
+        self.bytes_fetched = self.requests = 0
+        self.request_s = 0.0
+        self._count_lock = threading.Lock()  # (a forked copy: the parent's may have been held at the fork)
+
+    def _count(self, n, since):
+        """A GET answered with ``n`` bytes, sent at ``time.perf_counter()`` ``since``."""
+        seconds = time.perf_counter() - since
         self.fs  # a forked copy resets its count first
         with self._count_lock:
             self.bytes_fetched += n
+            self.requests += 1
+            self.request_s += seconds
+
+    def io_counters(self):
+        """This process's GETs: ``bytes_fetched``, ``requests``, ``request_s`` (their summed
+        latency, first byte to last); no cache here."""
+        self.fs
+        return {"bytes_fetched": self.bytes_fetched, "requests": self.requests, "request_s": self.request_s,
+                "cache_hits": 0, "cache_misses": 0}
 
     @property
     def fs(self):
@@ -210,8 +231,7 @@ class FsspecStore:
             old = self._fs
             self._fs = type(old)(*old.storage_args, **old.storage_options)
             self._pid = os.getpid()
-            self.bytes_fetched = 0
-            self._count_lock = threading.Lock()  # the parent's may have been held at the fork
+            self._reset_counts()
         return self._fs
 
     def url(self, name):
@@ -287,8 +307,9 @@ class FsspecStore:
         url = self.url(name)
 
         def get():
+            t0 = time.perf_counter()
             data = self.fs.cat_file(url, start=start, end=end)
-            self._count(len(data))
+            self._count(len(data), t0)
             if len(data) != end - start:
                 raise _ShortRead(f"asked for bytes [{start}, {end}), got {len(data)}")
             return data
@@ -299,8 +320,9 @@ class FsspecStore:
         url = self.url(name)
 
         def get():
+            t0 = time.perf_counter()
             data = self.fs.cat_file(url)
-            self._count(len(data))
+            self._count(len(data), t0)
             return data
 
         return self.retry.call(get, url, "GET")
@@ -311,6 +333,7 @@ class FsspecStore:
         url = self.url(name)
 
         def get():
+            t0 = time.perf_counter()
             try:
                 self.fs.get_file(url, local)
             except BaseException:
@@ -318,7 +341,7 @@ class FsspecStore:
                     os.unlink(local)
                 raise
             n = os.stat(local).st_size
-            self._count(n)
+            self._count(n, t0)
             return n
 
         return self.retry.call(get, url, "GET (whole object)")
@@ -348,6 +371,7 @@ class CachedStore(LocalStore):
         self.node = NodeCache(cache_dir, digest, cache_limit, refetches)
         self.prefetcher = None  # a _prefetch.Prefetcher of whole shards into the node cache
         self._pid = os.getpid()
+        self.cache_hits = self.cache_misses = 0
 
     def __getstate__(self):
         return {"root": self.root, "remote": self.remote, "node": self.node}
@@ -358,6 +382,7 @@ class CachedStore(LocalStore):
         self.node = state["node"]
         self.prefetcher = None
         self._pid = os.getpid()
+        self.cache_hits = self.cache_misses = 0
 
     def buffer(self, name):
         m = super().buffer(name)
@@ -393,8 +418,10 @@ class CachedStore(LocalStore):
         """Makes sure a complete copy of shard ``name`` (``size`` bytes; CRC-32C ``crc32c`` when
         given) is in the node cache: waits for the prefetch of it when one is planned, else
         fetches it now (:meth:`NodeCache.get`)."""
+        self._own_counts()
         if name in self._maps:
             if os.path.exists(super().url(name)):
+                self.cache_hits += 1
                 return
             self._maps.pop(name)  # evicted (the map stays valid for arrays still using it)
         p = self.prefetcher
@@ -403,7 +430,25 @@ class CachedStore(LocalStore):
         self.fetch_now(name, size, crc32c)
 
     def fetch_now(self, name, size, crc32c=None):
-        self.node.get(name, size, crc32c, lambda tmp: self.remote.download(name, tmp), self.remote.url(name))
+        self._own_counts()
+        _, fetched = self.node.get(name, size, crc32c, lambda tmp: self.remote.download(name, tmp),
+                                   self.remote.url(name))
+        if fetched:
+            self.cache_misses += 1  # (+= from the read-ahead thread too: a lost count, never a wrong byte)
+        else:
+            self.cache_hits += 1
+
+    def _own_counts(self):
+        if self._pid != os.getpid():  # a forked copy counts its own from zero
+            self._pid, self.cache_hits, self.cache_misses = os.getpid(), 0, 0
+
+    def io_counters(self):
+        """This process's GETs (the remote store's) and node-cache hits (a shard found complete in
+        the cache, fetched by any process) and misses (downloaded by this process)."""
+        self._own_counts()
+        out = self.remote.io_counters()
+        out.update(cache_hits=self.cache_hits, cache_misses=self.cache_misses)
+        return out
 
     def parquet_source(self, name):
         return self.remote.parquet_source(name)

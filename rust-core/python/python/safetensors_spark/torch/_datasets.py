@@ -22,6 +22,7 @@ from .._sampling import EpochOrder, RankPlan
 from ._forms import Finish, resolve_forms
 from ._handoff import block_messages, item_messages, messages
 from ._reader import BatchReader, to_torch
+from ._stats import timed
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
 
 STATE_VERSION = 1
@@ -202,6 +203,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         # batches per worker message and the block pool's release flags (workers × slots);
         # set by loader() while its workers start
         self._handoff = (0, None)  # (0: not a loader()'s worker: one batch per item, torch's handoff)
+        self._worker_counters = None  # loader().stats(): the workers' shared counters (_stats.py)
 
     @staticmethod
     def _resolve_rank(rank, world_size):
@@ -394,7 +396,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)
-        return self._generate(self._plan(start), self._order(), worker, workers, progress, skip)
+        items = self._generate(self._plan(start), self._order(), worker, workers, progress, skip)
+        if info is not None and self._worker_counters is not None:
+            return timed(items, self._worker_counters, worker, [self.dataset])
+        return items
 
     def _iterator_start(self, info):
         """``(start position, progress, batches to skip)`` of an iterator starting now. The

@@ -3,6 +3,8 @@ process, the batches the loop has taken (exact ``state_dict()`` with any ``num_w
 a map-style dataset's sampled indices as whole batches, and has its workers send several batches
 per message (``_handoff``)."""
 
+import time
+
 import numpy as np
 import torch
 import torch.utils.data
@@ -14,6 +16,7 @@ from ._mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
 from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_messages, messages
 from ._reader import BatchReader
+from ._stats import LoaderStats, timed, worker_counters
 
 
 class _SampledBatches(torch.utils.data.IterableDataset):
@@ -29,6 +32,7 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         self.indices = None  # drawn when an iterator starts
         self.shared = None  # persistent workers: the indices in shared memory, rewritten per iterator
         self._handoff = (0, None)
+        self._worker_counters = None  # loader().stats() (_stats.py)
 
     def __len__(self):
         n = len(self.indices) if self.indices is not None else self.num_samples
@@ -38,6 +42,11 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
+        if info is not None and self._worker_counters is not None:
+            return timed(self._items(info), self._worker_counters, info.id, [self.dataset.dataset])
+        return self._items(info)
+
+    def _items(self, info):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         ds = self.dataset
         if info is not None and self.shared is not None:
@@ -70,11 +79,30 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
 
 class _CountingLoader(torch.utils.data.DataLoader):
-    def __init__(self, dataset, handoff_batches, pin=False, device=None, **kwargs):
+    def __init__(self, dataset, handoff_batches, pin=False, device=None, stats_every=None, stats_callback=None,
+                 **kwargs):
         # pinning and the device copy are this loader's (_device), not torch's pinning thread
         super().__init__(dataset, **kwargs)
         self.handoff_batches = handoff_batches
         self.pin, self.device = pin, device
+        self.stats_every, self.stats_callback = stats_every, stats_callback
+        self._stats = None  # the latest iterator's LoaderStats
+        self._counters = None  # live workers' counters (persistent_workers: one array for all iterators)
+        self._counters_base = None  # their values when this iterator's workers were started or woken
+
+    def stats(self):
+        """The latest iterator's figures (spec/python.md §3.1.2): batches and bytes, rates from the
+        first batch on, time to the first batch, the time the loop waited for batches and the
+        loader's CPU per batch in this process, the workers' busy share, the host→device rate,
+        and remote reads (bytes, GETs and their latency, node-cache hits and misses). ``None``
+        before the first iterator."""
+        return self._stats.snapshot() if self._stats is not None else None
+
+    def _count(self, iterator, progress, flags=None, delivery=None, counted=False):
+        counters = self._counters if self.num_workers > 0 else None
+        self._stats = LoaderStats(self.num_workers, counters, self._counters_base if counters is not None else None,
+                                  _datasets_of(self.dataset), self.device, self.stats_every, self.stats_callback)
+        return _count(iterator, progress, self._stats, flags, delivery, counted)
 
     def __iter__(self):
         ds = self.dataset
@@ -97,33 +125,35 @@ class _CountingLoader(torch.utils.data.DataLoader):
                 indices = ds.shared.numpy()
             ds.indices = indices
             if self.num_workers == 0:
-                it = super().__iter__()
-                return it if delivery is None else _count(it, {"consumed": 0}, None, delivery)
+                return self._count(super().__iter__(), {"consumed": 0}, None, delivery)
             iterator = self._start_workers(ds)
-            return _count(iterator, {"consumed": 0}, self._flags, delivery)
+            return self._count(iterator, {"consumed": 0}, self._flags, delivery)
         if self.num_workers == 0:
             it = super().__iter__()  # the dataset's own iterator counts in this process
-            if delivery is None:
-                return it
             # the dataset counted each batch as it gave it; _count counts it when the loop gets it
             # (one batch later with a device copy ahead)
-            return _count(it, ds._progress, None, delivery, counted=True)
+            return self._count(it, ds._progress, None, delivery, counted=True)
         ds._publish()  # the epoch and start the workers read when their iterator starts (live ones too)
         ds._refresh_rank()
         start = ds._start_position()
         iterator = self._start_workers(ds)
-        return _count(iterator, ds._count_from(start), self._flags, delivery)
+        return self._count(iterator, ds._count_from(start), self._flags, delivery)
 
     def _start_workers(self, ds):
         flags = None
         if self.handoff_batches >= 1 and not self.persistent_workers:
             # (live workers would keep a pool whose release flags outlive the iterator that set them)
             flags = torch.zeros((self.num_workers, POOL_SLOTS), dtype=torch.uint8).share_memory_()
+        if self._counters is None or not self.persistent_workers:
+            self._counters = worker_counters(self.num_workers)
+        self._counters_base = self._counters.clone()
         ds._handoff = (self.handoff_batches, flags)
+        ds._worker_counters = self._counters
         try:
             iterator = super().__iter__()  # workers start here, with the pending resume state
         finally:
             ds._handoff = (0, None)  # only this loader's workers send messages in pooled blocks
+            ds._worker_counters = None
         self._flags = flags
         return iterator
 
@@ -148,21 +178,34 @@ class _CountingLoader(torch.utils.data.DataLoader):
         return self.dataset
 
 
-def _count(iterator, progress, flags=None, delivery=None, counted=False):
+def _datasets_of(ds):
+    """The Datasets a loader's dataset reads (their remote reads are in stats())."""
+    if isinstance(ds, _SampledBatches):
+        return [ds.dataset.dataset]
+    if isinstance(ds, SafetensorsMixture):
+        return [o.dataset for o in ds.sources]
+    return [ds.dataset]
+
+
+def _count(iterator, progress, stats, flags=None, delivery=None, counted=False):
     blocks = {}  # (worker, slot) -> the pooled blocks of this iterator's workers, mapped once
     # pinned blocks go back to their workers only after the GPU copies queued from them (Releases)
     release = Releases(flags.numpy() if flags is not None else None,
                        delivery.fence if delivery is not None else None)
     host = _host_batches(iterator, blocks, release, delivery, progress if counted else None)
     out = delivery.deliver(host) if delivery is not None and delivery.device is not None else host
+    asked, cpu = time.perf_counter(), time.thread_time()
     try:
         for batch in out:
+            stats.took(batch, asked, cpu)
             progress["consumed"] += 1
             yield batch
+            asked, cpu = time.perf_counter(), time.thread_time()
             release.poll()  # the loop is back for the next batch: what it dropped is fenced
     finally:
         out.close()  # the device copies in flight are waited for
         host.close()
+        stats.end()
         if delivery is not None:
             release.drain()  # and the user's copies queued on the current stream
             delivery.close()  # then the pinned blocks unregistered
@@ -218,6 +261,11 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
     ``prefetch_factor`` then counts messages. A ``collate_fn`` runs once per message in the
     worker, so with one the loader sends one batch per message.
 
+    ``stats()`` says whether data is the bottleneck (batches/s, bytes/s, the time the loop waited
+    for batches, the loader's CPU per batch in this process, the workers' busy share, host→device
+    bytes/s, remote reads); ``stats_every=S`` reports it every ``S`` seconds to
+    ``stats_callback(dict)`` (default: a line on the ``safetensors_spark.loader`` logger at INFO).
+
     ``pin_memory=True``: the pooled blocks are registered as pinned memory once each, so batches
     are pinned without a copy (others are copied into torch's pinned memory). ``device="cuda"``
     (or ``"cuda:N"``; implies pinning): batches are delivered on the GPU, each copied one batch
@@ -229,6 +277,15 @@ def loader(dataset, *, handoff_batches=None, **kwargs):
                          "prefix of it, which a resume position needs; leave it True (spec/python.md §5.1)")
     device, pin = resolve_device(kwargs.pop("device", None), kwargs.pop("pin_memory", False))
     kwargs.update(pin=pin, device=device)
+    every, callback = kwargs.get("stats_every"), kwargs.get("stats_callback")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float)) or not every > 0):
+        raise ValueError(f"loader(): stats_every must be a number of seconds > 0 or None (no periodic report), "
+                         f"got {every!r}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"loader(): stats_callback must be callable (it receives loader.stats()'s dict), "
+                        f"got {type(callback).__name__}")
+    if callback is not None and every is None:
+        raise ValueError("loader(): stats_callback is called every stats_every seconds; give stats_every too")
     if isinstance(dataset, SafetensorsDataset):
         return _map_loader(dataset, handoff_batches, kwargs)
     if not isinstance(dataset, SafetensorsIterableDataset):

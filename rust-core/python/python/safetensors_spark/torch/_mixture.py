@@ -23,6 +23,7 @@ from ._datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state
 from ._reader import BatchReader, to_torch
+from ._stats import timed
 
 MODES = ("sample", "exhaust")
 
@@ -235,6 +236,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._resume = None
         self._progress = None
         self._handoff = (0, None)  # (0: not a loader()'s worker, see SafetensorsIterableDataset)
+        self._worker_counters = None  # loader().stats() (_stats.py)
         # live workers and StatefulDataLoader's worker states, as the single-dataset iterator
         # (_stateful.py; spec/python.md §5.1)
         self._live = LiveEpoch()
@@ -321,7 +323,10 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)
-        return self._generate_mixture(self._plan(start), worker, workers, progress, skip)
+        items = self._generate_mixture(self._plan(start), worker, workers, progress, skip)
+        if info is not None and self._worker_counters is not None:
+            return timed(items, self._worker_counters, worker, [o.dataset for o in self.sources])
+        return items
 
     def _generate_mixture(self, plan, worker, workers, progress, skip=0):
         mix, epoch, total = self._mixture(), self._epoch, self.num_samples
