@@ -406,8 +406,66 @@ fn plan(
         names: fields.iter().map(|(n, _)| n.as_str()).collect(),
         case_sensitive,
     };
+    let (mode, name_field) = write_mode(&opts, &fields, &resolver)?;
+    let selected = selected_columns(&opts, &fields, &resolver, name_field)?;
+    let mut columns = selected
+        .iter()
+        .map(|&i| {
+            let (name, t) = &fields[i];
+            Ok(ColumnPlan {
+                name: name.clone(),
+                field_index: i,
+                input: classify_column(name, t)?,
+                dtype: None,
+                sample_shape: None,
+                ragged: None,
+            })
+        })
+        .collect::<Result<Vec<_>, PlanError>>()?;
+    let written = Written {
+        resolver: &resolver,
+        selected: &selected,
+        columns: &columns,
+    };
+    let given = ColumnOptions {
+        dtype: opts
+            .get("dtype")
+            .map(|v| parse_writable_dtype("dtype", v))
+            .transpose()?,
+        dtypes: column_dtypes(&opts, &written)?,
+        shapes: column_shapes(&opts, &written)?,
+        ragged_option: opts.get("ragged"),
+        ragged: ragged_columns(&opts, &written, &fields)?,
+    };
+    let batch = matches!(mode, WriteMode::Batch { .. });
+    for (pos, col) in columns.iter_mut().enumerate() {
+        resolve_column(col, pos, &given, batch, existing)?;
+    }
+    check_ragged_offsets_names(&columns, case_sensitive)?;
+    let DatasetOptions {
+        generate_index,
+        retention_seconds,
+        metadata,
+    } = dataset_options(&opts)?;
+    if let WriteMode::Kv { kv_separator, .. } = &mode {
+        check_kv_columns_split_one_way(kv_separator, &columns)?;
+    }
+    Ok(WritePlan {
+        write_id: uuid::Uuid::new_v4().hyphenated().to_string(),
+        mode,
+        columns,
+        metadata,
+        generate_index,
+        retention_seconds,
+    })
+}
 
-    // Mode and mode-specific options.
+/// Step 1: the mode (batch or KV) and its options; the index of `name_col` in KV mode.
+fn write_mode(
+    opts: &Options,
+    fields: &[(String, Value)],
+    resolver: &Resolver<'_>,
+) -> Result<(WriteMode, Option<usize>), PlanError> {
     let (mode, applies_to, inapplicable): (&str, &str, &[&'static str]) =
         match (opts.has("batch_size"), opts.has("name_col")) {
             (true, true) => return Err(PlanError::BothModes),
@@ -422,9 +480,7 @@ fn plan(
             applies_to,
         });
     }
-
-    let mut name_field: Option<usize> = None;
-    let mode = if let Some(v) = opts.get("batch_size") {
+    if let Some(v) = opts.get("batch_size") {
         // A shard's rows are one tensor dimension and a Spark array index: at most 2^31 - 1.
         let batch_size = parse_u64_in("batch_size", v, 1..=MAX_BATCH_SIZE)?;
         let tail_strategy = match opts.get("tail_strategy") {
@@ -439,51 +495,63 @@ fn plan(
                 ],
             )?,
         };
-        WriteMode::Batch {
-            batch_size,
-            tail_strategy,
-        }
-    } else {
-        let name = opts.get("name_col").unwrap_or_default();
-        let idx = resolver.resolve("name_col", name)?;
-        let (key_name, key_type) = &fields[idx];
-        if key_type.as_str() != Some("string") {
-            return Err(PlanError::NameColNotString {
-                name: key_name.clone(),
-                spark_type: spark_type_string(key_type),
-            });
-        }
-        name_field = Some(idx);
-        let kv_separator = match opts.get("kv_separator") {
-            None => DEFAULT_KV_SEPARATOR.to_string(),
-            Some("") => return Err(invalid_value("kv_separator", "", "a non-empty string")),
-            Some(s) => s.to_string(),
-        };
-        let mb = match opts.get("target_shard_size_mb") {
-            None => DEFAULT_TARGET_SHARD_SIZE_MB,
-            Some(v) => parse_u64_in("target_shard_size_mb", v, TARGET_SHARD_SIZE_MB_RANGE)?,
-        };
-        let duplicates = match opts.get("duplicatesStrategy") {
-            None => DuplicatesStrategy::Fail,
-            Some(v) => parse_choice(
-                "duplicatesStrategy",
-                v,
-                &[
-                    ("fail", DuplicatesStrategy::Fail),
-                    ("lastWin", DuplicatesStrategy::LastWin),
-                ],
-            )?,
-        };
+        return Ok((
+            WriteMode::Batch {
+                batch_size,
+                tail_strategy,
+            },
+            None,
+        ));
+    }
+    let name = opts.get("name_col").unwrap_or_default();
+    let idx = resolver.resolve("name_col", name)?;
+    let (key_name, key_type) = &fields[idx];
+    if key_type.as_str() != Some("string") {
+        return Err(PlanError::NameColNotString {
+            name: key_name.clone(),
+            spark_type: spark_type_string(key_type),
+        });
+    }
+    let kv_separator = match opts.get("kv_separator") {
+        None => DEFAULT_KV_SEPARATOR.to_string(),
+        Some("") => return Err(invalid_value("kv_separator", "", "a non-empty string")),
+        Some(s) => s.to_string(),
+    };
+    let mb = match opts.get("target_shard_size_mb") {
+        None => DEFAULT_TARGET_SHARD_SIZE_MB,
+        Some(v) => parse_u64_in("target_shard_size_mb", v, TARGET_SHARD_SIZE_MB_RANGE)?,
+    };
+    let duplicates = match opts.get("duplicatesStrategy") {
+        None => DuplicatesStrategy::Fail,
+        Some(v) => parse_choice(
+            "duplicatesStrategy",
+            v,
+            &[
+                ("fail", DuplicatesStrategy::Fail),
+                ("lastWin", DuplicatesStrategy::LastWin),
+            ],
+        )?,
+    };
+    Ok((
         WriteMode::Kv {
             name_col: key_name.clone(),
             name_field_index: idx,
             kv_separator,
             target_shard_bytes: mb << 20,
             duplicates,
-        }
-    };
+        },
+        Some(idx),
+    ))
+}
 
-    // Which columns, in which order.
+/// Step 2: which DataFrame columns are written, in which order (option `columns`, else all but
+/// `name_col`); names unique, none reserved in batch mode.
+fn selected_columns(
+    opts: &Options,
+    fields: &[(String, Value)],
+    resolver: &Resolver<'_>,
+    name_field: Option<usize>,
+) -> Result<Vec<usize>, PlanError> {
     let selected: Vec<usize> = match opts.get("columns") {
         Some(list) => {
             let mut out = Vec::new();
@@ -537,49 +605,55 @@ fn plan(
             }
         }
     }
-    let mut columns: Vec<ColumnPlan> = selected
-        .iter()
-        .map(|&i| {
-            let (name, t) = &fields[i];
-            Ok(ColumnPlan {
-                name: name.clone(),
-                field_index: i,
-                input: classify_column(name, t)?,
-                dtype: None,
-                sample_shape: None,
-                ragged: None,
-            })
-        })
-        .collect::<Result<_, PlanError>>()?;
-    let written_list = || {
-        columns
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let written_position = |option: &'static str, key: &str| -> Result<usize, PlanError> {
-        let idx = resolver.resolve(option, key)?;
-        selected
+    Ok(selected)
+}
+
+/// The written columns, for the options that name them (`dtypes`, `shapes`, `ragged`).
+struct Written<'a> {
+    resolver: &'a Resolver<'a>,
+    selected: &'a [usize],
+    columns: &'a [ColumnPlan],
+}
+
+impl Written<'_> {
+    /// The position among the written columns of the column `key` names in `option`.
+    fn position(&self, option: &'static str, key: &str) -> Result<usize, PlanError> {
+        let idx = self.resolver.resolve(option, key)?;
+        self.selected
             .iter()
             .position(|&s| s == idx)
             .ok_or_else(|| PlanError::ColumnNotWritten {
                 option,
                 name: key.to_string(),
-                written: written_list(),
+                written: self
+                    .columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })
-    };
+    }
+}
 
-    // dtypes.
-    let global_dtype = opts
-        .get("dtype")
-        .map(|v| parse_writable_dtype("dtype", v))
-        .transpose()?;
-    let mut per_column: BTreeMap<usize, Dtype> = BTreeMap::new();
+/// What the options say of each written column (by position), before the dataset's settings.
+struct ColumnOptions<'a> {
+    dtype: Option<Dtype>,
+    dtypes: BTreeMap<usize, Dtype>,
+    shapes: BTreeMap<usize, Vec<u64>>,
+    ragged_option: Option<&'a str>,
+    ragged: Option<BTreeSet<usize>>,
+}
+
+/// Step 3: option `dtypes`, a JSON object of column → dtype name.
+fn column_dtypes(
+    opts: &Options,
+    written: &Written<'_>,
+) -> Result<BTreeMap<usize, Dtype>, PlanError> {
+    let mut per_column = BTreeMap::new();
     if let Some(raw) = opts.get("dtypes") {
         let expected = "a JSON object of column → dtype name";
         for (key, v) in parse_json_object("dtypes", raw, expected)? {
-            let pos = written_position("dtypes", &key)?;
+            let pos = written.position("dtypes", &key)?;
             let name = v.as_str().ok_or_else(|| {
                 invalid_value(
                     "dtypes",
@@ -596,16 +670,22 @@ fn plan(
             }
         }
     }
+    Ok(per_column)
+}
 
-    // shapes.
-    let mut shapes: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+/// Step 4: option `shapes`, a JSON object of column → sample shape.
+fn column_shapes(
+    opts: &Options,
+    written: &Written<'_>,
+) -> Result<BTreeMap<usize, Vec<u64>>, PlanError> {
+    let mut shapes = BTreeMap::new();
     if let Some(raw) = opts.get("shapes") {
         for (key, v) in parse_json_object(
             "shapes",
             raw,
             "a JSON object of column → array of integers ≥ 0",
         )? {
-            let pos = written_position("shapes", &key)?;
+            let pos = written.position("shapes", &key)?;
             let shape = parse_shape(&key, &v, raw)?;
             if shapes.insert(pos, shape).is_some() {
                 return Err(PlanError::DuplicateColumn {
@@ -615,148 +695,173 @@ fn plan(
             }
         }
     }
+    Ok(shapes)
+}
 
-    // ragged (batch mode only: the option is refused in KV mode above).
-    let ragged_option = opts.get("ragged");
-    let mut ragged_named: Option<BTreeSet<usize>> = None;
-    if let Some(list) = ragged_option {
-        let mut named = BTreeSet::new();
-        let parts = if list.trim().is_empty() {
-            Vec::new()
-        } else {
-            column_list("ragged", list)?
-        };
-        for part in parts {
-            let pos = written_position("ragged", &part)?;
-            if !named.insert(pos) {
-                return Err(PlanError::DuplicateColumn {
-                    option: "ragged",
-                    name: part,
-                });
-            }
-            let col = &columns[pos];
-            if ragged_element(&col.input).is_none() {
-                return Err(PlanError::RaggedType {
-                    name: col.name.clone(),
-                    spark_type: spark_type_string(&fields[col.field_index].1),
-                });
-            }
-        }
-        ragged_named = Some(named);
-    }
-
-    let batch = matches!(mode, WriteMode::Batch { .. });
-    for (pos, col) in columns.iter_mut().enumerate() {
-        let user_shape = shapes.remove(&pos);
-        // An append: the dataset's settings unless given.
-        let stored = existing.and_then(|m| m.schema.get(&col.name).map(|t| (m, t)));
-        if !batch && col.input == InputKind::String {
-            return Err(PlanError::StringInKvMode {
-                name: col.name.clone(),
+/// Step 5: option `ragged` (batch mode only: the option is refused in KV mode in step 1), the
+/// columns it names; each must be of a type that can be ragged.
+fn ragged_columns(
+    opts: &Options,
+    written: &Written<'_>,
+    fields: &[(String, Value)],
+) -> Result<Option<BTreeSet<usize>>, PlanError> {
+    let Some(list) = opts.get("ragged") else {
+        return Ok(None);
+    };
+    let mut named = BTreeSet::new();
+    let parts = if list.trim().is_empty() {
+        Vec::new()
+    } else {
+        column_list("ragged", list)?
+    };
+    for part in parts {
+        let pos = written.position("ragged", &part)?;
+        if !named.insert(pos) {
+            return Err(PlanError::DuplicateColumn {
+                option: "ragged",
+                name: part,
             });
         }
-        if batch {
-            col.ragged = plan_ragged(
-                col,
-                pos,
-                ragged_named.as_ref(),
-                ragged_option,
-                user_shape.is_some(),
-                stored.map(|(_, t)| t),
-            )?;
-        }
-        col.sample_shape = user_shape;
-        let bytes_column =
-            col.ragged.is_some() && matches!(col.input, InputKind::Binary | InputKind::String);
-        if bytes_column {
-            // Raw bytes: U8 whatever the global dtype option says.
-            if let Some(d) = per_column.get(&pos).filter(|d| **d != Dtype::U8) {
-                let binary = col.input == InputKind::Binary;
-                return Err(PlanError::RaggedDtype {
-                    name: col.name.clone(),
-                    kind: if binary { "binary" } else { "string" },
-                    dtype: *d,
-                    hint: if binary {
-                        " (a shapes entry makes a binary column fixed-shape, its bytes the elements of the dtype given)"
-                    } else {
-                        ""
-                    },
-                });
-            }
-            col.dtype = Some(Dtype::U8);
-            continue;
-        }
-        let given = per_column
-            .get(&pos)
-            .map(|d| ("dtypes", *d))
-            .or(global_dtype.map(|d| ("dtype", d)));
-        let explicit = match (given, stored) {
-            (Some((option, d)), Some((_, t))) if d != t.dtype => {
-                return Err(PlanError::AppendConflict {
-                    option: option.to_string(),
-                    given: format!("{d} for column '{}'", col.name),
-                    dataset: t.dtype.to_string(),
-                })
-            }
-            (Some((_, d)), _) => Some(d),
-            (None, Some((_, t))) => Some(t.dtype),
-            (None, None) => None,
-        };
-        if let (true, Some((m, _))) = (batch, stored) {
-            let dataset_shape = m.sample_shape(&col.name);
-            match (&col.sample_shape, dataset_shape) {
-                (Some(a), Some(b)) if *a != b => {
-                    return Err(PlanError::AppendConflict {
-                        option: "shapes".to_string(),
-                        given: format!("{a:?} for column '{}'", col.name),
-                        dataset: format!("{b:?}"),
-                    })
-                }
-                (None, Some(b)) if col.input == InputKind::Binary => col.sample_shape = Some(b),
-                _ => {}
-            }
-        }
-        col.dtype = match &col.input {
-            InputKind::NumericArray { element, .. } | InputKind::Scalar { element } => {
-                Some(explicit.unwrap_or(element.natural_dtype()))
-            }
-            InputKind::MlVector => Some(explicit.unwrap_or(Dtype::F64)),
-            InputKind::TensorStruct => explicit,
-            InputKind::String => Some(Dtype::U8),
-            InputKind::Binary => {
-                let missing = match (explicit.is_some(), col.sample_shape.is_some()) {
-                    (true, true) => None,
-                    (false, true) => Some("a dtype"),
-                    (true, false) => Some("a shapes entry"),
-                    (false, false) => Some("a dtype and a shapes entry"),
-                };
-                if let Some(missing) = missing {
-                    return Err(PlanError::BinaryNeeds {
-                        name: col.name.clone(),
-                        missing,
-                    });
-                }
-                explicit
-            }
-        };
-        if let (InputKind::Scalar { .. }, Some(shape)) = (&col.input, &col.sample_shape) {
-            let elements: u64 = shape.iter().product();
-            if elements != 1 {
-                return Err(PlanError::ScalarShape {
-                    name: col.name.clone(),
-                    shape: shape.clone(),
-                    elements: elements.to_string(),
-                });
-            }
+        let col = &written.columns[pos];
+        if ragged_element(&col.input).is_none() {
+            return Err(PlanError::RaggedType {
+                name: col.name.clone(),
+                spark_type: spark_type_string(&fields[col.field_index].1),
+            });
         }
     }
-    check_ragged_offsets_names(&columns, case_sensitive)?;
+    Ok(Some(named))
+}
 
+/// Step 6: one written column's dtype, sample shape and raggedness, from the options and (an
+/// append) the dataset's settings.
+fn resolve_column(
+    col: &mut ColumnPlan,
+    pos: usize,
+    given: &ColumnOptions<'_>,
+    batch: bool,
+    existing: Option<&Manifest>,
+) -> Result<(), PlanError> {
+    let user_shape = given.shapes.get(&pos).cloned();
+    // An append: the dataset's settings unless given.
+    let stored = existing.and_then(|m| m.schema.get(&col.name).map(|t| (m, t)));
+    if !batch && col.input == InputKind::String {
+        return Err(PlanError::StringInKvMode {
+            name: col.name.clone(),
+        });
+    }
+    if batch {
+        col.ragged = plan_ragged(
+            col,
+            pos,
+            given.ragged.as_ref(),
+            given.ragged_option,
+            user_shape.is_some(),
+            stored.map(|(_, t)| t),
+        )?;
+    }
+    col.sample_shape = user_shape;
+    let bytes_column =
+        col.ragged.is_some() && matches!(col.input, InputKind::Binary | InputKind::String);
+    if bytes_column {
+        // Raw bytes: U8 whatever the global dtype option says.
+        if let Some(d) = given.dtypes.get(&pos).filter(|d| **d != Dtype::U8) {
+            let binary = col.input == InputKind::Binary;
+            return Err(PlanError::RaggedDtype {
+                name: col.name.clone(),
+                kind: if binary { "binary" } else { "string" },
+                dtype: *d,
+                hint: if binary {
+                    " (a shapes entry makes a binary column fixed-shape, its bytes the elements of the dtype given)"
+                } else {
+                    ""
+                },
+            });
+        }
+        col.dtype = Some(Dtype::U8);
+        return Ok(());
+    }
+    let option_dtype = given
+        .dtypes
+        .get(&pos)
+        .map(|d| ("dtypes", *d))
+        .or(given.dtype.map(|d| ("dtype", d)));
+    let explicit = match (option_dtype, stored) {
+        (Some((option, d)), Some((_, t))) if d != t.dtype => {
+            return Err(PlanError::AppendConflict {
+                option: option.to_string(),
+                given: format!("{d} for column '{}'", col.name),
+                dataset: t.dtype.to_string(),
+            })
+        }
+        (Some((_, d)), _) => Some(d),
+        (None, Some((_, t))) => Some(t.dtype),
+        (None, None) => None,
+    };
+    if let (true, Some((m, _))) = (batch, stored) {
+        let dataset_shape = m.sample_shape(&col.name);
+        match (&col.sample_shape, dataset_shape) {
+            (Some(a), Some(b)) if *a != b => {
+                return Err(PlanError::AppendConflict {
+                    option: "shapes".to_string(),
+                    given: format!("{a:?} for column '{}'", col.name),
+                    dataset: format!("{b:?}"),
+                })
+            }
+            (None, Some(b)) if col.input == InputKind::Binary => col.sample_shape = Some(b),
+            _ => {}
+        }
+    }
+    col.dtype = match &col.input {
+        InputKind::NumericArray { element, .. } | InputKind::Scalar { element } => {
+            Some(explicit.unwrap_or(element.natural_dtype()))
+        }
+        InputKind::MlVector => Some(explicit.unwrap_or(Dtype::F64)),
+        InputKind::TensorStruct => explicit,
+        InputKind::String => Some(Dtype::U8),
+        InputKind::Binary => {
+            let missing = match (explicit.is_some(), col.sample_shape.is_some()) {
+                (true, true) => None,
+                (false, true) => Some("a dtype"),
+                (true, false) => Some("a shapes entry"),
+                (false, false) => Some("a dtype and a shapes entry"),
+            };
+            if let Some(missing) = missing {
+                return Err(PlanError::BinaryNeeds {
+                    name: col.name.clone(),
+                    missing,
+                });
+            }
+            explicit
+        }
+    };
+    if let (InputKind::Scalar { .. }, Some(shape)) = (&col.input, &col.sample_shape) {
+        let elements: u64 = shape.iter().product();
+        if elements != 1 {
+            return Err(PlanError::ScalarShape {
+                name: col.name.clone(),
+                shape: shape.clone(),
+                elements: elements.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Step 7: the dataset-wide options: `generate_index`, `retention`, `metadata`, and the
+/// `commit_message` check (it is recorded in the commit's manifest, spec/dataset.md §5.8;
+/// checked here, before anything on disk changes).
+struct DatasetOptions {
+    generate_index: bool,
+    retention_seconds: Option<u64>,
+    metadata: BTreeMap<String, String>,
+}
+
+fn dataset_options(opts: &Options) -> Result<DatasetOptions, PlanError> {
     let generate_index = match opts.get("generate_index") {
         None => false,
         Some(v) => parse_choice("generate_index", v, &[("true", true), ("false", false)])?,
     };
-
     let retention_seconds = match opts.get("retention") {
         None => None,
         Some(v) => Some(
@@ -769,7 +874,6 @@ fn plan(
             })?,
         ),
     };
-
     let mut metadata = BTreeMap::new();
     if let Some(raw) = opts.get("metadata") {
         let expected = "a JSON object of string → string";
@@ -791,9 +895,6 @@ fn plan(
             return Err(PlanError::MetadataTooLarge { bytes });
         }
     }
-
-    // recorded in the commit's manifest (spec/dataset.md §5.8); checked here, before anything
-    // on disk changes
     if let Some(m) = opts.get("commit_message") {
         let max = safetensors_spark_dataset::manifest::MAX_COMMIT_MESSAGE_BYTES;
         if m.len() > max {
@@ -804,17 +905,10 @@ fn plan(
             ));
         }
     }
-
-    if let WriteMode::Kv { kv_separator, .. } = &mode {
-        check_kv_columns_split_one_way(kv_separator, &columns)?;
-    }
-    Ok(WritePlan {
-        write_id: uuid::Uuid::new_v4().hyphenated().to_string(),
-        mode,
-        columns,
-        metadata,
+    Ok(DatasetOptions {
         generate_index,
         retention_seconds,
+        metadata,
     })
 }
 
