@@ -9,7 +9,7 @@ pub struct TensorRowOptions {
     pub data: bool,
     /// Include a `decoded` column: `List<element>` of the tensor's values, flattened in C
     /// order (the `shape` column gives the shape), widened exactly to `element` (see
-    /// [`widen`]; [`super::common_element`] picks one for a set of dtypes). Null for dtypes
+    /// [`widen`]; [`crate::read::decode::common_element`] picks one for a set of dtypes). Null for dtypes
     /// without a Spark type; an error for a tensor that cannot be widened to `element`.
     pub decoded: Option<DataType>,
 }
@@ -33,7 +33,7 @@ pub enum TensorColumn {
     Decoded(DataType),
     /// `metadata`: the file's `__metadata__`.
     Metadata,
-    /// `flags`: the file's forensic flags, cut to these fields (see [`super::forensic_columns`]).
+    /// `flags`: the file's forensic flags, cut to these fields (see [`crate::read::forensic_columns`]).
     Flags(Vec<String>),
     /// `model_info`: the file's model information, cut to these fields.
     ModelInfo(Vec<String>),
