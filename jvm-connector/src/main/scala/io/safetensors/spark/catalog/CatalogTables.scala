@@ -129,10 +129,22 @@ private[spark] final class SafetensorsCatalogTable(tableSchema: StructType,
   }
 
   override def metadataColumns(): Array[MetadataColumn] =
-    if (hasData) super.metadataColumns() else Array.empty
+    if (hasData && kvDataset.isEmpty) super.metadataColumns() else Array.empty
 
   override def newScanBuilder(options: CaseInsensitiveStringMap): ScanBuilder =
-    if (hasData) super.newScanBuilder(options) else new EmptyScan(tableSchema)
+    if (!hasData) new EmptyScan(tableSchema)
+    else kvDataset match {
+      // a KV table reads back as the rows written, not in the per-tensor layout (KvRows.scala)
+      case Some(kv) =>
+        val key = this.options.write.collectFirst { case (k, v) if k.equalsIgnoreCase("name_col") => v }
+          .getOrElse(KvRows.keyColumn(tableSchema, kv, partitionColumns, this.options.path.get))
+        new KvRowsScan(tableSchema, key, kv.separator, partitionColumns, this.options.path.get, this.options.read)
+      case None => super.newScanBuilder(options)
+    }
+
+  /** The location's dataset when it is a KV dataset (its manifest says so). */
+  private lazy val kvDataset: Option[KvRows.KvDataset] =
+    this.options.path.flatMap(p => KvRows.kvDataset(SparkSession.active, p, this.options.read))
 
   override def newWriteBuilder(info: LogicalWriteInfo): WriteBuilder =
     new WriteBuilder with SupportsTruncate {

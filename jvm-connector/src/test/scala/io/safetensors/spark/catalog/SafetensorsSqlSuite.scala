@@ -6,6 +6,7 @@ import java.nio.{ByteBuffer, ByteOrder}
 import scala.jdk.CollectionConverters._
 
 import org.apache.spark.sql.{DataFrame, Row, SaveMode}
+import org.apache.spark.sql.catalyst.TableIdentifier
 import org.apache.spark.sql.types._
 import io.safetensors.spark.{SafetensorsExtensions, SparkSuiteBase}
 import io.safetensors.spark.files.DatasetFiles
@@ -225,6 +226,51 @@ class SafetensorsSqlSuite extends SparkSuiteBase {
       assert(selected(spark.table("sat_ext")) == expected(30 until 31))
       sql("DROP TABLE sat_ext")
       assert(onDisk(path) == expected(30 until 31)) // an external table's data stays
+    }
+  }
+
+  test("KV tables (name_col) read back as the rows written: saveAsTable, CREATE TABLE + INSERT, WHERE, separators, dtypes") {
+    withTable("kv_sat", "kv_ct") {
+      val schema = StructType(Seq(StructField("key", StringType), StructField("v", ArrayType(FloatType)),
+        StructField("m", ArrayType(ArrayType(DoubleType))), StructField("n", LongType)))
+      val data = Seq(Row("a", Seq(1f, 2f), Seq(Seq(1.0, 2.0), Seq(3.0, 4.0)), 7L),
+        Row("b__x", Seq(3f, 4f), Seq(Seq(5.5, 6.0), Seq(7.0, 8.0)), -1L))
+      val df = spark.createDataFrame(spark.sparkContext.parallelize(data, 2), schema)
+      // m written as F32: read back widened exactly, as a double column
+      df.write.format("safetensors").option("name_col", "key").option("dtypes", """{"m":"F32"}""")
+        .saveAsTable("kv_sat")
+      val all = spark.table("kv_sat")
+      assert(all.schema.map(_.dataType) == schema.map(_.dataType))
+      assert(all.collect().map(r => r.getString(0) -> r).toMap.map { case (k, r) => k -> r.toSeq.drop(1) } ==
+        data.map(r => r.getString(0) -> r.toSeq.drop(1)).toMap)
+      assert(sql("SELECT n FROM kv_sat WHERE key = 'b__x'").collect().map(_.getLong(0)).toSeq == Seq(-1L))
+      // a table with its own separator, written by INSERTs; a key that holds the separator
+      sql("CREATE TABLE kv_ct (id STRING, emb ARRAY<FLOAT>, label INT) USING safetensors " +
+        "OPTIONS (name_col 'id', kv_separator '::')")
+      assert(spark.table("kv_ct").count() == 0)
+      sql("INSERT INTO kv_ct VALUES ('u::1', array(0.5, 1.5), 3), ('u2', array(2.0, 2.5), 4)")
+      sql("INSERT INTO kv_ct VALUES ('u3', array(9.0, 9.5), 5)")
+      val got = sql("SELECT id, emb, label FROM kv_ct").collect()
+        .map(r => (r.getString(0), r.getSeq[Float](1), r.getInt(2))).sortBy(_._1).toSeq
+      assert(got == Seq(("u2", Seq(2f, 2.5f), 4), ("u3", Seq(9f, 9.5f), 5), ("u::1", Seq(0.5f, 1.5f), 3)))
+      assert(sql("SELECT count(*) FROM kv_ct WHERE label > 3").collect().head.getLong(0) == 2)
+      // by path it stays the per-tensor layout
+      val location = spark.sessionState.catalog.getTableMetadata(TableIdentifier("kv_ct")).location.getPath
+      assert(spark.read.format("safetensors").load(location).columns.contains("dtype"))
+      // negative: a column whose type does not fit the tensors names the column, the tensor, dtype and shape
+      withTable("kv_bad", "kv_nokey") {
+        sql(s"CREATE TABLE kv_bad (id STRING, emb ARRAY<ARRAY<FLOAT>>, label INT) USING safetensors " +
+          s"OPTIONS (name_col 'id') LOCATION '$location'")
+        val bad = intercept[Exception](sql("SELECT * FROM kv_bad").collect())
+        assert(messages(bad).contains("KV table column 'emb' (array<array<float>>): tensor 'u2::emb' (F32, shape [2]): " +
+          "the column has rank 2"), messages(bad))
+        // without name_col, the key is the one string column that is no tensor column: two are ambiguous
+        sql(s"CREATE TABLE kv_nokey (id STRING, other STRING, emb ARRAY<FLOAT>, label INT) USING safetensors " +
+          s"LOCATION '$location'")
+        val ambiguous = intercept[Exception](sql("SELECT * FROM kv_nokey").collect())
+        assert(messages(ambiguous).contains("its key column is the one string column that is not a tensor column " +
+          "(emb, label); it has id, other"), messages(ambiguous))
+      }
     }
   }
 
