@@ -98,7 +98,8 @@ class _CountingLoader(torch.utils.data.DataLoader):
         before the first iterator."""
         return self._stats.snapshot() if self._stats is not None else None
 
-    def _count(self, iterator, progress, flags=None, delivery=None, counted=False):
+    def _counted(self, iterator, progress, flags=None, delivery=None, counted=False):
+        """The iterator's batches through :func:`_count`, with this iterator's LoaderStats."""
         counters = self._counters if self.num_workers > 0 else None
         self._stats = LoaderStats(self.num_workers, counters, self._counters_base if counters is not None else None,
                                   _datasets_of(self.dataset), self.device, self.stats_every, self.stats_callback)
@@ -125,19 +126,19 @@ class _CountingLoader(torch.utils.data.DataLoader):
                 indices = ds.shared.numpy()
             ds.indices = indices
             if self.num_workers == 0:
-                return self._count(super().__iter__(), {"consumed": 0}, None, delivery)
+                return self._counted(super().__iter__(), {"consumed": 0}, None, delivery)
             iterator = self._start_workers(ds)
-            return self._count(iterator, {"consumed": 0}, self._flags, delivery)
+            return self._counted(iterator, {"consumed": 0}, self._flags, delivery)
         if self.num_workers == 0:
             it = super().__iter__()  # the dataset's own iterator counts in this process
             # the dataset counted each batch as it gave it; _count counts it when the loop gets it
             # (one batch later with a device copy ahead)
-            return self._count(it, ds._progress, None, delivery, counted=True)
+            return self._counted(it, ds._progress, None, delivery, counted=True)
         ds._publish()  # the epoch and start the workers read when their iterator starts (live ones too)
         ds._refresh_rank()
         start = ds._start_position()
         iterator = self._start_workers(ds)
-        return self._count(iterator, ds._count_from(start), self._flags, delivery)
+        return self._counted(iterator, ds._count_from(start), self._flags, delivery)
 
     def _start_workers(self, ds):
         flags = None
