@@ -19,5 +19,9 @@ if [ -f jvm-connector/pom.xml ]; then
   PYTHON=$PYTHON VENV=$VENV bash tests/spark-lines/run.sh
 fi
 
+echo "== Python package: types (mypy)"
+(cd rust-core/python/python && "$PYTHON" -m mypy --config-file ../pyproject.toml --cache-dir "$ROOT/target/mypy-cache" \
+  -p safetensors_spark)
+
 echo "== Cross-language tests (pytest)"
 "$PYTHON" -m pytest tests/python -q -p no:cacheprovider

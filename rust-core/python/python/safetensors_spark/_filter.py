@@ -16,6 +16,8 @@ worker had read. One pass over one scalar column (for a local dataset a view of 
 one range read of that column per shard) gives the exact filtered length.
 """
 
+from __future__ import annotations
+
 import hashlib
 import operator
 

@@ -10,6 +10,10 @@
   from range reads (remote shards; also the reference the tests hold the builder to).
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import numpy as np
 
 from . import _native
@@ -44,7 +48,8 @@ class Packing:
     ``"int64"``, or ``torch.int32``/``torch.int64``). Pass it as
     ``SafetensorsIterableDataset(..., pack=Packing(...))``."""
 
-    def __init__(self, column, seq_len, eos=None, *, ids=IDS, ids_dtype="int64"):
+    def __init__(self, column: str, seq_len: int, eos: int | None = None, *, ids: Sequence[str] = IDS,
+                 ids_dtype: str = "int64") -> None:
         if not isinstance(column, str):
             raise ValueError(f"Packing: column must be a column name (str), got {column!r}")
         if not isinstance(seq_len, (int, np.integer)) or isinstance(seq_len, bool) or seq_len < 1:

@@ -6,8 +6,13 @@
   (``state_dict()`` / ``load_state_dict()``).
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,7 +20,7 @@ import torch.utils.data
 
 from .._dataset import Dataset
 from .._errors import StateError
-from .._filter import FilteredOrder, Selection
+from .._filter import Filter, FilteredOrder, Selection
 from .._prefetch import batch_groups
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
@@ -42,8 +47,11 @@ class SafetensorsDataset(torch.utils.data.Dataset):
     Local shards are memory-mapped (private, copy-on-write): the tensors are views of the map,
     no bytes are copied; remote shards are read by byte range into fresh tensors."""
 
-    def __init__(self, path, columns=None, *, ragged=None, pad_value=0, transform=None, filter=None,
-                 storage_options=None, cache_dir=None, version=None, timestamp=None):
+    def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | None = None, *,
+                 ragged: str | Mapping[str, str] | None = None, pad_value: float = 0,
+                 transform: Callable[[dict[str, Any]], Any] | None = None, filter: Filter | None = None,
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 version: int | None = None, timestamp: str | int | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
@@ -136,10 +144,14 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     multiple of ``world_size`` with samples from the start of its order; with ``drop_last`` it is
     cut to whole rounds of ``world_size × batch_size``. See spec/python.md §3."""
 
-    def __init__(self, path, columns=None, batch_size=None, shuffle=False, seed=0, rank=None,
-                 world_size=None, drop_last=False, *, ragged=None, pad_value=0, transform=None, pack=None,
-                 filter=None, shuffle_block_size=None, storage_options=None, cache_dir=None, cache_shards=8,
-                 version=None, timestamp=None):
+    def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | None = None,
+                 batch_size: int | None = None, shuffle: bool = False, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False, *,
+                 ragged: str | Mapping[str, str] | None = None, pad_value: float = 0,
+                 transform: Callable[[dict[str, Any]], Any] | None = None, pack: Packing | None = None,
+                 filter: Filter | None = None, shuffle_block_size: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_shards: int = 8, version: int | None = None, timestamp: str | int | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
@@ -175,9 +187,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         if not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         if ds.layout == "kv" and batch_size is not None:
-            ragged = [c for c in self.columns if ds.schema[c].get("shape") is None]
-            if ragged:
-                raise ValueError(f"column(s) {ragged} of KV dataset {ds.path} have rows of different shapes "
+            varying = [c for c in self.columns if ds.schema[c].get("shape") is None]
+            if varying:
+                raise ValueError(f"column(s) {varying} of KV dataset {ds.path} have rows of different shapes "
                                  f"(schema shape null), so they cannot be stacked: use batch_size=None")
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)

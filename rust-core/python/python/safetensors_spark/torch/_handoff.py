@@ -107,7 +107,7 @@ def block_messages(epoch, spans, num_batches, worker, workers, k, release_flags)
             yield Handoff(None, slot=(pool.worker, slot, block if new else None, None), items=layouts)
 
 
-_TORCH_DTYPES = {}
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
 
 
 def _torch_dtype(dtype):

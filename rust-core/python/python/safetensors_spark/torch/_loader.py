@@ -3,7 +3,10 @@ process, the batches the loop has taken (exact ``state_dict()`` with any ``num_w
 a map-style dataset's sampled indices as whole batches, and has its workers send several batches
 per message (``_handoff``)."""
 
+from __future__ import annotations
+
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,7 +93,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         self._counters = None  # live workers' counters (persistent_workers: one array for all iterators)
         self._counters_base = None  # their values when this iterator's workers were started or woken
 
-    def stats(self):
+    def stats(self) -> dict[str, Any] | None:
         """The latest iterator's figures (spec/python.md §3.1.2): batches and bytes, rates from the
         first batch on, time to the first batch, the time the loop waited for batches and the
         loader's CPU per batch in this process, the workers' busy share, the host→device rate,
@@ -234,7 +237,8 @@ def _host_batches(iterator, blocks, release, delivery, counted):
             yield item if delivery is None else delivery.pin_batch(item)
 
 
-def loader(dataset, *, handoff_batches=None, **kwargs):
+def loader(dataset: SafetensorsIterableDataset | SafetensorsDataset, *, handoff_batches: int | None = None,
+           **kwargs: Any) -> _CountingLoader:
     """A ``DataLoader`` over a safetensors-spark dataset, with the batches of several worker
     reads sent to the training process in one message.
 

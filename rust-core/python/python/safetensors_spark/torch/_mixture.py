@@ -6,8 +6,13 @@ pass), then dealt to ranks and workers exactly as ``SafetensorsIterableDataset``
 positions (``RankPlan``), so the rank counts, the worker split and resume are the same rules.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,7 +20,7 @@ import torch.utils.data
 
 from .._dataset import Dataset
 from .._errors import ColumnNotFoundError, StateError
-from .._filter import FilteredOrder, Selection
+from .._filter import Filter, FilteredOrder, Selection
 from .._mixture import MixtureOrder, check_weights, quotas, source_seed
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder
@@ -33,8 +38,10 @@ class Source:
     ``{mixture column: this dataset's column}`` (select and rename, to map sources of different
     columns to one schema). ``filter``: a :class:`safetensors_spark.Filter` applied to this source."""
 
-    def __init__(self, path, columns=None, *, filter=None, storage_options=None, cache_dir=None, version=None,
-                 timestamp=None):
+    def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | Mapping[str, str] | None = None,
+                 *, filter: Filter | None = None, storage_options: Mapping[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, version: int | None = None,
+                 timestamp: str | int | None = None) -> None:
         self.path, self.columns, self.filter = path, columns, filter
         self.open_kw = dict(storage_options=storage_options, cache_dir=cache_dir, version=version, timestamp=timestamp)
 

@@ -42,7 +42,8 @@ def worker_state(ds, common, progress):
     worker, its iterator's epoch and start, the batches it yielded, and the run's rank split."""
     info = torch.utils.data.get_worker_info()
     if progress is None:  # no iterator yet in this worker: the one it would start
-        epoch, start, yielded = (*ds._worker_start(peek=True)[:2], 0)
+        epoch, start, _ = ds._worker_start(peek=True)
+        yielded = 0
     else:
         epoch, start, yielded = progress["epoch"], progress["start"], progress["consumed"]
     return {

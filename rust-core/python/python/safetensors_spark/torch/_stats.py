@@ -6,6 +6,8 @@ worker adds the time it spent making its messages and its remote reads to its ro
 shared array (workers × ``WORKER_FIELDS``, float64). A snapshot adds them up; the cost is two
 clock reads and a few additions per batch, and an array row written per worker message."""
 
+from __future__ import annotations
+
 import logging
 import time
 
