@@ -10,7 +10,7 @@ use safetensors_spark_dataset::manifest::{next_manifest, Manifest};
 use safetensors_spark_engine::write::commit::{commit_manifest, index_rows, CommitPlan};
 use safetensors_spark_engine::write::plan::plan_write;
 use safetensors_spark_engine::write::{
-    shard_file_name, ColumnReport, ShardReport, TaskReport, TensorReport, WritePlan,
+    shard_file_name, ColumnReport, SealedTensor, ShardReport, TaskReport, WritePlan,
 };
 use safetensors_spark_format::Dtype;
 use std::collections::BTreeMap;
@@ -39,9 +39,9 @@ fn tensor(
     shape: Vec<u64>,
     start: u64,
     key: Option<&str>,
-) -> TensorReport {
+) -> SealedTensor {
     let bytes = shape.iter().product::<u64>() * u64::from(dtype.bits() / 8);
-    TensorReport {
+    SealedTensor {
         name: name.into(),
         dtype,
         shape,

@@ -44,7 +44,8 @@ use super::rows::{
     FileColumn, SampleTarget, TensorColumn, TensorField,
 };
 use super::scan::{
-    ColumnSource, Excluded, Layout, PartitionSpec, ShardChecksum, TensorAssumption, Unit, UnitPart,
+    ColumnSource, Excluded, PartitionSpec, RowLayout, ShardChecksum, TensorAssumption, Unit,
+    UnitPart,
 };
 use super::TensorSource;
 use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
@@ -394,7 +395,7 @@ impl ReadTask {
             ))
         };
         let (rows, arrays): (u64, Vec<ArrayRef>) = match (&unit.part, self.spec.layout) {
-            (UnitPart::Sample { .. }, Layout::Sample) => {
+            (UnitPart::Sample { .. }, RowLayout::Sample) => {
                 let n = step.to - step.from;
                 let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.spec.columns.len());
                 for c in &self.spec.columns {
@@ -420,7 +421,7 @@ impl ReadTask {
                 }
                 (n, arrays)
             }
-            (UnitPart::Tensors { tensors }, Layout::Tensor) => {
+            (UnitPart::Tensors { tensors }, RowLayout::Tensor) => {
                 let mut rows: Vec<(&dyn TensorSource, &TensorInfo)> = Vec::new();
                 for t in tensors
                     .get(step.from as usize..step.to as usize)
@@ -439,7 +440,7 @@ impl ReadTask {
                     .collect::<Result<Vec<_>, _>>()?;
                 (rows.len() as u64, tensor_columns(&rows, &cols)?)
             }
-            (UnitPart::File { .. }, Layout::File) => {
+            (UnitPart::File { .. }, RowLayout::File) => {
                 let digests: Vec<String> = file_digest.map(str::to_owned).into_iter().collect();
                 let cols = self
                     .spec

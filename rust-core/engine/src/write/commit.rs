@@ -9,8 +9,8 @@
 //! the byte counts and offsets, before the manifest and index are written.
 
 use super::{
-    shard_file_name, ColumnReport, DuplicatesStrategy, ShardReport, TailStrategy, TaskReport,
-    TensorReport, WriteMode, WritePlan,
+    shard_file_name, ColumnReport, DuplicatesStrategy, SealedTensor, ShardReport, TailStrategy,
+    TaskReport, WriteMode, WritePlan,
 };
 use safetensors_spark_dataset::index::IndexRow;
 use safetensors_spark_dataset::manifest::{
@@ -168,7 +168,7 @@ pub fn shard_report_from_header(file: &str, header: &Header, plan: &WritePlan) -
         padded_samples: count(PADDED_SAMPLES_METADATA_KEY),
         bytes: header.file_len(),
         crc32c: None,
-        tensors: TensorReport::for_tensors(&header.tensors, header.data_start(), origin),
+        tensors: SealedTensor::for_tensors(&header.tensors, header.data_start(), origin),
         num_tensors: None,
     }
 }
@@ -412,7 +412,7 @@ pub struct RewrittenShard {
     pub crc32c: String,
     pub samples: u64,
     /// The tensors kept, with their new absolute offsets (`sample_key`/`column` not set).
-    pub tensors: Vec<TensorReport>,
+    pub tensors: Vec<SealedTensor>,
 }
 
 /// Copies the shard `input` to `output` (temporary sibling + rename; `output` may be `input`)
@@ -446,7 +446,7 @@ pub fn rewrite_shard_without(
     let mut metadata = header.metadata.clone().unwrap_or_default();
     metadata.insert(SAMPLES_METADATA_KEY.to_string(), samples.to_string());
     let written = copy_tensors(input, output, Some(&metadata), |t| !drop.contains(&t.name))?;
-    let tensors = TensorReport::for_tensors(&written.tensors, written.data_start, |_| (None, None));
+    let tensors = SealedTensor::for_tensors(&written.tensors, written.data_start, |_| (None, None));
     Ok(RewrittenShard {
         file: output
             .file_name()
@@ -493,7 +493,7 @@ impl CommitPlan {
                 done.samples
             )));
         }
-        let new: HashMap<&str, &TensorReport> =
+        let new: HashMap<&str, &SealedTensor> =
             done.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         for t in &mut shard.tensors {
             let n = new

@@ -2,7 +2,7 @@
 //! path's shard reports, as the commit builds them.
 use crate::write::commit::{index_rows, shard_report_from_header};
 use crate::write::plan::plan_write;
-use crate::write::{ShardReport, TensorReport};
+use crate::write::{SealedTensor, ShardReport};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -28,7 +28,7 @@ fn tempdir() -> PathBuf {
     d
 }
 
-fn shard(file: &str, tensors: Vec<TensorReport>) -> ShardReport {
+fn shard(file: &str, tensors: Vec<SealedTensor>) -> ShardReport {
     ShardReport {
         file: file.into(),
         local_path: String::new(),
@@ -43,8 +43,8 @@ fn shard(file: &str, tensors: Vec<TensorReport>) -> ShardReport {
     }
 }
 
-fn t(name: &str, start: u64, key: Option<&str>, column: Option<&str>) -> TensorReport {
-    TensorReport {
+fn t(name: &str, start: u64, key: Option<&str>, column: Option<&str>) -> SealedTensor {
+    SealedTensor {
         name: name.into(),
         dtype: Dtype::Bf16,
         shape: vec![2, 0, 3],
@@ -463,7 +463,7 @@ fn streamed_part_equals_the_sorted_part_and_refuses_unsorted_rows() {
     let names: Vec<String> = (0..(PART_ROW_GROUP_ROWS + 5))
         .map(|i| format!("k{i:06}__x"))
         .collect();
-    let tensors = |names: &[String]| -> Vec<TensorReport> {
+    let tensors = |names: &[String]| -> Vec<SealedTensor> {
         names
             .iter()
             .enumerate()

@@ -181,7 +181,7 @@ pub struct WritePlan {
 
 /// One tensor of a sealed shard, as the index and the commit checks need it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TensorReport {
+pub struct SealedTensor {
     pub name: String,
     pub dtype: Dtype,
     pub shape: Vec<u64>,
@@ -195,19 +195,19 @@ pub struct TensorReport {
     pub column: Option<String>,
 }
 
-impl TensorReport {
+impl SealedTensor {
     /// Reports for the tensors of a file whose data section starts at `data_start`; `origin`
     /// gives a tensor's KV key and column from its name (`(None, None)` in batch mode).
     pub fn for_tensors(
         tensors: &[TensorInfo],
         data_start: u64,
         origin: impl Fn(&str) -> (Option<String>, Option<String>),
-    ) -> Vec<TensorReport> {
+    ) -> Vec<SealedTensor> {
         tensors
             .iter()
             .map(|t| {
                 let (sample_key, column) = origin(&t.name);
-                TensorReport {
+                SealedTensor {
                     name: t.name.clone(),
                     dtype: t.dtype,
                     shape: t.shape.clone(),
@@ -259,7 +259,7 @@ pub struct ShardReport {
     /// Omitted when empty: the task's report file appends a KV shard's tensors after the other
     /// fields, serialised one at a time from compact records (see `task::write_report`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tensors: Vec<TensorReport>,
+    pub tensors: Vec<SealedTensor>,
     /// KV shards: the tensor count, reported instead of `tensors` (the shard's index part lists
     /// them, spec/dataset.md §6.1). `None`: `tensors` lists every tensor.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -32,7 +32,7 @@ mod sealer;
 
 use crate::write::commit::index_rows;
 use crate::write::{
-    shard_file_name, ColumnReport, ShardReport, TailStrategy, TaskReport, TensorReport, WriteMode,
+    shard_file_name, ColumnReport, SealedTensor, ShardReport, TailStrategy, TaskReport, WriteMode,
     WritePlan,
 };
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
@@ -654,7 +654,7 @@ impl TaskWriter {
             padded_samples: padded,
             bytes: written.bytes,
             crc32c: Some(crc32c_hex(written.crc32c)),
-            tensors: TensorReport::for_tensors(&written.tensors, written.data_start, |_| {
+            tensors: SealedTensor::for_tensors(&written.tensors, written.data_start, |_| {
                 (None, None)
             }),
             num_tensors: None,

@@ -167,12 +167,12 @@ impl Catalog<'_> {
             .and_then(|(mi, si)| self.manifests.get(mi).map(|m| (&m.manifest, si)))
     }
 
-    pub(super) fn resolve(&self, option: LayoutOption) -> Answer<Layout> {
+    pub(super) fn resolve(&self, option: RowLayoutOption) -> Answer<RowLayout> {
         match option {
-            LayoutOption::Sample => return Answer::Ready(Layout::Sample),
-            LayoutOption::Tensor => return Answer::Ready(Layout::Tensor),
-            LayoutOption::File => return Answer::Ready(Layout::File),
-            LayoutOption::Auto => {}
+            RowLayoutOption::Sample => return Answer::Ready(RowLayout::Sample),
+            RowLayoutOption::Tensor => return Answer::Ready(RowLayout::Tensor),
+            RowLayoutOption::File => return Answer::Ready(RowLayout::File),
+            RowLayoutOption::Auto => {}
         }
         if self.files.is_empty() && self.manifests.is_empty()
             || self
@@ -181,7 +181,7 @@ impl Catalog<'_> {
                 // a published-only manifest (no layout) leaves it to the shards' headers
                 .any(|m| m.manifest.mode() == Some(DatasetMode::Kv))
         {
-            return Answer::Ready(Layout::Tensor);
+            return Answer::Ready(RowLayout::Tensor);
         }
         let mut need = Vec::new();
         for e in &self.files {
@@ -193,13 +193,13 @@ impl Catalog<'_> {
                 Some(h) => {
                     let mode = h.metadata.as_ref().and_then(|m| m.get(MODE_KEY));
                     if mode.map(String::as_str) != Some("batch") {
-                        return Answer::Ready(Layout::Tensor);
+                        return Answer::Ready(RowLayout::Tensor);
                     }
                 }
             }
         }
         if need.is_empty() {
-            Answer::Ready(Layout::Sample)
+            Answer::Ready(RowLayout::Sample)
         } else {
             Answer::NeedHeaders(need)
         }

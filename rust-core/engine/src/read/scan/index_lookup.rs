@@ -59,7 +59,7 @@ pub(super) fn tensor_files<'a>(
     filters: &Filters<'_>,
     indexed: &[bool],
 ) -> Answer<Vec<TensorFile<'a>>> {
-    let mut rows: HashMap<(usize, &str), Vec<&IndexEntry>> = HashMap::new();
+    let mut rows: HashMap<(usize, &str), Vec<&IndexedTensor>> = HashMap::new();
     for (mi, m) in cat.manifests.iter().enumerate() {
         if !indexed.get(mi).copied().unwrap_or(false) {
             continue;
@@ -83,7 +83,7 @@ pub(super) fn tensor_files<'a>(
             .filter(|(mi, _)| indexed.get(*mi).copied().unwrap_or(false));
         if let Some((mi, _)) = from_index {
             let (_, name) = split_uri(uri);
-            let mut found: Vec<&IndexEntry> = rows.remove(&(mi, name)).unwrap_or_default();
+            let mut found: Vec<&IndexedTensor> = rows.remove(&(mi, name)).unwrap_or_default();
             found.sort_by_key(|r| r.data_start);
             let tensors: Vec<_> = found
                 .into_iter()
@@ -136,7 +136,7 @@ pub fn index_summary<R: ChunkReader + 'static>(
     parquet: R,
     predicates: &[Predicate],
 ) -> Result<IndexSummary, ReadError> {
-    let f = filters(Layout::Tensor, predicates)?;
+    let f = filters(RowLayout::Tensor, predicates)?;
     let name = format!("{dir}/{INDEX_DIR_NAME}");
     let mut files: BTreeMap<String, u64> = BTreeMap::new();
     let rows = read_index_from(parquet, Path::new(&name), |r| {
@@ -153,7 +153,7 @@ pub fn index_summary<R: ChunkReader + 'static>(
     .map_err(|e| ReadErrorKind::Index(e.to_string()).in_scan())?;
     Ok(IndexSummary {
         files,
-        rows: rows.into_iter().map(IndexEntry::from).collect(),
+        rows: rows.into_iter().map(IndexedTensor::from).collect(),
         error: None,
     })
 }
@@ -179,7 +179,7 @@ pub fn index_part_summary(
     file: &SparseFile,
     predicates: &[Predicate],
 ) -> Result<PartAnswer, ReadError> {
-    let f = filters(Layout::Tensor, predicates)?;
+    let f = filters(RowLayout::Tensor, predicates)?;
     let name = format!("{dir}/{INDEX_DIR_NAME}/{shard}");
     let bad = |e: String| ReadErrorKind::Index(e).in_scan();
     // the key tests all hold (AND): any one of them bounds the row groups; an exact one best
@@ -218,7 +218,7 @@ pub fn index_part_summary(
         SparseLookup::NeedRanges(r) => PartAnswer::Need(r),
         SparseLookup::Ready(total, rows) => PartAnswer::Summary(IndexSummary {
             files: BTreeMap::from([(shard.to_string(), total)]),
-            rows: rows.into_iter().map(IndexEntry::from).collect(),
+            rows: rows.into_iter().map(IndexedTensor::from).collect(),
             error: None,
         }),
     })

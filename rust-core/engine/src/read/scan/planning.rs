@@ -3,11 +3,11 @@
 
 use super::*;
 
-pub(super) fn layout_name(layout: Layout) -> &'static str {
+pub(super) fn layout_name(layout: RowLayout) -> &'static str {
     match layout {
-        Layout::Sample => "sample",
-        Layout::Tensor => "tensor",
-        Layout::File => "file",
+        RowLayout::Sample => "sample",
+        RowLayout::Tensor => "tensor",
+        RowLayout::File => "file",
     }
 }
 
@@ -39,7 +39,7 @@ pub(super) fn forensic_columns() -> [OutputColumn; 3] {
 }
 
 pub(super) fn output_column(
-    layout: Layout,
+    layout: RowLayout,
     all: &[OutputColumn],
     by_name: &HashMap<&str, &OutputColumn>,
     rc: &RequiredColumn,
@@ -105,13 +105,16 @@ impl PredicateTest {
     }
 }
 
-pub(super) fn filters(layout: Layout, predicates: &[Predicate]) -> Result<Filters<'_>, ReadError> {
+pub(super) fn filters(
+    layout: RowLayout,
+    predicates: &[Predicate],
+) -> Result<Filters<'_>, ReadError> {
     let mut f = Filters::default();
     for p in predicates {
         match (p.column.as_str(), layout) {
             ("file" | "_file", _) => f.file.push(&p.test),
-            ("key", Layout::Tensor) => f.key.push(&p.test),
-            ("dtype", Layout::Tensor) => f.dtype.push(&p.test),
+            ("key", RowLayout::Tensor) => f.key.push(&p.test),
+            ("dtype", RowLayout::Tensor) => f.dtype.push(&p.test),
             (other, _) => {
                 return Err(ReadError::new(
                     "",
@@ -119,7 +122,7 @@ pub(super) fn filters(layout: Layout, predicates: &[Predicate]) -> Result<Filter
                     ReadErrorKind::Invalid(format!(
                     "a predicate on `{other}` cannot be pushed to the {} layout (only `file`{})",
                     layout_name(layout),
-                    if layout == Layout::Tensor {
+                    if layout == RowLayout::Tensor {
                         ", `key`, `dtype`"
                     } else {
                         ""
@@ -328,10 +331,10 @@ pub(super) fn pack(mut units: Vec<Unit>, max_bytes: u64, open_cost: u64) -> Vec<
 /// layout, and drops files and tensors the predicates exclude: they appear in no unit and are
 /// never opened.
 pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> {
-    let cat = catalog(&req.input, req.layout == Layout::File)?;
+    let cat = catalog(&req.input, req.layout == RowLayout::File)?;
     let filters = filters(req.layout, &req.predicates)?;
     let mut files = Vec::new();
-    if req.layout == Layout::Tensor {
+    if req.layout == RowLayout::Tensor {
         let indexed = match indexed_manifests(&cat, &filters).ready() {
             Ok(i) => i,
             Err(ask) => return Ok(ask),

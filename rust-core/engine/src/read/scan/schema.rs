@@ -323,10 +323,10 @@ pub(super) fn sample_columns(files: &[SampleFile]) -> Result<Vec<SampleColumn>, 
 
 pub(super) fn scan_schema<'a>(
     cat: &'a Catalog<'a>,
-    layout: Layout,
+    layout: RowLayout,
 ) -> Result<Answer<ScanSchema<'a>>, ReadError> {
     Ok(Answer::Ready(match layout {
-        Layout::Sample => {
+        RowLayout::Sample => {
             let mut files = Vec::with_capacity(cat.files.len());
             let mut need = Vec::new();
             for e in &cat.files {
@@ -341,7 +341,7 @@ pub(super) fn scan_schema<'a>(
             let columns = sample_columns(&files)?;
             ScanSchema::Sample { columns, files }
         }
-        Layout::Tensor => {
+        RowLayout::Tensor => {
             // A consistent manifest's column dtypes are its shards' dtypes (every shard holds
             // every column), so only files outside one need their header.
             let mut dtypes = Vec::new();
@@ -372,7 +372,7 @@ pub(super) fn scan_schema<'a>(
                 decoded: common_element(dtypes),
             }
         }
-        Layout::File => {
+        RowLayout::File => {
             let files = match cat.headers() {
                 Ok(f) => f,
                 Err(need) => return Ok(Answer::NeedHeaders(need)),
@@ -511,7 +511,7 @@ impl ScanSchema<'_> {
 
 /// Resolves the layout and the schema.
 pub fn describe(req: &DescribeRequest) -> Result<Answer<ScanDescription>, ReadError> {
-    let cat = catalog(&req.input, req.layout == LayoutOption::File)?;
+    let cat = catalog(&req.input, req.layout == RowLayoutOption::File)?;
     let layout = match cat.resolve(req.layout).ready() {
         Ok(l) => l,
         Err(ask) => return Ok(ask),

@@ -261,7 +261,7 @@ pub(crate) fn ready<T: std::fmt::Debug>(a: Answer<T>) -> T {
     }
 }
 
-pub(crate) fn describe_ok(layout: LayoutOption, input: ScanInput) -> ScanDescription {
+pub(crate) fn describe_ok(layout: RowLayoutOption, input: ScanInput) -> ScanDescription {
     ready(describe(&DescribeRequest { layout, input }).unwrap())
 }
 
@@ -272,7 +272,7 @@ pub(crate) fn req(name: &str) -> RequiredColumn {
     }
 }
 
-pub(crate) fn plan_req(layout: Layout, input: ScanInput, required: &[&str]) -> PlanRequest {
+pub(crate) fn plan_req(layout: RowLayout, input: ScanInput, required: &[&str]) -> PlanRequest {
     PlanRequest {
         layout,
         input,
@@ -392,8 +392,8 @@ fn validated_header_text_keeps_padding_and_rejects_bad_prefixes() {
 fn describe_sample_from_a_consistent_manifest_needs_no_header() {
     let dir = Dir::new("manifest");
     let (a, b, m) = two_shards(&dir);
-    let d = describe_ok(LayoutOption::Auto, input(&[b.clone(), a.clone()], &[m]));
-    assert_eq!(d.layout, Layout::Sample);
+    let d = describe_ok(RowLayoutOption::Auto, input(&[b.clone(), a.clone()], &[m]));
+    assert_eq!(d.layout, RowLayout::Sample);
     assert_eq!(
         d.schema,
         json!({"type": "struct", "fields": [
@@ -419,23 +419,23 @@ fn describe_auto_asks_for_headers_then_resolves() {
     let b = shard(&dir, &shard_name(0, 1), 2, 0, &cols);
     // No manifest, no headers: every file's header is needed.
     let r = describe(&DescribeRequest {
-        layout: LayoutOption::Auto,
+        layout: RowLayoutOption::Auto,
         input: input(&[b.clone(), a.clone()], &[]),
     })
     .unwrap();
     assert_eq!(r, Answer::NeedHeaders(vec![a.file.clone(), b.file.clone()]));
     // Only the missing one is asked for.
     let r = describe(&DescribeRequest {
-        layout: LayoutOption::Auto,
+        layout: RowLayoutOption::Auto,
         input: input(&[with_header(&a), b.clone()], &[]),
     })
     .unwrap();
     assert_eq!(r, Answer::NeedHeaders(vec![b.file.clone()]));
     let d = describe_ok(
-        LayoutOption::Auto,
+        RowLayoutOption::Auto,
         input(&[with_header(&a), with_header(&b)], &[]),
     );
-    assert_eq!(d.layout, Layout::Sample);
+    assert_eq!(d.layout, RowLayout::Sample);
     assert_eq!(field_names(&d.schema), ["x"]);
     // A file that is not a batch shard makes it per tensor.
     let other = write(
@@ -445,16 +445,16 @@ fn describe_auto_asks_for_headers_then_resolves() {
         &[("w", Dtype::F16, &[2, 2])],
     );
     let d = describe_ok(
-        LayoutOption::Auto,
+        RowLayoutOption::Auto,
         input(
             &[with_header(&a), with_header(&b), with_header(&other)],
             &[],
         ),
     );
-    assert_eq!(d.layout, Layout::Tensor);
+    assert_eq!(d.layout, RowLayout::Tensor);
     // Nothing at all: per tensor, without `decoded`.
-    let d = describe_ok(LayoutOption::Auto, input(&[], &[]));
-    assert_eq!(d.layout, Layout::Tensor);
+    let d = describe_ok(RowLayoutOption::Auto, input(&[], &[]));
+    assert_eq!(d.layout, RowLayout::Tensor);
     assert_eq!(
         field_names(&d.schema),
         [
@@ -488,8 +488,8 @@ fn describe_tensor_and_file_layouts() {
         None,
         &[("v", Dtype::F32, &[1]), ("w", Dtype::F32, &[4])],
     ));
-    let d = describe_ok(LayoutOption::Tensor, input(&[b.clone(), a.clone()], &[]));
-    assert_eq!(d.layout, Layout::Tensor);
+    let d = describe_ok(RowLayoutOption::Tensor, input(&[b.clone(), a.clone()], &[]));
+    assert_eq!(d.layout, RowLayout::Tensor);
     let expected = spark_type_json(&DataType::Struct(tensor_rows_schema_fields(Some(
         DataType::Float32,
     ))));
@@ -503,11 +503,11 @@ fn describe_tensor_and_file_layouts() {
         None,
         &[("q", Dtype::Bool, &[1])],
     ));
-    let d = describe_ok(LayoutOption::Tensor, input(&[a.clone(), c], &[]));
+    let d = describe_ok(RowLayoutOption::Tensor, input(&[a.clone(), c], &[]));
     assert!(!field_names(&d.schema).contains(&"decoded".to_string()));
 
-    let d = describe_ok(LayoutOption::File, input(&[b.clone(), a.clone()], &[]));
-    assert_eq!(d.layout, Layout::File);
+    let d = describe_ok(RowLayoutOption::File, input(&[b.clone(), a.clone()], &[]));
+    assert_eq!(d.layout, RowLayout::File);
     // Keys: first appearance over files sorted by URI (a: w, b by data order; then b: v).
     let names = field_names(&d.schema);
     assert_eq!(names[0], "file");
@@ -530,7 +530,7 @@ fn describe_tensor_and_file_layouts() {
     );
     // These layouts need every header.
     let r = describe(&DescribeRequest {
-        layout: LayoutOption::File,
+        layout: RowLayoutOption::File,
         input: input(
             &[
                 a,
@@ -583,7 +583,7 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
         &[("x", Dtype::F16, &[2, 3])],
     );
     let d = describe_ok(
-        LayoutOption::Sample,
+        RowLayoutOption::Sample,
         input(
             &[a.clone(), b.clone(), stray.clone(), with_header(&loose)],
             std::slice::from_ref(&m),
@@ -617,7 +617,7 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
         ],
     ] {
         let r = describe(&DescribeRequest {
-            layout: LayoutOption::Auto,
+            layout: RowLayoutOption::Auto,
             input: ScanInput {
                 ignore_missing: true,
                 ..input(&files, std::slice::from_ref(&m))
@@ -628,13 +628,13 @@ fn manifest_excludes_unlisted_files_and_inconsistent_manifests_need_headers() {
         assert_eq!(r, Answer::NeedHeaders(files_needed));
     }
     let d = describe_ok(
-        LayoutOption::Auto,
+        RowLayoutOption::Auto,
         ScanInput {
             ignore_missing: true,
             ..input(&[with_header(&a)], &[m])
         },
     );
-    assert_eq!(d.layout, Layout::Sample);
+    assert_eq!(d.layout, RowLayout::Sample);
     // Untrusted manifest: the header's (data) order.
     let mut names = field_names(&d.schema);
     names.sort();
@@ -669,7 +669,10 @@ fn files_in_subdirectories_of_a_dataset_are_not_part_of_it() {
     );
     let mut files = vec![a.clone(), b.clone(), with_header(&loose)];
     files.extend(strays.iter().cloned());
-    let d = describe_ok(LayoutOption::Auto, input(&files, std::slice::from_ref(&m)));
+    let d = describe_ok(
+        RowLayoutOption::Auto,
+        input(&files, std::slice::from_ref(&m)),
+    );
     let excluded: Vec<&str> = d.excluded.iter().map(|e| e.file.as_str()).collect();
     assert_eq!(excluded, [strays[1].file.as_str(), strays[0].file.as_str()]); // by URI
     assert!(
@@ -677,7 +680,7 @@ fn files_in_subdirectories_of_a_dataset_are_not_part_of_it() {
         "{}",
         d.excluded[0].reason
     );
-    let specs = plan_ok(&plan_req(Layout::Sample, input(&files, &[m]), &["y"]));
+    let specs = plan_ok(&plan_req(RowLayout::Sample, input(&files, &[m]), &["y"]));
     let planned: std::collections::HashSet<&str> = specs
         .iter()
         .flat_map(|s| s.units.iter().map(|u| u.file.as_str()))
@@ -693,7 +696,7 @@ fn a_listed_shard_that_is_missing_fails_the_scan_naming_it_unless_ignored() {
     let dir = Dir::new("missing");
     let (a, b, m) = two_shards(&dir);
     let req = |ignore_missing| DescribeRequest {
-        layout: LayoutOption::Auto,
+        layout: RowLayoutOption::Auto,
         input: ScanInput {
             ignore_missing,
             ..input(std::slice::from_ref(&a), std::slice::from_ref(&m))
@@ -711,7 +714,7 @@ fn a_listed_shard_that_is_missing_fails_the_scan_naming_it_unless_ignored() {
         ..a.clone()
     };
     let d = describe(&DescribeRequest {
-        layout: LayoutOption::Auto,
+        layout: RowLayoutOption::Auto,
         input: ScanInput {
             ignore_missing: true,
             ..input(&[with_header], std::slice::from_ref(&m))
@@ -738,7 +741,7 @@ fn manifest_with_unknown_version_is_an_error_naming_it() {
         .text
         .replace("\"format_version\": \"1.0\"", "\"format_version\": \"2.0\"");
     let e = describe(&DescribeRequest {
-        layout: LayoutOption::Auto,
+        layout: RowLayoutOption::Auto,
         input: input(&[a], &[ManifestInput { text, ..m }]),
     })
     .unwrap_err();
@@ -767,7 +770,7 @@ fn sample_schema_merges_and_reports_conflicts() {
             ("only_b", Dtype::Bool, &[]),
         ],
     );
-    let d = describe_ok(LayoutOption::Sample, input(&[b.clone(), a.clone()], &[]));
+    let d = describe_ok(RowLayoutOption::Sample, input(&[b.clone(), a.clone()], &[]));
     // Columns: a's in its header (data) order, then b's new one.
     let a_order: Vec<String> =
         header::parse_header(a.header.as_ref().unwrap().as_bytes(), a.length)
@@ -819,7 +822,7 @@ fn sample_schema_merges_and_reports_conflicts() {
         };
         let z = mk(&format!("z{i}.safetensors"), cols);
         let e = describe(&DescribeRequest {
-            layout: LayoutOption::Sample,
+            layout: RowLayoutOption::Sample,
             input: input(&[partner.clone(), z.clone()], &[]),
         })
         .unwrap_err();
@@ -832,7 +835,7 @@ fn sample_schema_merges_and_reports_conflicts() {
     // A sample that is not a whole number of bytes cannot be binary.
     let f4 = mk("f4.safetensors", &[("q", Dtype::F4, &[3])]);
     let e = describe(&DescribeRequest {
-        layout: LayoutOption::Sample,
+        layout: RowLayoutOption::Sample,
         input: input(&[f4], &[]),
     })
     .unwrap_err();
@@ -845,7 +848,7 @@ fn sample_schema_merges_and_reports_conflicts() {
         &[("k__c", Dtype::F32, &[2])],
     ));
     let e = describe(&DescribeRequest {
-        layout: LayoutOption::Sample,
+        layout: RowLayoutOption::Sample,
         input: input(&[kv], &[]),
     })
     .unwrap_err();
@@ -876,17 +879,17 @@ fn corrupt_files_fail_or_are_excluded() {
     for bad in [&bad_json, &bad_prefix] {
         let mut inp = input(&[good.clone(), bad.clone()], &[]);
         let e = describe(&DescribeRequest {
-            layout: LayoutOption::Tensor,
+            layout: RowLayoutOption::Tensor,
             input: inp.clone(),
         })
         .unwrap_err();
         assert_eq!(e.file, bad.file);
         inp.ignore_corrupt = true;
-        let d = describe_ok(LayoutOption::Tensor, inp.clone());
+        let d = describe_ok(RowLayoutOption::Tensor, inp.clone());
         assert_eq!(d.excluded.len(), 1);
         assert_eq!(d.excluded[0].file, bad.file);
         // Planning with the same input leaves it out too.
-        let specs = plan_ok(&plan_req(Layout::Tensor, inp, &["key"]));
+        let specs = plan_ok(&plan_req(RowLayout::Tensor, inp, &["key"]));
         let files: Vec<&str> = specs
             .iter()
             .flat_map(|s| s.units.iter().map(|u| u.file.as_str()))
@@ -918,7 +921,7 @@ fn plan_sample_splits_shards_by_bytes_and_packs_partitions() {
     let (a, b, m) = two_shards(&dir);
     // Row bytes: x = 2·3·4 = 24, y = 8.
     let mut r = plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[a.clone(), b.clone()], &[m]),
         &["x", "y", "_file"],
     );
@@ -1013,7 +1016,7 @@ fn plan_spreads_a_small_scan_over_min_partitions() {
     let (a, b, m) = two_shards(&dir);
     // 32 bytes a row: a = 4 rows (128 bytes), b = 3 rows (96); far below max_partition_bytes.
     let mut r = plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[a.clone(), b.clone()], &[m]),
         &["x", "y"],
     );
@@ -1066,7 +1069,7 @@ fn plan_tensor_layout_predicates_and_splitting() {
         &[("dec.b", Dtype::I8, &[4])],
     ));
     let mut r = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(&[a.clone(), b.clone()], &[]),
         &["key", "shape"],
     );
@@ -1131,7 +1134,7 @@ fn plan_tensor_layout_predicates_and_splitting() {
         }
     );
     // Empty scan: no partitions.
-    assert!(plan_ok(&plan_req(Layout::Tensor, input(&[], &[]), &["key"])).is_empty());
+    assert!(plan_ok(&plan_req(RowLayout::Tensor, input(&[], &[]), &["key"])).is_empty());
 }
 
 #[test]
@@ -1149,7 +1152,7 @@ fn plan_file_layout_pruned_struct() {
         None,
         &[("v", Dtype::F32, &[3])],
     ));
-    let mut r = plan_req(Layout::File, input(&[a, b], &[]), &["file", "w"]);
+    let mut r = plan_req(RowLayout::File, input(&[a, b], &[]), &["file", "w"]);
     r.required[1].fields = Some(vec!["shape".into(), "dtype".into()]);
     let specs = plan_ok(&r);
     assert_eq!(specs.iter().map(|s| s.bytes).sum::<u64>(), 0);
@@ -1180,7 +1183,7 @@ fn file_layout_tensors_named_like_its_columns_take_their_place() {
             ("w", Dtype::F32, &[1]),
         ],
     ));
-    let d = describe_ok(LayoutOption::File, input(std::slice::from_ref(&a), &[]));
+    let d = describe_ok(RowLayoutOption::File, input(std::slice::from_ref(&a), &[]));
     let mut visible = field_names(&d.schema);
     visible.sort();
     assert_eq!(
@@ -1204,7 +1207,7 @@ fn file_layout_tensors_named_like_its_columns_take_their_place() {
     assert_eq!(d.metadata_columns["fields"][0]["type"], json!("string"));
 
     let mut r = plan_req(
-        Layout::File,
+        RowLayout::File,
         input(std::slice::from_ref(&a), &[]),
         &["_file", "file", "_metadata", "metadata"],
     );
@@ -1235,7 +1238,7 @@ fn file_layout_tensors_named_like_its_columns_take_their_place() {
         &[("file", Dtype::F32, &[2]), ("_file", Dtype::F32, &[2])],
     ));
     let e = err_text(describe(&DescribeRequest {
-        layout: LayoutOption::File,
+        layout: RowLayoutOption::File,
         input: input(&[b], &[]),
     }));
     assert!(e.contains("b.safetensors") && e.contains("`_file`"), "{e}");
@@ -1245,7 +1248,7 @@ fn file_layout_tensors_named_like_its_columns_take_their_place() {
 fn json_shapes_round_trip() {
     let dir = Dir::new("json");
     let (a, b, m) = two_shards(&dir);
-    let r = plan_req(Layout::Sample, input(&[a, b], &[m]), &["x", "_metadata"]);
+    let r = plan_req(RowLayout::Sample, input(&[a, b], &[m]), &["x", "_metadata"]);
     let text = serde_json::to_string(&r).unwrap();
     let back: PlanRequest = serde_json::from_str(&text).unwrap();
     assert_eq!(back, r);
@@ -1442,17 +1445,20 @@ fn describe_per_tensor_from_a_consistent_manifest_needs_no_header() {
     let (files, m, _) = kv_dataset(&dir, 3, 4, true);
     // Auto on a KV manifest is per tensor; the schema (decoded: F32 + I16 → float) comes from
     // the manifest's column dtypes, the same as from every header.
-    let d = describe_ok(LayoutOption::Auto, input(&files, std::slice::from_ref(&m)));
-    assert_eq!(d.layout, Layout::Tensor);
+    let d = describe_ok(
+        RowLayoutOption::Auto,
+        input(&files, std::slice::from_ref(&m)),
+    );
+    assert_eq!(d.layout, RowLayout::Tensor);
     let headers: Vec<FileInput> = files.iter().map(with_header).collect();
-    let from_headers = describe_ok(LayoutOption::Tensor, input(&headers, &[]));
+    let from_headers = describe_ok(RowLayoutOption::Tensor, input(&headers, &[]));
     assert_eq!(d.schema, from_headers.schema);
     assert_eq!(d.schema["fields"][6]["name"], json!("decoded"));
     assert_eq!(d.schema["fields"][6]["type"], array_of(json!("float")));
     // An inconsistent manifest (a listed shard gone, read with ignoreMissingFiles) is not
     // trusted: headers.
     let r = describe(&DescribeRequest {
-        layout: LayoutOption::Tensor,
+        layout: RowLayoutOption::Tensor,
         input: ScanInput {
             ignore_missing: true,
             ..input(&files[..2], &[m])
@@ -1472,7 +1478,7 @@ fn key_lookups_are_planned_from_the_index_without_headers() {
     let key = kv_key(7);
     let wanted = format!("{key}__v");
     let mut r = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(&files, std::slice::from_ref(&m)),
         &["key", "decoded"],
     );
@@ -1589,7 +1595,7 @@ fn an_index_not_covering_the_manifest_is_ignored() {
     let dir = Dir::new("kvcover");
     let (files, m, rows) = kv_dataset(&dir, 3, 2, true);
     let mut r = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(&files, std::slice::from_ref(&m)),
         &["key"],
     );
@@ -1655,7 +1661,7 @@ fn the_index_is_only_for_key_predicates_per_tensor() {
     let (files, m, _) = kv_dataset(&dir, 2, 2, true);
     let all: Vec<String> = files.iter().map(|f| f.file.clone()).collect();
     let mut r = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(&files, std::slice::from_ref(&m)),
         &["key"],
     );
@@ -1701,7 +1707,7 @@ fn the_index_is_only_for_key_predicates_per_tensor() {
         &[("w", Dtype::F64, &[2])],
     );
     let mut with_loose = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(
             &[files[0].clone(), files[1].clone(), loose.clone()],
             std::slice::from_ref(&m),
@@ -1738,7 +1744,7 @@ fn the_index_is_only_for_key_predicates_per_tensor() {
         Answer::NeedHeaders(vec![files[0].file.clone(), loose.file.clone()])
     );
     // The per-file layout needs headers whatever the index.
-    let f = plan_req(Layout::File, input(&files, &[m]), &["file"]);
+    let f = plan_req(RowLayout::File, input(&files, &[m]), &["file"]);
     assert_eq!(plan(&f).unwrap(), Answer::NeedHeaders(all));
 }
 
@@ -1747,7 +1753,7 @@ fn a_stale_index_fails_the_task_loudly() {
     let dir = Dir::new("kvstale");
     let (files, m, _) = kv_dataset(&dir, 2, 2, true);
     let mut r = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(&files, std::slice::from_ref(&m)),
         &["key", "data"],
     );
@@ -1829,7 +1835,7 @@ fn per_file_layout_limits_tensors_per_file_and_columns_over_the_scan() {
     };
     // A file beyond the limit: its error, naming the count, the limit and the option.
     let e = describe(&DescribeRequest {
-        layout: LayoutOption::File,
+        layout: RowLayoutOption::File,
         input: limited(&[big.clone(), small.clone()], false),
     })
     .unwrap_err();
@@ -1840,13 +1846,13 @@ fn per_file_layout_limits_tensors_per_file_and_columns_over_the_scan() {
     }
     // ... skipped with ignoreCorruptFiles, in the description and the plan.
     let d = describe_ok(
-        LayoutOption::File,
+        RowLayoutOption::File,
         limited(&[big.clone(), small.clone()], true),
     );
     assert_eq!(d.excluded.len(), 1);
     assert_eq!(d.excluded[0].file, big.file);
     let specs = plan_ok(&plan_req(
-        Layout::File,
+        RowLayout::File,
         limited(&[big.clone(), small.clone()], true),
         &["file"],
     ));
@@ -1857,20 +1863,20 @@ fn per_file_layout_limits_tensors_per_file_and_columns_over_the_scan() {
     assert_eq!(files, [small.file.as_str()]);
     // The other layouts have no such limit.
     let d = describe_ok(
-        LayoutOption::Tensor,
+        RowLayoutOption::Tensor,
         limited(std::slice::from_ref(&big), false),
     );
     assert!(d.excluded.is_empty());
     // Files within it whose names add up beyond it: an error naming the file that adds the
     // column beyond the limit (not skippable: no file is at fault alone).
     let e = describe(&DescribeRequest {
-        layout: LayoutOption::File,
+        layout: RowLayoutOption::File,
         input: limited(&[small.clone(), other.clone()], true),
     })
     .unwrap_err();
     assert_eq!(e.file, other.file, "{e}");
     assert!(e.to_string().contains("at most 4"), "{e}");
     // The default limit lets ordinary files through.
-    let d = describe_ok(LayoutOption::File, input(&[big, small, other], &[]));
+    let d = describe_ok(RowLayoutOption::File, input(&[big, small, other], &[]));
     assert_eq!(field_names(&d.schema).len(), 1 + 7 + 4);
 }

@@ -4,7 +4,7 @@ use super::*;
 /// Row layout requested by the `layout` option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum LayoutOption {
+pub enum RowLayoutOption {
     /// `sample` when every file is a batch-mode shard (manifest `layout: batch`, or
     /// `__metadata__` `safetensors_spark.layout` = `batch`) and there is at least one file or
     /// manifest; `tensor` otherwise.
@@ -17,7 +17,7 @@ pub enum LayoutOption {
 /// A resolved layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Layout {
+pub enum RowLayout {
     Sample,
     Tensor,
     File,
@@ -65,7 +65,7 @@ pub struct IndexSummary {
     pub files: BTreeMap<String, u64>,
     /// The rows the pushed predicates keep, in index order.
     #[serde(default)]
-    pub rows: Vec<IndexEntry>,
+    pub rows: Vec<IndexedTensor>,
     /// Set (by the JVM) instead of the rest when the index could not be read or is invalid:
     /// the planner then uses the directory's headers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,7 +74,7 @@ pub struct IndexSummary {
 
 /// One row of a `_tensor_index.parquet` (spec/dataset.md §6), as far as planning needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IndexEntry {
+pub struct IndexedTensor {
     pub file_name: String,
     pub tensor_key: String,
     pub dtype: Dtype,
@@ -86,9 +86,9 @@ pub struct IndexEntry {
 
 /// The one mapping of an index row to what planning needs of it (the KV key and column are
 /// left out: planning finds tensors by name).
-impl From<IndexRow> for IndexEntry {
+impl From<IndexRow> for IndexedTensor {
     fn from(r: IndexRow) -> Self {
-        IndexEntry {
+        IndexedTensor {
             file_name: r.file_name,
             tensor_key: r.tensor_key,
             dtype: r.dtype,
@@ -131,7 +131,7 @@ impl ScanInput {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DescribeRequest {
-    pub layout: LayoutOption,
+    pub layout: RowLayoutOption,
     #[serde(flatten)]
     pub input: ScanInput,
 }
@@ -139,7 +139,7 @@ pub struct DescribeRequest {
 /// Result of [`describe`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScanDescription {
-    pub layout: Layout,
+    pub layout: RowLayout,
     /// Spark `StructType` JSON of the scan's columns (see `spec/reading.md` for each layout).
     pub schema: serde_json::Value,
     /// Spark `StructType` JSON of the hidden metadata columns: `_file`, `_metadata` of the
@@ -212,7 +212,7 @@ pub enum PredicateTest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanRequest {
     /// As resolved by [`describe`].
-    pub layout: Layout,
+    pub layout: RowLayout,
     #[serde(flatten)]
     pub input: ScanInput,
     /// The columns to produce, in order (may be empty: `count()`). Names may include the
@@ -253,7 +253,7 @@ pub struct ShardChecksum {
 /// JVM except `units[].file` / `units[].length` (to open the file) and `bytes` (an estimate).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartitionSpec {
-    pub layout: Layout,
+    pub layout: RowLayout,
     /// The output columns with everything needed to build them (target types, struct fields).
     pub columns: Vec<OutputColumn>,
     pub units: Vec<Unit>,
@@ -275,7 +275,7 @@ pub struct PartitionSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutputColumn {
     pub name: String,
-    /// Layout-specific recipe (tensor name and target element type for per-sample columns;
+    /// RowLayout-specific recipe (tensor name and target element type for per-sample columns;
     /// `file`/`key`/…/`decoded` for the per-tensor layout; key + fields for per-file).
     pub source: ColumnSource,
 }

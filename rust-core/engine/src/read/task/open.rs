@@ -171,7 +171,7 @@ impl ReadTask {
                     padded_samples,
                     tensors,
                 },
-                Layout::Sample,
+                RowLayout::Sample,
             ) => {
                 let (s, p) = batch_samples(uri, h)?;
                 if (s, p) != (*samples, *padded_samples) {
@@ -195,11 +195,11 @@ impl ReadTask {
                 )?;
                 Ok((*start, *end))
             }
-            (UnitPart::Tensors { tensors }, Layout::Tensor) => {
+            (UnitPart::Tensors { tensors }, RowLayout::Tensor) => {
                 tensors.iter().try_for_each(same)?;
                 Ok((0, tensors.len() as u64))
             }
-            (UnitPart::File { tensors }, Layout::File) => {
+            (UnitPart::File { tensors }, RowLayout::File) => {
                 tensors.iter().try_for_each(same)?;
                 absent(
                     tensors,

@@ -100,7 +100,7 @@ impl ReadTask {
         let mut whole_file_digest = false;
         let mut offsets_only = false;
         let to = match self.spec.layout {
-            Layout::Sample => {
+            RowLayout::Sample => {
                 let mut max = batch_rows;
                 let mut row_bytes = 0u64;
                 let mut present = Vec::new();
@@ -179,7 +179,7 @@ impl ReadTask {
                 }
                 to
             }
-            Layout::Tensor => {
+            RowLayout::Tensor => {
                 let UnitPart::Tensors { tensors } = &unit.part else {
                     return Err(invalid(format!("unit of {uri} is not a per-tensor unit")));
                 };
@@ -265,7 +265,7 @@ impl ReadTask {
                 }
                 to
             }
-            Layout::File => {
+            RowLayout::File => {
                 whole_file_digest = self
                     .spec
                     .columns

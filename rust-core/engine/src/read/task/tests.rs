@@ -95,7 +95,7 @@ fn sample_batches_local_and_remote_exclude_pad_rows() {
     let dir = Dir::new("t-sample");
     let (a, b, m) = two_shards(&dir);
     let mut r = plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[a.clone(), b.clone()], &[m]),
         &["y", "x", "_file", "_metadata"],
     );
@@ -160,7 +160,7 @@ fn sample_batches_local_and_remote_exclude_pad_rows() {
 fn count_only_reads_no_data_bytes() {
     let dir = Dir::new("t-count");
     let (a, b, m) = two_shards(&dir);
-    let mut r = plan_req(Layout::Sample, input(&[a.clone(), b.clone()], &[m]), &[]);
+    let mut r = plan_req(RowLayout::Sample, input(&[a.clone(), b.clone()], &[m]), &[]);
     r.batch_rows = 2;
     let spec = only(plan_ok(&r));
     assert_eq!(spec.bytes, 0);
@@ -188,7 +188,7 @@ fn missing_tensor_gives_null_rows_and_widening() {
         &[("x", Dtype::F32, &[2])],
     ));
     let spec = only(plan_ok(&plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[a.clone(), b.clone()], &[]),
         &["x", "y", "_file"],
     )));
@@ -238,7 +238,7 @@ fn tensor_layout_local_remote_and_pruning() {
         "data",
         "metadata",
     ];
-    let mut r = plan_req(Layout::Tensor, inp.clone(), &all);
+    let mut r = plan_req(RowLayout::Tensor, inp.clone(), &all);
     r.batch_rows = 2;
     let spec = only(plan_ok(&r));
     let (batches, bytes) = run(&spec);
@@ -252,7 +252,7 @@ fn tensor_layout_local_remote_and_pruning() {
     assert!(e.to_string().contains("`decoded`"), "{e}");
     // Pruned: key/shape only: 0 data bytes.
     let spec = only(plan_ok(&plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         inp.clone(),
         &["key", "shape"],
     )));
@@ -260,7 +260,7 @@ fn tensor_layout_local_remote_and_pruning() {
     assert_eq!(bytes, header_total(&[&a]));
     assert_eq!(batches[0].num_rows(), 3);
     // data only.
-    let spec = only(plan_ok(&plan_req(Layout::Tensor, inp, &["key", "data"])));
+    let spec = only(plan_ok(&plan_req(RowLayout::Tensor, inp, &["key", "data"])));
     let (batches, bytes) = run(&spec);
     assert_eq!(bytes, 8 + 3 + 16 + header_total(&[&a]));
     let data = batches[0].column(1).as_binary::<i32>();
@@ -288,7 +288,7 @@ fn tensor_layout_decoded_widens() {
         &[("v", Dtype::F64, &[1])],
     ));
     let spec = only(plan_ok(&plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(&[a.clone(), b.clone()], &[]),
         &["key", "decoded"],
     )));
@@ -333,7 +333,7 @@ fn file_layout_pruned_struct_reads_no_data() {
         &[("v", Dtype::I8, &[3])],
     ));
     let inp = input(&[a.clone(), b.clone()], &[]);
-    let mut r = plan_req(Layout::File, inp.clone(), &["file", "w", "metadata"]);
+    let mut r = plan_req(RowLayout::File, inp.clone(), &["file", "w", "metadata"]);
     r.required[1].fields = Some(vec!["shape".into(), "dtype".into()]);
     let specs = plan_ok(&r);
     assert_eq!(specs.iter().map(|s| s.bytes).sum::<u64>(), 0);
@@ -374,7 +374,7 @@ fn header_changed_since_planning_is_an_error() {
     let dir = Dir::new("t-changed");
     let (a, b, m) = two_shards(&dir);
     let spec = only(plan_ok(&plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[a.clone(), b.clone()], &[m]),
         &["x"],
     )));
@@ -435,7 +435,7 @@ fn a_local_file_truncated_while_read_is_an_error_naming_it() {
     let a = shard(&dir, &shard_name(0, 0), 64, 0, &cols);
     let m = manifest(&dir, &cols, &[(&a, 64, 0)]);
     let mut r = plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(std::slice::from_ref(&a), &[m]),
         &["x"],
     );
@@ -467,7 +467,7 @@ fn corrupt_files_at_open_with_and_without_ignore_corrupt() {
     let dir = Dir::new("t-corrupt");
     let (a, b, m) = two_shards(&dir);
     let mut inp: ScanInput = input(&[a.clone(), b.clone()], &[m]);
-    let spec = only(plan_ok(&plan_req(Layout::Sample, inp.clone(), &["y"])));
+    let spec = only(plan_ok(&plan_req(RowLayout::Sample, inp.clone(), &["y"])));
     // Planned from the manifest; now b's bytes are garbage of the same length.
     std::fs::write(path_of(&b.file), vec![0xffu8; b.length as usize]).unwrap();
     let i = spec.units.iter().position(|u| u.file == b.file).unwrap();
@@ -476,7 +476,7 @@ fn corrupt_files_at_open_with_and_without_ignore_corrupt() {
     assert_eq!(e.file, b.file);
     assert!(matches!(e.kind, ReadErrorKind::Format(_)), "{e}");
     inp.ignore_corrupt = true;
-    let spec = only(plan_ok(&plan_req(Layout::Sample, inp, &["y"])));
+    let spec = only(plan_ok(&plan_req(RowLayout::Sample, inp, &["y"])));
     assert!(spec.ignore_corrupt);
     let (batches, _) = run(&spec);
     assert_eq!(
@@ -496,7 +496,7 @@ fn remote_needs_supplied_bytes_and_accepts_pieces() {
     let dir = Dir::new("t-remote");
     let (a, _, m) = two_shards(&dir);
     let spec = only(plan_ok(&plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[with_header(&a)], &[]),
         &["x", "y"],
     )));
@@ -601,7 +601,7 @@ fn remote_reads_through_small_gaps_within_a_budget() {
         ],
     ));
     let mut r = plan_req(
-        Layout::Tensor,
+        RowLayout::Tensor,
         input(std::slice::from_ref(&a), &[]),
         &["key", "data"],
     );
@@ -666,7 +666,7 @@ fn ragged_shard(dir: &Dir, offsets: &[i64]) -> FileInput {
 fn ragged_rows_local_and_remote_in_two_rounds() {
     let dir = Dir::new("ragged-task");
     let f = ragged_shard(&dir, &[0, 0, 2, 3, 6, 6]);
-    let mut req = plan_req(Layout::Sample, input(&[f], &[]), &["t", "id"]);
+    let mut req = plan_req(RowLayout::Sample, input(&[f], &[]), &["t", "id"]);
     req.batch_rows = 3;
     let specs = plan_ok(&req);
     assert_eq!(specs.len(), 1);
@@ -730,7 +730,7 @@ fn ragged_bad_offsets_are_errors_naming_the_column() {
     ] {
         let dir = Dir::new("ragged-bad");
         let f = ragged_shard(&dir, offsets);
-        let specs = plan_ok(&plan_req(Layout::Sample, input(&[f], &[]), &["t"]));
+        let specs = plan_ok(&plan_req(RowLayout::Sample, input(&[f], &[]), &["t"]));
         let mut task = ReadTask::new(specs[0].clone());
         task.open_local(0, &path_of(&specs[0].units[0].file))
             .unwrap();
@@ -760,7 +760,7 @@ fn verify_checksums_reads_each_file_whole_once_and_names_a_mismatch() {
     let (a, b, m) = two_shards(&dir);
     let m = with_crc32c(&m);
     let mut r = plan_req(
-        Layout::Sample,
+        RowLayout::Sample,
         input(&[a.clone(), b.clone()], std::slice::from_ref(&m)),
         &["y"],
     );
@@ -817,7 +817,7 @@ fn verify_checksums_reads_each_file_whole_once_and_names_a_mismatch() {
     let r = PlanRequest {
         verify_checksums: true,
         ..plan_req(
-            Layout::Sample,
+            RowLayout::Sample,
             input(&[a, b], &[two_shards_manifest_without_crc(&m)]),
             &["y"],
         )

@@ -67,7 +67,7 @@ fn batch_shard(plan: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64
         bytes: 100 + n * 28,
         crc32c: None,
         tensors: vec![
-            TensorReport {
+            SealedTensor {
                 name: "y".into(),
                 dtype: Dtype::I64,
                 shape: vec![n, 2],
@@ -76,7 +76,7 @@ fn batch_shard(plan: &WritePlan, partition: u32, shard: u32, rows: u64, pad: u64
                 sample_key: None,
                 column: None,
             },
-            TensorReport {
+            SealedTensor {
                 name: "x".into(),
                 dtype: Dtype::F32,
                 shape: vec![n, 3],
@@ -107,7 +107,7 @@ fn kv_shard(plan: &WritePlan, partition: u32, shard: u32, keys: &[&str]) -> Shar
     let mut tensors = Vec::new();
     for k in keys {
         for c in ["x", "y"] {
-            tensors.push(TensorReport {
+            tensors.push(SealedTensor {
                 name: format!("{k}__{c}"),
                 dtype: if c == "x" { Dtype::F32 } else { Dtype::I64 },
                 shape: vec![2],

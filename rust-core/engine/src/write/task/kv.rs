@@ -26,7 +26,7 @@
 
 use super::rows::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, KV_CHUNK_ROWS};
-use crate::write::{DuplicatesStrategy, ShardReport, TensorReport, WritePlan};
+use crate::write::{DuplicatesStrategy, SealedTensor, ShardReport, WritePlan};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, StructArray};
 use safetensors_spark_dataset::index::IndexRow;
@@ -189,9 +189,9 @@ impl KvState {
     }
 
     /// The report of a sealed tensor.
-    fn tensor_report(&self, t: &ReportRec) -> TensorReport {
+    fn tensor_report(&self, t: &ReportRec) -> SealedTensor {
         let column = self.column_name(t.column);
-        TensorReport {
+        SealedTensor {
             name: tensor_name(&self.columns, &self.separator, t),
             dtype: t.dtype,
             shape: self.shapes.get(t.shape).to_vec(),

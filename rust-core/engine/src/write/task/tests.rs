@@ -175,7 +175,7 @@ fn finish(w: TaskWriter) -> (Vec<ShardReport>, TaskReport) {
             rows.sort_by_key(|r| r.data_start);
             s.tensors = rows
                 .into_iter()
-                .map(|r| TensorReport {
+                .map(|r| SealedTensor {
                     name: r.tensor_key,
                     dtype: r.dtype,
                     shape: r.shape,
