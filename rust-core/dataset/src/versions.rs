@@ -8,7 +8,7 @@
 //! directory (the CLI, the Python package).
 
 use super::manifest::{parse_manifest, Manifest, Operation};
-use super::names::{manifest_log_file_name, parse_manifest_log_file_name, MANIFEST_LOG_DIR};
+use super::names::{manifest_log_file_name, MANIFEST_LOG_DIR};
 use super::DatasetError;
 use safetensors_spark_format::file::{crc32c_hex, crc32c_of};
 use serde::{Deserialize, Serialize};
@@ -182,7 +182,7 @@ pub fn check_shard(
 
 /// The CRC-32C of a local file, as the manifest writes it.
 pub fn file_crc32c(path: &Path) -> Result<String, DatasetError> {
-    let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let f = safetensors_spark_format::file::open_regular(path).map_err(|e| io_err(path, e))?;
     crc32c_of(std::io::BufReader::with_capacity(1 << 20, f))
         .map(crc32c_hex)
         .map_err(|e| io_err(path, e))
@@ -193,20 +193,24 @@ fn io_err(path: &Path, e: std::io::Error) -> DatasetError {
 }
 
 /// The versions in a local dataset's `_manifest_log/`, ascending (none when there is no log).
+/// A `_manifest_log/` that is a symbolic link is refused (spec/dataset.md §5.9), and so is a
+/// name that looks like an entry but holds no version.
 pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
-    let log = dir.join(MANIFEST_LOG_DIR);
-    let rd = match std::fs::read_dir(&log) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(&log, e)),
+    let Some(log) =
+        crate::own::own_dir(dir, MANIFEST_LOG_DIR).map_err(|e| version_err(e.to_string()))?
+    else {
+        return Ok(Vec::new());
     };
+    let rd = std::fs::read_dir(&log).map_err(|e| io_err(&log, e))?;
     let mut out = Vec::new();
     for entry in rd {
         let entry = entry.map_err(|e| io_err(&log, e))?;
         if let Some(v) = entry
             .file_name()
             .to_str()
-            .and_then(parse_manifest_log_file_name)
+            .map(crate::own::log_entry_version)
+            .transpose()?
+            .flatten()
         {
             out.push(v);
         }
@@ -215,18 +219,28 @@ pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
     Ok(out)
 }
 
-/// Reads and parses log entry `version` of a local dataset.
+/// Reads and parses log entry `version` of a local dataset: a regular file within the size
+/// bound whose `manifest_version` is `version` (spec/dataset.md §5.9).
 pub fn read_log_entry_dir(dir: &Path, version: u64) -> Result<Manifest, DatasetError> {
     let path = dir
         .join(MANIFEST_LOG_DIR)
         .join(manifest_log_file_name(version));
-    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
-    parse_manifest(&text).map_err(|e| {
+    let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
+    parse_log_entry(version, &text)
+}
+
+/// Parses the text of log entry `version` and checks that it agrees with its name: an error
+/// naming the entry otherwise. The one rule for a log entry's text, also called by the JVM and
+/// the Python package for the entries they read through their file systems.
+pub fn parse_log_entry(version: u64, text: &str) -> Result<Manifest, DatasetError> {
+    let m = parse_manifest(text).map_err(|e| {
         version_err(format!(
             "version {version} ({MANIFEST_LOG_DIR}/{}): {e}",
             manifest_log_file_name(version)
         ))
-    })
+    })?;
+    crate::own::check_log_entry(version, &m)?;
+    Ok(m)
 }
 
 /// Commit time of a log entry: its `committed_at_ms`, else the file's modification time.
@@ -428,7 +442,7 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
     }
     if versions.is_empty() {
         let path = dir.join(super::names::MANIFEST_FILE_NAME);
-        let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+        let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
         let m =
             parse_manifest(&text).map_err(|e| version_err(format!("{}: {e}", path.display())))?;
         versions.push((m.manifest_version(), m));
