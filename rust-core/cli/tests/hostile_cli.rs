@@ -114,7 +114,7 @@ fn vacuum_never_follows_a_linked_index_directory() {
     let (code, out, err) = vacuum0(d.to_str().unwrap());
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.contains("_tensor_index.parquet is a symbolic link"),
+        err.contains("_tensor_index.parquet: is a symbolic link"),
         "{err}"
     );
     assert!(elsewhere.join(part(1)).exists(), "the outside file is kept");
@@ -158,7 +158,7 @@ fn a_linked_manifest_log_is_refused_and_the_other_dataset_is_untouched() {
         let (code, out, err) = run(&args);
         assert_ne!(code, 0, "{args:?}: {out}");
         assert!(
-            format!("{out}{err}").contains("_manifest_log is a symbolic link"),
+            format!("{out}{err}").contains("_manifest_log: is a symbolic link"),
             "{args:?}: {out}{err}"
         );
     }

@@ -23,29 +23,27 @@ use std::path::{Path, PathBuf};
 /// The largest manifest or log entry read (bytes): 1 GiB, several million shard entries.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 
-/// The error for a dataset directory that is a symbolic link.
-fn linked(path: &Path) -> io::Error {
+/// The error for a dataset directory that is a symbolic link (the caller names the path).
+fn linked() -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
-        format!(
-            "{} is a symbolic link; a dataset's own directories are never followed through a \
-             link (spec/dataset.md §5.9): replace it with the directory itself",
-            path.display()
-        ),
+        "is a symbolic link; a dataset's own directories are never followed through a link \
+         (spec/dataset.md §5.9): replace it with the directory itself",
     )
 }
 
 /// The dataset's own directory `dir/name` (`_manifest_log`, `_tensor_index.parquet`): `None`
-/// when it does not exist; an error naming it when it is a symbolic link or not a directory.
+/// when it does not exist; an error when it is a symbolic link or not a directory (the error
+/// does not repeat the path: callers name it, `{path}: {error}`).
 pub fn own_dir(dir: &Path, name: &str) -> io::Result<Option<PathBuf>> {
     let path = dir.join(name);
     match fs::symlink_metadata(&path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
-        Ok(m) if m.file_type().is_symlink() => Err(linked(&path)),
+        Err(e) => Err(e),
+        Ok(m) if m.file_type().is_symlink() => Err(linked()),
         Ok(m) if !m.is_dir() => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{} is not a directory", path.display()),
+            "is not a directory",
         )),
         Ok(_) => Ok(Some(path)),
     }

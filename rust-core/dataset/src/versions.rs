@@ -196,8 +196,8 @@ fn io_err(path: &Path, e: std::io::Error) -> DatasetError {
 /// A `_manifest_log/` that is a symbolic link is refused (spec/dataset.md §5.9), and so is a
 /// name that looks like an entry but holds no version.
 pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
-    let Some(log) =
-        crate::own::own_dir(dir, MANIFEST_LOG_DIR).map_err(|e| version_err(e.to_string()))?
+    let Some(log) = crate::own::own_dir(dir, MANIFEST_LOG_DIR)
+        .map_err(|e| io_err(&dir.join(MANIFEST_LOG_DIR), e))?
     else {
         return Ok(Vec::new());
     };
@@ -502,19 +502,26 @@ pub struct ListedEntry {
     pub text: Option<String>,
 }
 
+/// A listed entry's text, parsed and checked against its name ([`parse_log_entry`]).
 fn parse_listed(e: &ListedEntry) -> Result<Option<Manifest>, DatasetError> {
     e.text
         .as_deref()
-        .map(|t| {
-            parse_manifest(t).map_err(|err| {
-                version_err(format!(
-                    "version {} ({MANIFEST_LOG_DIR}/{}): {err}",
-                    e.version,
-                    manifest_log_file_name(e.version)
-                ))
-            })
-        })
+        .map(|t| parse_log_entry(e.version, t))
         .transpose()
+}
+
+/// Checks the shards of log entry `version` (its text `text`, read by the caller's file system)
+/// against `found` (shard name → file size; absent: missing), after checking that the entry
+/// agrees with its name ([`parse_log_entry`]): what a versioned read of the JVM and the Python
+/// package asks before it reads a row.
+pub fn check_entry_shards(
+    text: &str,
+    version: u64,
+    found: &BTreeMap<String, u64>,
+) -> Result<Manifest, DatasetError> {
+    let m = parse_log_entry(version, text)?;
+    check_listed_shards(&m, version, found)?;
+    Ok(m)
 }
 
 fn listed_time(e: &ListedEntry, m: Option<&Manifest>) -> i64 {

@@ -7,9 +7,8 @@ use crate::{arg, guard, parse_json, to_json, JniError};
 use ::jni::objects::{JClass, JString};
 use ::jni::sys::jlong;
 use ::jni::EnvUnowned;
-use safetensors_spark_dataset::manifest::parse_manifest;
 use safetensors_spark_dataset::versions::{
-    check_listed_shards, history_listed, select_listed, version_spec, ListedEntry,
+    check_entry_shards, history_listed, select_listed, version_spec, ListedEntry,
 };
 use safetensors_spark_dataset::DatasetError;
 use std::collections::BTreeMap;
@@ -37,9 +36,10 @@ pub fn check_version_shards_json(
     version: u64,
     found_json: &str,
 ) -> Result<(), JniError> {
-    let m = parse_manifest(manifest)?;
+    // the entry must agree with its name (spec/dataset.md §5.9) before its shards are checked
     let found: BTreeMap<String, u64> = parse_json(found_json, "shard sizes")?;
-    Ok(check_listed_shards(&m, version, &found)?)
+    check_entry_shards(manifest, version, &found)?;
+    Ok(())
 }
 
 /// `history`: the history rows (JSON array) of `entries` (every text given).

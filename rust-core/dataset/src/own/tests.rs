@@ -19,7 +19,7 @@ fn own_dirs_are_never_followed_through_a_link() {
     symlink(&elsewhere, d.join("_manifest_log")).unwrap();
     let e = own_dir(&d, "_manifest_log").unwrap_err().to_string();
     assert!(
-        e.contains("_manifest_log is a symbolic link") && e.contains("§5.9"),
+        e.starts_with("is a symbolic link") && e.contains("§5.9"),
         "{e}"
     );
     assert!(!is_own_subdir(&d.join("_manifest_log")));

@@ -59,7 +59,10 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
 
     from . import _native
 
-    out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+    try:
+        out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+    except _native.ManifestError as e:
+        raise ManifestError(str(e)) from None
     return json.loads(out)
 
 
@@ -82,8 +85,11 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
 
     if isinstance(partitions, str):
         partitions = [partitions]
-    out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
-                          dry_run, commit_message)
+    try:
+        out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
+                              dry_run, commit_message)
+    except _native.ManifestError as e:
+        raise ManifestError(str(e)) from None
     return json.loads(out)
 
 
