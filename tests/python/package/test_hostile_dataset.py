@@ -5,6 +5,7 @@ command that could hang runs in a child process with a time limit."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -184,3 +185,24 @@ def test_vacuum_keeps_what_a_retained_older_version_lists_and_that_version_reads
     assert ids(open_dataset(ds)) == [2, 3]
     with pytest.raises(ManifestError, match="no longer in the manifest log"):
         open_dataset(ds, version=1)
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda p: safetensors_spark.compact(p, dry_run=1), "compact: dry_run=1: expected True or False"),
+    (lambda p: safetensors_spark.compact(p, dry_run="yes"), "compact: dry_run='yes': expected True or False"),
+    (lambda p: safetensors_spark.compact(p, batch_size=-1), "compact: batch_size=-1: expected a whole number"),
+    (lambda p: safetensors_spark.compact(p, batch_size="2"), "compact: batch_size='2': expected a whole number"),
+    (lambda p: safetensors_spark.compact(p, target_shard_size_mb=1.5), "target_shard_size_mb=1.5: expected a whole"),
+    (lambda p: safetensors_spark.vacuum(p, retention=0), "vacuum: retention=0: expected a string"),
+    (lambda p: safetensors_spark.vacuum(p, dry_run=1), "vacuum: dry_run=1: expected True or False"),
+    (lambda p: safetensors_spark.vacuum(p, allow_shorter_retention="yes"), "allow_shorter_retention='yes'"),
+])
+def test_maintenance_arguments_that_are_not_what_they_must_be_are_refused_naming_them(tmp_path, call, named):
+    """Items 4 and 9: ``dry_run=1`` is never a real compaction, a negative or textual count never
+    an OverflowError or a TypeError naming nothing; nothing is changed."""
+    ds = tmp_path / "ds"
+    handmade.write_batch_dataset(ds, [1, 1], batch_size=2)
+    before = sorted(os.listdir(ds))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        call(ds)
+    assert sorted(os.listdir(ds)) == before

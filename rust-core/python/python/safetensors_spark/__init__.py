@@ -46,6 +46,22 @@ __all__ = [
 ]
 
 
+def _flag(command, name, value):
+    """A boolean argument: ``True`` or ``False`` only (``1``, ``"yes"`` are refused naming it:
+    a value that is not what it must be is never read as false, issue #39)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{command}: {name}={value!r}: expected True or False")
+    return value
+
+
+def _whole(command, name, value):
+    """A count argument: None or an integer ≥ 0 (not a bool; the engine then says which values
+    the dataset takes, e.g. ``batch_size`` 0), else refused naming it."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{command}: {name}={value!r}: expected a whole number (or None)")
+    return value
+
+
 def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
     """Deletes the shards of a local dataset that no version inside the retention period lists
     (spec/dataset.md §5.8.1) and commits a ``vacuum`` version; ``dry_run`` only lists them.
@@ -59,6 +75,11 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
 
     from . import _native
 
+    if retention is not None and not isinstance(retention, str):
+        raise ValueError(f"vacuum: retention={retention!r}: expected a string, '<n> seconds|minutes|"
+                         f"hours|days' or '0' (e.g. retention='7 days'), or None")
+    dry_run = _flag("vacuum", "dry_run", dry_run)
+    allow_shorter_retention = _flag("vacuum", "allow_shorter_retention", allow_shorter_retention)
     try:
         out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
     except _native.ManifestError as e:
@@ -85,6 +106,11 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
 
     if isinstance(partitions, str):
         partitions = [partitions]
+    batch_size = _whole("compact", "batch_size", batch_size)
+    target_shard_size_mb = _whole("compact", "target_shard_size_mb", target_shard_size_mb)
+    dry_run = _flag("compact", "dry_run", dry_run)
+    if commit_message is not None and not isinstance(commit_message, str):
+        raise ValueError(f"compact: commit_message={commit_message!r}: expected a string or None")
     try:
         out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
                               dry_run, commit_message)
