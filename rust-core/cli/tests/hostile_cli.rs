@@ -308,3 +308,46 @@ fn vacuum_keeps_the_shards_a_retained_older_version_needs() {
     assert!(d.join(shard(3)).exists());
     fs::remove_dir_all(&d).unwrap();
 }
+
+/// Issue #39 item 11: `validate DATASET` prints one line per version, a damaged entry as its own
+/// version's error, not only the first damage; a directory that is no dataset says what to run.
+#[test]
+fn validate_reports_every_version_and_says_what_to_run_on_a_plain_directory() {
+    let d = tmp("validate");
+    let t = now_ms();
+    commit(&d, 1, &[1], t - 10, 0);
+    commit(&d, 2, &[2], t - 5, 0);
+    commit(&d, 3, &[3], t, 0);
+    fs::write(
+        d.join("_manifest_log").join(format!("{:020}.json", 2)),
+        "{ not json",
+    )
+    .unwrap();
+    let ds = d.to_str().unwrap();
+    let (code, out, _) = run(&["validate", ds]);
+    assert_eq!(code, 1, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].ends_with("version 1: ok (1 shards, 0 with CRC-32C verified)"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("version 2 (_manifest_log/00000000000000000002.json)"),
+        "{out}"
+    );
+    assert!(
+        lines[2].ends_with("version 3: ok (1 shards, 0 with CRC-32C verified)"),
+        "{out}"
+    );
+    let plain = tmp("validate-plain");
+    fs::write(plain.join("model.safetensors"), b"x").unwrap();
+    let (code, out, _) = run(&["validate", plain.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("not a dataset") && out.contains("safetensors-spark report"),
+        "{out}"
+    );
+    fs::remove_dir_all(&d).unwrap();
+    fs::remove_dir_all(&plain).unwrap();
+}

@@ -436,12 +436,32 @@ pub struct VersionCheck {
 /// A dataset without a log is checked through `dataset_manifest.json` alone (version 0 when the
 /// manifest has none).
 pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
+    // a damaged entry is its version's error line; the other versions are still checked
     let mut versions: Vec<(u64, Manifest)> = Vec::new();
+    let mut damaged: Vec<VersionCheck> = Vec::new();
     for v in log_versions_dir(dir)? {
-        versions.push((v, read_log_entry_dir(dir, v)?));
+        match read_log_entry_dir(dir, v) {
+            Ok(m) => versions.push((v, m)),
+            Err(e) => damaged.push(VersionCheck {
+                version: v,
+                shards: 0,
+                verified: 0,
+                error: Some(e.to_string()),
+            }),
+        }
     }
-    if versions.is_empty() {
+    if versions.is_empty() && damaged.is_empty() {
         let path = dir.join(super::names::MANIFEST_FILE_NAME);
+        if !path.exists() && std::fs::symlink_metadata(&path).is_err() {
+            return Err(version_err(format!(
+                "{}: not a dataset (no {} and no {MANIFEST_LOG_DIR}/); to check the safetensors \
+                 files below it, run `safetensors-spark report {}` or `safetensors-spark \
+                 validate FILE...`",
+                dir.display(),
+                super::names::MANIFEST_FILE_NAME,
+                dir.display()
+            )));
+        }
         let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
         let m =
             parse_manifest(&text).map_err(|e| version_err(format!("{}: {e}", path.display())))?;
@@ -449,7 +469,7 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
     }
     // file → (size, crc) on disk, computed once
     let mut seen: BTreeMap<String, Option<FoundShard>> = BTreeMap::new();
-    let mut out = Vec::new();
+    let mut out = damaged;
     for (v, m) in &versions {
         let mut error = None;
         let mut verified = 0;
@@ -488,6 +508,7 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
             error,
         });
     }
+    out.sort_by_key(|c| c.version);
     Ok(out)
 }
 
