@@ -196,6 +196,9 @@ def test_vacuum_keeps_what_a_retained_older_version_lists_and_that_version_reads
     (lambda p: safetensors_spark.vacuum(p, retention=0), "vacuum: retention=0: expected a string"),
     (lambda p: safetensors_spark.vacuum(p, dry_run=1), "vacuum: dry_run=1: expected True or False"),
     (lambda p: safetensors_spark.vacuum(p, allow_shorter_retention="yes"), "allow_shorter_retention='yes'"),
+    # item 11: an object-store URL is "local paths only", not "not a dataset"
+    (lambda p: safetensors_spark.vacuum("s3://bucket/ds"), "vacuum: s3://bucket/ds: local paths only"),
+    (lambda p: safetensors_spark.compact("s3://bucket/ds"), "compact: s3://bucket/ds: local paths only"),
 ])
 def test_maintenance_arguments_that_are_not_what_they_must_be_are_refused_naming_them(tmp_path, call, named):
     """Items 4 and 9: ``dry_run=1`` is never a real compaction, a negative or textual count never

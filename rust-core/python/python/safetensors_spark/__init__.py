@@ -62,6 +62,17 @@ def _whole(command, name, value):
     return value
 
 
+def _local(command, path):
+    """The local path of ``path``; a URL (``s3://…``) is refused naming the Spark entry point."""
+    import os
+
+    p = os.fspath(path)
+    if isinstance(p, str) and "://" in p and not p.startswith("file://"):
+        raise ValueError(f"{command}: {p}: local paths only; for a dataset on an object store or HDFS "
+                         f"use safetensors_spark.spark.{command}(spark, path)")
+    return p[len("file://"):] if isinstance(p, str) and p.startswith("file://") else p
+
+
 def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
     """Deletes the shards of a local dataset that no version inside the retention period lists
     (spec/dataset.md §5.8.1) and commits a ``vacuum`` version; ``dry_run`` only lists them.
@@ -80,6 +91,7 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
                          f"hours|days' or '0' (e.g. retention='7 days'), or None")
     dry_run = _flag("vacuum", "dry_run", dry_run)
     allow_shorter_retention = _flag("vacuum", "allow_shorter_retention", allow_shorter_retention)
+    path = _local("vacuum", path)
     try:
         out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
     except _native.ManifestError as e:
@@ -106,6 +118,7 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
 
     if isinstance(partitions, str):
         partitions = [partitions]
+    path = _local("compact", path)
     batch_size = _whole("compact", "batch_size", batch_size)
     target_shard_size_mb = _whole("compact", "target_shard_size_mb", target_shard_size_mb)
     dry_run = _flag("compact", "dry_run", dry_run)
