@@ -406,3 +406,29 @@ def test_corrupt_object_is_fetched_again_then_fails_naming_the_shard(remote, s3_
     assert "CRC-32C" in str(e.value)
     # nothing of the bad shard stays (other shards' downloads may still be under way)
     assert not [f for f in cache_files(str(tmp_path / "c2")) if n[1] in f and not f.endswith(".lock")]
+
+
+def test_eviction_is_least_recently_used_first(tmp_path):
+    """Issue #39 item 14: the node cache evicts the copy used least recently, not the oldest
+    fetched (spec/python.md §2.1): A and B fetched (A's copy older), A used again, then C needs
+    room: B goes, A stays. Real files; the copies' times are set apart so the order does not
+    depend on the clock's resolution."""
+    from safetensors_spark._node_cache import NodeCache
+
+    node = NodeCache(tmp_path / "cache", "d", limit=200)
+
+    def writer(n):
+        def download(tmp):
+            with open(tmp, "wb") as f:
+                f.write(b"x" * n)
+            return n
+        return download
+
+    for name in ("a", "b"):
+        node.get(name, 100, None, writer(100), f"mem://{name}")
+    os.utime(node.path("a"), (1000, 1000))
+    os.utime(node.path("b"), (2000, 2000))
+    assert node.has("a", 100)  # used: now the most recent
+    node.get("c", 100, None, writer(100), "mem://c")
+    assert node.stats()["evicted"] == ["b"]
+    assert os.path.exists(node.path("a")) and not os.path.exists(node.path("b"))
