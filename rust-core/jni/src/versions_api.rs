@@ -103,3 +103,44 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_history<'loc
         Ok(env.new_string(json)?)
     })
 }
+
+/// `checkOwnDir`: whether the local dataset directory `dir` has its own directory `name`
+/// (`_manifest_log`, `_tensor_index.parquet`); a symbolic link or a non-directory there is a
+/// dataset error naming it (spec/dataset.md §5.9, `own::own_dir`).
+pub fn check_own_dir(dir: &str, name: &str) -> Result<bool, JniError> {
+    let dir = std::path::Path::new(dir);
+    safetensors_spark_dataset::own::own_dir(dir, name)
+        .map(|d| d.is_some())
+        .map_err(|e| JniError::Dataset(format!("{}: {e}", dir.join(name).display())))
+}
+
+/// `static native boolean checkOwnDir(String localDir, String name)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_checkOwnDir<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    dir: JString<'local>,
+    name: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let dir = arg(env, &dir, "localDir")?;
+        let name = arg(env, &name, "name")?;
+        check_own_dir(&dir, &name)
+    })
+}
+
+/// `static native boolean isOwnSubdir(String localPath)`: a directory that is not a symbolic
+/// link (a partition directory of a `partitionBy` root, spec/dataset.md §5.9).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_isOwnSubdir<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    path: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "localPath")?;
+        Ok(safetensors_spark_dataset::own::is_own_subdir(
+            std::path::Path::new(&path),
+        ))
+    })
+}

@@ -23,4 +23,14 @@ public final class NativeVersions {
 
   /** The history rows of the entries (every text given), a JSON array, oldest first. */
   public static native String history(String entriesJson);
+
+  /** Whether the local dataset directory {@code localDir} has its own directory {@code name}
+   *  ({@code _manifest_log}, {@code _tensor_index.parquet}): false when absent; a symbolic link
+   *  or a non-directory there throws SafetensorsDatasetException naming it (spec/dataset.md
+   *  §5.9: a dataset's own directories are never followed through a link). */
+  public static native boolean checkOwnDir(String localDir, String name);
+
+  /** Whether the local {@code localPath} is a directory that is not a symbolic link (a partition
+   *  directory of a partitionBy root is one only then, spec/dataset.md §5.9). */
+  public static native boolean isOwnSubdir(String localPath);
 }

@@ -59,11 +59,13 @@ private[spark] object DatasetVacuum {
       o
     }
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
+    // a linked index directory is refused (spec/dataset.md §5.9): nothing outside is deleted
+    val ownIndex = DatasetFiles.ownDir(fs, dest, DatasetFiles.IndexDir)
     val req = mapper.createObjectNode()
     req.set[JsonNode]("log", log)
     req.put("latest", latestText).put("latest_source", latestSource.toString)
     req.set[JsonNode]("shards", files(dest))
-    req.set[JsonNode]("index_parts", files(indexDir))
+    req.set[JsonNode]("index_parts", ownIndex.map(files).getOrElse(mapper.createObjectNode()))
     retention.foreach(r => req.put("retention", r))
     req.put("allow_shorter_retention", allowShorterRetention)
     req.put("now_ms", System.currentTimeMillis())
