@@ -164,13 +164,25 @@ impl PyHeader {
         &self,
         tensor_key: &str,
         dtype: &str,
-        shape: Vec<u64>,
-        data_start: u64,
-        data_end: u64,
+        shape: Vec<i64>,
+        data_start: i64,
+        data_end: i64,
         sample_key: Option<&str>,
         column: &str,
         separator: &str,
     ) -> PyResult<TensorRow> {
+        // the part's columns are int64: a negative value is the row's error, naming it
+        let bad = |what: String| IndexEntryError::new_err(format!("tensor '{tensor_key}': {what}"));
+        let offset = |v: i64, what: &str| {
+            u64::try_from(v).map_err(|_| bad(format!("{what} {v} is negative")))
+        };
+        let data_start = offset(data_start, "data_start")?;
+        let data_end = offset(data_end, "data_end")?;
+        let shape = shape
+            .iter()
+            .map(|d| u64::try_from(*d))
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(|_| bad(format!("shape {shape:?} has a negative dimension")))?;
         let entry = kv::IndexEntry {
             tensor_key,
             dtype,

@@ -141,7 +141,8 @@ def tamper_index(path, shard, fn):
     return part
 
 
-@pytest.mark.parametrize("tamper", ["another_key", "header_bytes", "past_the_end", "dtype", "shape", "name"])
+@pytest.mark.parametrize("tamper", ["another_key", "header_bytes", "past_the_end", "dtype", "shape", "name",
+                                    "negative_start", "negative_dim"])
 def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
     """A damaged or tampered index part never makes get() return other bytes: every row of the key
     is checked against the holding shard's header (spec/python.md §2), and a disagreement names
@@ -164,6 +165,10 @@ def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
             b["dtype"] = "I32"
         elif tamper == "shape":
             b["shape"] = [1, 2]
+        elif tamper == "negative_start":  # issue #39 item 9: was an OverflowError naming nothing
+            b["data_start"] = -5
+        elif tamper == "negative_dim":
+            b["shape"] = [-2]
         else:  # the row of key b points at key a's tensor, range and all
             b.update(tensor_key="a__emb", data_start=a["data_start"], data_end=a["data_end"])
 
@@ -171,7 +176,9 @@ def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
     what = {"another_key": r"byte range \[\d+, \d+\) \(header: \[\d+, \d+\)\)", "header_bytes": r"byte range \[8, 16\)",
             "past_the_end": rf"byte range \[{size}, {size + 8}\)", "dtype": r"dtype I32 \(header: F32\)",
             "shape": r"shape \[1, 2\] \(header: \[2\]\)",
-            "name": r"the row for tensor 'a__emb' has sample_key 'b' and column 'emb'"}[tamper]
+            "name": r"the row for tensor 'a__emb' has sample_key 'b' and column 'emb'",
+            "negative_start": r"tensor 'b__emb': data_start -5 is negative",
+            "negative_dim": r"tensor 'b__emb': shape \[-2\] has a negative dimension"}[tamper]
     for check_headers in (False, True):
         ds = open_dataset(path, check_headers=check_headers)
         with pytest.raises(safetensors_spark.IndexFileError) as e:

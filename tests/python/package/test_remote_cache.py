@@ -432,3 +432,41 @@ def test_eviction_is_least_recently_used_first(tmp_path):
     node.get("c", 100, None, writer(100), "mem://c")
     assert node.stats()["evicted"] == ["b"]
     assert os.path.exists(node.path("a")) and not os.path.exists(node.path("b"))
+
+
+def test_an_object_deleted_mid_epoch_is_named(remote, s3_server, tmp_path):
+    """Issue #39 item 9: an S3 object deleted after open_dataset read its header fails the read
+    with FileNotFoundError naming the object's URL (s3fs alone says only 'The specified key does
+    not exist.'), at once (not retried), with and without the node cache."""
+    for cache_dir in (None, tmp_path / "cache"):
+        ds = open_dataset(remote["url"], storage_options=s3_server.storage_options(), cache_dir=cache_dir,
+                          prefetch=0)
+        gone = remote["names"][-1]
+        s3_server.client().delete_object(Bucket=remote["bucket"], Key=f"ds/{gone}")
+        try:
+            with pytest.raises(FileNotFoundError, match=f"{remote['bucket']}/ds/{gone}: "):
+                list(ds)
+        finally:
+            with open(os.path.join(remote["local"], gone), "rb") as f:
+                s3_server.client().put_object(Bucket=remote["bucket"], Key=f"ds/{gone}", Body=f.read())
+
+
+def test_a_local_disk_that_refuses_the_copy_is_not_retried_as_a_remote_error():
+    """Issue #39 item 9: a full cache disk (ENOSPC), a file size limit (EFBIG) or a quota while
+    the copy is written is raised at once as that OSError naming the object, not retried as a
+    remote failure."""
+    import errno
+
+    from safetensors_spark._storage import RetryPolicy
+
+    for code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        calls = []
+
+        def copy():
+            calls.append(1)
+            raise OSError(code, os.strerror(code))
+
+        with pytest.raises(OSError) as e:
+            RetryPolicy(retries=5, backoff=0).call(copy, "s3://b/ds/x.safetensors", "GET")
+        assert len(calls) == 1 and e.value.errno == code, (calls, e.value)
+        assert str(e.value).startswith(f"[Errno {code}] s3://b/ds/x.safetensors: GET: the local copy"), e.value

@@ -5,6 +5,7 @@ checked them with the Rust trust rule). No thread, pool or open file survives pi
 pickles as its URL pieces and reopens files lazily in the process that uses it.
 """
 
+import errno
 import hashlib
 import mmap
 import os
@@ -27,12 +28,20 @@ class _ShortRead(OSError):
     """A range read that returned fewer bytes than asked (a transfer cut short)."""
 
 
+# The local disk refused the copy (a full cache disk, a file size limit, a read-only disk): no
+# retry of the remote request can cure it.
+_LOCAL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
+
+
 def _retriable(e):
     """Whether a failed GET may be tried again: reads are idempotent, so every transient
     failure (throttling such as 503 SlowDown, 500, timeouts, connection resets, a cut-short
-    body, a server that does not answer) is; an object that is not there, access denied, or a
-    wrong argument are not (they would fail the same way again)."""
+    body, a server that does not answer) is; an object that is not there, access denied, a
+    wrong argument, or a local disk that refused the copy are not (they would fail the same way
+    again)."""
     if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(e, OSError) and e.errno in _LOCAL_DISK_ERRNOS:
         return False
     if isinstance(e, (OSError, TimeoutError, ConnectionError, EOFError)):
         return True
@@ -60,7 +69,12 @@ class RetryPolicy:
             except Exception as e:  # noqa: BLE001 - classified below, re-raised naming the object
                 if not _retriable(e):
                     if isinstance(e, (FileNotFoundError, PermissionError)):
-                        raise
+                        # the same type (callers tell a missing object by it), naming the object
+                        msg = f"{url}: {what} failed: {e.strerror or e}"
+                        raise (type(e)(msg) if e.errno is None else type(e)(e.errno, msg)) from e
+                    if isinstance(e, OSError) and e.errno in _LOCAL_DISK_ERRNOS:
+                        raise OSError(e.errno, f"{url}: {what}: the local copy could not be written "
+                                               f"(not retried): {e.strerror or e}") from e
                     raise RemoteReadError(f"{url}: {what} failed: {type(e).__name__}: {e}") from e
                 if attempt == self.retries:
                     raise RemoteReadError(
