@@ -55,6 +55,12 @@ pub fn is_own_subdir(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
 }
 
+/// Whether `path` is a regular file itself (not a symbolic link, even to a file): the only kind
+/// of file a maintenance command deletes.
+pub fn is_own_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
 /// Removes `dir/name` only when it is a regular file (a symbolic link, even to a file, is left
 /// alone). `dir` is the dataset directory or one of its own directories ([`own_dir`]). `Ok(false)`
 /// when there was nothing of ours to delete.

@@ -144,3 +144,19 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_isOwnSubdir<
         ))
     })
 }
+
+/// `static native boolean isOwnFile(String localPath)`: a regular file that is not a symbolic
+/// link, the only kind of file a vacuum deletes (spec/dataset.md §5.9).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_isOwnFile<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    path: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "localPath")?;
+        Ok(safetensors_spark_dataset::own::is_own_file(
+            std::path::Path::new(&path),
+        ))
+    })
+}

@@ -43,6 +43,7 @@ fn only_regular_files_are_removed() {
     fs::write(elsewhere.join("target"), b"keep").unwrap();
     symlink(elsewhere.join("target"), d.join("link")).unwrap();
     fs::write(d.join("mine"), b"x").unwrap();
+    assert!(!is_own_file(&d.join("link")) && is_own_file(&d.join("mine")));
     assert!(!remove_own_file(&d, "link").unwrap());
     assert!(!remove_own_file(&d, "absent").unwrap());
     assert!(remove_own_file(&d, "mine").unwrap());

@@ -33,4 +33,8 @@ public final class NativeVersions {
   /** Whether the local {@code localPath} is a directory that is not a symbolic link (a partition
    *  directory of a partitionBy root is one only then, spec/dataset.md §5.9). */
   public static native boolean isOwnSubdir(String localPath);
+
+  /** Whether the local {@code localPath} is a regular file that is not a symbolic link: the only
+   *  kind of file a vacuum deletes (spec/dataset.md §5.9). */
+  public static native boolean isOwnFile(String localPath);
 }

@@ -55,7 +55,9 @@ private[spark] object DatasetVacuum {
     }
     def files(dir: Path) = {
       val o = mapper.createObjectNode()
-      if (fs.exists(dir)) fs.listStatus(dir).filter(_.isFile).foreach(s => o.put(s.getPath.getName, s.getLen))
+      // regular files only: a link named like a superseded shard is never deleted (§5.9)
+      if (fs.exists(dir)) fs.listStatus(dir).filter(s => s.isFile && DatasetFiles.isOwnFile(fs, s.getPath))
+        .foreach(s => o.put(s.getPath.getName, s.getLen))
       o
     }
     val indexDir = new Path(dest, DatasetFiles.IndexDir)

@@ -54,6 +54,16 @@ private[spark] object DatasetFiles {
     case None => true
   }
 
+  /** Whether the listed file `p` is one a maintenance command may delete: on the local file
+   *  system a regular file that is not a symbolic link (spec/dataset.md §5.9; the Rust rule,
+   *  `NativeVersions.isOwnFile`). */
+  def isOwnFile(fs: FileSystem, p: Path): Boolean = localFile(fs, p) match {
+    case Some(f) =>
+      NativeLib.ensureLoaded()
+      NativeVersions.isOwnFile(f.getPath)
+    case None => true
+  }
+
   /** The local file of `p` when `fs` is the local file system. */
   def localFile(fs: FileSystem, p: Path): Option[File] = fs match {
     case l: LocalFileSystem => Some(l.pathToFile(p))

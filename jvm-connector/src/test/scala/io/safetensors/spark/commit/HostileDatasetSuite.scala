@@ -62,6 +62,21 @@ class HostileDatasetSuite extends SparkSuiteBase {
     assert(v1.forall(f => new File(path, f).exists()), "nothing was deleted")
   }
 
+  test("item 11: Spark's vacuum keeps a symbolic link named like a superseded shard (regular files only)") {
+    val path = freshPath()
+    val v1 = twoVersions(path)
+    val outside = Files.createTempDirectory("hostile-target").toFile
+    val target = new File(outside, "kept.bin")
+    Files.write(target.toPath, "not yours".getBytes)
+    val linked = new File(path, v1.head)
+    linked.delete()
+    Files.createSymbolicLink(linked.toPath, target.toPath)
+    val out = Vacuum.vacuum(spark, path, "0", false, true).collect().map(_.getString(0)).toSet
+    assert(!out.contains(v1.head), out)
+    assert(Files.isSymbolicLink(linked.toPath) && target.exists(), "the link and its target stay")
+    assert(v1.tail.forall(f => !new File(path, f).exists()), "the other superseded shard went")
+  }
+
   test("item 2: a _manifest_log linked to another dataset's is refused by vacuum, history and " +
       "versionAsOf; the other dataset keeps its versions and gets no vacuum version") {
     val a = freshPath()
