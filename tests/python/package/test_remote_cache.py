@@ -470,3 +470,21 @@ def test_a_local_disk_that_refuses_the_copy_is_not_retried_as_a_remote_error():
             RetryPolicy(retries=5, backoff=0).call(copy, "s3://b/ds/x.safetensors", "GET")
         assert len(calls) == 1 and e.value.errno == code, (calls, e.value)
         assert str(e.value).startswith(f"[Errno {code}] s3://b/ds/x.safetensors: GET: the local copy"), e.value
+
+
+def test_a_short_object_is_never_kept_in_the_node_cache_without_checksums(remote, s3_server, tmp_path):
+    """Issue #39 item 10: with checksums off, an object that comes back shorter than the
+    manifest's ``bytes`` (replaced by a truncated copy after open) is fetched again, then fails
+    naming the shard; no short copy stays in the cache for later ranks or runs."""
+    name = remote["names"][3]
+    with open(os.path.join(remote["local"], name), "rb") as f:
+        whole = f.read()
+    ds = open_dataset(remote["url"], storage_options=opts_for(s3_server), cache_dir=str(tmp_path / "c"))
+    s3_server.client().put_object(Bucket=remote["bucket"], Key=f"ds/{name}", Body=whole[:-8])
+    try:
+        with pytest.raises(ShardError, match=rf"{remote['bucket']}/ds/{name}: fetched 3 times, never intact: "
+                                             rf"{len(whole) - 8} bytes instead of {len(whole)}"):
+            ids(SafetensorsIterableDataset(ds, batch_size=4))
+        assert not [f for f in cache_files(str(tmp_path / "c")) if name in f and not f.endswith(".lock")]
+    finally:
+        s3_server.client().put_object(Bucket=remote["bucket"], Key=f"ds/{name}", Body=whole)
