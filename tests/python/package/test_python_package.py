@@ -214,6 +214,29 @@ def test_an_index_part_that_lost_rows_or_claims_another_shards_key(tmp_path):
         open_dataset(path).get("a")
 
 
+def test_an_index_row_whose_sample_key_was_changed_is_an_index_error_not_a_missing_key(tmp_path):
+    """Issue #39 item 9: a part whose rows of key b now say sample_key 'zz' (row count intact, so
+    it still covers its shard): get('b') is an IndexFileError naming the part, not "not found";
+    a key no shard holds is still KeyNotFoundError."""
+    path = str(tmp_path / "kv")
+    handmade.write_kv_dataset(path, [["a", "b", "c"], ["d"]])
+    handmade.write_index(path)
+    first = handmade.read_manifest(path)["shards"][0]["shard_path"]
+
+    def rename_b(rows):
+        for k in ("b__emb", "b__label"):
+            rows[k]["sample_key"] = "zz"
+
+    part = tamper_index(path, first, rename_b)
+    ds = open_dataset(path)
+    with pytest.raises(safetensors_spark.IndexFileError,
+                       match=rf"{part}: key 'b' of dataset {path} disagrees with the header of {first}: the row "
+                             r"for tensor 'b__emb' has sample_key 'zz'"):
+        ds.get("b")
+    with pytest.raises(KeyNotFoundError, match="key 'e' not found"):
+        ds.get("e")
+
+
 @pytest.mark.parametrize("group_rows", [6, 5])
 def test_kv_get_reads_only_the_row_groups_that_can_hold_the_key(tmp_path, monkeypatch, group_rows):
     """Hits and misses across several row groups and parts: per part only the row groups whose

@@ -819,8 +819,15 @@ class Dataset:
             return []
         try:
             table = pf.read_row_groups(groups, columns=self._INDEX_COLUMNS)
-            # matched in Python: pyarrow.compute would import pandas, seconds on a first lookup
-            at = [i for i, k in enumerate(table.column("sample_key").to_pylist()) if k == key]
+            # matched in Python: pyarrow.compute would import pandas, seconds on a first lookup.
+            # A row whose tensor_key is one of the key's names, when no row of sample_key `key`
+            # has that name, is the key's too, whatever its sample_key says: a changed
+            # sample_key is then checked (and refused) against the header, never read as "not
+            # found" (rows of the groups read for the key)
+            names = {f"{key}{self.kv_separator}{c}" for c in self.columns}
+            pairs = list(zip(table.column("sample_key").to_pylist(), table.column("tensor_key").to_pylist()))
+            own = {t for k, t in pairs if k == key}
+            at = [i for i, (k, t) in enumerate(pairs) if k == key or (t in names and t not in own)]
             rows = [r for i in at for r in table.slice(i, 1).to_pylist()]
         except Exception as e:  # pyarrow raises several types for unreadable or foreign files
             raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
