@@ -209,3 +209,33 @@ def test_maintenance_arguments_that_are_not_what_they_must_be_are_refused_naming
     with pytest.raises(ValueError, match=re.escape(named)):
         call(ds)
     assert sorted(os.listdir(ds)) == before
+
+
+GET = """
+import sys, safetensors_spark
+try:
+    safetensors_spark.open_dataset(sys.argv[1]).get("a")
+    print("NO ERROR")
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_the_index_is_read_by_the_same_rule(tmp_path):
+    """§5.9 for the tensor index: a linked ``_tensor_index.parquet`` is refused naming it, and a
+    FIFO where a part should be is refused at once (pyarrow would wait on it forever)."""
+    ds, outside = tmp_path / "kv", tmp_path / "outside"
+    handmade.write_kv_dataset(ds, [["a", "b"], ["c"]])
+    handmade.write_index(ds)
+    index = ds / "_tensor_index.parquet"
+    os.rename(index, outside)
+    os.symlink(outside, index)
+    with pytest.raises(safetensors_spark.IndexFileError, match=r"_tensor_index.parquet: is a symbolic link"):
+        open_dataset(ds).get("a")
+    index.unlink()
+    os.rename(outside, index)
+    part = index / handmade.shard_name(0).replace(".safetensors", ".parquet")
+    part.unlink()
+    os.mkfifo(part)
+    out = run_python(GET, ds).stdout
+    assert out.startswith("IndexFileError") and "not a regular file (FIFO)" in out and part.name in out, out
