@@ -160,3 +160,30 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_isOwnFile<'l
         ))
     })
 }
+
+/// `readManifestFile`: the text of a local manifest, log entry or task report by the one rule of
+/// spec/dataset.md §5.9 (`own::read_manifest_text`: a regular file, a FIFO or a device refused at
+/// once, within the size bound); `None` when the file does not exist.
+pub fn read_manifest_file(path: &str) -> Result<Option<String>, JniError> {
+    match safetensors_spark_dataset::own::read_manifest_text(std::path::Path::new(path)) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JniError::Dataset(format!("{path}: {e}"))),
+    }
+}
+
+/// `static native String readManifestFile(String localPath)`: null when absent.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_readManifestFile<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    path: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "localPath")?;
+        match read_manifest_file(&path)? {
+            Some(t) => Ok(env.new_string(t)?),
+            None => Ok(JString::default()),
+        }
+    })
+}

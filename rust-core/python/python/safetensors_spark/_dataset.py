@@ -777,12 +777,13 @@ class Dataset:
         if self._parts is not None:
             return self._parts
         parts = {}
+        linked = False
         if self._store.is_local and not isinstance(self._store, CachedStore):
-            try:  # a linked index directory is never followed (spec/dataset.md §5.9)
+            try:  # a linked index directory is never followed (spec/dataset.md §5.9): headers answer
                 _native.own_dir(self._store.root, INDEX_NAME)
-            except _native.ManifestError as e:
-                raise IndexFileError(f"{self.path}: {e}") from None
-        if self._store.exists(INDEX_NAME) and self._store.isdir(INDEX_NAME):
+            except _native.ManifestError:
+                linked = True
+        if not linked and self._store.exists(INDEX_NAME) and self._store.isdir(INDEX_NAME):
             import pyarrow.parquet as pq
 
             for shard in self.shards:

@@ -37,4 +37,9 @@ public final class NativeVersions {
   /** Whether the local {@code localPath} is a regular file that is not a symbolic link: the only
    *  kind of file a vacuum deletes (spec/dataset.md §5.9). */
   public static native boolean isOwnFile(String localPath);
+
+  /** The text of a local manifest, log entry or task report by the Rust rule (spec/dataset.md
+   *  §5.9): a FIFO, socket or device is refused at once (SafetensorsDatasetException naming it),
+   *  never waited on or read without end; at most 1 GiB. Null when the file does not exist. */
+  public static native String readManifestFile(String localPath);
 }

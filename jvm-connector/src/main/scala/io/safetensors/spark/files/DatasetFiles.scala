@@ -82,6 +82,14 @@ private[spark] object DatasetFiles {
    * text returned is always one whole version, the newest at that read (spec/dataset.md §5.3).
    */
   def readText(fs: FileSystem, p: Path): String = {
+    // local: the Rust rule (spec/dataset.md §5.9), so a FIFO or a link to a device where a
+    // manifest or log entry should be is refused at once instead of blocking the driver
+    localFile(fs, p).foreach { f =>
+      NativeLib.ensureLoaded()
+      val text = NativeVersions.readManifestFile(f.getPath)
+      if (text == null) throw new java.io.FileNotFoundException(s"File $p does not exist")
+      return text
+    }
     var attempt = 1
     var text: Option[String] = None
     while (text.isEmpty) {

@@ -190,7 +190,9 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         val text = manifests.getOrElseUpdate(key,
           if (timeTravel) versionText(fs, dir.getPath) else DatasetFiles.readText(fs, m.getPath))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
-        children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir).foreach { i =>
+        // (a linked one is not used, spec/dataset.md §5.9: the shards' headers answer)
+        children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir)
+          .filter(i => DatasetFiles.isOwnSubdir(fs, i.getPath)).foreach { i =>
           indexes.getOrElseUpdate(key, i.getPath.toString)
         }
       }

@@ -77,6 +77,48 @@ class HostileDatasetSuite extends SparkSuiteBase {
     assert(v1.tail.forall(f => !new File(path, f).exists()), "the other superseded shard went")
   }
 
+  test("item 7: a FIFO dataset_manifest.json and a log entry linked to /dev/zero are refused at once") {
+    import org.scalatest.concurrent.TimeLimits._
+    import org.scalatest.time.SpanSugar._
+    val path = freshPath()
+    twoVersions(path)
+    val entry = new File(new File(path, DatasetCommit.LogDir), DatasetCommit.logName(1))
+    entry.delete()
+    Files.createSymbolicLink(entry.toPath, new File("/dev/zero").toPath)
+    failAfter(60.seconds) {
+      val e = messages(intercept[Exception](values(path, Some(1))))
+      assert(e.contains("00000000000000000001.json: not a regular file (character device)"), e)
+    }
+    val manifest = new File(path, "dataset_manifest.json")
+    manifest.delete()
+    assert(new ProcessBuilder("mkfifo", manifest.getPath).start().waitFor() == 0)
+    failAfter(60.seconds) {
+      for (run <- Seq[() => Any](() => values(path), () => Vacuum.vacuum(spark, path, "0", true, true).collect())) {
+        val e = messages(intercept[Exception](run()))
+        assert(e.contains("dataset_manifest.json: not a regular file (FIFO)"), e)
+      }
+    }
+  }
+
+  test("a write never places or deletes index parts through a linked _tensor_index.parquet") {
+    val path = freshPath()
+    rows(4, 1).write.format("safetensors").option("batch_size", "2").option("generate_index", "true").save(path)
+    val index = new File(path, "_tensor_index.parquet")
+    val outside = Files.createTempDirectory("hostile-index").toFile
+    index.listFiles().foreach(f => Files.move(f.toPath, new File(outside, f.getName).toPath))
+    index.delete()
+    Files.createSymbolicLink(index.toPath, outside.toPath)
+    val before = outside.list().toSet
+    for (gen <- Seq("true", "false")) {
+      val e = messages(intercept[Exception](rows(2, 2).write.format("safetensors").option("batch_size", "2")
+        .option("generate_index", gen).mode("append").save(path)))
+      assert(e.contains("_tensor_index.parquet: is a symbolic link"), e)
+    }
+    assert(outside.list().toSet == before, "nothing placed or deleted through the link")
+    // a read does not use the linked index (the headers answer) and sees version 1 only
+    assert(values(path) == (0 until 4).map(i => 1000f + i), "nothing committed")
+  }
+
   test("item 2: a _manifest_log linked to another dataset's is refused by vacuum, history and " +
       "versionAsOf; the other dataset keeps its versions and gets no vacuum version") {
     val a = freshPath()
