@@ -58,7 +58,7 @@ object Compaction {
     def number(k: String): Option[Long] = opts.get(k).map { v =>
       val n = try v.trim.toLong catch { case _: NumberFormatException => -1L }
       if (n < 0) throw new IllegalArgumentException(
-        s"safetensors: compaction: option $k = '$v': expected a whole number ≥ 1")
+        s"safetensors: compaction: option $k = '$v': expected a whole number")
       n
     }
     // only true or false: `1` or `yes` is refused, never a real compaction (issue #39)
