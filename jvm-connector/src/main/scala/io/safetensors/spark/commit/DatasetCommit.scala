@@ -176,10 +176,16 @@ private[spark] object DatasetCommit {
 
   def logName(version: Long): String = f"$version%020d.json"
 
+  /** The version of a `_manifest_log/` entry's name, None for another name. A name of 20 digits
+   *  beyond the largest version is an error naming it (spec/dataset.md §5.9), never a bare
+   *  NumberFormatException. */
   def parseLogName(name: String): Option[Long] =
-    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit))
-      Some(name.take(20).toLong)
-    else None
+    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit)) {
+      try Some(name.take(20).toLong) catch {
+        case _: NumberFormatException => throw new IllegalArgumentException(
+          s"safetensors: $LogDir/$name: not a version number (at most ${Long.MaxValue}); remove this file")
+      }
+    } else None
 
   def indexPartName(version: Long): String = f"part-$version%020d.parquet"
 
