@@ -19,6 +19,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# A skipped test hides a feature that may be broken (a module-level importorskip whose import broke
+# skips the whole file, and the run still passes). The suite intends no skip: any skip fails the
+# run, listed by name, unless SAFETENSORS_SPARK_ALLOW_SKIPS=1 (a local run without some
+# dependency). Intended skips would be named in ALLOWED_SKIPS (node ids); there are none.
+ALLOWED_SKIPS = frozenset()
+_skipped = []
+
+
+def _note_skip(report):
+    if report.skipped and not hasattr(report, "wasxfail") and report.nodeid not in ALLOWED_SKIPS:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append(f"{report.nodeid or '(collection)'}: {reason}")
+
+
+def pytest_collectreport(report):
+    _note_skip(report)
+
+
+def pytest_runtest_logreport(report):
+    _note_skip(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _skipped and os.environ.get("SAFETENSORS_SPARK_ALLOW_SKIPS") != "1":
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _skipped and os.environ.get("SAFETENSORS_SPARK_ALLOW_SKIPS") != "1":
+        terminalreporter.write_line("FAILED: tests were skipped (no skip is intended; "
+                                    "SAFETENSORS_SPARK_ALLOW_SKIPS=1 allows them locally):", red=True)
+        for s in _skipped:
+            terminalreporter.write_line(f"  {s}", red=True)
 RELEASE = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 
 

@@ -201,6 +201,13 @@ def test_spark_compaction_through_hadoop_keeps_every_value(spark, tmp_path):
         spark_compact(spark, str(ds), batchsize=4)
     with pytest.raises(Exception, match="batch_size is 8, the dataset has batch_size 4"):
         spark_compact(spark, str(ds), batch_size=8)
+    # issue #39 item 4: dry_run=1 (or "yes") is refused naming the option, never a real compaction
+    for bad in (1, "yes"):
+        with pytest.raises(Exception, match=f"option 'dry_run' must be true or false, got '{bad}'"):
+            spark_compact(spark, str(ds), dry_run=bad)
+    with pytest.raises(Exception, match="option batch_size = '-3': expected a whole number"):
+        spark_compact(spark, str(ds), batch_size="-3")
+    assert _manifest(ds) == m0
     [dry] = spark_compact(spark, str(ds), dry_run=True).collect()
     assert dry.version is None and _manifest(ds) == m0
     [r] = spark_compact(spark, str(ds), commit_message="spark compaction").collect()

@@ -15,6 +15,10 @@
 //!   [`compaction::local`] runs it on a local directory.
 //! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
 //!   its shards (size, CRC-32C), the history, validating every version.
+//! * [`own`] — the one rule for a local dataset's own files: its directories are never followed
+//!   through a link, only its regular files are deleted, manifests and log entries are read
+//!   through the regular-file rule with a size bound and trusted only when they agree with
+//!   their names.
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
 //! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
@@ -26,6 +30,7 @@ pub mod kv;
 pub mod local;
 pub mod manifest;
 pub mod names;
+pub mod own;
 pub mod ragged;
 pub mod vacuum;
 pub mod versions;

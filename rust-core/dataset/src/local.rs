@@ -5,9 +5,8 @@
 //! same steps through Hadoop's file systems.
 
 use crate::manifest::{parse_manifest, Manifest};
-use crate::names::{
-    parse_manifest_log_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
-};
+use crate::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
+use crate::own::{check_log_entry, log_entry_version, own_dir, remove_own_file};
 use crate::vacuum::{plan_vacuum, vacuum_manifest, LoggedVersion, VacuumPlan, VacuumRequest};
 use std::collections::BTreeMap;
 use std::fs;
@@ -52,40 +51,59 @@ fn mtime_ms(meta: &fs::Metadata) -> u64 {
 }
 
 fn read_manifest(path: &Path) -> Result<Manifest, LocalError> {
-    let text = fs::read_to_string(path).map_err(io_err(path))?;
+    let text = crate::own::read_manifest_text(path).map_err(io_err(path))?;
     parse_manifest(&text).map_err(|source| LocalError::Dataset {
         path: path.to_path_buf(),
         source,
     })
 }
 
-/// Every `_manifest_log/` entry, parsed (a damaged one fails naming it), ascending.
-pub fn read_log(dir: &Path) -> Result<Vec<LoggedVersion>, LocalError> {
-    let log_dir = dir.join(MANIFEST_LOG_DIR);
-    let mut out = Vec::new();
-    let entries = match fs::read_dir(&log_dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(io_err(&log_dir)(e)),
+/// The dataset's own `_manifest_log/` (`None` when absent; a symbolic link is refused, §5.9).
+fn log_dir_of(dir: &Path) -> Result<Option<PathBuf>, LocalError> {
+    own_dir(dir, MANIFEST_LOG_DIR).map_err(io_err(&dir.join(MANIFEST_LOG_DIR)))
+}
+
+/// The versions of the `_manifest_log/` entries with their file paths, ascending; a name that
+/// looks like an entry but holds no version is an error naming it.
+fn log_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LocalError> {
+    let Some(log_dir) = log_dir_of(dir)? else {
+        return Ok(Vec::new());
     };
-    for e in entries {
+    let mut out = Vec::new();
+    for e in fs::read_dir(&log_dir).map_err(io_err(&log_dir))? {
         let e = e.map_err(io_err(&log_dir))?;
-        let Some(version) = e
-            .file_name()
-            .to_str()
-            .and_then(parse_manifest_log_file_name)
-        else {
+        let Some(name) = e.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        let path = e.path();
+        let version = log_entry_version(&name).map_err(|source| LocalError::Dataset {
+            path: e.path(),
+            source,
+        })?;
+        if let Some(v) = version {
+            out.push((v, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every `_manifest_log/` entry, parsed (a damaged one, or one whose `manifest_version`
+/// disagrees with its name, fails naming it), ascending.
+pub fn read_log(dir: &Path) -> Result<Vec<LoggedVersion>, LocalError> {
+    let mut out = Vec::new();
+    for (version, path) in log_entries(dir)? {
         let meta = fs::metadata(&path).map_err(io_err(&path))?;
+        let manifest = read_manifest(&path)?;
+        check_log_entry(version, &manifest).map_err(|source| LocalError::Dataset {
+            path: path.clone(),
+            source,
+        })?;
         out.push(LoggedVersion {
             version,
-            manifest: read_manifest(&path)?,
+            manifest,
             file_mtime_ms: mtime_ms(&meta),
         });
     }
-    out.sort_by_key(|l| l.version);
     Ok(out)
 }
 
@@ -137,8 +155,14 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Creates `_manifest_log/{version}.json` with `text` only if it does not exist (a hard link
 /// from a synced temporary file): false when another writer created that version first.
 pub fn try_commit(dir: &Path, version: u64, text: &str, id: &str) -> Result<bool, LocalError> {
-    let log_dir = dir.join(MANIFEST_LOG_DIR);
-    fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+    let log_dir = match log_dir_of(dir)? {
+        Some(d) => d,
+        None => {
+            let d = dir.join(MANIFEST_LOG_DIR);
+            fs::create_dir_all(&d).map_err(io_err(&d))?;
+            d
+        }
+    };
     let name = crate::names::manifest_log_file_name(version);
     let tmp = log_dir.join(format!(".{name}.{id}.tmp"));
     let target = log_dir.join(&name);
@@ -164,20 +188,9 @@ pub fn publish(dir: &Path, version: u64, text: &str, id: &str) -> Result<(), Loc
             .and_then(|()| fs::rename(&tmp, &target))
             .and_then(|()| sync_dir(dir))
             .map_err(io_err(&target))?;
-        let log = dir.join(MANIFEST_LOG_DIR);
-        let newest = fs::read_dir(&log)
-            .map_err(io_err(&log))?
-            .filter_map(|e| {
-                e.ok()?
-                    .file_name()
-                    .to_str()
-                    .and_then(parse_manifest_log_file_name)
-            })
-            .max();
-        match newest {
-            Some(n) if n > v => {
-                let p = log.join(crate::names::manifest_log_file_name(n));
-                t = fs::read_to_string(&p).map_err(io_err(&p))?;
+        match log_entries(dir)?.pop() {
+            Some((n, p)) if n > v => {
+                t = crate::own::read_manifest_text(&p).map_err(io_err(&p))?;
                 v = n;
             }
             _ => return Ok(()),
@@ -211,18 +224,19 @@ pub fn vacuum_dir(
             },
         });
     };
-    let index_dir = dir.join(INDEX_DIR_NAME);
-    let plan = plan_vacuum(
-        &log,
-        &current,
-        &regular_files(dir)?,
-        &regular_files(&index_dir)?,
-        req,
-    )
-    .map_err(|source| LocalError::Dataset {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    // the index directory is never followed through a link (§5.9): a vacuum refuses it
+    let index_dir = own_dir(dir, INDEX_DIR_NAME).map_err(io_err(&dir.join(INDEX_DIR_NAME)))?;
+    let index_files = match &index_dir {
+        Some(d) => regular_files(d)?,
+        None => BTreeMap::new(),
+    };
+    let plan =
+        plan_vacuum(&log, &current, &regular_files(dir)?, &index_files, req).map_err(|source| {
+            LocalError::Dataset {
+                path: dir.to_path_buf(),
+                source,
+            }
+        })?;
     if dry_run {
         return Ok(VacuumOutcome {
             plan,
@@ -231,23 +245,20 @@ pub fn vacuum_dir(
         });
     }
     after_plan(&plan);
-    let not_found_ok = |p: &Path, r: io::Result<()>| match r {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(p)(e)),
-        _ => Ok(()),
-    };
+    // only regular files directly in the dataset's own directories (§5.9)
+    let remove = |d: &Path, name: &str| remove_own_file(d, name).map_err(io_err(&d.join(name)));
     for s in &plan.shards {
-        let p = dir.join(&s.name);
-        not_found_ok(&p, fs::remove_file(&p))?;
+        remove(dir, &s.name)?;
     }
-    for s in &plan.index_parts {
-        let p = index_dir.join(&s.name);
-        not_found_ok(&p, fs::remove_file(&p))?;
+    if let Some(index_dir) = &index_dir {
+        for s in &plan.index_parts {
+            remove(index_dir, &s.name)?;
+        }
     }
-    for v in &plan.prune_versions {
-        let p = dir
-            .join(MANIFEST_LOG_DIR)
-            .join(crate::names::manifest_log_file_name(*v));
-        not_found_ok(&p, fs::remove_file(&p))?;
+    if let Some(log_dir) = log_dir_of(dir)? {
+        for v in &plan.prune_versions {
+            remove(&log_dir, &crate::names::manifest_log_file_name(*v))?;
+        }
     }
     let id = format!("vacuum-{}-{}", std::process::id(), now_ms());
     for _ in 0..MAX_COMMIT_ATTEMPTS {

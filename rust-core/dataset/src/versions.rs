@@ -8,7 +8,7 @@
 //! directory (the CLI, the Python package).
 
 use super::manifest::{parse_manifest, Manifest, Operation};
-use super::names::{manifest_log_file_name, parse_manifest_log_file_name, MANIFEST_LOG_DIR};
+use super::names::{manifest_log_file_name, MANIFEST_LOG_DIR};
 use super::DatasetError;
 use safetensors_spark_format::file::{crc32c_hex, crc32c_of};
 use serde::{Deserialize, Serialize};
@@ -182,7 +182,7 @@ pub fn check_shard(
 
 /// The CRC-32C of a local file, as the manifest writes it.
 pub fn file_crc32c(path: &Path) -> Result<String, DatasetError> {
-    let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let f = safetensors_spark_format::file::open_regular(path).map_err(|e| io_err(path, e))?;
     crc32c_of(std::io::BufReader::with_capacity(1 << 20, f))
         .map(crc32c_hex)
         .map_err(|e| io_err(path, e))
@@ -193,20 +193,24 @@ fn io_err(path: &Path, e: std::io::Error) -> DatasetError {
 }
 
 /// The versions in a local dataset's `_manifest_log/`, ascending (none when there is no log).
+/// A `_manifest_log/` that is a symbolic link is refused (spec/dataset.md §5.9), and so is a
+/// name that looks like an entry but holds no version.
 pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
-    let log = dir.join(MANIFEST_LOG_DIR);
-    let rd = match std::fs::read_dir(&log) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(&log, e)),
+    let Some(log) = crate::own::own_dir(dir, MANIFEST_LOG_DIR)
+        .map_err(|e| io_err(&dir.join(MANIFEST_LOG_DIR), e))?
+    else {
+        return Ok(Vec::new());
     };
+    let rd = std::fs::read_dir(&log).map_err(|e| io_err(&log, e))?;
     let mut out = Vec::new();
     for entry in rd {
         let entry = entry.map_err(|e| io_err(&log, e))?;
         if let Some(v) = entry
             .file_name()
             .to_str()
-            .and_then(parse_manifest_log_file_name)
+            .map(crate::own::log_entry_version)
+            .transpose()?
+            .flatten()
         {
             out.push(v);
         }
@@ -215,18 +219,28 @@ pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
     Ok(out)
 }
 
-/// Reads and parses log entry `version` of a local dataset.
+/// Reads and parses log entry `version` of a local dataset: a regular file within the size
+/// bound whose `manifest_version` is `version` (spec/dataset.md §5.9).
 pub fn read_log_entry_dir(dir: &Path, version: u64) -> Result<Manifest, DatasetError> {
     let path = dir
         .join(MANIFEST_LOG_DIR)
         .join(manifest_log_file_name(version));
-    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
-    parse_manifest(&text).map_err(|e| {
+    let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
+    parse_log_entry(version, &text)
+}
+
+/// Parses the text of log entry `version` and checks that it agrees with its name: an error
+/// naming the entry otherwise. The one rule for a log entry's text, also called by the JVM and
+/// the Python package for the entries they read through their file systems.
+pub fn parse_log_entry(version: u64, text: &str) -> Result<Manifest, DatasetError> {
+    let m = parse_manifest(text).map_err(|e| {
         version_err(format!(
             "version {version} ({MANIFEST_LOG_DIR}/{}): {e}",
             manifest_log_file_name(version)
         ))
-    })
+    })?;
+    crate::own::check_log_entry(version, &m)?;
+    Ok(m)
 }
 
 /// Commit time of a log entry: its `committed_at_ms`, else the file's modification time.
@@ -422,20 +436,40 @@ pub struct VersionCheck {
 /// A dataset without a log is checked through `dataset_manifest.json` alone (version 0 when the
 /// manifest has none).
 pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
+    // a damaged entry is its version's error line; the other versions are still checked
     let mut versions: Vec<(u64, Manifest)> = Vec::new();
+    let mut damaged: Vec<VersionCheck> = Vec::new();
     for v in log_versions_dir(dir)? {
-        versions.push((v, read_log_entry_dir(dir, v)?));
+        match read_log_entry_dir(dir, v) {
+            Ok(m) => versions.push((v, m)),
+            Err(e) => damaged.push(VersionCheck {
+                version: v,
+                shards: 0,
+                verified: 0,
+                error: Some(e.to_string()),
+            }),
+        }
     }
-    if versions.is_empty() {
+    if versions.is_empty() && damaged.is_empty() {
         let path = dir.join(super::names::MANIFEST_FILE_NAME);
-        let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+        if !path.exists() && std::fs::symlink_metadata(&path).is_err() {
+            return Err(version_err(format!(
+                "{}: not a dataset (no {} and no {MANIFEST_LOG_DIR}/); to check the safetensors \
+                 files below it, run `safetensors-spark report {}` or `safetensors-spark \
+                 validate FILE...`",
+                dir.display(),
+                super::names::MANIFEST_FILE_NAME,
+                dir.display()
+            )));
+        }
+        let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
         let m =
             parse_manifest(&text).map_err(|e| version_err(format!("{}: {e}", path.display())))?;
         versions.push((m.manifest_version(), m));
     }
     // file → (size, crc) on disk, computed once
     let mut seen: BTreeMap<String, Option<FoundShard>> = BTreeMap::new();
-    let mut out = Vec::new();
+    let mut out = damaged;
     for (v, m) in &versions {
         let mut error = None;
         let mut verified = 0;
@@ -474,6 +508,7 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
             error,
         });
     }
+    out.sort_by_key(|c| c.version);
     Ok(out)
 }
 
@@ -488,19 +523,26 @@ pub struct ListedEntry {
     pub text: Option<String>,
 }
 
+/// A listed entry's text, parsed and checked against its name ([`parse_log_entry`]).
 fn parse_listed(e: &ListedEntry) -> Result<Option<Manifest>, DatasetError> {
     e.text
         .as_deref()
-        .map(|t| {
-            parse_manifest(t).map_err(|err| {
-                version_err(format!(
-                    "version {} ({MANIFEST_LOG_DIR}/{}): {err}",
-                    e.version,
-                    manifest_log_file_name(e.version)
-                ))
-            })
-        })
+        .map(|t| parse_log_entry(e.version, t))
         .transpose()
+}
+
+/// Checks the shards of log entry `version` (its text `text`, read by the caller's file system)
+/// against `found` (shard name → file size; absent: missing), after checking that the entry
+/// agrees with its name ([`parse_log_entry`]): what a versioned read of the JVM and the Python
+/// package asks before it reads a row.
+pub fn check_entry_shards(
+    text: &str,
+    version: u64,
+    found: &BTreeMap<String, u64>,
+) -> Result<Manifest, DatasetError> {
+    let m = parse_log_entry(version, text)?;
+    check_listed_shards(&m, version, found)?;
+    Ok(m)
 }
 
 fn listed_time(e: &ListedEntry, m: Option<&Manifest>) -> i64 {

@@ -7,9 +7,8 @@ use crate::{arg, guard, parse_json, to_json, JniError};
 use ::jni::objects::{JClass, JString};
 use ::jni::sys::jlong;
 use ::jni::EnvUnowned;
-use safetensors_spark_dataset::manifest::parse_manifest;
 use safetensors_spark_dataset::versions::{
-    check_listed_shards, history_listed, select_listed, version_spec, ListedEntry,
+    check_entry_shards, history_listed, select_listed, version_spec, ListedEntry,
 };
 use safetensors_spark_dataset::DatasetError;
 use std::collections::BTreeMap;
@@ -37,9 +36,10 @@ pub fn check_version_shards_json(
     version: u64,
     found_json: &str,
 ) -> Result<(), JniError> {
-    let m = parse_manifest(manifest)?;
+    // the entry must agree with its name (spec/dataset.md §5.9) before its shards are checked
     let found: BTreeMap<String, u64> = parse_json(found_json, "shard sizes")?;
-    Ok(check_listed_shards(&m, version, &found)?)
+    check_entry_shards(manifest, version, &found)?;
+    Ok(())
 }
 
 /// `history`: the history rows (JSON array) of `entries` (every text given).
@@ -101,5 +101,89 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_history<'loc
         let entries = arg(env, &entries, "entriesJson")?;
         let json = history_json(&entries)?;
         Ok(env.new_string(json)?)
+    })
+}
+
+/// `checkOwnDir`: whether the local dataset directory `dir` has its own directory `name`
+/// (`_manifest_log`, `_tensor_index.parquet`); a symbolic link or a non-directory there is a
+/// dataset error naming it (spec/dataset.md §5.9, `own::own_dir`).
+pub fn check_own_dir(dir: &str, name: &str) -> Result<bool, JniError> {
+    let dir = std::path::Path::new(dir);
+    safetensors_spark_dataset::own::own_dir(dir, name)
+        .map(|d| d.is_some())
+        .map_err(|e| JniError::Dataset(format!("{}: {e}", dir.join(name).display())))
+}
+
+/// `static native boolean checkOwnDir(String localDir, String name)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_checkOwnDir<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    dir: JString<'local>,
+    name: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let dir = arg(env, &dir, "localDir")?;
+        let name = arg(env, &name, "name")?;
+        check_own_dir(&dir, &name)
+    })
+}
+
+/// `static native boolean isOwnSubdir(String localPath)`: a directory that is not a symbolic
+/// link (a partition directory of a `partitionBy` root, spec/dataset.md §5.9).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_isOwnSubdir<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    path: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "localPath")?;
+        Ok(safetensors_spark_dataset::own::is_own_subdir(
+            std::path::Path::new(&path),
+        ))
+    })
+}
+
+/// `static native boolean isOwnFile(String localPath)`: a regular file that is not a symbolic
+/// link, the only kind of file a vacuum deletes (spec/dataset.md §5.9).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_isOwnFile<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    path: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "localPath")?;
+        Ok(safetensors_spark_dataset::own::is_own_file(
+            std::path::Path::new(&path),
+        ))
+    })
+}
+
+/// `readManifestFile`: the text of a local manifest, log entry or task report by the one rule of
+/// spec/dataset.md §5.9 (`own::read_manifest_text`: a regular file, a FIFO or a device refused at
+/// once, within the size bound); `None` when the file does not exist.
+pub fn read_manifest_file(path: &str) -> Result<Option<String>, JniError> {
+    match safetensors_spark_dataset::own::read_manifest_text(std::path::Path::new(path)) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JniError::Dataset(format!("{path}: {e}"))),
+    }
+}
+
+/// `static native String readManifestFile(String localPath)`: null when absent.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_readManifestFile<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    path: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let path = arg(env, &path, "localPath")?;
+        match read_manifest_file(&path)? {
+            Some(t) => Ok(env.new_string(t)?),
+            None => Ok(JString::default()),
+        }
     })
 }

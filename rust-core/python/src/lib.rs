@@ -164,13 +164,25 @@ impl PyHeader {
         &self,
         tensor_key: &str,
         dtype: &str,
-        shape: Vec<u64>,
-        data_start: u64,
-        data_end: u64,
+        shape: Vec<i64>,
+        data_start: i64,
+        data_end: i64,
         sample_key: Option<&str>,
         column: &str,
         separator: &str,
     ) -> PyResult<TensorRow> {
+        // the part's columns are int64: a negative value is the row's error, naming it
+        let bad = |what: String| IndexEntryError::new_err(format!("tensor '{tensor_key}': {what}"));
+        let offset = |v: i64, what: &str| {
+            u64::try_from(v).map_err(|_| bad(format!("{what} {v} is negative")))
+        };
+        let data_start = offset(data_start, "data_start")?;
+        let data_end = offset(data_end, "data_end")?;
+        let shape = shape
+            .iter()
+            .map(|d| u64::try_from(*d))
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(|_| bad(format!("shape {shape:?} has a negative dimension")))?;
         let entry = kv::IndexEntry {
             tensor_key,
             dtype,
@@ -338,10 +350,73 @@ fn select_version(
 #[pyfunction]
 fn check_version_shards(manifest: &str, version: u64, found_json: &str) -> PyResult<()> {
     let err = |e: dataset::DatasetError| ManifestError::new_err(e.to_string());
-    let m = dataset::parse_manifest(manifest).map_err(err)?;
     let found: std::collections::BTreeMap<String, u64> =
         serde_json::from_str(found_json).map_err(|e| ManifestError::new_err(e.to_string()))?;
-    versions::check_listed_shards(&m, version, &found).map_err(err)
+    versions::check_entry_shards(manifest, version, &found)
+        .map(drop)
+        .map_err(err)
+}
+
+/// A local manifest or `_manifest_log/` entry read by the one rule of spec/dataset.md §5.9: a
+/// regular file (a FIFO or a device is refused at once) within the size bound; `OSError` naming
+/// the path otherwise.
+#[pyfunction]
+fn read_manifest_file(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    py.detach(|| dataset::own::read_manifest_text(&path))
+        .map_err(|e| {
+            let msg = format!("{}: {e}", path.display());
+            if e.kind() == std::io::ErrorKind::NotFound {
+                pyo3::exceptions::PyFileNotFoundError::new_err(msg)
+            } else {
+                pyo3::exceptions::PyOSError::new_err(msg)
+            }
+        })
+}
+
+/// Refuses a local file that is not a regular file (an index part before pyarrow opens it:
+/// a FIFO would block, a device never end), by the one rule `format::file::open_regular`;
+/// `OSError` naming the path (`FileNotFoundError` when absent).
+#[pyfunction]
+fn check_regular_file(path: std::path::PathBuf) -> PyResult<()> {
+    safetensors_spark_format::file::open_regular(&path)
+        .map(drop)
+        .map_err(|e| {
+            let msg = format!("{}: {e}", path.display());
+            if e.kind() == std::io::ErrorKind::NotFound {
+                pyo3::exceptions::PyFileNotFoundError::new_err(msg)
+            } else {
+                pyo3::exceptions::PyOSError::new_err(msg)
+            }
+        })
+}
+
+/// Parses the text of `_manifest_log/` entry `version` (read by the caller's file system) and
+/// checks that it agrees with its name (spec/dataset.md §5.9); returns it as JSON text, like
+/// `parse_manifest`. `ManifestError` naming the entry otherwise.
+#[pyfunction]
+fn parse_log_entry(py: Python<'_>, version: u64, text: &str) -> PyResult<String> {
+    py.detach(|| {
+        let m = versions::parse_log_entry(version, text).map_err(|e| e.to_string())?;
+        serde_json::to_string(&m).map_err(|e| e.to_string())
+    })
+    .map_err(ManifestError::new_err)
+}
+
+/// Whether the local dataset `root` has its own directory `name` (`_manifest_log`,
+/// `_tensor_index.parquet`): False when absent; `ManifestError` naming it when it is a
+/// symbolic link or not a directory (spec/dataset.md §5.9).
+#[pyfunction]
+fn own_dir(root: std::path::PathBuf, name: &str) -> PyResult<bool> {
+    dataset::own::own_dir(&root, name)
+        .map(|d| d.is_some())
+        .map_err(|e| ManifestError::new_err(format!("{}: {e}", root.join(name).display())))
+}
+
+/// The version of a `_manifest_log/` file name, None for a name that is no entry;
+/// `ManifestError` naming a 20-digit name beyond the largest version.
+#[pyfunction]
+fn log_entry_version(name: &str) -> PyResult<Option<u64>> {
+    dataset::own::log_entry_version(name).map_err(|e| ManifestError::new_err(e.to_string()))
 }
 
 /// The history rows (JSON array text) of the listed entries (every text given).
@@ -650,6 +725,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_ragged_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(select_version, m)?)?;
     m.add_function(wrap_pyfunction!(check_version_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(read_manifest_file, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_log_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(check_regular_file, m)?)?;
+    m.add_function(wrap_pyfunction!(own_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(log_entry_version, m)?)?;
     m.add_function(wrap_pyfunction!(history, m)?)?;
     m.add_function(wrap_pyfunction!(file_crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c_hex, m)?)?;

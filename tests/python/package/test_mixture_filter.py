@@ -322,6 +322,17 @@ def test_mixture_weights_and_modes_are_checked(paths):
         SafetensorsMixture(srcs, source_column="y")
 
 
+def test_weights_whose_sum_overflows_keep_their_ratios(paths):
+    """Issue #39 item 8: weights [1e308, 1e308, 0] sum to inf; the epoch still has num_samples
+    positions, split as [1, 1, 0] would split them (it had 2 instead of 37, silently)."""
+    srcs = sources(paths)
+    huge = SafetensorsMixture(srcs, weights=[1e308, 1e308, 0], num_samples=37, shuffle=False)
+    plain = SafetensorsMixture(srcs, weights=[1, 1, 0], num_samples=37, shuffle=False)
+    assert len(huge) == 37 and huge.source_counts == plain.source_counts == [19, 18, 0]
+    tiny = SafetensorsMixture(srcs, weights=[5e-324, 5e-324, 0], num_samples=37, shuffle=False)
+    assert tiny.source_counts == [19, 18, 0]
+
+
 def test_two_process_torch_distributed_mixture(paths, tmp_path):
     """A real 2-rank gloo job on loopback, 2 DataLoader workers a rank: each rank gets its share of
     the reference order, the same count, and the state after the epoch counts every source's quota;

@@ -141,7 +141,8 @@ def tamper_index(path, shard, fn):
     return part
 
 
-@pytest.mark.parametrize("tamper", ["another_key", "header_bytes", "past_the_end", "dtype", "shape", "name"])
+@pytest.mark.parametrize("tamper", ["another_key", "header_bytes", "past_the_end", "dtype", "shape", "name",
+                                    "negative_start", "negative_dim"])
 def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
     """A damaged or tampered index part never makes get() return other bytes: every row of the key
     is checked against the holding shard's header (spec/python.md §2), and a disagreement names
@@ -164,6 +165,10 @@ def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
             b["dtype"] = "I32"
         elif tamper == "shape":
             b["shape"] = [1, 2]
+        elif tamper == "negative_start":  # issue #39 item 9: was an OverflowError naming nothing
+            b["data_start"] = -5
+        elif tamper == "negative_dim":
+            b["shape"] = [-2]
         else:  # the row of key b points at key a's tensor, range and all
             b.update(tensor_key="a__emb", data_start=a["data_start"], data_end=a["data_end"])
 
@@ -171,7 +176,9 @@ def test_index_rows_are_checked_against_the_shard_header(tmp_path, tamper):
     what = {"another_key": r"byte range \[\d+, \d+\) \(header: \[\d+, \d+\)\)", "header_bytes": r"byte range \[8, 16\)",
             "past_the_end": rf"byte range \[{size}, {size + 8}\)", "dtype": r"dtype I32 \(header: F32\)",
             "shape": r"shape \[1, 2\] \(header: \[2\]\)",
-            "name": r"the row for tensor 'a__emb' has sample_key 'b' and column 'emb'"}[tamper]
+            "name": r"the row for tensor 'a__emb' has sample_key 'b' and column 'emb'",
+            "negative_start": r"tensor 'b__emb': data_start -5 is negative",
+            "negative_dim": r"tensor 'b__emb': shape \[-2\] has a negative dimension"}[tamper]
     for check_headers in (False, True):
         ds = open_dataset(path, check_headers=check_headers)
         with pytest.raises(safetensors_spark.IndexFileError) as e:
@@ -205,6 +212,29 @@ def test_an_index_part_that_lost_rows_or_claims_another_shards_key(tmp_path):
     with pytest.raises(safetensors_spark.IndexFileError, match=f"key 'a' has rows in the index parts of several "
                        f"shards: .*{first[:-12]}.parquet.*{part}"):
         open_dataset(path).get("a")
+
+
+def test_an_index_row_whose_sample_key_was_changed_is_an_index_error_not_a_missing_key(tmp_path):
+    """Issue #39 item 9: a part whose rows of key b now say sample_key 'zz' (row count intact, so
+    it still covers its shard): get('b') is an IndexFileError naming the part, not "not found";
+    a key no shard holds is still KeyNotFoundError."""
+    path = str(tmp_path / "kv")
+    handmade.write_kv_dataset(path, [["a", "b", "c"], ["d"]])
+    handmade.write_index(path)
+    first = handmade.read_manifest(path)["shards"][0]["shard_path"]
+
+    def rename_b(rows):
+        for k in ("b__emb", "b__label"):
+            rows[k]["sample_key"] = "zz"
+
+    part = tamper_index(path, first, rename_b)
+    ds = open_dataset(path)
+    with pytest.raises(safetensors_spark.IndexFileError,
+                       match=rf"{part}: key 'b' of dataset {path} disagrees with the header of {first}: the row "
+                             r"for tensor 'b__emb' has sample_key 'zz'"):
+        ds.get("b")
+    with pytest.raises(KeyNotFoundError, match="key 'e' not found"):
+        ds.get("e")
 
 
 @pytest.mark.parametrize("group_rows", [6, 5])

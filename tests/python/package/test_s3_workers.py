@@ -15,7 +15,7 @@ import handmade  # noqa: E402
 from conftest import StoppableEndpoint  # noqa: E402
 from safetensors_spark import open_dataset  # noqa: E402
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (a requirement: a broken import fails the run, never skips it)
 from safetensors_spark.torch import SafetensorsIterableDataset, loader  # noqa: E402
 
 

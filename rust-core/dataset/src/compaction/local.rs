@@ -13,6 +13,7 @@ use crate::manifest::{CommitInfo, Manifest};
 use crate::names::{
     shard_index_part_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
 };
+use crate::own::{is_own_subdir, remove_own_file};
 use crate::vacuum::deletes_at_commit;
 use crate::DatasetError;
 use serde::Serialize;
@@ -117,10 +118,13 @@ pub fn compact_dir(
     if let Some(m) = &opts.commit_message {
         crate::manifest::check_commit_message(m).map_err(|e| ds_err(dir, e))?;
     }
+    // the index directory is never followed through a link (spec/dataset.md §5.9)
     let index_dir = dir.join(INDEX_DIR_NAME);
-    let indexed = base.shards.iter().any(|s| {
-        shard_index_part_file_name(&s.shard_path).is_some_and(|p| index_dir.join(p).is_file())
-    });
+    let own_index = crate::own::own_dir(dir, INDEX_DIR_NAME).map_err(io_err(&index_dir))?;
+    let indexed = own_index.is_some()
+        && base.shards.iter().any(|s| {
+            shard_index_part_file_name(&s.shard_path).is_some_and(|p| index_dir.join(p).is_file())
+        });
     let mut outcome = CompactionOutcome {
         dataset: dir.to_path_buf(),
         plan,
@@ -230,9 +234,9 @@ pub fn compact_dir(
             outcome.committed_on = Some(current.manifest_version());
             if deletes_at_commit(Some(&current), &next) {
                 for r in &outcome.plan.replaced {
-                    let _ = fs::remove_file(dir.join(r));
-                    if let Some(p) = shard_index_part_file_name(r) {
-                        let _ = fs::remove_file(index_dir.join(p));
+                    let _ = remove_own_file(dir, r);
+                    if let (Some(p), Some(_)) = (shard_index_part_file_name(r), &own_index) {
+                        let _ = remove_own_file(&index_dir, &p);
                     }
                 }
                 outcome.replaced_deleted = true;
@@ -250,8 +254,10 @@ pub fn compact_dir(
     })
 }
 
+/// A manifest of any file type counts (a FIFO or device there is then refused by name when it is
+/// read, spec/dataset.md §5.9), and so does a log directory.
 fn is_dataset(dir: &Path) -> bool {
-    dir.join(MANIFEST_FILE_NAME).is_file() || dir.join(MANIFEST_LOG_DIR).is_dir()
+    dir.join(MANIFEST_FILE_NAME).exists() || dir.join(MANIFEST_LOG_DIR).is_dir()
 }
 
 /// `%XX` escapes of a Hive-style directory name decoded (spec/dataset.md §7).
@@ -291,7 +297,8 @@ fn partition_datasets(root: &Path) -> Result<Vec<PartitionDir>, LocalError> {
             let Some(name) = e.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if name.starts_with(['_', '.']) || !e.path().is_dir() {
+            // a link is never followed into another dataset (spec/dataset.md §5.9)
+            if name.starts_with(['_', '.']) || !is_own_subdir(&e.path()) {
                 continue;
             }
             if let Some((k, v)) = name.split_once('=') {

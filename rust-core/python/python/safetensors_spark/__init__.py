@@ -46,6 +46,33 @@ __all__ = [
 ]
 
 
+def _flag(command, name, value):
+    """A boolean argument: ``True`` or ``False`` only (``1``, ``"yes"`` are refused naming it:
+    a value that is not what it must be is never read as false, issue #39)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{command}: {name}={value!r}: expected True or False")
+    return value
+
+
+def _whole(command, name, value):
+    """A count argument: None or an integer ≥ 0 (not a bool; the engine then says which values
+    the dataset takes, e.g. ``batch_size`` 0), else refused naming it."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{command}: {name}={value!r}: expected a whole number (or None)")
+    return value
+
+
+def _local(command, path):
+    """The local path of ``path``; a URL (``s3://…``) is refused naming the Spark entry point."""
+    import os
+
+    p = os.fspath(path)
+    if isinstance(p, str) and "://" in p and not p.startswith("file://"):
+        raise ValueError(f"{command}: {p}: local paths only; for a dataset on an object store or HDFS "
+                         f"use safetensors_spark.spark.{command}(spark, path)")
+    return p[len("file://"):] if isinstance(p, str) and p.startswith("file://") else p
+
+
 def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
     """Deletes the shards of a local dataset that no version inside the retention period lists
     (spec/dataset.md §5.8.1) and commits a ``vacuum`` version; ``dry_run`` only lists them.
@@ -59,7 +86,16 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
 
     from . import _native
 
-    out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+    if retention is not None and not isinstance(retention, str):
+        raise ValueError(f"vacuum: retention={retention!r}: expected a string, '<n> seconds|minutes|"
+                         f"hours|days' or '0' (e.g. retention='7 days'), or None")
+    dry_run = _flag("vacuum", "dry_run", dry_run)
+    allow_shorter_retention = _flag("vacuum", "allow_shorter_retention", allow_shorter_retention)
+    path = _local("vacuum", path)
+    try:
+        out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+    except _native.ManifestError as e:
+        raise ManifestError(str(e)) from None
     return json.loads(out)
 
 
@@ -82,8 +118,17 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
 
     if isinstance(partitions, str):
         partitions = [partitions]
-    out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
-                          dry_run, commit_message)
+    path = _local("compact", path)
+    batch_size = _whole("compact", "batch_size", batch_size)
+    target_shard_size_mb = _whole("compact", "target_shard_size_mb", target_shard_size_mb)
+    dry_run = _flag("compact", "dry_run", dry_run)
+    if commit_message is not None and not isinstance(commit_message, str):
+        raise ValueError(f"compact: commit_message={commit_message!r}: expected a string or None")
+    try:
+        out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
+                              dry_run, commit_message)
+    except _native.ManifestError as e:
+        raise ManifestError(str(e)) from None
     return json.loads(out)
 
 

@@ -313,16 +313,12 @@ class Dataset:
     def _load_manifest(self):
         url = self._store.url(MANIFEST_FILE_NAME)
         try:
-            raw = self._store.read_text(MANIFEST_FILE_NAME)
+            text = self._store.read_manifest(MANIFEST_FILE_NAME)
         except FileNotFoundError:
             raise ManifestError(f"{url}: not found; {self.path} is not a dataset written by "
                                 f"df.write.format('safetensors') (or its write has not committed)") from None
         except OSError as e:
             raise ManifestError(f"{url}: cannot be read: {e}") from None
-        try:
-            text = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ManifestError(f"{url}: not UTF-8 ({e})") from None
         try:
             manifest = json.loads(_native.parse_manifest(text))
         except _native.ManifestError as e:
@@ -348,25 +344,16 @@ class Dataset:
             elif not isinstance(timestamp, str):
                 raise ManifestError(f"timestamp={timestamp!r}: expected a datetime or a string such as "
                                     f"'2026-11-26 12:00:00' (UTC) or ISO 8601")
-        entries = []
-        for name, mtime in self._store.log_entries(MANIFEST_LOG_DIR):
-            if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
-                e = {"version": int(name[:20]), "modified_ms": mtime}
-                if timestamp is not None:
-                    e["text"] = bytes(self._store.read_text(f"{MANIFEST_LOG_DIR}/{name}")).decode("utf-8")
-                entries.append(e)
         url = self._store.url(MANIFEST_LOG_DIR)
         try:
+            entries = _log_entries(self._store, with_text=timestamp is not None)
             v = _native.select_version(json.dumps(entries), None if version is None else str(version),
                                        timestamp)
+            text = _read_log_entry(self._store, v)
+            # the entry must agree with its name (spec/dataset.md §5.9): never another version
+            manifest = json.loads(_native.parse_log_entry(v, text))
         except _native.ManifestError as e:
             raise ManifestError(f"{self.path}: {e}") from None
-        name = f"{MANIFEST_LOG_DIR}/{v:020d}.json"
-        text = bytes(self._store.read_text(name)).decode("utf-8")
-        try:
-            manifest = json.loads(_native.parse_manifest(text))
-        except _native.ManifestError as e:
-            raise ManifestError(f"{url}/{v:020d}.json: {e}") from None
         found = {}
         for s in manifest["shards"]:
             try:
@@ -796,16 +783,22 @@ class Dataset:
         if self._parts is not None:
             return self._parts
         parts = {}
-        if self._store.exists(INDEX_NAME) and self._store.isdir(INDEX_NAME):
+        linked = False
+        if self._store.is_local and not isinstance(self._store, CachedStore):
+            try:  # a linked index directory is never followed (spec/dataset.md §5.9): headers answer
+                _native.own_dir(self._store.root, INDEX_NAME)
+            except _native.ManifestError:
+                linked = True
+        if not linked and self._store.exists(INDEX_NAME) and self._store.isdir(INDEX_NAME):
             import pyarrow.parquet as pq
 
             for shard in self.shards:
                 name = f"{INDEX_NAME}/{_native.index_part_name(shard.name)}"
                 if not self._store.exists(name):
                     continue
-                source, fs = self._store.parquet_source(name)
                 url = self._store.url(name)
                 try:
+                    source, fs = self._store.parquet_source(name)
                     pf = pq.ParquetFile(source, filesystem=fs)
                     missing = [c for c in self._INDEX_COLUMNS if c not in pf.schema_arrow.names]
                 except Exception as e:  # pyarrow raises several types for unreadable or foreign files
@@ -833,8 +826,15 @@ class Dataset:
             return []
         try:
             table = pf.read_row_groups(groups, columns=self._INDEX_COLUMNS)
-            # matched in Python: pyarrow.compute would import pandas, seconds on a first lookup
-            at = [i for i, k in enumerate(table.column("sample_key").to_pylist()) if k == key]
+            # matched in Python: pyarrow.compute would import pandas, seconds on a first lookup.
+            # A row whose tensor_key is one of the key's names, when no row of sample_key `key`
+            # has that name, is the key's too, whatever its sample_key says: a changed
+            # sample_key is then checked (and refused) against the header, never read as "not
+            # found" (rows of the groups read for the key)
+            names = {f"{key}{self.kv_separator}{c}" for c in self.columns}
+            pairs = list(zip(table.column("sample_key").to_pylist(), table.column("tensor_key").to_pylist()))
+            own = {t for k, t in pairs if k == key}
+            at = [i for i, (k, t) in enumerate(pairs) if k == key or (t in names and t not in own)]
             rows = [r for i in at for r in table.slice(i, 1).to_pylist()]
         except Exception as e:  # pyarrow raises several types for unreadable or foreign files
             raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
@@ -907,11 +907,10 @@ def history(path, *, storage_options=None):
     ``bytes_added``, ``bytes_removed``, ``shards_added``, ``shards_removed``, ``total_rows``,
     ``total_bytes``, ``created_by``, ``app_id``, ``commit_message``."""
     store = open_store(os.fspath(path), storage_options, None)
-    entries = []
-    for name, mtime in store.log_entries(MANIFEST_LOG_DIR):
-        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
-            entries.append({"version": int(name[:20]), "modified_ms": mtime,
-                            "text": bytes(store.read_text(f"{MANIFEST_LOG_DIR}/{name}")).decode("utf-8")})
+    try:
+        entries = _log_entries(store, with_text=True)
+    except _native.ManifestError as e:
+        raise ManifestError(f"{path}: {e}") from None
     if not entries:
         raise ManifestError(f"{store.url(MANIFEST_LOG_DIR)}: no manifest log; {path} is not a dataset "
                             "written by this connector")
@@ -919,3 +918,29 @@ def history(path, *, storage_options=None):
         return json.loads(_native.history(json.dumps(entries)))
     except _native.ManifestError as e:
         raise ManifestError(f"{path}: {e}") from None
+
+
+def _read_log_entry(store, version):
+    """The text of ``_manifest_log/`` entry ``version`` (a local one by the Rust rule of
+    spec/dataset.md §5.9: a regular file within the size bound); an error names the entry."""
+    name = f"{MANIFEST_LOG_DIR}/{version:020d}.json"
+    try:
+        return store.read_manifest(name)
+    except OSError as e:
+        raise ManifestError(f"{store.url(name)}: cannot be read: {e}") from None
+
+
+def _log_entries(store, with_text):
+    """The ``_manifest_log/`` entries as the native version rules take them: ``{"version",
+    "modified_ms"[, "text"]}``. Names and versions are the Rust rule's (a 20-digit name beyond
+    the largest version is an error naming it: ``_native.ManifestError``)."""
+    entries = []
+    for name, mtime in store.log_entries(MANIFEST_LOG_DIR):
+        v = _native.log_entry_version(name)
+        if v is None:
+            continue
+        e = {"version": v, "modified_ms": mtime}
+        if with_text:
+            e["text"] = _read_log_entry(store, v)
+        entries.append(e)
+    return entries

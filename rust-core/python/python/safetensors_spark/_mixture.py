@@ -31,6 +31,9 @@ def quotas(weights, total):
     remainder (floors, then +1 to the largest fractional parts, ties to the lower source index),
     so they sum to ``total`` exactly."""
     w = np.asarray(weights, dtype=np.float64)
+    # scaled by the largest first: weights whose sum overflows ([1e308, 1e308]) keep their ratios
+    # instead of giving every source 0 (then an epoch of one sample per source, silently)
+    w = w / w.max()
     exact = total * (w / w.sum())
     base = np.floor(exact).astype(np.int64)
     left = int(total - base.sum())

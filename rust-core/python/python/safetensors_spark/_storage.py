@@ -5,6 +5,7 @@ checked them with the Rust trust rule). No thread, pool or open file survives pi
 pickles as its URL pieces and reopens files lazily in the process that uses it.
 """
 
+import errno
 import hashlib
 import mmap
 import os
@@ -27,12 +28,20 @@ class _ShortRead(OSError):
     """A range read that returned fewer bytes than asked (a transfer cut short)."""
 
 
+# The local disk refused the copy (a full cache disk, a file size limit, a read-only disk): no
+# retry of the remote request can cure it.
+_LOCAL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS})
+
+
 def _retriable(e):
     """Whether a failed GET may be tried again: reads are idempotent, so every transient
     failure (throttling such as 503 SlowDown, 500, timeouts, connection resets, a cut-short
-    body, a server that does not answer) is; an object that is not there, access denied, or a
-    wrong argument are not (they would fail the same way again)."""
+    body, a server that does not answer) is; an object that is not there, access denied, a
+    wrong argument, or a local disk that refused the copy are not (they would fail the same way
+    again)."""
     if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(e, OSError) and e.errno in _LOCAL_DISK_ERRNOS:
         return False
     if isinstance(e, (OSError, TimeoutError, ConnectionError, EOFError)):
         return True
@@ -60,7 +69,12 @@ class RetryPolicy:
             except Exception as e:  # noqa: BLE001 - classified below, re-raised naming the object
                 if not _retriable(e):
                     if isinstance(e, (FileNotFoundError, PermissionError)):
-                        raise
+                        # the same type (callers tell a missing object by it), naming the object
+                        msg = f"{url}: {what} failed: {e.strerror or e}"
+                        raise (type(e)(msg) if e.errno is None else type(e)(e.errno, msg)) from e
+                    if isinstance(e, OSError) and e.errno in _LOCAL_DISK_ERRNOS:
+                        raise OSError(e.errno, f"{url}: {what}: the local copy could not be written "
+                                               f"(not retried): {e.strerror or e}") from e
                     raise RemoteReadError(f"{url}: {what} failed: {type(e).__name__}: {e}") from e
                 if attempt == self.retries:
                     raise RemoteReadError(
@@ -117,12 +131,21 @@ class LocalStore:
         return out
 
     def log_entries(self, log_dir):
-        """``(file name, modification time in ms)`` of the files in ``log_dir`` (none if absent)."""
+        """``(file name, modification time in ms)`` of the entries of the dataset's own directory
+        ``log_dir`` (none if absent). A ``log_dir`` that is a symbolic link is refused naming it,
+        and an entry that is no regular file is listed (reading it refuses it by name):
+        spec/dataset.md §5.9, the Rust rule."""
+        from . import _native
+        from ._errors import ManifestError
+
         try:
-            with os.scandir(self.url(log_dir)) as it:
-                return [(e.name, int(e.stat().st_mtime * 1000)) for e in it if e.is_file()]
-        except FileNotFoundError:
-            return []
+            if not _native.own_dir(self.root, log_dir):
+                return []
+        except _native.ManifestError as e:
+            raise ManifestError(str(e)) from None
+        with os.scandir(self.url(log_dir)) as it:
+            return [(e.name, int(e.stat(follow_symlinks=False).st_mtime * 1000)) for e in it
+                    if not e.is_dir(follow_symlinks=False)]
 
     def read(self, name, start, end):
         with open(self.url(name), "rb") as f:
@@ -132,6 +155,13 @@ class LocalStore:
     def read_text(self, name):
         with open(self.url(name), "rb") as f:
             return f.read()
+
+    def read_manifest(self, name):
+        """A manifest or log entry as text, by the Rust rule of spec/dataset.md §5.9: a regular
+        file (a FIFO or a device is refused at once, never read) within the size bound."""
+        from . import _native
+
+        return _native.read_manifest_file(self.url(name))
 
     def buffer(self, name):
         """The whole file as a private memory map (one per file and process)."""
@@ -169,6 +199,11 @@ class LocalStore:
         return np.frombuffer(buf, dtype=dtype, count=count, offset=start).reshape(shape)
 
     def parquet_source(self, name):
+        """An index part's path, once the Rust rule has opened it as a regular file (a FIFO
+        would block pyarrow, a device would be read without end; spec/dataset.md §5.9)."""
+        from . import _native
+
+        _native.check_regular_file(self.url(name))
         return self.url(name), None
 
 
@@ -327,6 +362,14 @@ class FsspecStore:
 
         return self.retry.call(get, url, "GET")
 
+    def read_manifest(self, name):
+        """A manifest or log entry as text (one GET; an object store has no special files)."""
+        data = bytes(self.read_text(name))
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise OSError(f"{self.url(name)}: not UTF-8 ({e})") from None
+
     def download(self, name, local):
         """The whole object into file ``local`` (retried; a failed attempt's file is removed);
         returns the bytes written."""
@@ -410,6 +453,9 @@ class CachedStore(LocalStore):
 
     def read_text(self, name):
         return self.remote.read_text(name)
+
+    def read_manifest(self, name):
+        return self.remote.read_manifest(name)
 
     def log_entries(self, log_dir):
         return self.remote.log_entries(log_dir)

@@ -154,6 +154,8 @@ def compact(spark, path, **options):
     from pyspark.sql import DataFrame
     jmap = spark._jvm.java.util.HashMap()
     for k, v in options.items():
+        # a bool is passed as true/false; any other value as its text, which the connector checks
+        # (dry_run=1 is refused there naming the option, never run as a real compaction)
         jmap.put(str(k), str(v).lower() if isinstance(v, bool) else str(v))
     jdf = spark._jvm.io.safetensors.spark.Compaction.compact(spark._jsparkSession, str(path), jmap)
     return DataFrame(jdf, spark)

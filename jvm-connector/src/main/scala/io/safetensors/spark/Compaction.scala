@@ -9,7 +9,7 @@ import scala.jdk.CollectionConverters._
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.DatasetFiles
-import io.safetensors.spark.internal.SerializableConf
+import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
 import io.safetensors.spark.jni.{NativeCompaction, NativeLib}
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
@@ -55,11 +55,14 @@ object Compaction {
     val opts = options.map { case (k, v) => k.toLowerCase(java.util.Locale.ROOT) -> v }
     opts.keys.find(k => !Known.contains(k)).foreach(k => throw new IllegalArgumentException(
       s"safetensors: compaction: unknown option '$k'; valid options: ${Known.toSeq.sorted.mkString(", ")}"))
-    def number(k: String): Option[Long] = opts.get(k).map(v => try v.trim.toLong catch {
-      case _: NumberFormatException => throw new IllegalArgumentException(
+    def number(k: String): Option[Long] = opts.get(k).map { v =>
+      val n = try v.trim.toLong catch { case _: NumberFormatException => -1L }
+      if (n < 0) throw new IllegalArgumentException(
         s"safetensors: compaction: option $k = '$v': expected a whole number")
-    })
-    val dryRun = opts.get("dry_run").exists(_.equalsIgnoreCase("true"))
+      n
+    }
+    // only true or false: `1` or `yes` is refused, never a real compaction (issue #39)
+    val dryRun = ConnectorOptions.boolean(opts.get("dry_run"), "compaction: option 'dry_run'", false)
     val conf = SparkInternals.hadoopConf(spark, Map.empty[String, String])
     val root = new Path(path)
     val fs = root.getFileSystem(conf)
@@ -67,6 +70,8 @@ object Compaction {
     val commits = new DatasetCommit(fs, dest, conf, DatasetFiles.localFile(fs, dest))
     val (_, baseText) = commits.latest().getOrElse(throw new IllegalArgumentException(
       s"safetensors: compaction: $dest has no ${DatasetFiles.ManifestName}: not a dataset"))
+    // a linked index directory is refused (spec/dataset.md §5.9): no part is written through it
+    DatasetFiles.ownDir(fs, dest, DatasetFiles.IndexDir)
     val req = mapper.createObjectNode()
     number("batch_size").foreach(n => req.put("batch_size", n))
     number("target_shard_size_mb").foreach(n => req.put("target_shard_size_mb", n))

@@ -46,7 +46,8 @@ object SafetensorsDataset {
     val dir = new Path(path)
     val fs = dir.getFileSystem(spark.sessionState.newHadoopConf())
     val logDir = new Path(dir, DatasetCommit.LogDir)
-    if (!fs.exists(logDir)) {
+    // a linked _manifest_log is refused naming it (spec/dataset.md §5.9)
+    if (DatasetFiles.ownDir(fs, dir, DatasetCommit.LogDir).isEmpty) {
       throw new IllegalArgumentException(s"safetensors: $dir has no manifest log " +
         s"(${DatasetCommit.LogDir}/): not a dataset written by this connector")
     }

@@ -23,4 +23,23 @@ public final class NativeVersions {
 
   /** The history rows of the entries (every text given), a JSON array, oldest first. */
   public static native String history(String entriesJson);
+
+  /** Whether the local dataset directory {@code localDir} has its own directory {@code name}
+   *  ({@code _manifest_log}, {@code _tensor_index.parquet}): false when absent; a symbolic link
+   *  or a non-directory there throws SafetensorsDatasetException naming it (spec/dataset.md
+   *  §5.9: a dataset's own directories are never followed through a link). */
+  public static native boolean checkOwnDir(String localDir, String name);
+
+  /** Whether the local {@code localPath} is a directory that is not a symbolic link (a partition
+   *  directory of a partitionBy root is one only then, spec/dataset.md §5.9). */
+  public static native boolean isOwnSubdir(String localPath);
+
+  /** Whether the local {@code localPath} is a regular file that is not a symbolic link: the only
+   *  kind of file a vacuum deletes (spec/dataset.md §5.9). */
+  public static native boolean isOwnFile(String localPath);
+
+  /** The text of a local manifest, log entry or task report by the Rust rule (spec/dataset.md
+   *  §5.9): a FIFO, socket or device is refused at once (SafetensorsDatasetException naming it),
+   *  never waited on or read without end; at most 1 GiB. Null when the file does not exist. */
+  public static native String readManifestFile(String localPath);
 }

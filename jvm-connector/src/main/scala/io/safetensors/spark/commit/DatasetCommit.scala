@@ -8,6 +8,7 @@ import java.nio.file.StandardCopyOption.ATOMIC_MOVE
 import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
 
 import com.fasterxml.jackson.databind.ObjectMapper
+import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, Path}
@@ -55,9 +56,11 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     }
   }
 
-  /** Versions in the log, ascending. */
+  /** Versions in the log, ascending. A `_manifest_log` that is a symbolic link is refused naming
+   *  it (spec/dataset.md §5.9): a writer, a vacuum or a compaction never reads or extends
+   *  another dataset's log through it. */
   def logVersions(): Seq[Long] =
-    if (!fs.exists(logDir)) Seq.empty
+    if (DatasetFiles.ownDir(fs, dest, LogDir).isEmpty) Seq.empty
     else fs.listStatus(logDir).toSeq.flatMap(s => parseLogName(s.getPath.getName)).sorted
 
   /**
@@ -67,6 +70,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
    * already have built on it.
    */
   def tryCommit(version: Long, baseVersion: Long, text: String, writeId: String): Boolean = {
+    DatasetFiles.ownDir(fs, dest, LogDir) // a linked log is refused (§5.9), never written through
     if (baseVersion > 0 && logVersions().nonEmpty && !fs.exists(new Path(logDir, logName(baseVersion)))) {
       return false
     }
@@ -172,10 +176,16 @@ private[spark] object DatasetCommit {
 
   def logName(version: Long): String = f"$version%020d.json"
 
+  /** The version of a `_manifest_log/` entry's name, None for another name. A name of 20 digits
+   *  beyond the largest version is an error naming it (spec/dataset.md §5.9), never a bare
+   *  NumberFormatException. */
   def parseLogName(name: String): Option[Long] =
-    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit))
-      Some(name.take(20).toLong)
-    else None
+    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit)) {
+      try Some(name.take(20).toLong) catch {
+        case _: NumberFormatException => throw new IllegalArgumentException(
+          s"safetensors: $LogDir/$name: not a version number (at most ${Long.MaxValue}); remove this file")
+      }
+    } else None
 
   def indexPartName(version: Long): String = f"part-$version%020d.parquet"
 

@@ -55,15 +55,19 @@ private[spark] object DatasetVacuum {
     }
     def files(dir: Path) = {
       val o = mapper.createObjectNode()
-      if (fs.exists(dir)) fs.listStatus(dir).filter(_.isFile).foreach(s => o.put(s.getPath.getName, s.getLen))
+      // regular files only: a link named like a superseded shard is never deleted (§5.9)
+      if (fs.exists(dir)) fs.listStatus(dir).filter(s => s.isFile && DatasetFiles.isOwnFile(fs, s.getPath))
+        .foreach(s => o.put(s.getPath.getName, s.getLen))
       o
     }
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
+    // a linked index directory is refused (spec/dataset.md §5.9): nothing outside is deleted
+    val ownIndex = DatasetFiles.ownDir(fs, dest, DatasetFiles.IndexDir)
     val req = mapper.createObjectNode()
     req.set[JsonNode]("log", log)
     req.put("latest", latestText).put("latest_source", latestSource.toString)
     req.set[JsonNode]("shards", files(dest))
-    req.set[JsonNode]("index_parts", files(indexDir))
+    req.set[JsonNode]("index_parts", ownIndex.map(files).getOrElse(mapper.createObjectNode()))
     retention.foreach(r => req.put("retention", r))
     req.put("allow_shorter_retention", allowShorterRetention)
     req.put("now_ms", System.currentTimeMillis())

@@ -25,6 +25,9 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
     localTemps: mutable.ArrayBuffer[File], objectStore: Boolean = false) {
   private val mapper = new ObjectMapper()
   val indexDir = new Path(dest, DatasetFiles.IndexDir)
+  // a linked index directory is refused (spec/dataset.md §5.9): a write never places or deletes
+  // parts through it
+  DatasetFiles.ownDir(fs, dest, DatasetFiles.IndexDir)
   /** A local directory for parts downloaded or built here and for mergeKeys' key lists. */
   lazy val workDir: File = {
     val d = Files.createTempDirectory("safetensors-index-").toFile

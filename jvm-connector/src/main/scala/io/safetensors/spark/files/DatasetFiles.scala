@@ -3,6 +3,7 @@ package io.safetensors.spark.files
 import java.io.{File, IOException}
 import java.nio.charset.StandardCharsets
 
+import io.safetensors.spark.jni.{NativeLib, NativeVersions}
 import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 
 /**
@@ -27,6 +28,42 @@ private[spark] object DatasetFiles {
     if (!fs.getFileStatus(dir).isDirectory) Seq.empty
     else fs.listStatus(dir).toSeq.filter(_.isFile).map(_.getPath).filter(p => isShardName(p.getName))
 
+  /**
+   * The dataset's own directory `dir/name` (`_manifest_log`, `_tensor_index.parquet`): None when
+   * absent. On the local file system the Rust rule decides (spec/dataset.md §5.9,
+   * `NativeVersions.checkOwnDir`): a symbolic link there is refused, naming it, so a command
+   * never follows it into another dataset. Other file systems have no links to follow.
+   */
+  def ownDir(fs: FileSystem, dir: Path, name: String): Option[Path] = {
+    val p = new Path(dir, name)
+    localFile(fs, dir) match {
+      case Some(f) =>
+        NativeLib.ensureLoaded()
+        if (NativeVersions.checkOwnDir(f.getPath, name)) Some(p) else None
+      case None => if (fs.exists(p)) Some(p) else None
+    }
+  }
+
+  /** Whether the listed directory `p` is one of the dataset's own: on the local file system not
+   *  a symbolic link (a link under a partitioned root is never a partition, spec/dataset.md
+   *  §5.9; the Rust rule, `NativeVersions.isOwnSubdir`). */
+  def isOwnSubdir(fs: FileSystem, p: Path): Boolean = localFile(fs, p) match {
+    case Some(f) =>
+      NativeLib.ensureLoaded()
+      NativeVersions.isOwnSubdir(f.getPath)
+    case None => true
+  }
+
+  /** Whether the listed file `p` is one a maintenance command may delete: on the local file
+   *  system a regular file that is not a symbolic link (spec/dataset.md §5.9; the Rust rule,
+   *  `NativeVersions.isOwnFile`). */
+  def isOwnFile(fs: FileSystem, p: Path): Boolean = localFile(fs, p) match {
+    case Some(f) =>
+      NativeLib.ensureLoaded()
+      NativeVersions.isOwnFile(f.getPath)
+    case None => true
+  }
+
   /** The local file of `p` when `fs` is the local file system. */
   def localFile(fs: FileSystem, p: Path): Option[File] = fs match {
     case l: LocalFileSystem => Some(l.pathToFile(p))
@@ -45,6 +82,14 @@ private[spark] object DatasetFiles {
    * text returned is always one whole version, the newest at that read (spec/dataset.md §5.3).
    */
   def readText(fs: FileSystem, p: Path): String = {
+    // local: the Rust rule (spec/dataset.md §5.9), so a FIFO or a link to a device where a
+    // manifest or log entry should be is refused at once instead of blocking the driver
+    localFile(fs, p).foreach { f =>
+      NativeLib.ensureLoaded()
+      val text = NativeVersions.readManifestFile(f.getPath)
+      if (text == null) throw new java.io.FileNotFoundException(s"File $p does not exist")
+      return text
+    }
     var attempt = 1
     var text: Option[String] = None
     while (text.isEmpty) {

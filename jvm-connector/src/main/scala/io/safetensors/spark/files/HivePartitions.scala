@@ -57,8 +57,10 @@ private[spark] object HivePartitions {
    * beside partition directories that is not one, or files beside them, are errors naming it.
    */
   def discover(fs: FileSystem, root: Path): Option[Seq[Dir]] = {
+    // a symbolic link is never a partition: it is not followed into another dataset (§5.9)
     def visible(dir: Path): Seq[FileStatus] =
       fs.listStatus(dir).toSeq.filterNot(s => DatasetFiles.isHidden(s.getPath.getName))
+        .filter(s => !s.isDirectory || DatasetFiles.isOwnSubdir(fs, s.getPath))
     val top = visible(root)
     if (fs.exists(new Path(root, DatasetFiles.ManifestName))) return None
     if (!top.exists(s => s.isDirectory && parse(s.getPath.getName).isDefined)) return None

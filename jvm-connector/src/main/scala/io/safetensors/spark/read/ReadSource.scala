@@ -39,13 +39,7 @@ private[spark] object ReadOptions {
   private val mapper = new ObjectMapper()
 
   private def bool(options: Map[String, String], name: String, default: Boolean): Boolean =
-    options.get(name).map(_.trim.toLowerCase) match {
-      case None => default
-      case Some("true") => true
-      case Some("false") => false
-      case Some(other) => throw new IllegalArgumentException(
-        s"safetensors: option '$name' must be true or false, got '$other'")
-    }
+    io.safetensors.spark.internal.ConnectorOptions.boolean(options.get(name), s"option '$name'", default)
 
   /** `options` with case-insensitive keys (Spark's CaseInsensitiveStringMap, lower-cased). */
   def parse(options: Map[String, String], ignoreCorruptDefault: Boolean,
@@ -196,7 +190,9 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         val text = manifests.getOrElseUpdate(key,
           if (timeTravel) versionText(fs, dir.getPath) else DatasetFiles.readText(fs, m.getPath))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
-        children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir).foreach { i =>
+        // (a linked one is not used, spec/dataset.md §5.9: the shards' headers answer)
+        children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir)
+          .filter(i => DatasetFiles.isOwnSubdir(fs, i.getPath)).foreach { i =>
           indexes.getOrElseUpdate(key, i.getPath.toString)
         }
       }
@@ -246,7 +242,9 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
   private def versionText(fs: FileSystem, dir: Path): String = {
     NativeLib.ensureLoaded()
     val logDir = new Path(dir, DatasetCommit.LogDir)
-    val logged = if (!fs.exists(logDir)) Seq.empty else fs.listStatus(logDir).toSeq.flatMap { s =>
+    // a linked _manifest_log is refused naming it (spec/dataset.md §5.9)
+    val logged = if (DatasetFiles.ownDir(fs, dir, DatasetCommit.LogDir).isEmpty) Seq.empty
+    else fs.listStatus(logDir).toSeq.flatMap { s =>
       DatasetCommit.parseLogName(s.getPath.getName).map(v => (v, s))
     }
     val entries = mapper.createArrayNode()

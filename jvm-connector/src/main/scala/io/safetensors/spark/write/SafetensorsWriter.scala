@@ -109,7 +109,8 @@ private[spark] object SafetensorsWriter {
   private def keepIndex(target: Target, parameters: Map[String, String],
       base: Option[String]): Map[String, String] = {
     val dir = new Path(target.dest, DatasetFiles.IndexDir)
-    def hasParts = target.fs.exists(dir) && {
+    // a linked index directory is refused before anything changes (spec/dataset.md §5.9)
+    def hasParts = DatasetFiles.ownDir(target.fs, target.dest, DatasetFiles.IndexDir).isDefined && {
       val names = target.fs.listStatus(dir).filter(_.isFile).map(_.getPath.getName).toSet
       // (an index of the earlier one-part-per-version layout counts too)
       names.exists(n => DatasetCommit.parseIndexPartName(n).isDefined) ||
