@@ -456,17 +456,6 @@ fn field<'a>(s: &'a StructArray, name: &str) -> Option<&'a ArrayRef> {
     s.column_by_name(name)
 }
 
-fn le_vec<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-    bytes
-        .chunks_exact(N)
-        .map(|c| {
-            let mut a = [0u8; N];
-            a.copy_from_slice(c);
-            f(a)
-        })
-        .collect()
-}
-
 /// `[3,?]`: an inner shape as far as known.
 fn fmt_inner(shape: &[Option<u64>]) -> String {
     let parts: Vec<String> = shape

@@ -8,6 +8,7 @@
 use super::*;
 use crate::write::{ColumnPlan, DuplicatesStrategy, InputKind, SparkNumeric};
 use arrow_array::builder::{NullBufferBuilder, OffsetBufferBuilder};
+use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type, Int8Type};
 use arrow_array::{
     ArrayRef, BinaryArray, Float32Array, Float64Array, Int32Array, Int64Array, Int8Array,
@@ -825,6 +826,35 @@ fn tensor_struct_keeps_or_converts_dtype() {
     assert_eq!((info.dtype, info.shape.clone()), (Dtype::F32, vec![2, 3]));
     assert_eq!(le_f32(data), vec![1.5, -2.0, 0.25, 1.5, -2.0, 0.25]);
     assert_eq!(report.columns["keep"].dtype, Dtype::U8);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+/// A BOOL tensor's bytes decode by the one rule of the read path (read/decode.rs): any non-zero
+/// byte is `true`, so a Tensor Struct converted to another dtype gives 1 where the reader reads
+/// `true` (the writer refused a byte 2 before, while the reader took it as `true`).
+#[test]
+fn tensor_struct_bool_bytes_decode_as_the_reader_decodes_them() {
+    let dir = tmpdir("tsbool");
+    let plan = plan_batch(
+        vec![col("i", InputKind::TensorStruct, Some(Dtype::I32), None)],
+        1,
+        TailStrategy::Write,
+    );
+    let bools = tensor_structs(vec![Some((vec![0, 2, 1, 255], vec![4], "BOOL"))]);
+    let mut w = TaskWriter::open(plan, 0, dir.clone()).unwrap();
+    w.write_batch(&batch(vec![("i", bools)])).unwrap();
+    let (_, report) = finish(w);
+    let f = open(&report.shards[0]);
+    let (info, data) = f.tensor("i").unwrap();
+    assert_eq!(info.dtype, Dtype::I32);
+    let ints: Vec<i32> = data
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(ints, vec![0, 1, 1, 1]);
+    let read = crate::read::decode::decode_values(Dtype::Bool, &[0, 2, 1, 255]).unwrap();
+    let read: Vec<bool> = read.as_boolean().values().iter().collect();
+    assert_eq!(read, vec![false, true, true, true]);
     fs::remove_dir_all(dir).unwrap();
 }
 

@@ -1,6 +1,11 @@
 //! Tensor Struct columns (`{data, shape, dtype}`): each value decoded and checked against its column.
 
 use super::*;
+use crate::read::decode::decode_values;
+use crate::read::error::ReadErrorKind;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type};
+use arrow_schema::DataType;
 
 /// The shape list of a Tensor Struct row as u64 dims.
 pub(super) fn struct_shape(
@@ -74,55 +79,30 @@ impl Decoded {
     }
 }
 
-/// Decodes little-endian `bytes` of `dtype` into a [`Source`]-compatible vector: signed and float
-/// types directly, unsigned types widened (U64 → i64 when it fits), F16/BF16 to f32 (exact).
+/// Decodes little-endian `bytes` of `dtype` into a [`Source`]-compatible vector with the read
+/// path's decoder ([`decode_values`]: the one rule for a tensor's bytes, BOOL any non-zero byte
+/// `true`, unsigned types widened, U64 above `i64::MAX` an error, F16/BF16 to f32 exactly).
 /// `Err` carries a message for a value or a dtype that cannot be decoded.
 pub(super) fn decode(dtype: Dtype, bytes: &[u8]) -> Result<Decoded, String> {
-    Ok(match dtype {
-        Dtype::F64 => Decoded::F64(le_vec(bytes, f64::from_le_bytes)),
-        Dtype::F32 => Decoded::F32(le_vec(bytes, f32::from_le_bytes)),
-        Dtype::F16 => Decoded::F32(le_vec(bytes, |b| {
-            half::f16::from_bits(u16::from_le_bytes(b)).to_f32()
-        })),
-        Dtype::Bf16 => Decoded::F32(le_vec(bytes, |b| {
-            half::bf16::from_bits(u16::from_le_bytes(b)).to_f32()
-        })),
-        Dtype::I64 => Decoded::I64(le_vec(bytes, i64::from_le_bytes)),
-        Dtype::I32 => Decoded::I32(le_vec(bytes, i32::from_le_bytes)),
-        Dtype::I16 => Decoded::I16(le_vec(bytes, i16::from_le_bytes)),
-        Dtype::I8 => Decoded::I8(bytes.iter().map(|&b| b as i8).collect()),
-        Dtype::U8 => Decoded::I16(bytes.iter().map(|&b| i16::from(b)).collect()),
-        Dtype::U16 => Decoded::I32(le_vec(bytes, |b| i32::from(u16::from_le_bytes(b)))),
-        Dtype::U32 => Decoded::I64(le_vec(bytes, |b| i64::from(u32::from_le_bytes(b)))),
-        Dtype::U64 => {
-            let wide: Vec<u64> = le_vec(bytes, u64::from_le_bytes);
-            let mut v = Vec::with_capacity(wide.len());
-            for (i, &x) in wide.iter().enumerate() {
-                v.push(i64::try_from(x).map_err(|_| {
-                    format!(
-                        "U64 value {x} at element {i} is above {} and cannot be converted",
-                        i64::MAX
-                    )
-                })?);
-            }
-            Decoded::I64(v)
+    let array = decode_values(dtype, bytes).map_err(|e| match e {
+        ReadErrorKind::U64Overflow { index, value } => format!(
+            "U64 value {value} at element {index} is above {} and cannot be converted",
+            i64::MAX
+        ),
+        ReadErrorKind::NotDecodable { dtype } => {
+            format!("values of dtype {dtype} cannot be converted")
         }
-        Dtype::Bool => {
-            let mut v = Vec::with_capacity(bytes.len());
-            for (i, &b) in bytes.iter().enumerate() {
-                match b {
-                    0 => v.push(false),
-                    1 => v.push(true),
-                    _ => {
-                        return Err(format!(
-                            "BOOL element at index {i} has byte value {b} (expected 0 or 1)"
-                        ))
-                    }
-                }
-            }
-            Decoded::Bool(v)
-        }
-        other => return Err(format!("values of dtype {other} cannot be converted")),
+        other => other.to_string(),
+    })?;
+    Ok(match array.data_type() {
+        DataType::Float64 => Decoded::F64(array.as_primitive::<Float64Type>().values().to_vec()),
+        DataType::Float32 => Decoded::F32(array.as_primitive::<Float32Type>().values().to_vec()),
+        DataType::Int64 => Decoded::I64(array.as_primitive::<Int64Type>().values().to_vec()),
+        DataType::Int32 => Decoded::I32(array.as_primitive::<Int32Type>().values().to_vec()),
+        DataType::Int16 => Decoded::I16(array.as_primitive::<Int16Type>().values().to_vec()),
+        DataType::Int8 => Decoded::I8(array.as_primitive::<Int8Type>().values().to_vec()),
+        DataType::Boolean => Decoded::Bool(array.as_boolean().values().iter().collect()),
+        _ => return Err(format!("values of dtype {dtype} cannot be converted")),
     })
 }
 
