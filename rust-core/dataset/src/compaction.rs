@@ -37,8 +37,7 @@ pub mod local;
 pub const DEFAULT_TARGET_SHARD_SIZE_MB: u64 = 300;
 /// The largest `target_shard_size_mb` (as the writer's option).
 pub const MAX_TARGET_SHARD_SIZE_MB: u64 = 65536;
-/// Prefix of the shard `__metadata__` keys this connector reserves (spec/dataset.md §4).
-pub const RESERVED_METADATA_PREFIX: &str = "safetensors_spark.";
+pub use crate::names::RESERVED_METADATA_PREFIX;
 
 /// What a compaction is asked to do.
 #[derive(Debug, Clone, Default)]

@@ -17,6 +17,18 @@ pub const PADDED_SAMPLES_METADATA_KEY: &str = "safetensors_spark.padded_samples"
 /// Shard `__metadata__` key (spec/dataset.md §4): the shard's ragged columns (§2.1), a JSON
 /// array of names in column order; present only when there is at least one.
 pub const RAGGED_METADATA_KEY: &str = "safetensors_spark.ragged";
+/// Shard `__metadata__` key: the dataset mode that wrote the shard (`batch` or `kv`).
+pub const LAYOUT_METADATA_KEY: &str = "safetensors_spark.layout";
+/// Shard `__metadata__` key (KV shards): the separator between key and column in tensor names.
+pub const KV_SEPARATOR_METADATA_KEY: &str = "safetensors_spark.kv_separator";
+/// Shard `__metadata__` key: the version of these metadata keys (`1`).
+pub const FORMAT_VERSION_METADATA_KEY: &str = "safetensors_spark.format_version";
+/// Shard `__metadata__` key: the id of the write that made the shard.
+pub const WRITE_ID_METADATA_KEY: &str = "safetensors_spark.write_id";
+/// The prefix of every key above: a user's `metadata` option may not use it.
+pub const RESERVED_METADATA_PREFIX: &str = "safetensors_spark.";
+/// KV mode's separator between key and column when the write gives no `kv_separator`.
+pub const DEFAULT_KV_SEPARATOR: &str = "__";
 
 /// Shard file name for a partition, a per-task shard counter and the write id.
 pub fn shard_file_name(partition: u32, shard: u32, write_id: &str) -> String {

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
 use safetensors_spark_dataset::kv;
 use safetensors_spark_dataset::manifest::{RaggedColumn, RaggedElement};
+use safetensors_spark_dataset::names;
 use safetensors_spark_dataset::ragged;
 use safetensors_spark_dataset::versions;
 use safetensors_spark_format::header;
@@ -707,6 +708,18 @@ impl PyPacker {
     }
 }
 
+/// The tensor holding ragged column `column`'s row boundaries (spec/dataset.md §2.1).
+#[pyfunction]
+fn ragged_offsets_name(column: &str) -> String {
+    dataset::manifest::ragged_offsets_name(column)
+}
+
+/// The file name, in `_manifest_log/`, of version `version`'s log entry.
+#[pyfunction]
+fn manifest_log_file_name(version: u64) -> String {
+    names::manifest_log_file_name(version)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FormatError", m.py().get_type::<FormatError>())?;
@@ -715,6 +728,29 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHeader>()?;
     m.add_class::<PyPacker>()?;
     m.add("VERSION", safetensors_spark_format::VERSION)?;
+    // the dataset's file names and shard metadata keys: the Rust rules' own values
+    // (spec/dataset.md §1, §4), so that the package holds no copy of them
+    for (name, value) in [
+        ("MANIFEST_FILE_NAME", names::MANIFEST_FILE_NAME),
+        ("MANIFEST_LOG_DIR", names::MANIFEST_LOG_DIR),
+        ("INDEX_DIR_NAME", names::INDEX_DIR_NAME),
+        ("LAYOUT_METADATA_KEY", names::LAYOUT_METADATA_KEY),
+        (
+            "KV_SEPARATOR_METADATA_KEY",
+            names::KV_SEPARATOR_METADATA_KEY,
+        ),
+        ("SAMPLES_METADATA_KEY", names::SAMPLES_METADATA_KEY),
+        (
+            "PADDED_SAMPLES_METADATA_KEY",
+            names::PADDED_SAMPLES_METADATA_KEY,
+        ),
+        ("RAGGED_METADATA_KEY", names::RAGGED_METADATA_KEY),
+        ("DEFAULT_KV_SEPARATOR", names::DEFAULT_KV_SEPARATOR),
+    ] {
+        m.add(name, value)?;
+    }
+    m.add_function(wrap_pyfunction!(ragged_offsets_name, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest_log_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;

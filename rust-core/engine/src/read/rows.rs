@@ -43,14 +43,10 @@ pub use ragged::*;
 pub use sample::*;
 pub use tensor::*;
 
-/// Shard `__metadata__` key: real rows in a batch-mode shard.
-pub const SAMPLES_KEY: &str = "safetensors_spark.samples";
-/// Shard `__metadata__` key: zero rows appended by `tail_strategy=pad`.
-pub const PADDED_SAMPLES_KEY: &str = "safetensors_spark.padded_samples";
-/// Shard `__metadata__` key of the dataset mode (`DatasetMode`): `batch` or `kv`.
-pub const MODE_KEY: &str = "safetensors_spark.layout";
-/// Shard `__metadata__` key: the ragged columns (a JSON array of names, spec/dataset.md §2.1).
-pub const RAGGED_KEY: &str = "safetensors_spark.ragged";
+// the shard `__metadata__` keys are the dataset crate's (`names`), one name each
+pub use safetensors_spark_dataset::names::{
+    LAYOUT_METADATA_KEY, PADDED_SAMPLES_METADATA_KEY, RAGGED_METADATA_KEY, SAMPLES_METADATA_KEY,
+};
 
 fn element_field(data_type: DataType) -> FieldRef {
     Arc::new(Field::new("element", data_type, false))

@@ -53,7 +53,7 @@ use super::error::{ReadError, ReadErrorKind};
 use super::forensic_columns;
 use super::rows::{
     batch_samples, ragged_columns, sample_target_type, FileColumn, SampleTarget, TensorColumn,
-    TensorField, MODE_KEY,
+    TensorField, LAYOUT_METADATA_KEY,
 };
 use arrow_schema::{DataType, Field, Fields};
 use parquet::file::reader::ChunkReader;

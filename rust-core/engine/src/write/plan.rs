@@ -55,12 +55,11 @@ pub const BATCH_ONLY_OPTIONS: [&str; 2] = ["ragged", "tail_strategy"];
 pub const KV_ONLY_OPTIONS: [&str; 3] =
     ["kv_separator", "target_shard_size_mb", "duplicatesStrategy"];
 
-pub const DEFAULT_KV_SEPARATOR: &str = "__";
+pub use safetensors_spark_dataset::names::DEFAULT_KV_SEPARATOR;
 pub const DEFAULT_TARGET_SHARD_SIZE_MB: u64 = 300;
 /// Allowed values of `target_shard_size_mb` (MiB): 1 MiB to 64 GiB.
 pub const TARGET_SHARD_SIZE_MB_RANGE: RangeInclusive<u64> = 1..=65536;
-/// Metadata keys starting with this prefix are written by the engine, never by the user.
-pub const RESERVED_METADATA_PREFIX: &str = "safetensors_spark.";
+pub use safetensors_spark_dataset::names::RESERVED_METADATA_PREFIX;
 
 /// The classes Spark uses for ML vectors (`pyspark.ml.linalg.VectorUDT` and the old mllib one).
 pub const VECTOR_UDT_CLASSES: [&str; 4] = [

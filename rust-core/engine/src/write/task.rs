@@ -41,7 +41,7 @@ use arrow_schema::DataType;
 use rows::{expected_type, type_matches, ColumnState};
 use safetensors_spark_dataset::index::{write_index_part, write_index_part_streamed, IndexError};
 use safetensors_spark_dataset::manifest::ragged_offsets_name;
-use safetensors_spark_dataset::names::{shard_index_part_file_name, RAGGED_METADATA_KEY};
+use safetensors_spark_dataset::names::{self, shard_index_part_file_name, RAGGED_METADATA_KEY};
 use safetensors_spark_format::convert::ConvertError;
 use safetensors_spark_format::error::FormatError;
 use safetensors_spark_format::file::{crc32c_hex, FileWriter, PendingFile};
@@ -715,16 +715,16 @@ pub(crate) fn shard_metadata(
         WriteMode::Batch { .. } => ("batch", None),
         WriteMode::Kv { kv_separator, .. } => ("kv", Some(kv_separator.clone())),
     };
-    meta.insert("safetensors_spark.format_version".into(), "1".into());
-    meta.insert("safetensors_spark.layout".into(), mode.into());
-    meta.insert("safetensors_spark.write_id".into(), plan.write_id.clone());
-    meta.insert("safetensors_spark.samples".into(), samples.to_string());
+    meta.insert(names::FORMAT_VERSION_METADATA_KEY.into(), "1".into());
+    meta.insert(names::LAYOUT_METADATA_KEY.into(), mode.into());
+    meta.insert(names::WRITE_ID_METADATA_KEY.into(), plan.write_id.clone());
+    meta.insert(names::SAMPLES_METADATA_KEY.into(), samples.to_string());
     meta.insert(
-        "safetensors_spark.padded_samples".into(),
+        names::PADDED_SAMPLES_METADATA_KEY.into(),
         padded.to_string(),
     );
     if let Some(sep) = separator {
-        meta.insert("safetensors_spark.kv_separator".into(), sep);
+        meta.insert(names::KV_SEPARATOR_METADATA_KEY.into(), sep);
     }
     let ragged: Vec<&str> = plan
         .columns

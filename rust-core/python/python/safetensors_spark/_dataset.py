@@ -21,14 +21,20 @@ from ._errors import (
 )
 from ._storage import HEADER_READ_AHEAD, CachedStore, open_store
 
-MANIFEST_FILE_NAME = "dataset_manifest.json"
-MANIFEST_LOG_DIR = "_manifest_log"
-INDEX_NAME = "_tensor_index.parquet"
-LAYOUT_METADATA_KEY = "safetensors_spark.layout"
-SEPARATOR_METADATA_KEY = "safetensors_spark.kv_separator"
-PADDED_METADATA_KEY = "safetensors_spark.padded_samples"
-RAGGED_METADATA_KEY = "safetensors_spark.ragged"
-DEFAULT_KV_SEPARATOR = "__"
+# the dataset's file names and shard metadata keys are the Rust rules' values (dataset::names),
+# never copies: tests/python/package/test_one_home.py fails when a literal comes back
+from ._native import (
+    DEFAULT_KV_SEPARATOR,
+    INDEX_DIR_NAME,
+    KV_SEPARATOR_METADATA_KEY,
+    LAYOUT_METADATA_KEY,
+    MANIFEST_FILE_NAME,
+    MANIFEST_LOG_DIR,
+    PADDED_SAMPLES_METADATA_KEY,
+    RAGGED_METADATA_KEY,
+    manifest_log_file_name,
+)
+from ._native import ragged_offsets_name as offsets_name
 
 _NUMPY_DTYPES = {
     "BOOL": np.dtype(np.bool_),
@@ -60,12 +66,6 @@ def numpy_dtype(dtype, what):
             return np.dtype(np.uint16)
     raise ShardError(f"{what}: dtype {dtype} has no numpy equivalent in this package "
                      f"(supported: {', '.join(sorted([*_NUMPY_DTYPES, 'BF16']))})")
-
-
-def offsets_name(column):
-    """The tensor holding the row boundaries of ragged column ``column`` in a shard (the Rust
-    ``ragged_offsets_name``; spec/dataset.md §2.1)."""
-    return f"{column}.offsets"
 
 
 class Ragged:
@@ -452,7 +452,7 @@ class Dataset:
             self.layout = layouts.pop()
             if self.layout not in ("batch", "kv"):
                 raise ShardError(f"{self.path}: {LAYOUT_METADATA_KEY} is '{self.layout}', expected batch or kv")
-            seps = {(s.metadata or {}).get(SEPARATOR_METADATA_KEY) for s in self.shards} - {None}
+            seps = {(s.metadata or {}).get(KV_SEPARATOR_METADATA_KEY) for s in self.shards} - {None}
             self.kv_separator = seps.pop() if len(seps) == 1 else None
         else:
             def is_batch(s):
@@ -496,7 +496,7 @@ class Dataset:
 
     @staticmethod
     def _padded_from_metadata(shard):
-        value = (shard.metadata or {}).get(PADDED_METADATA_KEY, "0")
+        value = (shard.metadata or {}).get(PADDED_SAMPLES_METADATA_KEY, "0")
         return int(value) if value.isdigit() else 0
 
     def _check_header(self, shard):
@@ -786,14 +786,14 @@ class Dataset:
         linked = False
         if self._store.is_local and not isinstance(self._store, CachedStore):
             try:  # a linked index directory is never followed (spec/dataset.md §5.9): headers answer
-                _native.own_dir(self._store.root, INDEX_NAME)
+                _native.own_dir(self._store.root, INDEX_DIR_NAME)
             except _native.ManifestError:
                 linked = True
-        if not linked and self._store.exists(INDEX_NAME) and self._store.isdir(INDEX_NAME):
+        if not linked and self._store.exists(INDEX_DIR_NAME) and self._store.isdir(INDEX_DIR_NAME):
             import pyarrow.parquet as pq
 
             for shard in self.shards:
-                name = f"{INDEX_NAME}/{_native.index_part_name(shard.name)}"
+                name = f"{INDEX_DIR_NAME}/{_native.index_part_name(shard.name)}"
                 if not self._store.exists(name):
                     continue
                 url = self._store.url(name)
@@ -923,7 +923,7 @@ def history(path, *, storage_options=None):
 def _read_log_entry(store, version):
     """The text of ``_manifest_log/`` entry ``version`` (a local one by the Rust rule of
     spec/dataset.md §5.9: a regular file within the size bound); an error names the entry."""
-    name = f"{MANIFEST_LOG_DIR}/{version:020d}.json"
+    name = f"{MANIFEST_LOG_DIR}/{manifest_log_file_name(version)}"
     try:
         return store.read_manifest(name)
     except OSError as e:

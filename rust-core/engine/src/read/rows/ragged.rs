@@ -3,15 +3,19 @@
 
 use super::*;
 
-/// The ragged columns a shard's `__metadata__` names ([`RAGGED_KEY`], a JSON array of column
+/// The ragged columns a shard's `__metadata__` names ([`RAGGED_METADATA_KEY`], a JSON array of column
 /// names), in column order; empty when the key is absent.
 pub fn ragged_columns(file: &str, header: &Header) -> Result<Vec<String>, ReadError> {
-    let Some(v) = header.metadata.as_ref().and_then(|m| m.get(RAGGED_KEY)) else {
+    let Some(v) = header
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get(RAGGED_METADATA_KEY))
+    else {
         return Ok(Vec::new());
     };
     serde_json::from_str::<Vec<String>>(v).map_err(|_| {
         ReadErrorKind::ReservedMetadata {
-            key: RAGGED_KEY,
+            key: RAGGED_METADATA_KEY,
             value: v.clone(),
             problem: "not a JSON array of column names",
         }

@@ -27,23 +27,23 @@ pub fn batch_samples(file: &str, header: &Header) -> Result<(u64, u64), ReadErro
             })
             .transpose()
     };
-    if let Some(mode) = get(MODE_KEY).filter(|l| *l == "kv") {
+    if let Some(mode) = get(LAYOUT_METADATA_KEY).filter(|l| *l == "kv") {
         return Err(ReadErrorKind::ReservedMetadata {
-            key: MODE_KEY,
+            key: LAYOUT_METADATA_KEY,
             value: mode.clone(),
             problem: "a KV shard has no sample rows; read it per tensor",
         }
         .in_file(file));
     }
-    let padded = number(PADDED_SAMPLES_KEY)?.unwrap_or(0);
-    let samples = number(SAMPLES_KEY)?;
+    let padded = number(PADDED_SAMPLES_METADATA_KEY)?.unwrap_or(0);
+    let samples = number(SAMPLES_METADATA_KEY)?;
     let ragged = ragged_columns(file, header)?;
     let offsets: Vec<String> = ragged.iter().map(|c| ragged_offsets_name(c)).collect();
     for (c, o) in ragged.iter().zip(&offsets) {
         for name in [c, o] {
             if header.tensor(name).is_none() {
                 return Err(ReadErrorKind::RaggedOffsets(format!(
-                    "`{RAGGED_KEY}` names it ragged, but the file has no tensor `{name}`"
+                    "`{RAGGED_METADATA_KEY}` names it ragged, but the file has no tensor `{name}`"
                 ))
                 .at(file, c));
             }
@@ -60,7 +60,7 @@ pub fn batch_samples(file: &str, header: &Header) -> Result<(u64, u64), ReadErro
     let rows = match samples {
         Some(s) => s.checked_add(padded).ok_or_else(|| {
             ReadErrorKind::ReservedMetadata {
-                key: PADDED_SAMPLES_KEY,
+                key: PADDED_SAMPLES_METADATA_KEY,
                 value: padded.to_string(),
                 problem: "samples + padded samples overflows",
             }
@@ -103,7 +103,7 @@ pub fn batch_samples(file: &str, header: &Header) -> Result<(u64, u64), ReadErro
         || {
             rows.checked_sub(padded).ok_or_else(|| {
                 ReadErrorKind::ReservedMetadata {
-                    key: PADDED_SAMPLES_KEY,
+                    key: PADDED_SAMPLES_METADATA_KEY,
                     value: padded.to_string(),
                     problem: "more padding rows than rows",
                 }

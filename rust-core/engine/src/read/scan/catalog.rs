@@ -191,7 +191,7 @@ impl Catalog<'_> {
             match &e.header {
                 None => need.push(e.input.file.clone()),
                 Some(h) => {
-                    let mode = h.metadata.as_ref().and_then(|m| m.get(MODE_KEY));
+                    let mode = h.metadata.as_ref().and_then(|m| m.get(LAYOUT_METADATA_KEY));
                     if mode.map(String::as_str) != Some("batch") {
                         return Answer::Ready(RowLayout::Tensor);
                     }

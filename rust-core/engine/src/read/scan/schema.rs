@@ -83,7 +83,7 @@ pub(super) fn sample_file<'a>(
     if let Some((m, si)) = cat.manifest_of(e) {
         if m.mode() == Some(DatasetMode::Kv) {
             return Err(ReadErrorKind::ReservedMetadata {
-                key: MODE_KEY,
+                key: LAYOUT_METADATA_KEY,
                 value: "kv".into(),
                 problem: "a KV shard has no sample rows; read it per tensor",
             }

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .._dataset import Dataset
+from .._dataset import Dataset, offsets_name
 from .._errors import StateError
 from .._filter import Filter, FilteredOrder, Selection
 from .._prefetch import batch_groups
@@ -129,7 +129,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
 
 def _rows(batch, column):
     """The rows of ragged column ``column`` of a read batch, each a view of its values."""
-    values, o = batch[column], batch[f"{column}.offsets"].tolist()
+    values, o = batch[column], batch[offsets_name(column)].tolist()
     return [values[a:b] for a, b in zip(o[:-1], o[1:])]
 
 

@@ -13,6 +13,8 @@ import weakref
 import numpy as np
 import torch
 
+from .._dataset import offsets_name
+
 
 def new_shared_block(nbytes):
     """A uint8 tensor of at least ``nbytes`` in fresh shared memory."""
@@ -198,9 +200,9 @@ class Handoff:
         if self.items is not None:
             yield from _items(base, self.items)
             return
-        offset_names = {f"{c}.offsets" for c in self.ragged}
+        offset_names = {offsets_name(c) for c in self.ragged}
         fixed = [c for c in tensors if c not in self.ragged and c not in offset_names]
-        offsets = {c: tensors[f"{c}.offsets"] for c in self.ragged}
+        offsets = {c: tensors[offsets_name(c)] for c in self.ragged}
         first = 0
         for n in self.lengths:
             batch = {c: tensors[c][first: first + n] for c in fixed}
@@ -211,7 +213,7 @@ class Handoff:
                 if c in self.nested:
                     batch[c] = torch.nested.nested_tensor_from_jagged(values, o)
                 else:
-                    batch[c], batch[f"{c}.offsets"] = values, o
+                    batch[c], batch[offsets_name(c)] = values, o
             yield batch
             first += n
 
