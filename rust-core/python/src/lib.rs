@@ -364,14 +364,17 @@ fn check_version_shards(manifest: &str, version: u64, found_json: &str) -> PyRes
 #[pyfunction]
 fn read_manifest_file(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
     py.detach(|| dataset::own::read_manifest_text(&path))
-        .map_err(|e| {
-            let msg = format!("{}: {e}", path.display());
-            if e.kind() == std::io::ErrorKind::NotFound {
-                pyo3::exceptions::PyFileNotFoundError::new_err(msg)
-            } else {
-                pyo3::exceptions::PyOSError::new_err(msg)
-            }
-        })
+        .map_err(|e| os_error(&path, &e))
+}
+
+/// An I/O error as Python's `OSError` naming `path` (`FileNotFoundError` when it is absent).
+fn os_error(path: &std::path::Path, e: &std::io::Error) -> PyErr {
+    let msg = format!("{}: {e}", path.display());
+    if e.kind() == std::io::ErrorKind::NotFound {
+        pyo3::exceptions::PyFileNotFoundError::new_err(msg)
+    } else {
+        pyo3::exceptions::PyOSError::new_err(msg)
+    }
 }
 
 /// Refuses a local file that is not a regular file (an index part before pyarrow opens it:
@@ -381,14 +384,7 @@ fn read_manifest_file(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Stri
 fn check_regular_file(path: std::path::PathBuf) -> PyResult<()> {
     safetensors_spark_format::file::open_regular(&path)
         .map(drop)
-        .map_err(|e| {
-            let msg = format!("{}: {e}", path.display());
-            if e.kind() == std::io::ErrorKind::NotFound {
-                pyo3::exceptions::PyFileNotFoundError::new_err(msg)
-            } else {
-                pyo3::exceptions::PyOSError::new_err(msg)
-            }
-        })
+        .map_err(|e| os_error(&path, &e))
 }
 
 /// Parses the text of `_manifest_log/` entry `version` (read by the caller's file system) and
