@@ -58,20 +58,19 @@ private[spark] final class KvRowsRelation(context: SQLContext, override val sche
       s"safetensors: the KV table's name_col '$nameCol' is not one of its columns (${schema.fieldNames.mkString(", ")})")
     val parts = partitionColumns.map(p => fields.indexWhere(f => sameName(f.name, p)))
     val valueColumns = fields.indices.filter(i => i != keyIndex && !parts.contains(i))
+    val caseSensitive = SparkInternals.caseSensitive(context)
+    def folded(s: String) = if (caseSensitive) s else s.toLowerCase
     // longest column name first: with one column a suffix of another, the longer one decides
-    val suffixes = valueColumns.map(i => (separator + fields(i).name, i)).sortBy(-_._1.length)
+    val suffixes = valueColumns.map(i => (folded(separator + fields(i).name), i)).sortBy(-_._1.length)
     val tensors = spark.read.format("safetensors").options(readOptions.filter(_._1.toLowerCase != "path"))
       .option("layout", "tensor").load(path)
       .select(("key" +: "dtype" +: "shape" +: "data" +: partitionColumns).map(org.apache.spark.sql.functions.col): _*)
     val types = fields.map(_.dataType)
     val width = fields.length
-    val caseSensitive = SparkInternals.caseSensitive(context)
     val rows = SparkInternals.internalRows(tensors).flatMap { r =>
       val name = r.getUTF8String(0).toString
-      val hit = suffixes.find { case (s, _) =>
-        if (caseSensitive) name.endsWith(s) else name.toLowerCase.endsWith(s.toLowerCase)
-      }
-      hit.map { case (suffix, column) =>
+      val matched = if (caseSensitive) name else name.toLowerCase
+      suffixes.find { case (s, _) => matched.endsWith(s) }.map { case (suffix, column) =>
         val key = name.substring(0, name.length - suffix.length)
         val partValues = parts.indices.map(k => r.get(4 + k, types(parts(k))) match {
           case s: UTF8String => s.clone() // the row's buffer is reused
