@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,18 @@ class S3Server:
         """fsspec (s3fs) options for this server."""
         return {"key": self.KEY, "secret": self.SECRET,
                 "client_kwargs": {"endpoint_url": self.endpoint, "region_name": self.REGION}}
+
+    def upload_dataset(self, local, prefix):
+        """Copies the files of dataset directory ``local`` into a new bucket named
+        ``<prefix>-<random>`` under ``ds/`` with s3fs; returns ``(url, bucket)``."""
+        import s3fs
+
+        bucket = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=bucket)
+        fs = s3fs.S3FileSystem(**self.storage_options())
+        for name in os.listdir(local):
+            fs.put_file(os.path.join(local, name), f"{bucket}/ds/{name}")
+        return f"s3://{bucket}/ds", bucket
 
     def hadoop_conf(self):
         """S3A settings that reach this server (set as session SQL conf: the connector's Hadoop

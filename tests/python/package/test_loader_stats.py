@@ -6,7 +6,6 @@ step (margins of 10× and more: these check what is measured, not how fast)."""
 import logging
 import os
 import time
-import uuid
 
 import pytest
 import torch
@@ -125,16 +124,10 @@ def test_device_stats_give_the_host_to_device_rate(path, monkeypatch):
 
 
 def test_remote_reads_bytes_gets_latency_and_node_cache_hits(s3_server, tmp_path):
-    import s3fs
-
     local = str(tmp_path / "d")
     handmade.write_batch_dataset(local, [40, 40, 40], width=4)
-    bucket = f"st-{uuid.uuid4().hex[:12]}"
-    s3_server.client().create_bucket(Bucket=bucket)
-    fs = s3fs.S3FileSystem(**s3_server.storage_options())
-    for name in os.listdir(local):
-        fs.put_file(os.path.join(local, name), f"{bucket}/ds/{name}")
-    url, opts = f"s3://{bucket}/ds", s3_server.storage_options()
+    url, _ = s3_server.upload_dataset(local, "st")
+    opts = s3_server.storage_options()
     sample = 4 * 4 + 8
     # range reads in two workers: every sample's bytes, in GETs whose latency is timed
     dl = loader(SafetensorsIterableDataset(open_dataset(url, storage_options=opts), batch_size=8), num_workers=2)

@@ -12,7 +12,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -47,22 +46,16 @@ def opts_for(s3_server, endpoint=None, timeout=2.0):
 def remote(s3_server, tmp_path):
     """A fresh dataset (8 shards of 16 samples, CRC-32C in the manifest) under its own prefix, so
     a fault aimed at one test's objects never reaches another's."""
-    import s3fs
-
     local = str(tmp_path / "d")
     handmade.write_batch_dataset(local, [PER_SHARD] * SHARDS, batch_size=PER_SHARD)
     m = handmade.read_manifest(local)
     for s in m["shards"]:
         s["crc32c"] = _native.file_crc32c(os.path.join(local, s["shard_path"]))
     handmade.write_manifest(local, m)
-    bucket = f"c-{uuid.uuid4().hex[:12]}"
-    s3_server.client().create_bucket(Bucket=bucket)
-    fs = s3fs.S3FileSystem(**s3_server.storage_options())
-    for name in os.listdir(local):
-        fs.put_file(os.path.join(local, name), f"{bucket}/ds/{name}")
+    url, bucket = s3_server.upload_dataset(local, "c")
     names = [s["shard_path"] for s in m["shards"]]
     sizes = {s["shard_path"]: s["bytes"] for s in m["shards"]}
-    return {"local": local, "url": f"s3://{bucket}/ds", "bucket": bucket, "names": names, "sizes": sizes}
+    return {"local": local, "url": url, "bucket": bucket, "names": names, "sizes": sizes}
 
 
 def ids(batches):

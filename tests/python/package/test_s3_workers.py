@@ -5,7 +5,6 @@ import multiprocessing
 import os
 import sys
 import time
-import uuid
 
 import pytest
 
@@ -22,16 +21,10 @@ from safetensors_spark.torch import SafetensorsIterableDataset, loader  # noqa: 
 @pytest.fixture(scope="module")
 def remote(s3_server, tmp_path_factory):
     """A batch dataset (3 shards, 30 samples) written locally and copied to a bucket with s3fs."""
-    import s3fs
-
     local = str(tmp_path_factory.mktemp("s3w") / "d")
     handmade.write_batch_dataset(local, [10, 12, 8], batch_size=12)
-    bucket = f"w-{uuid.uuid4().hex[:12]}"
-    s3_server.client().create_bucket(Bucket=bucket)
-    fs = s3fs.S3FileSystem(**s3_server.storage_options())
-    for name in os.listdir(local):
-        fs.put_file(os.path.join(local, name), f"{bucket}/ds/{name}")
-    return local, f"s3://{bucket}/ds", s3_server.storage_options()
+    url, _ = s3_server.upload_dataset(local, "w")
+    return local, url, s3_server.storage_options()
 
 
 def rows(batches):
