@@ -1,5 +1,5 @@
 //! `_tensor_index.parquet` (spec/dataset.md §6): a directory holding one Parquet part per shard
-//! (`<shard stem>.parquet`, [`super::names::index_part_file_name`]), one row per tensor of that
+//! (`<shard stem>.parquet`, [`super::names::shard_index_part_file_name`]), one row per tensor of that
 //! shard, sorted by `tensor_key` (UTF-8 bytes), in row groups of [`PART_ROW_GROUP_ROWS`] rows with
 //! min/max statistics, so a key lookup reads a part's footer and the row groups whose
 //! `tensor_key` range can hold the key ([`row_groups_for_keys`]), and the commit checks KV keys

@@ -6,6 +6,43 @@
 
 use safetensors_spark_format::header::{Header, TensorInfo};
 
+/// The key column of a KV write or table that names none (spec/dataset.md §5.2): the one column
+/// among `string_columns` (the string columns, in order) that is not one of the dataset's
+/// `tensor_columns` (string columns are never tensors). Otherwise the error says which columns
+/// the dataset holds and which string columns were found (none, or several), for the caller to
+/// name the write or table and the option that settles it (`name_col`).
+pub fn find_key_column<'a>(
+    string_columns: &[&'a str],
+    tensor_columns: &[&str],
+) -> Result<&'a str, String> {
+    let candidates: Vec<&'a str> = string_columns
+        .iter()
+        .copied()
+        .filter(|c| !tensor_columns.contains(c))
+        .collect();
+    if let [key] = candidates.as_slice() {
+        return Ok(key);
+    }
+    let quoted = |names: &[&str]| {
+        let names: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+        names.join(", ")
+    };
+    Err(format!(
+        "the key column is the one string column that is not one of the dataset's columns ({}), \
+         but {}",
+        if tensor_columns.is_empty() {
+            "none: it has no shards".to_string()
+        } else {
+            quoted(tensor_columns)
+        },
+        if candidates.is_empty() {
+            "there is none".to_string()
+        } else {
+            format!("there are {}", quoted(&candidates))
+        }
+    ))
+}
+
 /// A column of a KV dataset's schema, as a shard's tensors must hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvColumn {
@@ -166,6 +203,20 @@ pub fn check_index_entry<'h>(
 mod tests {
     use super::*;
     use safetensors_spark_format::header::parse_file_bytes;
+
+    #[test]
+    fn the_key_column_is_the_one_string_column_that_is_no_tensor_column() {
+        assert_eq!(find_key_column(&["emb", "id"], &["emb"]), Ok("id"));
+        let none = find_key_column(&["emb"], &["emb", "label"]).unwrap_err();
+        assert!(
+            none.ends_with("dataset's columns ('emb', 'label'), but there is none"),
+            "{none}"
+        );
+        let two = find_key_column(&["other", "id"], &["emb"]).unwrap_err();
+        assert!(two.ends_with("but there are 'other', 'id'"), "{two}");
+        let empty = find_key_column(&["a", "b"], &[]).unwrap_err();
+        assert!(empty.contains("(none: it has no shards)"), "{empty}");
+    }
 
     /// A KV shard of keys `a`, `b` with columns `x` (F32 [2]) and `y` (I64 []).
     fn shard() -> Header {

@@ -40,6 +40,11 @@ pub use manifest::{
 };
 pub use names::check_shard_path;
 
+/// How many times a commit (a write's, a vacuum's, a compaction's, in every language) is tried on
+/// top of a newer version committed meanwhile before it fails naming the count: enough for a
+/// hundred writers racing for one version, a bound so that no commit retries forever.
+pub const MAX_COMMIT_ATTEMPTS: usize = 100;
+
 /// Why a manifest cannot be used, or a name from it cannot be trusted.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {

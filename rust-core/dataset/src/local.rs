@@ -5,8 +5,10 @@
 //! same steps through Hadoop's file systems.
 
 use crate::manifest::{parse_manifest, Manifest};
-use crate::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
-use crate::own::{check_log_entry, log_entry_version, own_dir, remove_own_file};
+use crate::names::{
+    parse_manifest_log_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
+};
+use crate::own::{check_log_entry, own_dir, remove_own_file};
 use crate::vacuum::{plan_vacuum, vacuum_manifest, LoggedVersion, VacuumPlan, VacuumRequest};
 use std::collections::BTreeMap;
 use std::fs;
@@ -14,8 +16,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// How many times a vacuum's commit is retried on top of a newer version (as writers do).
-const MAX_COMMIT_ATTEMPTS: usize = 100;
+use crate::MAX_COMMIT_ATTEMPTS;
 
 /// Why a local vacuum failed: the file it was at, and what happened.
 #[derive(Debug, thiserror::Error)]
@@ -75,10 +76,11 @@ fn log_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LocalError> {
         let Some(name) = e.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        let version = log_entry_version(&name).map_err(|source| LocalError::Dataset {
-            path: e.path(),
-            source,
-        })?;
+        let version =
+            parse_manifest_log_file_name(&name).map_err(|source| LocalError::Dataset {
+                path: e.path(),
+                source,
+            })?;
         if let Some(v) = version {
             out.push((v, e.path()));
         }

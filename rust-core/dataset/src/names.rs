@@ -29,6 +29,25 @@ pub const WRITE_ID_METADATA_KEY: &str = "safetensors_spark.write_id";
 pub const RESERVED_METADATA_PREFIX: &str = "safetensors_spark.";
 /// KV mode's separator between key and column when the write gives no `kv_separator`.
 pub const DEFAULT_KV_SEPARATOR: &str = "__";
+/// The ending of every shard file's name.
+pub const SHARD_FILE_EXTENSION: &str = ".safetensors";
+/// The largest dataset version: versions are signed 64-bit numbers for every reader (the JVM's
+/// `long`, the index's and the history's Parquet/Arrow int64), so no larger one is ever created
+/// or trusted.
+pub const MAX_VERSION: u64 = i64::MAX as u64;
+
+/// Whether a directory entry's name is hidden (spec/dataset.md §1): it starts with `_` or `.`.
+/// A hidden entry is never a shard, a partition directory or data: the dataset's own files
+/// (`_manifest_log/`, `_tensor_index.parquet/`), staging and temporary files are hidden.
+pub fn is_hidden_name(name: &str) -> bool {
+    name.starts_with('_') || name.starts_with('.')
+}
+
+/// Whether a listed file's name is a shard's: it ends in [`SHARD_FILE_EXTENSION`] and is not
+/// hidden (what a reader of a directory without a manifest takes as its shards).
+pub fn is_shard_file_name(name: &str) -> bool {
+    name.ends_with(SHARD_FILE_EXTENSION) && !is_hidden_name(name)
+}
 
 /// Shard file name for a partition, a per-task shard counter and the write id.
 pub fn shard_file_name(partition: u32, shard: u32, write_id: &str) -> String {
@@ -41,12 +60,25 @@ pub fn manifest_log_file_name(version: u64) -> String {
     format!("{version:020}.json")
 }
 
-/// The version of a [`manifest_log_file_name`], `None` for any other name.
-pub fn parse_manifest_log_file_name(name: &str) -> Option<u64> {
-    let digits = name.strip_suffix(".json")?;
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
+/// The version of a [`manifest_log_file_name`], `None` for any other name (a temporary file,
+/// notes). A name of 20 digits beyond [`MAX_VERSION`] is an error naming it (spec/dataset.md
+/// §5.9): it looks like an entry but holds no version, so no reader may skip it silently.
+pub fn parse_manifest_log_file_name(name: &str) -> Result<Option<u64>, DatasetError> {
+    let Some(digits) = name.strip_suffix(".json") else {
+        return Ok(None);
+    };
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(None);
+    }
+    match digits.parse::<u64>() {
+        Ok(v) if v <= MAX_VERSION => Ok(Some(v)),
+        _ => Err(DatasetError::Version {
+            problem: format!(
+                "{MANIFEST_LOG_DIR}/{name}: not a version number (at most {MAX_VERSION}); \
+                 remove this file"
+            ),
+        }),
+    }
 }
 
 /// File name of the index part that belongs to manifest version `version`.
@@ -58,7 +90,7 @@ pub fn index_part_file_name(version: u64) -> String {
 pub fn parse_index_part_file_name(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("part-")?.strip_suffix(".parquet")?;
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
+        .then(|| digits.parse().ok().filter(|v| *v <= MAX_VERSION))
         .flatten()
 }
 
@@ -67,13 +99,18 @@ pub fn parse_index_part_file_name(name: &str) -> Option<u64> {
 /// [`check_shard_path`].
 pub fn shard_index_part_file_name(shard: &str) -> Option<String> {
     check_shard_path(shard).ok()?;
-    Some(format!("{}.parquet", shard.strip_suffix(".safetensors")?))
+    Some(format!(
+        "{}.parquet",
+        shard.strip_suffix(SHARD_FILE_EXTENSION)?
+    ))
 }
 
 /// Parses the file name `part-{partition}-{shard}-{uuid}.safetensors` this connector writes;
 /// `None` when it is not one (the uuid must be lowercase and hyphenated).
 pub fn parse_shard_file_name(name: &str) -> Option<(u32, u32, &str)> {
-    let rest = name.strip_prefix("part-")?.strip_suffix(".safetensors")?;
+    let rest = name
+        .strip_prefix("part-")?
+        .strip_suffix(SHARD_FILE_EXTENSION)?;
     let (partition, rest) = rest.split_once('-')?;
     let (shard, uuid) = rest.split_once('-')?;
     let digits = |s: &str, min: usize| s.len() >= min && s.bytes().all(|b| b.is_ascii_digit());
@@ -94,6 +131,16 @@ pub fn parse_shard_file_name(name: &str) -> Option<(u32, u32, &str)> {
     Some((partition.parse().ok()?, shard.parse().ok()?, uuid))
 }
 
+/// The name of the copy a write makes of an existing shard it rewrites (a KV `lastWin` append
+/// drops the keys it replaces): the old shard's partition when it is one of this connector's
+/// names (0 otherwise), `copy` as the shard number, and the rewriting write's id. Each shard a
+/// commit rewrites takes its own `copy` number, so copies of shards that share a partition and
+/// shard number (two writes of one Spark partition each) never share a name.
+pub fn rewritten_shard_file_name(old: &str, copy: u32, write_id: &str) -> String {
+    let partition = parse_shard_file_name(old).map_or(0, |(p, _, _)| p);
+    shard_file_name(partition, copy, write_id)
+}
+
 /// The trust rule for a shard name read from a manifest or an index (`shards[].shard_path`,
 /// `file_name`): a plain file name in the dataset directory, ending in `.safetensors`, that a
 /// dataset reader would list as a shard. Refused: empty names, path separators (`/`, `\`), `.`
@@ -108,9 +155,9 @@ pub fn check_shard_path(name: &str) -> Result<(), DatasetError> {
         Some("it contains ':' (a scheme or drive)")
     } else if name.chars().any(char::is_control) {
         Some("it contains a control character")
-    } else if name.starts_with('.') || name.starts_with('_') {
+    } else if is_hidden_name(name) {
         Some("it starts with '.' or '_' (hidden and reserved names are not shards)")
-    } else if !name.ends_with(".safetensors") || name.len() == ".safetensors".len() {
+    } else if !name.ends_with(SHARD_FILE_EXTENSION) || name.len() == SHARD_FILE_EXTENSION.len() {
         Some("it does not end in '.safetensors'")
     } else {
         None
@@ -162,15 +209,78 @@ mod tests {
     }
 
     #[test]
+    fn hidden_and_shard_names() {
+        for hidden in [
+            "_manifest_log",
+            ".x.safetensors.tmp",
+            "_tensor_index.parquet",
+            "_a.safetensors",
+        ] {
+            assert!(
+                is_hidden_name(hidden) && !is_shard_file_name(hidden),
+                "{hidden}"
+            );
+        }
+        assert!(is_shard_file_name("model-00001-of-00002.safetensors"));
+        assert!(!is_shard_file_name("dataset_manifest.json"));
+        assert!(!is_hidden_name("part-00000-0000-x.safetensors"));
+    }
+
+    #[test]
+    fn rewritten_copies_keep_the_partition_and_never_share_a_name() {
+        let w1 = "550e8400-e29b-41d4-a716-446655440000";
+        let w2 = "650e8400-e29b-41d4-a716-446655440000";
+        let copy = "750e8400-e29b-41d4-a716-446655440000";
+        // two writes of one Spark partition each: the same partition and shard numbers
+        let (a, b) = (shard_file_name(3, 0, w1), shard_file_name(3, 0, w2));
+        let (ca, cb) = (
+            rewritten_shard_file_name(&a, 0, copy),
+            rewritten_shard_file_name(&b, 1, copy),
+        );
+        assert_ne!(ca, cb);
+        assert_eq!(parse_shard_file_name(&ca), Some((3, 0, copy)));
+        assert_eq!(parse_shard_file_name(&cb), Some((3, 1, copy)));
+        // another writer's name: partition 0
+        assert_eq!(
+            rewritten_shard_file_name("model-00001-of-00002.safetensors", 2, copy),
+            shard_file_name(0, 2, copy)
+        );
+    }
+
+    #[test]
     fn log_and_index_names_round_trip() {
         assert_eq!(manifest_log_file_name(7), "00000000000000000007.json");
         assert_eq!(
-            parse_manifest_log_file_name(&manifest_log_file_name(7)),
+            parse_manifest_log_file_name(&manifest_log_file_name(7)).unwrap(),
             Some(7)
         );
-        assert_eq!(parse_manifest_log_file_name("7.json"), None);
+        assert_eq!(parse_manifest_log_file_name("7.json").unwrap(), None);
         assert_eq!(
-            parse_manifest_log_file_name(".00000000000000000007.json.tmp"),
+            parse_manifest_log_file_name(".00000000000000000007.json.tmp").unwrap(),
+            None
+        );
+        let max = manifest_log_file_name(MAX_VERSION);
+        assert_eq!(
+            parse_manifest_log_file_name(&max).unwrap(),
+            Some(MAX_VERSION)
+        );
+        // one past the largest version, and past u64: named, never skipped
+        for stray in [
+            manifest_log_file_name(MAX_VERSION + 1),
+            "99999999999999999999.json".into(),
+        ] {
+            let e = parse_manifest_log_file_name(&stray)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "_manifest_log/{stray}: not a version number (at most 9223372036854775807)"
+                )),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            parse_index_part_file_name(&index_part_file_name(MAX_VERSION + 1)),
             None
         );
         assert_eq!(

@@ -102,23 +102,6 @@ fn too_large(len: u64) -> io::Error {
     )
 }
 
-/// A log entry's file name that looks like one (`{20 digits}.json`) but whose number is no
-/// version (beyond `u64`): an error naming it. `Ok(None)` for a name that is no log entry.
-pub fn log_entry_version(name: &str) -> Result<Option<u64>, DatasetError> {
-    let Some(digits) = name.strip_suffix(".json") else {
-        return Ok(None);
-    };
-    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Ok(None);
-    }
-    digits.parse().map(Some).map_err(|_| DatasetError::Version {
-        problem: format!(
-            "{MANIFEST_LOG_DIR}/{name}: not a version number (at most {}); remove this file",
-            u64::MAX
-        ),
-    })
-}
-
 /// A log entry is trusted only when its content agrees with its name: the entry
 /// `_manifest_log/{version}.json` must hold `manifest_version` = `version`. An entry copied over
 /// another (`…3.json` over `…2.json`) is an error naming it.

@@ -208,7 +208,7 @@ pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
         if let Some(v) = entry
             .file_name()
             .to_str()
-            .map(crate::own::log_entry_version)
+            .map(crate::names::parse_manifest_log_file_name)
             .transpose()?
             .flatten()
         {

@@ -87,8 +87,10 @@ pub fn compact_shard_json(
     to_json(&merged.entry)
 }
 
+/// A log entry as the compaction's caller passes it: a `ListedEntry` whose text was read and
+/// whose time a compaction does not need.
 #[derive(serde::Deserialize)]
-struct LogEntry {
+struct LogEntryText {
     version: u64,
     text: String,
 }
@@ -107,7 +109,7 @@ pub fn compaction_manifest_json(
     let plan: CompactionPlan = parse_json(plan_json, "compaction plan")?;
     let new: Vec<ManifestShard> = parse_json(new_json, "compaction shards")?;
     let info: CommitInfo = parse_json(commit_info_json, "commit info")?;
-    let entries: Vec<LogEntry> = parse_json(log_json, "manifest log")?;
+    let entries: Vec<LogEntryText> = parse_json(log_json, "manifest log")?;
     let mut log = Vec::new();
     for e in entries {
         log.push(LoggedVersion {

@@ -136,7 +136,7 @@ impl From<ReadError> for JniError {
             | ReadErrorKind::MissingShard { .. }
             | ReadErrorKind::Index(_) => JniError::Dataset(msg),
             // What was asked of the files rather than what is in them; still thrown as a
-            // SafetensorsException, which a scan with ignoreCorruptFiles skips as before.
+            // SafetensorsException, which a scan with ignoreCorruptFiles skips.
             ReadErrorKind::NotDecodable { .. }
             | ReadErrorKind::NoRowDimension
             | ReadErrorKind::TooLarge { .. }

@@ -1,8 +1,12 @@
 //! JNI bridge: the native library the JVM connector loads (`libsafetensors_spark.so`), the only
 //! crate of the workspace that uses the `jni` crate.
 //!
-//! Java side: `io.safetensors.spark.jni.NativeLib` (jvm-connector) declares the natives as
-//! `static native` methods; symbol names below must match `Java_<package>_<Class>_<method>`.
+//! Java side: the classes of `io.safetensors.spark.jni` (jvm-connector) declare the natives as
+//! `static native` methods, one class per module here: `NativeWriter` (`writer_api`),
+//! `NativeReader` (`reader_api`), `NativeVersions` (`versions_api`), `NativeCompaction`
+//! (`compaction_api`), `NativeNames` (`names_api`), `NativeTensors`
+//! (`functions_api`); `NativeLib` loads the library and holds `version`/`selfTest`. Symbol
+//! names must match `Java_<package>_<Class>_<method>`.
 //!
 //! Rules for every exported function:
 //! * its body is exactly one [`guard`] call, so no Rust panic or error ever unwinds into the JVM
@@ -29,6 +33,7 @@ use ::jni::{jni_str, Env, EnvUnowned};
 mod compaction_api;
 mod error;
 mod functions_api;
+mod names_api;
 mod reader_api;
 mod versions_api;
 mod writer_api;

@@ -18,7 +18,7 @@ use super::{
     arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
 };
 use safetensors_spark_engine::read::scan::{
-    self, DescribeRequest, PartitionSpec, PlanRequest, Predicate,
+    self, DescribeRequest, PartitionSpec, PlanRequest, Predicate, RowLayoutOption,
 };
 use safetensors_spark_engine::read::task::ReadTask;
 use safetensors_spark_format::header;
@@ -556,6 +556,34 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_close<'local>(
         drop(unsafe { take_handle::<ReaderHandle>(handle)? });
         Ok(())
     })
+}
+
+/// `static native String layoutOption(String given)`: the `layout` read option by the engine's
+/// rule (`RowLayoutOption::parse`): its value's name, or SafetensorsOptionsException naming the
+/// values allowed.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_layoutOption<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    given: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let given = arg(env, &given, "given")?;
+        let layout = RowLayoutOption::parse(&given).map_err(JniError::Options)?;
+        Ok(env.new_string(layout.name())?)
+    })
+}
+
+/// `static native String layoutOptionNames()`: the `layout` option's values, comma-separated.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_layoutOptionNames<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+) -> JString<'local> {
+    guard(
+        &mut env,
+        |env| Ok(env.new_string(RowLayoutOption::names())?),
+    )
 }
 
 #[cfg(test)]

@@ -256,7 +256,7 @@ pub fn next_manifest_json(
 /// `{"manifest", "version", "superseded", "retain"}`. `superseded`: the shards `base` lists and
 /// `next` does not. `retain`: by spec/dataset.md §5.8.1 they (and their index parts) stay until
 /// a vacuum and the writer prunes no log entry (retention not 0, `deletes_at_commit`); false:
-/// the writer deletes them and prunes the log as before retention existed.
+/// the writer deletes them and prunes old log entries itself.
 fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<String, JniError> {
     let superseded: Vec<&str> = base.map(|b| superseded_shards(b, next)).unwrap_or_default();
     to_json(&json!({
@@ -700,6 +700,33 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamMani
             commit_info.as_deref(),
         )?;
         new_string(env, &json)
+    })
+}
+
+/// `static native String kvKeyColumn(String stringColumnsJson, String tensorColumnsJson)`: the key
+/// column of a KV table that names none, by the one rule (`kv::find_key_column`, spec/dataset.md
+/// §5.2); none or several candidates throw SafetensorsOptionsException saying which.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_kvKeyColumn<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    string_columns: JString<'local>,
+    tensor_columns: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let strings: Vec<String> = parse_json(
+            &arg(env, &string_columns, "stringColumnsJson")?,
+            "stringColumnsJson",
+        )?;
+        let tensors: Vec<String> = parse_json(
+            &arg(env, &tensor_columns, "tensorColumnsJson")?,
+            "tensorColumnsJson",
+        )?;
+        let strings: Vec<&str> = strings.iter().map(String::as_str).collect();
+        let tensors: Vec<&str> = tensors.iter().map(String::as_str).collect();
+        let key = safetensors_spark_dataset::kv::find_key_column(&strings, &tensors)
+            .map_err(JniError::Options)?;
+        Ok(env.new_string(key)?)
     })
 }
 

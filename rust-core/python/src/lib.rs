@@ -413,7 +413,8 @@ fn own_dir(root: std::path::PathBuf, name: &str) -> PyResult<bool> {
 /// `ManifestError` naming a 20-digit name beyond the largest version.
 #[pyfunction]
 fn log_entry_version(name: &str) -> PyResult<Option<u64>> {
-    dataset::own::log_entry_version(name).map_err(|e| ManifestError::new_err(e.to_string()))
+    dataset::names::parse_manifest_log_file_name(name)
+        .map_err(|e| ManifestError::new_err(e.to_string()))
 }
 
 /// The history rows (JSON array text) of the listed entries (every text given).

@@ -15,14 +15,11 @@ use crate::names::{
 };
 use crate::own::{is_own_subdir, remove_own_file};
 use crate::vacuum::deletes_at_commit;
-use crate::DatasetError;
+use crate::{DatasetError, MAX_COMMIT_ATTEMPTS};
 use serde::Serialize;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-
-/// How many times the commit is retried on top of a newer version (as writers do).
-const MAX_COMMIT_ATTEMPTS: usize = 100;
 
 /// Writes the index part of a new shard: `(part path, the dataset's manifest, shard name, shard
 /// bytes)`. The CLI passes [`write_index_part`]; the Python extension, built without the index

@@ -81,7 +81,8 @@ fn manifests_are_read_through_the_regular_file_rule() {
 }
 
 #[test]
-fn log_entry_names_beyond_u64_are_errors_naming_them() {
+fn log_entry_names_beyond_the_largest_version_are_errors_naming_them() {
+    use crate::names::parse_manifest_log_file_name as log_entry_version;
     assert_eq!(
         log_entry_version("00000000000000000002.json").unwrap(),
         Some(2)

@@ -1,6 +1,6 @@
 //! Executor side of a Spark read: runs one [`PartitionSpec`], unit by unit, batch by batch.
 //!
-//! The JVM drives it (JNI in `crate::jni::reader_api`):
+//! The JVM drives it (through the jni crate's `reader_api`, `NativeReader` on the Java side):
 //!
 //! ```text
 //! task = ReadTask::new(spec)

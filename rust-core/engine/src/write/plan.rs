@@ -8,6 +8,7 @@ use super::{
     ColumnPlan, DuplicatesStrategy, InputKind, RaggedElement, RaggedPlan, SparkNumeric,
     TailStrategy, WriteMode, WritePlan,
 };
+use safetensors_spark_dataset::kv::find_key_column;
 use safetensors_spark_dataset::manifest::{ragged_offsets_name, ManifestExt};
 use safetensors_spark_dataset::{DatasetMode, Manifest};
 use safetensors_spark_format::header::MAX_HEADER_SIZE;
@@ -229,8 +230,8 @@ pub enum PlanError {
         dataset: String,
     },
 
-    #[error("cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; the key column is the DataFrame's one string column that is not one of the dataset's columns ({stored}), but {found}: give option name_col")]
-    AppendKeyColumn { stored: String, found: String },
+    #[error("cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; {problem} in the DataFrame: give option name_col")]
+    AppendKeyColumn { problem: String },
 }
 
 /// The most bytes the `metadata` option may take as compact JSON (spec/options.md): it goes into

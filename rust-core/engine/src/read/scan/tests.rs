@@ -1880,3 +1880,21 @@ fn per_file_layout_limits_tensors_per_file_and_columns_over_the_scan() {
     let d = describe_ok(RowLayoutOption::File, input(&[big, small, other], &[]));
     assert_eq!(field_names(&d.schema).len(), 1 + 7 + 4);
 }
+
+#[test]
+fn layout_option_names_are_the_serialized_ones_and_parse_back() {
+    for l in RowLayoutOption::ALL {
+        assert_eq!(
+            serde_json::to_string(&l).unwrap(),
+            format!("\"{}\"", l.name())
+        );
+        assert_eq!(
+            RowLayoutOption::parse(&format!(" {} ", l.name().to_uppercase())),
+            Ok(l)
+        );
+    }
+    assert_eq!(
+        RowLayoutOption::parse("rows"),
+        Err("option 'layout' must be one of auto, sample, tensor, file, got 'rows'".to_string())
+    );
+}

@@ -14,6 +14,46 @@ pub enum RowLayoutOption {
     File,
 }
 
+impl RowLayoutOption {
+    /// Every value of the `layout` option, in the order the docs list them.
+    pub const ALL: [RowLayoutOption; 4] = [
+        RowLayoutOption::Auto,
+        RowLayoutOption::Sample,
+        RowLayoutOption::Tensor,
+        RowLayoutOption::File,
+    ];
+
+    /// The option value that names this layout.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowLayoutOption::Auto => "auto",
+            RowLayoutOption::Sample => "sample",
+            RowLayoutOption::Tensor => "tensor",
+            RowLayoutOption::File => "file",
+        }
+    }
+
+    /// The option's values, comma-separated (for messages).
+    pub fn names() -> String {
+        Self::ALL.map(Self::name).join(", ")
+    }
+
+    /// The `layout` option's value (trimmed, any case); another value is an error naming the
+    /// option, the allowed values and the value given.
+    pub fn parse(given: &str) -> Result<Self, String> {
+        let wanted = given.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|l| l.name() == wanted)
+            .ok_or_else(|| {
+                format!(
+                    "option 'layout' must be one of {}, got '{given}'",
+                    Self::names()
+                )
+            })
+    }
+}
+
 /// A resolved layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

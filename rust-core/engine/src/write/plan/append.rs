@@ -69,35 +69,15 @@ pub(super) fn inherit_mode_options(
         DatasetMode::Kv => {
             if !opts.has("batch_size") {
                 if !opts.has("name_col") {
-                    let stored: BTreeSet<&str> = existing.schema.names().collect();
-                    let keys: Vec<&str> = fields
+                    let mut stored: Vec<&str> = existing.schema.names().collect();
+                    stored.sort_unstable();
+                    let strings: Vec<&str> = fields
                         .iter()
-                        .filter(|(n, t)| {
-                            t.as_str() == Some("string") && !stored.contains(n.as_str())
-                        })
+                        .filter(|(_, t)| t.as_str() == Some("string"))
                         .map(|(n, _)| n.as_str())
                         .collect();
-                    let [key] = keys.as_slice() else {
-                        let quoted = |names: Vec<&str>| {
-                            names
-                                .iter()
-                                .map(|n| format!("'{n}'"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        };
-                        return Err(PlanError::AppendKeyColumn {
-                            stored: if stored.is_empty() {
-                                "none: it has no shards".to_string()
-                            } else {
-                                quoted(stored.into_iter().collect())
-                            },
-                            found: if keys.is_empty() {
-                                "the DataFrame has none".to_string()
-                            } else {
-                                format!("the DataFrame has {}", quoted(keys))
-                            },
-                        });
-                    };
+                    let key = find_key_column(&strings, &stored)
+                        .map_err(|problem| PlanError::AppendKeyColumn { problem })?;
                     opts.values.insert("name_col", key.to_string());
                 }
                 inherit(opts, "kv_separator", ext.kv_separator.clone());

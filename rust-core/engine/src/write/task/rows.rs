@@ -1,5 +1,5 @@
-//! Arrow → per-row tensors: validates the rows of one wire-format column and appends their
-//! converted bytes to a buffer.
+//! Arrow → tensor bytes (the write side's encoding; `read::decode` is the way back): validates the rows
+//! of one wire-format column and appends their converted bytes to a buffer.
 //!
 //! Numeric arrays and scalars are converted in bulk over a whole run of rows (the values of
 //! consecutive rows are contiguous in the leaf array); binary, Tensor Struct and ML vector values

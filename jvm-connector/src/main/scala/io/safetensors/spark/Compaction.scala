@@ -10,7 +10,7 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
-import io.safetensors.spark.jni.{NativeCompaction, NativeLib}
+import io.safetensors.spark.jni.{NativeCompaction, NativeLib, NativeReader}
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
 import org.apache.spark.sql.safetensors.SparkInternals
@@ -39,7 +39,6 @@ object Compaction {
     StructField("plan", StringType, nullable = false)))
 
   private val Known = Set("batch_size", "target_shard_size_mb", "commit_message", "dry_run")
-  private val MaxCommitAttempts = 100
 
   /** Tests only: runs after the new shards are in place, before the commit. */
   @volatile private[spark] var beforeCommit: () => Unit = null
@@ -85,11 +84,11 @@ object Compaction {
     if (dryRun || outputs == 0) return result(null)
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
     val indexed = plan.get("replaced").elements().asScala.exists { s =>
-      fs.exists(new Path(indexDir, s.asText().stripSuffix(".safetensors") + ".parquet"))
+      fs.exists(new Path(indexDir, NativeReader.indexPartName(s.asText())))
     } || {
       val m = mapper.readTree(baseText)
       m.get("shards").elements().asScala.exists(s => fs.exists(
-        new Path(indexDir, s.get("shard_path").asText().stripSuffix(".safetensors") + ".parquet")))
+        new Path(indexDir, NativeReader.indexPartName(s.get("shard_path").asText()))))
     }
     val sconf = new SerializableConf(conf)
     val destString = dest.toString
@@ -108,7 +107,7 @@ object Compaction {
         val name = out.get("name").asText()
         tfs.copyFromLocalFile(false, true, new Path(new File(work, name).toURI), new Path(d, name))
         if (indexed) {
-          val part = name.stripSuffix(".safetensors") + ".parquet"
+          val part = NativeReader.indexPartName(name)
           tfs.copyFromLocalFile(false, true, new Path(new File(work, part).toURI),
             new Path(new Path(d, DatasetFiles.IndexDir), part))
         }
@@ -121,14 +120,14 @@ object Compaction {
     def cleanup(): Unit = plan.get("outputs").elements().asScala.foreach { o =>
       val name = o.get("name").asText()
       fs.delete(new Path(dest, name), false)
-      fs.delete(new Path(indexDir, name.stripSuffix(".safetensors") + ".parquet"), false)
+      fs.delete(new Path(indexDir, NativeReader.indexPartName(name)), false)
     }
     Option(beforeCommit).foreach(_())
     val newShards = "[" + written.mkString(",") + "]"
     val id = s"compaction-${UUID.randomUUID()}"
     val baseVersion = plan.get("base_version").asLong()
     var attempts = 0
-    while (attempts < MaxCommitAttempts) {
+    while (attempts < DatasetCommit.MaxCommitAttempts) {
       attempts += 1
       val (currentVersion, currentText) = commits.latest().get
       val log = mapper.createArrayNode()
@@ -151,14 +150,14 @@ object Compaction {
           plan.get("replaced").elements().asScala.foreach { s =>
             val name = s.asText()
             fs.delete(new Path(dest, name), false)
-            fs.delete(new Path(indexDir, name.stripSuffix(".safetensors") + ".parquet"), false)
+            fs.delete(new Path(indexDir, NativeReader.indexPartName(name)), false)
           }
         }
         return result(version)
       }
     }
     cleanup()
-    throw new java.io.IOException(s"safetensors: compaction of $dest: $MaxCommitAttempts attempts " +
+    throw new java.io.IOException(s"safetensors: compaction of $dest: ${DatasetCommit.MaxCommitAttempts} attempts " +
       "to commit each found a newer version committed by another writer; nothing was committed")
   }
 }

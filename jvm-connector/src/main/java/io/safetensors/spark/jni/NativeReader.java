@@ -102,4 +102,11 @@ public final class NativeReader {
 
   /** The index part's file name of shard {@code shard} (spec/dataset.md §6.1). */
   public static native String indexPartName(String shard);
+
+  /** The {@code layout} read option's value by the engine's rule (trimmed, any case): its name;
+   *  another value throws SafetensorsOptionsException naming the values allowed. */
+  public static native String layoutOption(String given);
+
+  /** The {@code layout} option's values, comma-separated (for messages). */
+  public static native String layoutOptionNames();
 }

@@ -115,4 +115,10 @@ public final class NativeWriter {
    *  and file length at {@code partPath} (a local file). Returns its row count. */
   public static native long indexPartFromHeader(String planJson, String fileName, String headerJson,
       long fileLength, String partPath);
+
+  /** The key column of a KV table that names none (spec/dataset.md §5.2, the Rust rule): the one
+   *  of {@code stringColumnsJson} (a JSON array of the table's string columns, in order) that is
+   *  not in {@code tensorColumnsJson} (the dataset's columns); none or several throw
+   *  SafetensorsOptionsException saying which. */
+  public static native String kvKeyColumn(String stringColumnsJson, String tensorColumnsJson);
 }

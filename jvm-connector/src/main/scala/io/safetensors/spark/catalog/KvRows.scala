@@ -4,6 +4,8 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.expressions.StToArray
+import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.jni.{NativeLib, NativeWriter, SafetensorsOptionsException}
 import org.apache.hadoop.fs.Path
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.{Row, SQLContext, SparkSession}
@@ -107,10 +109,9 @@ private[spark] object KvRows {
     val fs = root.getFileSystem(SparkInternals.hadoopConf(spark, options))
     var dir = root
     for (_ <- 0 until 64) {
-      val manifest = new Path(dir, "dataset_manifest.json")
+      val manifest = new Path(dir, DatasetFiles.ManifestName)
       if (fs.exists(manifest)) {
-        val in = fs.open(manifest)
-        val m = try mapper.readTree(in) finally in.close()
+        val m = mapper.readTree(DatasetFiles.readText(fs, manifest))
         val layout = Option(m.get("layout")).map(_.asText).getOrElse("")
         val sep = Option(m.get("kv_separator")).filter(_.isTextual).map(_.asText).getOrElse("")
         if (layout != "kv" || sep.isEmpty) return None
@@ -130,15 +131,16 @@ private[spark] object KvRows {
    * column that is neither a tensor column of the dataset nor a partition column.
    */
   def keyColumn(schema: StructType, kv: KvDataset, partitionColumns: Seq[String], location: String): String = {
-    val candidates = schema.fields.filter(f => f.dataType == StringType && !kv.columns.contains(f.name) &&
-      !partitionColumns.contains(f.name)).map(_.name)
-    candidates match {
-      case Array(one) => one
-      case _ => throw new IllegalArgumentException(
-        s"safetensors: the table at $location holds a KV dataset, and its key column is the one string column that is " +
-          s"not a tensor column (${kv.columns.toSeq.sorted.mkString(", ")}); it has " +
-          (if (candidates.isEmpty) "none" else candidates.mkString(", ")) +
-          ": give the table the write option name_col (ALTER TABLE ... SET TBLPROPERTIES ('name_col' = '...'))")
+    val strings = schema.fields.filter(f => f.dataType == StringType && !partitionColumns.contains(f.name))
+      .map(_.name)
+    NativeLib.ensureLoaded()
+    try NativeWriter.kvKeyColumn(mapper.writeValueAsString(strings),
+      mapper.writeValueAsString(kv.columns.toSeq.sorted.toArray))
+    catch {
+      case e: SafetensorsOptionsException => throw new IllegalArgumentException(
+        s"safetensors: the table at $location holds a KV dataset and names no key column: ${e.getMessage} " +
+          "among the table's columns: give the table the write option name_col " +
+          "(ALTER TABLE ... SET TBLPROPERTIES ('name_col' = '...'))", e)
     }
   }
 

@@ -10,6 +10,7 @@ import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
 import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
+import io.safetensors.spark.jni.NativeNames
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, Path}
 
@@ -162,7 +163,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
 }
 
 private[spark] object DatasetCommit {
-  val LogDir = "_manifest_log"
+  val LogDir: String = NativeNames.MANIFEST_LOG_DIR
   /** Log entries kept behind the newest (older ones are pruned after a commit). */
   val KeptVersions = 20
   /** A log entry is pruned only once it is at least this old. */
@@ -174,25 +175,20 @@ private[spark] object DatasetCommit {
    *  read its base (lets a test make concurrent writers race for one version). */
   @volatile private[spark] var beforeCreate: Long => Unit = null
 
-  def logName(version: Long): String = f"$version%020d.json"
+  /** How many times a commit is tried on top of newer versions before it fails (Rust's bound). */
+  val MaxCommitAttempts: Int = NativeNames.MAX_COMMIT_ATTEMPTS
+
+  def logName(version: Long): String = NativeNames.manifestLogFileName(version)
 
   /** The version of a `_manifest_log/` entry's name, None for another name. A name of 20 digits
    *  beyond the largest version is an error naming it (spec/dataset.md §5.9), never a bare
    *  NumberFormatException. */
   def parseLogName(name: String): Option[Long] =
-    if (name.length == 25 && name.endsWith(".json") && name.take(20).forall(_.isDigit)) {
-      try Some(name.take(20).toLong) catch {
-        case _: NumberFormatException => throw new IllegalArgumentException(
-          s"safetensors: $LogDir/$name: not a version number (at most ${Long.MaxValue}); remove this file")
-      }
-    } else None
+    Some(NativeNames.parseManifestLogFileName(name)).filter(_ >= 0)
 
-  def indexPartName(version: Long): String = f"part-$version%020d.parquet"
-
+  /** The version of an index part of the layout before per-shard parts, None for another name. */
   def parseIndexPartName(name: String): Option[Long] =
-    if (name.length == 33 && name.startsWith("part-") && name.endsWith(".parquet") &&
-        name.slice(5, 25).forall(_.isDigit)) Some(name.slice(5, 25).toLong)
-    else None
+    Some(NativeNames.parseIndexPartFileName(name)).filter(_ >= 0)
 
   /** `manifest_version` of a manifest's text; 0 when it has none (or is not JSON: its parse
    *  fails later, with the reason, where it is used). */

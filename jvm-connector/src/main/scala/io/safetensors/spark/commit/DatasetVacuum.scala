@@ -28,7 +28,6 @@ private[spark] object DatasetVacuum {
   @volatile private[spark] var beforePrune: () => Unit = null
 
   /** How many times the vacuum version is retried on top of a newer one (as writers do). */
-  private val MaxCommitAttempts = 100
 
   /** What a vacuum did: its plan (Rust's JSON) and the vacuum version (None on a dry run). */
   final case class Outcome(dest: Path, plan: JsonNode, version: Option[Long])
@@ -90,7 +89,7 @@ private[spark] object DatasetVacuum {
       .foreach(v => fs.delete(new Path(logDir, DatasetCommit.logName(v.asLong())), false))
     val id = s"vacuum-${UUID.randomUUID()}"
     var attempts = 0
-    while (attempts < MaxCommitAttempts) {
+    while (attempts < DatasetCommit.MaxCommitAttempts) {
       attempts += 1
       val (baseVersion, baseText) = commits.latest().get
       val next = mapper.readTree(NativeWriter.vacuumManifest(baseText, answer.get("files").asLong(),
@@ -103,7 +102,7 @@ private[spark] object DatasetVacuum {
       }
     }
     throw new java.io.IOException(s"safetensors: vacuum of $dest deleted its files, but " +
-      s"$MaxCommitAttempts attempts to commit its version each found a newer version committed " +
+      s"${DatasetCommit.MaxCommitAttempts} attempts to commit its version each found a newer version committed " +
       "by another writer")
   }
 }

@@ -3,25 +3,26 @@ package io.safetensors.spark.files
 import java.io.{File, IOException}
 import java.nio.charset.StandardCharsets
 
-import io.safetensors.spark.jni.{NativeLib, NativeVersions}
+import io.safetensors.spark.jni.{NativeLib, NativeNames, NativeVersions}
 import org.apache.hadoop.fs.{FileSystem, LocalFileSystem, Path, RawLocalFileSystem}
 
 /**
  * The names in a dataset directory (spec/dataset.md §1) and the small-file I/O that reads and
- * writes share: each rule is written here once.
+ * writes share. The names and their rules are Rust's (`dataset::names`, through [[NativeNames]]):
+ * none is written again here.
  */
 private[spark] object DatasetFiles {
-  val ManifestName = "dataset_manifest.json"
+  val ManifestName: String = NativeNames.MANIFEST_FILE_NAME
   /** The index directory: one part per shard (spec/dataset.md §6.1). */
-  val IndexDir = "_tensor_index.parquet"
-  val Extension = ".safetensors"
+  val IndexDir: String = NativeNames.INDEX_DIR_NAME
+  val Extension: String = NativeNames.SHARD_FILE_EXTENSION
 
   /** A name starting with `_` or `.` is hidden (dataset.md §1): never a shard, a partition
    *  directory or data. */
-  def isHidden(name: String): Boolean = name.startsWith("_") || name.startsWith(".")
+  def isHidden(name: String): Boolean = NativeNames.isHiddenName(name)
 
   /** A shard file's name: `*.safetensors`, not hidden. */
-  def isShardName(name: String): Boolean = name.endsWith(Extension) && !isHidden(name)
+  def isShardName(name: String): Boolean = NativeNames.isShardFileName(name)
 
   /** Top-level shard files of `dir` (dataset.md §1). */
   def listShards(fs: FileSystem, dir: Path): Seq[Path] =

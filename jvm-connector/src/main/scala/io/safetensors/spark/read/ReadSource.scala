@@ -29,7 +29,6 @@ private[spark] final case class ReadOptions(
     verifyChecksums: Boolean = false)
 
 private[spark] object ReadOptions {
-  val Layouts: Seq[String] = Seq("auto", "sample", "tensor", "file")
   val Keys: Seq[String] =
     Seq("layout", "inferSchema", "recursiveFileLookup", "ignoreCorruptFiles", "ignoreMissingFiles",
       "read_batch_rows", "file_layout_max_tensors", "versionAsOf", "timestampAsOf",
@@ -58,11 +57,9 @@ private[spark] object ReadOptions {
       throw new IllegalArgumentException(
         "safetensors: no path given; use spark.read.format(\"safetensors\").load(path, ...)")
     }
-    val givenLayout = o.get("layout").map(_.trim.toLowerCase)
-    givenLayout.filterNot(Layouts.contains).foreach { _ =>
-      throw new IllegalArgumentException(
-        s"safetensors: option 'layout' must be one of ${Layouts.mkString(", ")}, got '${o("layout")}'")
-    }
+    // the layout's values are the engine's (`RowLayoutOption`): a value it refuses is refused here
+    NativeLib.ensureLoaded()
+    val givenLayout = o.get("layout").map(NativeReader.layoutOption)
     // `inferSchema` is the other Spark connector's way to read files (reading.md §2): one row per file,
     // a column per tensor, which is our `file` layout; the schema always comes from the headers
     val layout = o.get("inferschema").map(_.trim.toLowerCase) match {
@@ -76,7 +73,7 @@ private[spark] object ReadOptions {
       case Some(other) => throw new IllegalArgumentException(
         s"safetensors: option 'inferSchema' (the other connector's name for layout 'file') can " +
           s"only be true, got '$other': the schema always comes from the files' headers; use " +
-          s"option 'layout' (${Layouts.mkString(", ")}) to choose the rows")
+          s"option 'layout' (${NativeReader.layoutOptionNames()}) to choose the rows")
     }
     val batchRows = o.get("read_batch_rows").map { v =>
       val n = scala.util.Try(v.trim.toLong).getOrElse(-1L)

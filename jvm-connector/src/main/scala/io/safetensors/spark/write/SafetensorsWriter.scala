@@ -11,7 +11,7 @@ import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
 import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
-import io.safetensors.spark.jni.{NativeLib, NativeReader, NativeWriter}
+import io.safetensors.spark.jni.{NativeLib, NativeNames, NativeReader, NativeWriter}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.TaskContext
@@ -136,7 +136,7 @@ private[spark] object SafetensorsWriter {
         Some(m)
       case None if DatasetFiles.listShards(fs, dest).nonEmpty =>
         throw new IllegalArgumentException(
-          s"safetensors: cannot append to $dest: it holds .safetensors files but no " +
+          s"safetensors: cannot append to $dest: it holds ${DatasetFiles.Extension} files but no " +
             s"${DatasetFiles.ManifestName} (not a dataset written by this connector)")
       case None => None
     }
@@ -360,7 +360,7 @@ private[spark] object SafetensorsWriter {
     private def commitManifest(staged: Staged, mine: JobManifest): Option[JsonNode] = {
       var attempts = 0
       while (true) {
-        if (attempts == MaxCommitAttempts) {
+        if (attempts == DatasetCommit.MaxCommitAttempts) {
           throw new IOException(s"safetensors: could not commit to $dest: $attempts attempts " +
             "each found a newer manifest version committed by another writer")
         }
@@ -408,18 +408,17 @@ private[spark] object SafetensorsWriter {
         val hit = losers.map(_._1).toSet
         keysClean ++= unchecked.filterNot(hit)
         val copyId = java.util.UUID.randomUUID().toString
-        losers.foreach { case (old, keys, _) =>
-          rewriteOlder(old, keys, copyId, replacements.addObject().put("old", old))
+        losers.zipWithIndex.foreach { case ((old, keys, _), copy) =>
+          rewriteOlder(old, keys, NativeNames.rewrittenShardFileName(old, copy, copyId),
+            replacements.addObject().put("old", old))
         }
       }
       replacements
     }
 
-    /** Copies the dataset's shard `old` without the keys in `keys` under a new name (none when
-     *  no tensor is left), recorded in `entry` as its replacement. */
-    private def rewriteOlder(old: String, keys: String, copyId: String, entry: ObjectNode): Unit = {
-      val newName =
-        old.replaceFirst("^(part-[0-9]{5,}-[0-9]{4,})-.*$", "$1-" + copyId + DatasetFiles.Extension)
+    /** Copies the dataset's shard `old` without the keys in `keys` as `newName` (none when no
+     *  tensor is left), recorded in `entry` as its replacement. */
+    private def rewriteOlder(old: String, keys: String, newName: String, entry: ObjectNode): Unit = {
       val copy = new Path(dest, newName)
       val partCopy = if (generateIndex) Some(parts.partPath(newName)) else None
       val r = parts.rewrite(new Path(dest, old), copy, partCopy, keys)
@@ -539,11 +538,7 @@ private[spark] object SafetensorsWriter {
       (ctx: TaskContext, it: Iterator[InternalRow]) => WriteTask.run(ctx, it, job))
 
   /** The partition in a shard name of this connector (0 for another name). */
-  private def parsePartition(file: String): Long =
-    "^part-([0-9]{5,})-".r.findFirstMatchIn(file).map(_.group(1).toLong).getOrElse(0L)
-
-  /** How many times a commit is retried on top of newer versions before the write fails. */
-  private val MaxCommitAttempts = 100
+  private def parsePartition(file: String): Long = math.max(NativeNames.shardFilePartition(file), 0L)
 
   private def quietly(t: Throwable)(f: => Any): Unit =
     try f catch { case e: Throwable => if (t != null) t.addSuppressed(e) }

@@ -248,6 +248,23 @@ class DatasetCommitSuite extends SparkSuiteBase {
     }
   }
 
+  test("KV lastWin rewriting two older shards with one partition and shard number keeps both copies") {
+    val path = freshPath()
+    val w = (df: DataFrame) => df.write.format("safetensors").option("name_col", "k")
+      .option("duplicatesStrategy", "lastWin").option("retention", "0")
+    // two writes of one Spark partition each: both shards are part-00000-0000-<their write id>
+    w(kv(Seq("a", "c"), 1f, parts = 1)).save(path)
+    w(kv(Seq("d", "e"), 2f, parts = 1)).mode("append").save(path)
+    assert(listed(path).map(_.take(15)) == Set("part-00000-0000"), listed(path))
+    // replaces c and d: both older shards are rewritten in one commit, keeping a and e
+    w(kv(Seq("c", "d"), 3f, parts = 1)).mode("append").save(path)
+    assert(listed(path) == onDisk(path) && listed(path).size == 3, listed(path))
+    val values = spark.read.format("safetensors").load(path).collect()
+      .map(r => r.getAs[String]("key") -> r.getAs[Seq[Float]]("decoded").head).toMap
+    assert(values == Map("a__v" -> 1f, "c__v" -> 3f, "d__v" -> 3f, "e__v" -> 2f), values)
+    assert(manifest(path).get("total_samples").asLong == 4)
+  }
+
   test("KV columns whose names would split two ways are refused at plan time") {
     val schema = StructType(Seq(StructField("k", StringType), StructField("c", ArrayType(FloatType)),
       StructField("b__c", ArrayType(FloatType))))
