@@ -22,7 +22,7 @@ use crate::names::{
     parse_shard_file_name, shard_file_name, PADDED_SAMPLES_METADATA_KEY, RAGGED_METADATA_KEY,
     SAMPLES_METADATA_KEY,
 };
-use crate::vacuum::LoggedVersion;
+use crate::vacuum::LogEntry;
 use crate::DatasetError;
 use safetensors_spark_format::file::{crc32c_hex, serialize};
 use safetensors_spark_format::header::{parse_file_bytes, Header, TensorEntry};
@@ -593,10 +593,10 @@ fn kv_columns(m: &Manifest) -> Vec<KvColumn> {
 /// The first version after `base` in `log` that no longer lists `shard`: the commit that
 /// removed a shard a compaction meant to replace.
 pub fn version_that_removed<'a>(
-    log: &'a [LoggedVersion],
+    log: &'a [LogEntry],
     base: u64,
     shard: &str,
-) -> Option<&'a LoggedVersion> {
+) -> Option<&'a LogEntry> {
     log.iter()
         .filter(|l| l.version > base)
         .find(|l| !l.manifest.shards.iter().any(|s| s.shard_path == shard))
@@ -608,7 +608,7 @@ pub fn version_that_removed<'a>(
 pub fn conflict(
     plan: &CompactionPlan,
     current: &Manifest,
-    log: &[LoggedVersion],
+    log: &[LogEntry],
 ) -> Option<DatasetError> {
     let gone = plan
         .replaced

@@ -131,7 +131,7 @@ pub fn split_kv_header<'h>(
 
 /// One row of an index part (spec/dataset.md §6.2), as a reader met it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexEntry<'a> {
+pub struct IndexRowFields<'a> {
     pub tensor_key: &'a str,
     pub dtype: &'a str,
     pub shape: &'a [u64],
@@ -147,9 +147,9 @@ pub struct IndexEntry<'a> {
 /// data_end)`, and a KV row's `sample_key` and `column` make up `tensor_key`. Returns the
 /// header's tensor, which readers then read (never the row's range alone), or what disagrees,
 /// row against header (the caller names the dataset, the part and the key).
-pub fn check_index_entry<'h>(
+pub fn check_index_row<'h>(
     header: &'h Header,
-    entry: &IndexEntry<'_>,
+    entry: &IndexRowFields<'_>,
     separator: &str,
 ) -> Result<&'h TensorInfo, String> {
     let name = entry.tensor_key;
@@ -284,7 +284,7 @@ mod tests {
     fn an_index_row_must_agree_with_the_header() {
         let h = shard();
         let (s, e) = range(&h, "b__x");
-        let good = IndexEntry {
+        let good = IndexRowFields {
             tensor_key: "b__x",
             dtype: "F32",
             shape: &[2],
@@ -292,16 +292,16 @@ mod tests {
             data_end: e,
             kv: Some(("b", "x")),
         };
-        assert_eq!(check_index_entry(&h, &good, "__").unwrap().name, "b__x");
+        assert_eq!(check_index_row(&h, &good, "__").unwrap().name, "b__x");
         // another key's range, the header's bytes, past the end
         let (as_, ae) = range(&h, "a__x");
         for (start, end) in [(as_, ae), (0, 8), (e, e + 8)] {
-            let bad = IndexEntry {
+            let bad = IndexRowFields {
                 data_start: start,
                 data_end: end,
                 ..good.clone()
             };
-            let msg = check_index_entry(&h, &bad, "__").unwrap_err();
+            let msg = check_index_row(&h, &bad, "__").unwrap_err();
             assert!(
                 msg.contains(&format!(
                     "tensor 'b__x': the index says byte range [{start}, {end}) (header: [{s}, {e}))"
@@ -309,33 +309,33 @@ mod tests {
                 "{msg}"
             );
         }
-        let bad = IndexEntry {
+        let bad = IndexRowFields {
             dtype: "I32",
             shape: &[1, 2],
             ..good.clone()
         };
-        let msg = check_index_entry(&h, &bad, "__").unwrap_err();
+        let msg = check_index_row(&h, &bad, "__").unwrap_err();
         assert!(
             msg.contains("dtype I32 (header: F32), shape [1, 2] (header: [2])"),
             "{msg}"
         );
-        let bad = IndexEntry {
+        let bad = IndexRowFields {
             kv: Some(("a", "x")),
             ..good.clone()
         };
-        let msg = check_index_entry(&h, &bad, "__").unwrap_err();
+        let msg = check_index_row(&h, &bad, "__").unwrap_err();
         assert!(msg.contains("sample_key 'a' and column 'x'"), "{msg}");
-        let bad = IndexEntry {
+        let bad = IndexRowFields {
             tensor_key: "c__x",
             kv: Some(("c", "x")),
             ..good.clone()
         };
-        let msg = check_index_entry(&h, &bad, "__").unwrap_err();
+        let msg = check_index_row(&h, &bad, "__").unwrap_err();
         assert!(
             msg.contains("the shard's header has no such tensor"),
             "{msg}"
         );
-        let batch = IndexEntry { kv: None, ..good };
-        assert!(check_index_entry(&h, &batch, "__").is_ok());
+        let batch = IndexRowFields { kv: None, ..good };
+        assert!(check_index_row(&h, &batch, "__").is_ok());
     }
 }

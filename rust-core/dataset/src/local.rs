@@ -9,7 +9,7 @@ use crate::names::{
     parse_manifest_log_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
 };
 use crate::own::{check_log_entry, own_dir, remove_own_file};
-use crate::vacuum::{plan_vacuum, vacuum_manifest, LoggedVersion, VacuumPlan, VacuumRequest};
+use crate::vacuum::{plan_vacuum, vacuum_manifest, LogEntry, VacuumPlan, VacuumRequest};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
@@ -91,7 +91,7 @@ fn log_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LocalError> {
 
 /// Every `_manifest_log/` entry, parsed (a damaged one, or one whose `manifest_version`
 /// disagrees with its name, fails naming it), ascending.
-pub fn read_log(dir: &Path) -> Result<Vec<LoggedVersion>, LocalError> {
+pub fn read_log(dir: &Path) -> Result<Vec<LogEntry>, LocalError> {
     let mut out = Vec::new();
     for (version, path) in log_entries(dir)? {
         let meta = fs::metadata(&path).map_err(io_err(&path))?;
@@ -100,7 +100,7 @@ pub fn read_log(dir: &Path) -> Result<Vec<LoggedVersion>, LocalError> {
             path: path.clone(),
             source,
         })?;
-        out.push(LoggedVersion {
+        out.push(LogEntry {
             version,
             manifest,
             file_mtime_ms: mtime_ms(&meta),
@@ -111,7 +111,7 @@ pub fn read_log(dir: &Path) -> Result<Vec<LoggedVersion>, LocalError> {
 
 /// The latest committed manifest: the newest log entry, or `dataset_manifest.json` when it is
 /// newer (§5.3 step 1). `None` when the directory has neither.
-pub fn latest(dir: &Path, log: &[LoggedVersion]) -> Result<Option<Manifest>, LocalError> {
+pub fn latest(dir: &Path, log: &[LogEntry]) -> Result<Option<Manifest>, LocalError> {
     let published = dir.join(MANIFEST_FILE_NAME);
     let pub_manifest = if published.exists() {
         Some(read_manifest(&published)?)

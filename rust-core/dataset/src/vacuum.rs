@@ -65,13 +65,13 @@ pub fn deletes_at_commit(base: Option<&Manifest>, next: &Manifest) -> bool {
 /// One entry of `_manifest_log/`, parsed, with its file's modification time (the commit time of
 /// entries written before `committed_at_ms` was recorded).
 #[derive(Debug, Clone)]
-pub struct LoggedVersion {
+pub struct LogEntry {
     pub version: u64,
     pub manifest: Manifest,
     pub file_mtime_ms: u64,
 }
 
-impl LoggedVersion {
+impl LogEntry {
     /// When this version was committed.
     pub fn committed_at_ms(&self) -> u64 {
         self.manifest
@@ -147,7 +147,7 @@ fn vacuum_err(problem: impl Into<String>) -> DatasetError {
 /// directory: a file no version lists (a foreign file, an in-flight writer's shard) is never
 /// a candidate.
 pub fn plan_vacuum(
-    log: &[LoggedVersion],
+    log: &[LogEntry],
     latest: &Manifest,
     shard_files: &BTreeMap<String, u64>,
     index_files: &BTreeMap<String, u64>,
@@ -170,7 +170,7 @@ pub fn plan_vacuum(
         )));
     }
     let latest_version = latest.manifest_version();
-    let mut log: Vec<&LoggedVersion> = log.iter().filter(|l| l.version <= latest_version).collect();
+    let mut log: Vec<&LogEntry> = log.iter().filter(|l| l.version <= latest_version).collect();
     log.sort_by_key(|l| l.version);
     let cutoff = req.now_ms.saturating_sub(retention.saturating_mul(1000));
     let mut retained = BTreeSet::from([latest_version]);

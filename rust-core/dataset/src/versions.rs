@@ -516,7 +516,7 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
 /// Spark side, the Python package): its version, the file's modification time and, when read,
 /// its text.
 #[derive(Debug, Clone, Deserialize)]
-pub struct ListedEntry {
+pub struct ListedLogEntry {
     pub version: u64,
     pub modified_ms: i64,
     #[serde(default)]
@@ -524,7 +524,7 @@ pub struct ListedEntry {
 }
 
 /// A listed entry's text, parsed and checked against its name ([`parse_log_entry`]).
-fn parse_listed(e: &ListedEntry) -> Result<Option<Manifest>, DatasetError> {
+fn parse_listed(e: &ListedLogEntry) -> Result<Option<Manifest>, DatasetError> {
     e.text
         .as_deref()
         .map(|t| parse_log_entry(e.version, t))
@@ -545,14 +545,14 @@ pub fn check_entry_shards(
     Ok(m)
 }
 
-fn listed_time(e: &ListedEntry, m: Option<&Manifest>) -> i64 {
+fn listed_time(e: &ListedLogEntry, m: Option<&Manifest>) -> i64 {
     m.and_then(|m| m.ext.as_ref())
         .and_then(|x| x.committed_at_ms)
         .map_or(e.modified_ms, |t| i64::try_from(t).unwrap_or(i64::MAX))
 }
 
 /// [`select_version`] over listed entries (their texts are needed for a timestamp).
-pub fn select_listed(entries: &[ListedEntry], spec: VersionSpec) -> Result<u64, DatasetError> {
+pub fn select_listed(entries: &[ListedLogEntry], spec: VersionSpec) -> Result<u64, DatasetError> {
     let mut times = Vec::with_capacity(entries.len());
     for e in entries {
         let m = parse_listed(e)?;
@@ -598,8 +598,8 @@ pub fn check_listed_shards(
 }
 
 /// [`history_rows`] of listed entries (every text given), oldest first.
-pub fn history_listed(entries: &[ListedEntry]) -> Result<Vec<HistoryRow>, DatasetError> {
-    let mut sorted: Vec<&ListedEntry> = entries.iter().collect();
+pub fn history_listed(entries: &[ListedLogEntry]) -> Result<Vec<HistoryRow>, DatasetError> {
+    let mut sorted: Vec<&ListedLogEntry> = entries.iter().collect();
     sorted.sort_by_key(|e| e.version);
     let mut loaded = Vec::with_capacity(sorted.len());
     for e in sorted {

@@ -5,8 +5,8 @@
 //! * [`read`] — the Spark read path: dtype decoding, the per-sample, per-tensor and per-file row
 //!   layouts as Arrow record batches, scan planning (driver) and read tasks (executors).
 //! * [`write`] — the Spark write path: plan, per-task shard writers, KV sealing, commit.
-//! * [`tensor_fn`] — the value rules of the SQL functions `arr_to_st` / `st_to_array`.
+//! * [`tensor_functions`] — the value rules of the SQL functions `arr_to_st` / `st_to_array`.
 
 pub mod read;
-pub mod tensor_fn;
+pub mod tensor_functions;
 pub mod write;

@@ -11,7 +11,7 @@ use safetensors_spark_dataset::compaction::{
 };
 use safetensors_spark_dataset::manifest::{CommitInfo, ManifestShard};
 use safetensors_spark_dataset::names::shard_index_part_file_name;
-use safetensors_spark_dataset::vacuum::{deletes_at_commit, LoggedVersion};
+use safetensors_spark_dataset::vacuum::{deletes_at_commit, LogEntry};
 use safetensors_spark_dataset::{check_shard_path, parse_manifest};
 use serde_json::json;
 use std::path::Path;
@@ -87,7 +87,7 @@ pub fn compact_shard_json(
     to_json(&merged.entry)
 }
 
-/// A log entry as the compaction's caller passes it: a `ListedEntry` whose text was read and
+/// A log entry as the compaction's caller passes it: a `ListedLogEntry` whose text was read and
 /// whose time a compaction does not need.
 #[derive(serde::Deserialize)]
 struct LogEntryText {
@@ -112,7 +112,7 @@ pub fn compaction_manifest_json(
     let entries: Vec<LogEntryText> = parse_json(log_json, "manifest log")?;
     let mut log = Vec::new();
     for e in entries {
-        log.push(LoggedVersion {
+        log.push(LogEntry {
             version: e.version,
             manifest: manifest(&e.text, "a manifest log entry")?,
             file_mtime_ms: 0,

@@ -4,8 +4,8 @@
 //! Java side: the classes of `io.safetensors.spark.jni` (jvm-connector) declare the natives as
 //! `static native` methods, one class per module here: `NativeWriter` (`writer_api`),
 //! `NativeReader` (`reader_api`), `NativeVersions` (`versions_api`), `NativeCompaction`
-//! (`compaction_api`), `NativeNames` (`names_api`), `NativeTensors`
-//! (`functions_api`); `NativeLib` loads the library and holds `version`/`selfTest`. Symbol
+//! (`compaction_api`), `NativeNames` (`names_api`), `NativeTensorFunctions`
+//! (`tensor_functions_api`); `NativeLib` loads the library and holds `version`/`selfTest`. Symbol
 //! names must match `Java_<package>_<Class>_<method>`.
 //!
 //! Rules for every exported function:
@@ -32,9 +32,9 @@ use ::jni::{jni_str, Env, EnvUnowned};
 
 mod compaction_api;
 mod error;
-mod functions_api;
 mod names_api;
 mod reader_api;
+mod tensor_functions_api;
 mod versions_api;
 mod writer_api;
 

@@ -8,7 +8,7 @@ use ::jni::objects::{JClass, JString};
 use ::jni::sys::jlong;
 use ::jni::EnvUnowned;
 use safetensors_spark_dataset::versions::{
-    check_entry_shards, history_listed, select_listed, version_spec, ListedEntry,
+    check_entry_shards, history_listed, select_listed, version_spec, ListedLogEntry,
 };
 use safetensors_spark_dataset::DatasetError;
 use std::collections::BTreeMap;
@@ -25,7 +25,7 @@ pub fn select_version_json(
     timestamp_as_of: Option<&str>,
 ) -> Result<u64, JniError> {
     let spec = version_spec(version_as_of, timestamp_as_of).map_err(options)?;
-    let entries: Vec<ListedEntry> = parse_json(entries_json, "manifest log entries")?;
+    let entries: Vec<ListedLogEntry> = parse_json(entries_json, "manifest log entries")?;
     Ok(select_listed(&entries, spec)?)
 }
 
@@ -44,7 +44,7 @@ pub fn check_version_shards_json(
 
 /// `history`: the history rows (JSON array) of `entries` (every text given).
 pub fn history_json(entries_json: &str) -> Result<String, JniError> {
-    let entries: Vec<ListedEntry> = parse_json(entries_json, "manifest log entries")?;
+    let entries: Vec<ListedLogEntry> = parse_json(entries_json, "manifest log entries")?;
     to_json(&history_listed(&entries)?)
 }
 

@@ -25,7 +25,7 @@ use safetensors_spark_dataset::manifest::{
 };
 use safetensors_spark_dataset::names::{MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
 use safetensors_spark_dataset::vacuum::{
-    deletes_at_commit, parse_retention, plan_vacuum, vacuum_manifest, LoggedVersion, VacuumRequest,
+    deletes_at_commit, parse_retention, plan_vacuum, vacuum_manifest, LogEntry, VacuumRequest,
     RETENTION_EXPECTED,
 };
 use safetensors_spark_dataset::Manifest;
@@ -911,7 +911,7 @@ pub fn plan_vacuum_json(request_json: &str) -> Result<String, JniError> {
         let manifest = parse_manifest(&e.text).map_err(|err| {
             JniError::from(err).context(format_args!("manifest log entry {}", e.source))
         })?;
-        log.push(LoggedVersion {
+        log.push(LogEntry {
             version: e.version,
             manifest,
             file_mtime_ms: e.mtime_ms,

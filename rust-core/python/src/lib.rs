@@ -155,7 +155,7 @@ impl PyHeader {
             .map_err(FormatError::new_err)
     }
 
-    /// Checks an index row against this header (`dataset::kv::check_index_entry`: same name,
+    /// Checks an index row against this header (`dataset::kv::check_index_row`: same name,
     /// dtype, shape and byte range; a KV row's `sample_key` and `column` make up its name) and
     /// returns the header's tensor as `(name, dtype, shape, data_start, data_end)`;
     /// `IndexEntryError` says what disagrees.
@@ -184,7 +184,7 @@ impl PyHeader {
             .map(|d| u64::try_from(*d))
             .collect::<Result<Vec<u64>, _>>()
             .map_err(|_| bad(format!("shape {shape:?} has a negative dimension")))?;
-        let entry = kv::IndexEntry {
+        let entry = kv::IndexRowFields {
             tensor_key,
             dtype,
             shape: &shape,
@@ -192,7 +192,7 @@ impl PyHeader {
             data_end,
             kv: sample_key.map(|k| (k, column)),
         };
-        let t = kv::check_index_entry(&self.header, &entry, separator)
+        let t = kv::check_index_row(&self.header, &entry, separator)
             .map_err(IndexEntryError::new_err::<String>)?;
         Ok(tensor_row(&self.header, t))
     }
@@ -341,7 +341,7 @@ fn select_version(
 ) -> PyResult<u64> {
     let err = |e: dataset::DatasetError| ManifestError::new_err(e.to_string());
     let spec = versions::version_spec(version, timestamp).map_err(err)?;
-    let entries: Vec<versions::ListedEntry> =
+    let entries: Vec<versions::ListedLogEntry> =
         serde_json::from_str(entries_json).map_err(|e| ManifestError::new_err(e.to_string()))?;
     versions::select_listed(&entries, spec).map_err(err)
 }
@@ -421,7 +421,7 @@ fn log_entry_version(name: &str) -> PyResult<Option<u64>> {
 #[pyfunction]
 fn history(entries_json: &str) -> PyResult<String> {
     let err = |e: String| ManifestError::new_err(e);
-    let entries: Vec<versions::ListedEntry> =
+    let entries: Vec<versions::ListedLogEntry> =
         serde_json::from_str(entries_json).map_err(|e| err(e.to_string()))?;
     let rows = versions::history_listed(&entries).map_err(|e| err(e.to_string()))?;
     serde_json::to_string(&rows).map_err(|e| err(e.to_string()))

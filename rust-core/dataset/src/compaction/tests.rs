@@ -520,9 +520,9 @@ fn rebase_keeps_appends_and_fails_naming_the_version_that_removed_a_shard() {
     v3.recompute_totals();
     v3.ext.as_mut().unwrap().manifest_version = 3;
     v3.ext.as_mut().unwrap().operation = Some(Operation::Overwrite);
-    let log: Vec<LoggedVersion> = [(1, &m), (2, &v2), (3, &v3)]
+    let log: Vec<LogEntry> = [(1, &m), (2, &v2), (3, &v3)]
         .into_iter()
-        .map(|(v, man)| LoggedVersion {
+        .map(|(v, man)| LogEntry {
             version: v,
             manifest: man.clone(),
             file_mtime_ms: 0,

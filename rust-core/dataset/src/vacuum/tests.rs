@@ -35,8 +35,8 @@ fn manifest_json(v: u64, shards: &[u32], at: Option<u64>, retention: Option<u64>
     )
 }
 
-fn logged(v: u64, shards: &[u32], at: u64, retention: Option<u64>) -> LoggedVersion {
-    LoggedVersion {
+fn logged(v: u64, shards: &[u32], at: u64, retention: Option<u64>) -> LogEntry {
+    LogEntry {
         version: v,
         manifest: parse_manifest(&manifest_json(v, shards, Some(at), retention)).unwrap(),
         file_mtime_ms: 0,

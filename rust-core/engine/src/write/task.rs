@@ -26,8 +26,8 @@
 //!
 //! Row numbers in errors count from 0 within the partition, across batches.
 
+mod encode;
 mod kv;
-mod rows;
 mod sealer;
 
 use crate::write::commit::index_rows;
@@ -38,7 +38,7 @@ use crate::write::{
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array, StructArray};
 use arrow_schema::DataType;
-use rows::{expected_type, type_matches, ColumnState};
+use encode::{expected_type, type_matches, ColumnState};
 use safetensors_spark_dataset::index::{write_index_part, write_index_part_streamed, IndexError};
 use safetensors_spark_dataset::manifest::ragged_offsets_name;
 use safetensors_spark_dataset::names::{self, shard_index_part_file_name, RAGGED_METADATA_KEY};
@@ -529,9 +529,9 @@ impl TaskWriter {
                 };
                 match offsets {
                     None => {
-                        rows::extract(col, batch.column(c), i..i + take, self.rows_seen, buf)?;
+                        encode::extract(col, batch.column(c), i..i + take, self.rows_seen, buf)?;
                     }
-                    Some(offsets) => rows::extract_ragged(
+                    Some(offsets) => encode::extract_ragged(
                         col,
                         batch.column(c),
                         i..i + take,

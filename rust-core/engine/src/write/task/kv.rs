@@ -24,7 +24,7 @@
 //! shard is written. The header is streamed into the shard (two passes over the sorted
 //! entries), then the bytes are copied from the spill file.
 
-use super::rows::{self, RowTensor};
+use super::encode::{self, RowTensor};
 use super::{shard_metadata, TaskWriter, WriteError, KV_CHUNK_ROWS};
 use crate::write::{DuplicatesStrategy, SealedTensor, ShardReport, WritePlan};
 use arrow_array::cast::AsArray;
@@ -252,7 +252,7 @@ impl KvState {
             let mut tensors = Vec::with_capacity(w.columns.len());
             for ((c, col), buf) in w.columns.iter_mut().enumerate().zip(&mut bufs) {
                 buf.clear();
-                let t = rows::extract(col, batch.column(c + 1), start..end, w.rows_seen, buf)?;
+                let t = encode::extract(col, batch.column(c + 1), start..end, w.rows_seen, buf)?;
                 tensors.push(t);
             }
             let mut row_tensors = Vec::with_capacity(w.columns.len());

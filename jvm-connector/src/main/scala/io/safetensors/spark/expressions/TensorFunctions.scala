@@ -4,7 +4,7 @@ import java.nio.{ByteBuffer, ByteOrder}
 
 import scala.collection.mutable
 
-import io.safetensors.spark.jni.{NativeLib, NativeTensors}
+import io.safetensors.spark.jni.{NativeLib, NativeTensorFunctions}
 import org.apache.spark.sql.SparkSessionExtensions
 import org.apache.spark.sql.catalyst.{FunctionIdentifier, InternalRow}
 import org.apache.spark.sql.catalyst.analysis.TypeCheckResult
@@ -19,7 +19,7 @@ import org.apache.spark.unsafe.types.UTF8String
  * The SQL functions `arr_to_st` and `st_to_array` (spec/functions.md). Registered by
  * [[SafetensorsExtensions]] (`spark.sql.extensions`); Scala/Python wrappers build calls by name
  * ([[functions]], `safetensors_spark.functions`). The value rules (dtype names, conversions,
- * shape checks, decoding) are the Rust engine's, reached through [[NativeTensors]].
+ * shape checks, decoding) are the Rust engine's, reached through [[NativeTensorFunctions]].
  */
 object TensorFunctions {
   type Builder = Seq[Expression] => Expression
@@ -97,9 +97,9 @@ case class ArrToSt(children: Seq[Expression]) extends Expression with CodegenFal
 
   /** The dtype fixed at analysis (a literal, or the natural one), else None (per row). */
   private[spark] lazy val staticDtype: Option[String] = dtypeArg match {
-    case None => Some(native("arr_to_st")(NativeTensors.naturalDtype(elementNames(leafType))))
+    case None => Some(native("arr_to_st")(NativeTensorFunctions.naturalDtype(elementNames(leafType))))
     case Some(e) if e.foldable => Option(e.eval()).map(v =>
-      native("arr_to_st")(NativeTensors.writableDtype(v.toString)))
+      native("arr_to_st")(NativeTensorFunctions.writableDtype(v.toString)))
     case _ => None
   }
 
@@ -146,7 +146,7 @@ case class ArrToSt(children: Seq[Expression]) extends Expression with CodegenFal
         val v = e.eval(input)
         if (v == null) return null
         staticDtype.getOrElse(canonical.getOrElseUpdate(v.toString,
-          native("arr_to_st")(NativeTensors.writableDtype(v.toString))))
+          native("arr_to_st")(NativeTensorFunctions.writableDtype(v.toString))))
     }
     val (values, own) = flatten(array)
     val shape: Array[Long] = shapeArg match {
@@ -164,7 +164,7 @@ case class ArrToSt(children: Seq[Expression]) extends Expression with CodegenFal
           }
         }
     }
-    val bytes = native("arr_to_st")(NativeTensors.encode(values, elementNames(leafType), dtype, shape))
+    val bytes = native("arr_to_st")(NativeTensorFunctions.encode(values, elementNames(leafType), dtype, shape))
     // dimensions were checked by the engine (0 to 2^31 - 1)
     new GenericInternalRow(Array[Any](bytes, UnsafeArrayData.fromPrimitiveArray(shape.map(_.toInt)),
       UTF8String.fromString(dtype)))
@@ -285,7 +285,7 @@ case class StToArray(child: Expression, element: DataType, rank: Int)
     if (rank >= 1 && shape.length != rank) throw new IllegalArgumentException(
       s"st_to_array: a tensor of shape ${fmtShape(shape)} (rank ${shape.length}) does not fit the result type " +
         s"${dataType.sql} (rank $rank); give its rank, e.g. st_to_array(col, '$dtype', ${shape.length})")
-    val bytes = native("st_to_array")(NativeTensors.decode(data, dtype, shape, elementName))
+    val bytes = native("st_to_array")(NativeTensorFunctions.decode(data, dtype, shape, elementName))
     val buf = ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN)
     val flat: ArrayData = element match {
       case DoubleType => val v = new Array[Double](bytes.length / 8); buf.asDoubleBuffer().get(v); UnsafeArrayData.fromPrimitiveArray(v)
@@ -348,7 +348,7 @@ object StToArray {
       (a.dataType, v) match {
         case (_, null) => fail(s"the argument ${a.sql} is null")
         case (_: StringType, s) if dtype.isEmpty =>
-          dtype = Some(native("st_to_array")(NativeTensors.writableDtype(s.toString)))
+          dtype = Some(native("st_to_array")(NativeTensorFunctions.writableDtype(s.toString)))
         case (ByteType | ShortType | IntegerType | LongType, n) if rank.isEmpty =>
           val r = n.asInstanceOf[Number].longValue()
           if (r < 1 || r > 32) fail(s"rank $r is out of range (1 to 32)")
@@ -362,7 +362,7 @@ object StToArray {
     }
     val finalDtype = dtype.orElse(fromChild.flatMap(_.staticDtype)).getOrElse(DefaultDtype)
     val finalRank = rank.orElse(fromChild.flatMap(_.staticRank)).getOrElse(-1)
-    val element = elementByName(native("st_to_array")(NativeTensors.elementType(finalDtype)))
+    val element = elementByName(native("st_to_array")(NativeTensorFunctions.elementType(finalDtype)))
     StToArray(tensor, element, finalRank)
   }
 }

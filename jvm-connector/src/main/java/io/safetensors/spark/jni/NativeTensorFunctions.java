@@ -10,8 +10,8 @@ package io.safetensors.spark.jni;
  * {@code "double"}; a boolean is one byte, 0 or 1). Every error is an
  * {@link IllegalArgumentException} whose message names the value, the shape or the dtype.
  */
-public final class NativeTensors {
-  private NativeTensors() {}
+public final class NativeTensorFunctions {
+  private NativeTensorFunctions() {}
 
   /**
    * {@code values} (row-major elements of {@code elementType}) converted to {@code dtype}
