@@ -271,7 +271,7 @@ fn compact(args: &[String]) -> ExitCode {
     use safetensors_spark_dataset::compaction::local::{
         compact_path, write_index_part, CompactionOptions,
     };
-    let (quiet, args) = progress::take_quiet(args);
+    let mut quiet = false;
     let mut opts = CompactionOptions::default();
     let (mut partitions, mut dir) = (Vec::new(), None);
     let mut it = args.iter();
@@ -294,6 +294,7 @@ fn compact(args: &[String]) -> ExitCode {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dry-run" => opts.dry_run = true,
+            "--quiet" => quiet = true,
             "--batch-size" => match number(a, it.next()) {
                 Ok(n) => opts.request.batch_size = Some(n),
                 Err(c) => return c,
@@ -362,13 +363,14 @@ fn compact(args: &[String]) -> ExitCode {
 fn vacuum(args: &[String]) -> ExitCode {
     use safetensors_spark_dataset::local::{now_ms, vacuum_dir};
     use safetensors_spark_dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
-    let (quiet, args) = progress::take_quiet(args);
+    let mut quiet = false;
     let mut req = VacuumRequest::default();
     let (mut dry_run, mut dir) = (false, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dry-run" => dry_run = true,
+            "--quiet" => quiet = true,
             "--allow-shorter-retention" => req.allow_shorter_retention = true,
             "--retention" => {
                 let Some(v) = it.next() else {

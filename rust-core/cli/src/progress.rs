@@ -9,7 +9,8 @@ use safetensors_spark_format::progress::Progress;
 use std::io::IsTerminal;
 use std::sync::{Mutex, OnceLock};
 
-/// Takes `--quiet` out of a command's arguments: `(quiet, the rest)`.
+/// Takes `--quiet` out of the arguments of a command whose options take no values (`validate`):
+/// `(quiet, the rest)`.
 pub fn take_quiet(args: &[String]) -> (bool, Vec<String>) {
     let quiet = args.iter().any(|a| a == "--quiet");
     (
@@ -18,10 +19,12 @@ pub fn take_quiet(args: &[String]) -> (bool, Vec<String>) {
     )
 }
 
-/// One command's bar: created at [`Progress::start`] (none for no work), advanced by items
-/// (files or shards) and bytes, left on its last frame at [`Progress::finish`]. The bar's
-/// position counts bytes (for the rate and the time left) when the work has a byte total, else
-/// items; the message says `done/total unit`.
+/// One command's bar: created at [`Progress::start`] (none for no work, none when stderr is not
+/// a terminal or with `--quiet`: indicatif's stderr target would draw nothing off a terminal
+/// either, the check here keeps the bar from being made at all), advanced by items (files or
+/// shards) and bytes, left on its last frame at [`Progress::finish`]. The bar's position counts
+/// bytes (for the rate and the time left) when the work has a byte total, else items; the
+/// message says `done/total unit`.
 pub struct Bar {
     prefix: String,
     unit: &'static str,
