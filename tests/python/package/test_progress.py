@@ -141,3 +141,30 @@ def test_a_raising_callback_does_not_stop_the_work(tmp_path, monkeypatch):
     assert out["version"] == 3 and len(out["plan"]["shards"]) == 3
     assert seen and all(isinstance(e, RuntimeError) for e in seen)
     assert not any(os.path.exists(ds / s["name"]) for s in out["plan"]["shards"])
+
+
+def test_a_remote_open_counts_every_header_and_checksum(tmp_path, progress_log):
+    """An fsspec URL (``memory://``) opens on ``max_in_flight`` threads: every header read is
+    counted once all the same, and ``verify_checksums`` counts each shard read whole."""
+    import fsspec
+
+    logger, handler = progress_log
+    logger.setLevel(logging.INFO)
+    local = tmp_path / "d"
+    handmade.write_batch_dataset(local, [2] * 5, batch_size=2)
+    m = handmade.read_manifest(local)
+    for s in m["shards"]:
+        s["crc32c"] = _native.file_crc32c(local / s["shard_path"])
+    handmade.write_manifest(local, m)
+    url = f"memory://progress-{handmade.random_name()}"
+    fs, root = fsspec.core.url_to_fs(url)
+    for name in os.listdir(local):
+        fs.pipe_file(f"{root}/{name}", (local / name).read_bytes())
+    ds = open_dataset(url, max_in_flight=3, verify_checksums=True)
+    assert len(ds) == 10
+    end, _ = finished(handler.records, "open_dataset")
+    assert (end.progress_done, end.progress_total) == (5, 5)
+    end, _ = finished(handler.records, "verify_checksums")
+    size = sum(s["bytes"] for s in m["shards"])
+    assert (end.progress_done, end.progress_total, end.progress_bytes, end.progress_total_bytes) == (5, 5, size, size)
+    assert f"verify_checksums {url}: 5/5 shards verified" in end.getMessage()
