@@ -199,6 +199,12 @@ fn no_progress_when_stderr_is_not_a_terminal() {
     ]);
     assert_eq!((code, err.as_str()), (0, ""), "{out}");
     assert_eq!(json(&out)["version"], 3, "{out}");
+    // --quiet is no PATH: alone it is a usage error, as no argument was
+    for args in [&["validate", "--quiet"][..], &["report", "--quiet"]] {
+        let (code, out, err) = piped(args);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}");
+        assert!(err.contains("usage: safetensors-spark"), "{args:?}: {err}");
+    }
     fs::remove_dir_all(c.lake.parent().unwrap()).unwrap();
 }
 
