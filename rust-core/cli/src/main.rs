@@ -2,24 +2,29 @@
 //!
 //! ```text
 //! safetensors-spark inspect FILE...   per file, JSON: metadata and each tensor's dtype, shape, offsets
-//! safetensors-spark validate PATH...  exit 0 if every file is valid, else 1; prints `FILE: <error>`;
+//! safetensors-spark validate [--quiet] PATH...
+//!                                     exit 0 if every file is valid, else 1; prints `FILE: <error>`;
 //!                                     a dataset directory: every version in its manifest log
 //!                                     (shards present, sizes, CRC-32C where recorded)
 //! safetensors-spark history [--json] DATASET
 //!                                     one line per version: time, operation, rows and bytes
 //!                                     added/removed, writer (spec/dataset.md §5.8)
-//! safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
+//! safetensors-spark report [--json] [--no-hash] [--jobs N] [--quiet] PATH...
 //!                                     forensic report per file and per sharded checkpoint
 //!                                     (spec/forensics.md); exit 0 clean, 1 warnings, 2 errors
-//! safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET
+//! safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] [--quiet] DATASET
 //!                                     delete superseded shards outside the retention period
 //!                                     (spec/dataset.md §5.8.1; local paths); JSON plan on stdout
 //! safetensors-spark compact [--batch-size N | --target-shard-size-mb M] [--partition K=V]...
-//!                           [--message TEXT] [--dry-run] DATASET
+//!                           [--message TEXT] [--dry-run] [--quiet] DATASET
 //!                                     merge small shards into full ones as one `compaction`
 //!                                     version per dataset (spec/dataset.md §5.8.2; local paths)
 //! ```
+//!
+//! `report`, `validate`, `vacuum` and `compact` draw a progress bar on stderr when it is a
+//! terminal (`--quiet`: never); see [`progress`].
 
+mod progress;
 mod report;
 
 use safetensors_spark_dataset::versions::{format_ms, history_dir, validate_dir};
@@ -30,17 +35,18 @@ use serde_json::{json, Value};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: safetensors-spark inspect FILE...
-       safetensors-spark validate FILE|DATASET...
+       safetensors-spark validate [--quiet] FILE|DATASET...
        safetensors-spark history [--json] DATASET
-       safetensors-spark report [--json] [--no-hash] [--jobs N] PATH...
-       safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] DATASET
-       safetensors-spark compact [--batch-size N | --target-shard-size-mb M] [--partition K=V]... [--message TEXT] [--dry-run] DATASET";
+       safetensors-spark report [--json] [--no-hash] [--jobs N] [--quiet] PATH...
+       safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] [--quiet] DATASET
+       safetensors-spark compact [--batch-size N | --target-shard-size-mb M] [--partition K=V]... [--message TEXT] [--dry-run] [--quiet] DATASET
+--quiet: no progress bar (drawn on stderr only when it is a terminal)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.split_first() {
         Some((cmd, files)) if cmd == "inspect" && !files.is_empty() => inspect(files),
-        Some((cmd, files)) if cmd == "validate" && !files.is_empty() => validate(files),
+        Some((cmd, args)) if cmd == "validate" => validate(args),
         Some((cmd, rest)) if cmd == "report" => report::run(rest, USAGE),
         Some((cmd, rest)) if cmd == "vacuum" => vacuum(rest),
         Some((cmd, rest)) if cmd == "compact" => compact(rest),
@@ -189,8 +195,9 @@ fn history(args: &[String]) -> ExitCode {
 }
 
 /// `validate DATASET`: every version in the log; true when all are as written.
-fn validate_dataset(dir: &str) -> bool {
-    match validate_dir(std::path::Path::new(dir)) {
+fn validate_dataset(dir: &str, quiet: bool) -> bool {
+    let bar = progress::Bar::new("validate", "shards", quiet);
+    match validate_dir(std::path::Path::new(dir), &bar) {
         Ok(checks) => {
             let mut ok = true;
             for c in checks {
@@ -217,27 +224,37 @@ fn validate_dataset(dir: &str) -> bool {
     }
 }
 
-fn validate(files: &[String]) -> ExitCode {
+fn validate(args: &[String]) -> ExitCode {
+    use safetensors_spark_format::progress::{FinishOnDrop, Progress};
+    let (quiet, files) = progress::take_quiet(args);
+    if files.is_empty() {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    }
+    let is_dir = |p: &String| std::path::Path::new(p).is_dir();
+    // one bar for the files (each header read and checked); each dataset draws its own
+    let bar = progress::Bar::new("validate", "files", quiet);
+    bar.start(files.iter().filter(|p| !is_dir(p)).count() as u64, 0);
+    let _finish = FinishOnDrop(&bar);
     let mut ok = true;
-    for path in files {
-        if std::path::Path::new(path).is_dir() {
-            ok &= validate_dataset(path);
+    for path in &files {
+        if is_dir(path) {
+            ok &= bar.suspend(|| validate_dataset(path, quiet));
             continue;
         }
-        match read_header(path) {
-            Ok(h) => println!(
-                "{}",
-                shown(format_args!(
-                    "{path}: ok ({} tensors, {} bytes)",
-                    h.tensors.len(),
-                    h.file_len()
-                ))
-            ),
+        let line = match read_header(path) {
+            Ok(h) => shown(format_args!(
+                "{path}: ok ({} tensors, {} bytes)",
+                h.tensors.len(),
+                h.file_len()
+            )),
             Err(e) => {
-                println!("{}", shown(format_args!("{path}: {e}")));
                 ok = false;
+                shown(format_args!("{path}: {e}"))
             }
-        }
+        };
+        bar.suspend(|| println!("{line}"));
+        bar.advance(1, 0);
     }
     if ok {
         ExitCode::SUCCESS
@@ -254,6 +271,7 @@ fn compact(args: &[String]) -> ExitCode {
     use safetensors_spark_dataset::compaction::local::{
         compact_path, write_index_part, CompactionOptions,
     };
+    let mut quiet = false;
     let mut opts = CompactionOptions::default();
     let (mut partitions, mut dir) = (Vec::new(), None);
     let mut it = args.iter();
@@ -276,6 +294,7 @@ fn compact(args: &[String]) -> ExitCode {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dry-run" => opts.dry_run = true,
+            "--quiet" => quiet = true,
             "--batch-size" => match number(a, it.next()) {
                 Ok(n) => opts.request.batch_size = Some(n),
                 Err(c) => return c,
@@ -327,12 +346,14 @@ fn compact(args: &[String]) -> ExitCode {
             }
         }
     };
+    let bar = progress::Bar::new("compact", "shards", quiet);
     let out = compact_path(
         std::path::Path::new(&dir),
         &partitions,
         &opts,
         Some(write_index_part),
         &mut hold,
+        &bar,
     );
     print_outcome("compact", out)
 }
@@ -342,12 +363,14 @@ fn compact(args: &[String]) -> ExitCode {
 fn vacuum(args: &[String]) -> ExitCode {
     use safetensors_spark_dataset::local::{now_ms, vacuum_dir};
     use safetensors_spark_dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
+    let mut quiet = false;
     let mut req = VacuumRequest::default();
     let (mut dry_run, mut dir) = (false, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dry-run" => dry_run = true,
+            "--quiet" => quiet = true,
             "--allow-shorter-retention" => req.allow_shorter_retention = true,
             "--retention" => {
                 let Some(v) = it.next() else {
@@ -377,8 +400,9 @@ fn vacuum(args: &[String]) -> ExitCode {
         return ExitCode::from(2);
     };
     req.now_ms = now_ms();
+    let bar = progress::Bar::new("vacuum", "files", quiet);
     print_outcome(
         "vacuum",
-        vacuum_dir(std::path::Path::new(&dir), &req, dry_run, &mut |_| {}),
+        vacuum_dir(std::path::Path::new(&dir), &req, dry_run, &mut |_| {}, &bar),
     )
 }

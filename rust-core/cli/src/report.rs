@@ -13,6 +13,7 @@ struct Args {
     json: bool,
     hash: bool,
     jobs: usize,
+    quiet: bool,
     paths: Vec<String>,
 }
 
@@ -21,6 +22,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         json: false,
         hash: true,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        quiet: false,
         paths: Vec::new(),
     };
     let mut it = args.iter();
@@ -28,6 +30,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         match a.as_str() {
             "--json" => out.json = true,
             "--no-hash" => out.hash = false,
+            "--quiet" => out.quiet = true,
             "--jobs" => {
                 let n = it.next().ok_or("--jobs needs a number")?;
                 out.jobs = n
@@ -223,7 +226,8 @@ pub fn run(args: &[String], usage: &str) -> ExitCode {
         }
     }
     let opts = ReportOptions { hash: args.hash };
-    let reports = report_files(&found.files, opts, args.jobs);
+    let bar = crate::progress::Bar::new("report", "files", args.quiet);
+    let reports = report_files(&found.files, opts, args.jobs, &bar);
     let models: Vec<ModelReport> = indexes
         .iter()
         .map(|(p, index)| {

@@ -22,6 +22,9 @@
 //! * [`kv`] — KV shards through their parsed header: tensor names split into key and column, and
 //!   an index row checked against the header it describes (no arrow: every reader calls it).
 //! * [`ragged`] — ragged columns of batch shards: the values and offsets tensors checked.
+//! * [`progress`] — the observer the long local runs ([`versions::validate_dir`],
+//!   [`local::vacuum_dir`], [`compaction::local::compact_path`]) tell how far they are; the
+//!   CLI and the Python package plug in their own (a bar, log records).
 
 pub mod compaction;
 #[cfg(feature = "index")]
@@ -39,6 +42,8 @@ pub use manifest::{
     parse_manifest, DatasetMode, Manifest, ManifestExt, ManifestShard, TailStrategy,
 };
 pub use names::check_shard_path;
+/// The observer of long work (validation, vacuum, compaction), from the format crate.
+pub use safetensors_spark_format::progress;
 
 /// How many times a commit (a write's, a vacuum's, a compaction's, in every language) is tried on
 /// top of a newer version committed meanwhile before it fails naming the count: enough for a

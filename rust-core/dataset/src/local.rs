@@ -210,12 +210,15 @@ pub struct VacuumOutcome {
 }
 
 /// Vacuums the local dataset `dir` (spec/dataset.md §5.8.1). `after_plan` runs between the plan
-/// and its execution (tests use it to race a writer against the vacuum).
+/// and its execution (tests use it to race a writer against the vacuum). `progress` is told the
+/// files the plan deletes (shards, index parts, log entries) and the bytes of its shards and
+/// index parts, and each file as it is deleted; a dry run tells it nothing.
 pub fn vacuum_dir(
     dir: &Path,
     req: &VacuumRequest,
     dry_run: bool,
     after_plan: &mut dyn FnMut(&VacuumPlan),
+    progress: &dyn crate::progress::Progress,
 ) -> Result<VacuumOutcome, LocalError> {
     let log = read_log(dir)?;
     let Some(current) = latest(dir, &log)? else {
@@ -247,19 +250,34 @@ pub fn vacuum_dir(
         });
     }
     after_plan(&plan);
+    let _finish = crate::progress::FinishOnDrop(progress);
+    let vacuumed = plan.vacuumed();
+    progress.start(
+        vacuumed.files + plan.prune_versions.len() as u64,
+        vacuumed.bytes,
+    );
     // only regular files directly in the dataset's own directories (§5.9)
-    let remove = |d: &Path, name: &str| remove_own_file(d, name).map_err(io_err(&d.join(name)));
+    let remove = |d: &Path, name: &str, bytes: u64| {
+        remove_own_file(d, name).map_err(io_err(&d.join(name)))?;
+        progress.advance(1, bytes);
+        Ok::<(), LocalError>(())
+    };
     for s in &plan.shards {
-        remove(dir, &s.name)?;
+        remove(dir, &s.name, s.bytes)?;
     }
-    if let Some(index_dir) = &index_dir {
-        for s in &plan.index_parts {
-            remove(index_dir, &s.name)?;
+    // index parts without an index directory: nothing to delete there
+    let parts_dir = index_dir.as_deref();
+    for s in &plan.index_parts {
+        match parts_dir {
+            Some(d) => remove(d, &s.name, s.bytes)?,
+            None => progress.advance(1, s.bytes),
         }
     }
-    if let Some(log_dir) = log_dir_of(dir)? {
-        for v in &plan.prune_versions {
-            remove(&log_dir, &crate::names::manifest_log_file_name(*v))?;
+    let log_dir = log_dir_of(dir)?;
+    for v in &plan.prune_versions {
+        match &log_dir {
+            Some(d) => remove(d, &crate::names::manifest_log_file_name(*v), 0)?,
+            None => progress.advance(1, 0),
         }
     }
     let id = format!("vacuum-{}-{}", std::process::id(), now_ms());

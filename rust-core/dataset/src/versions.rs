@@ -435,7 +435,15 @@ pub struct VersionCheck {
 /// where the manifest records one, its CRC-32C. A shard listed by several versions is read once.
 /// A dataset without a log is checked through `dataset_manifest.json` alone (version 0 when the
 /// manifest has none).
-pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
+///
+/// `progress` is told the distinct shards the versions list and their bytes (as the manifests
+/// record them), and each shard as it is checked; shards a version's error left unchecked are
+/// advanced at the end, so the advances add up to the totals.
+pub fn validate_dir(
+    dir: &Path,
+    progress: &dyn crate::progress::Progress,
+) -> Result<Vec<VersionCheck>, DatasetError> {
+    let _finish = crate::progress::FinishOnDrop(progress);
     // a damaged entry is its version's error line; the other versions are still checked
     let mut versions: Vec<(u64, Manifest)> = Vec::new();
     let mut damaged: Vec<VersionCheck> = Vec::new();
@@ -467,6 +475,12 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
             parse_manifest(&text).map_err(|e| version_err(format!("{}: {e}", path.display())))?;
         versions.push((m.manifest_version(), m));
     }
+    // progress: each distinct shard once, with the size its first listing records
+    let mut distinct: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in versions.iter().flat_map(|(_, m)| &m.shards) {
+        distinct.entry(s.shard_path.as_str()).or_insert(s.bytes);
+    }
+    progress.start(distinct.len() as u64, distinct.values().sum());
     // file → (size, crc) on disk, computed once
     let mut seen: BTreeMap<String, Option<FoundShard>> = BTreeMap::new();
     let mut out = damaged;
@@ -475,6 +489,7 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
         let mut verified = 0;
         for s in &m.shards {
             let want_crc = s.crc32c.is_some();
+            let first = !seen.contains_key(&s.shard_path);
             let entry = seen.entry(s.shard_path.clone()).or_insert(None);
             let path = dir.join(&s.shard_path);
             if entry
@@ -493,6 +508,10 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
                     _ => None,
                 };
             }
+            if first {
+                let bytes = distinct.get(s.shard_path.as_str()).copied().unwrap_or(0);
+                progress.advance(1, bytes);
+            }
             if let Err(e) = check_shard(*v, s, entry.as_ref()) {
                 error = Some(e.to_string());
                 break;
@@ -507,6 +526,14 @@ pub fn validate_dir(dir: &Path) -> Result<Vec<VersionCheck>, DatasetError> {
             verified,
             error,
         });
+    }
+    // the shards only versions with an error listed after it were not checked
+    let (left, left_bytes) = distinct
+        .iter()
+        .filter(|(p, _)| !seen.contains_key(**p))
+        .fold((0u64, 0u64), |(n, b), (_, bytes)| (n + 1, b + bytes));
+    if left > 0 {
+        progress.advance(left, left_bytes);
     }
     out.sort_by_key(|c| c.version);
     Ok(out)

@@ -18,6 +18,7 @@ pub mod file;
 pub mod forensics;
 pub mod header;
 pub mod json_object;
+pub mod progress;
 
 pub use convert::ConvertError;
 pub use dtype::Dtype;

@@ -5,6 +5,7 @@
 
 mod gather;
 mod pack;
+mod progress;
 
 use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
@@ -258,15 +259,17 @@ fn index_part_name(shard: &str) -> PyResult<String> {
 
 /// Vacuums the local dataset `path` (spec/dataset.md §5.8.1); returns the outcome as JSON.
 /// A bad retention or a retention shorter than the dataset's without the override raises
-/// `ValueError` (ManifestError) naming it.
+/// `ValueError` (ManifestError) naming it. `progress`: a callable told how far the deletions
+/// are (see `progress.rs`), or None.
 #[pyfunction]
-#[pyo3(signature = (path, retention=None, dry_run=false, allow_shorter_retention=false))]
+#[pyo3(signature = (path, retention=None, dry_run=false, allow_shorter_retention=false, progress=None))]
 fn vacuum(
     py: Python<'_>,
     path: &str,
     retention: Option<&str>,
     dry_run: bool,
     allow_shorter_retention: bool,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     use dataset::vacuum::{parse_retention, VacuumRequest, RETENTION_EXPECTED};
     let retention_seconds = match retention {
@@ -282,9 +285,16 @@ fn vacuum(
         allow_shorter_retention,
         now_ms: dataset::local::now_ms(),
     };
+    let progress = progress::PyProgress::new(progress);
     let out = py
         .detach(|| {
-            dataset::local::vacuum_dir(std::path::Path::new(path), &req, dry_run, &mut |_| {})
+            dataset::local::vacuum_dir(
+                std::path::Path::new(path),
+                &req,
+                dry_run,
+                &mut |_| {},
+                &progress,
+            )
         })
         .map_err(|e| ManifestError::new_err(format!("vacuum: {e}")))?;
     serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
@@ -294,8 +304,10 @@ fn vacuum(
 /// spec/dataset.md §5.8.2; returns the outcomes as JSON (one per dataset directory). The
 /// extension has no index writer: a dataset with `_tensor_index.parquet` parts is refused (the
 /// CLI compacts it). Bad input raises `ManifestError` naming it; nothing is changed.
+/// `progress`: a callable told how far the writing of new shards is (see `progress.rs`), or None.
 #[pyfunction]
-#[pyo3(signature = (path, batch_size=None, target_shard_size_mb=None, partitions=Vec::new(), dry_run=false, commit_message=None))]
+#[pyo3(signature = (path, batch_size=None, target_shard_size_mb=None, partitions=Vec::new(), dry_run=false, commit_message=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
 fn compact(
     py: Python<'_>,
     path: &str,
@@ -304,6 +316,7 @@ fn compact(
     partitions: Vec<String>,
     dry_run: bool,
     commit_message: Option<String>,
+    progress: Option<Py<PyAny>>,
 ) -> PyResult<String> {
     use dataset::compaction::local::{compact_path, CompactionOptions};
     use dataset::compaction::CompactionRequest;
@@ -315,6 +328,7 @@ fn compact(
         dry_run,
         commit_message,
     };
+    let progress = progress::PyProgress::new(progress);
     let out = py
         .detach(|| {
             compact_path(
@@ -323,6 +337,7 @@ fn compact(
                 &opts,
                 None,
                 &mut |_| {},
+                &progress,
             )
         })
         .map_err(|e| ManifestError::new_err(format!("compact: {e}")))?;
@@ -449,7 +464,8 @@ fn crc32c_of_bytes(data: &[u8]) -> u32 {
 #[pyfunction]
 fn validate_dataset(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
     py.detach(|| {
-        let checks = versions::validate_dir(&path).map_err(|e| e.to_string())?;
+        let checks = versions::validate_dir(&path, &dataset::progress::NoProgress)
+            .map_err(|e| e.to_string())?;
         serde_json::to_string(&checks).map_err(|e| e.to_string())
     })
     .map_err(ManifestError::new_err)

@@ -14,9 +14,11 @@ use crate::names::{
     shard_index_part_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
 };
 use crate::own::{is_own_subdir, remove_own_file};
+use crate::progress::{FinishOnDrop, NoProgress, Progress};
 use crate::vacuum::deletes_at_commit;
 use crate::{DatasetError, MAX_COMMIT_ATTEMPTS};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -99,6 +101,35 @@ pub fn compact_dir(
     index_writer: Option<IndexPartWriter>,
     after_write: &mut dyn FnMut(&CompactionPlan),
 ) -> Result<CompactionOutcome, LocalError> {
+    compact_one(dir, opts, index_writer, after_write, &NoProgress).map(|(o, _)| o)
+}
+
+/// The manifest's shard sizes by name.
+fn shard_sizes(base: &Manifest) -> HashMap<&str, u64> {
+    base.shards
+        .iter()
+        .map(|s| (s.shard_path.as_str(), s.bytes))
+        .collect()
+}
+
+/// The bytes a new shard is made from: each of its input shards whole, as the manifest records
+/// its size (a shard feeding two outputs is read for each).
+fn output_bytes(sizes: &HashMap<&str, u64>, out: &super::PlannedShard) -> u64 {
+    out.inputs
+        .iter()
+        .map(|i| sizes.get(i.shard.as_str()).copied().unwrap_or(0))
+        .sum()
+}
+
+/// [`compact_dir`], advancing `progress` by each new shard written (and the bytes read for it);
+/// also returns the plan's work for [`Progress`]: the shards it writes and the bytes it reads.
+fn compact_one(
+    dir: &Path,
+    opts: &CompactionOptions,
+    index_writer: Option<IndexPartWriter>,
+    after_write: &mut dyn FnMut(&CompactionPlan),
+    progress: &dyn Progress,
+) -> Result<(CompactionOutcome, (u64, u64)), LocalError> {
     let log = read_log(dir)?;
     let Some(base) = latest(dir, &log)? else {
         return Err(ds_err(
@@ -122,6 +153,11 @@ pub fn compact_dir(
         && base.shards.iter().any(|s| {
             shard_index_part_file_name(&s.shard_path).is_some_and(|p| index_dir.join(p).is_file())
         });
+    let sizes = shard_sizes(&base);
+    let work = (
+        plan.outputs.len() as u64,
+        plan.outputs.iter().map(|o| output_bytes(&sizes, o)).sum(),
+    );
     let mut outcome = CompactionOutcome {
         dataset: dir.to_path_buf(),
         plan,
@@ -131,7 +167,7 @@ pub fn compact_dir(
         replaced_deleted: false,
     };
     if opts.dry_run || outcome.plan.outputs.is_empty() {
-        return Ok(outcome);
+        return Ok((outcome, work));
     }
     if indexed && index_writer.is_none() {
         return Err(ds_err(
@@ -187,6 +223,7 @@ pub fn compact_dir(
                 written.push(part);
             }
             new_shards.push(merged.entry);
+            progress.advance(1, output_bytes(&sizes, out));
             Ok(())
         })();
         if let Err(e) = result {
@@ -238,7 +275,7 @@ pub fn compact_dir(
                 }
                 outcome.replaced_deleted = true;
             }
-            return Ok(outcome);
+            return Ok((outcome, work));
         }
     }
     cleanup(&written);
@@ -410,17 +447,23 @@ pub fn select_datasets(root: &Path, partitions: &[String]) -> Result<Vec<PathBuf
 /// compaction version per dataset directory, never across partitions. Every selector is checked
 /// before anything is written. `after_write` runs in each directory between the placing of the
 /// new shards and the commit (a test hook: the CLI's forced race).
+///
+/// `progress` (not on a dry run) is told the new shards of every chosen dataset's first plan
+/// and the bytes read for them, then each shard as it is written; a plan made again on a newer
+/// version (an append in between) may write more or fewer.
 pub fn compact_path(
     root: &Path,
     partitions: &[String],
     opts: &CompactionOptions,
     index_writer: Option<IndexPartWriter>,
     after_write: &mut dyn FnMut(&CompactionPlan),
+    progress: &dyn Progress,
 ) -> Result<Vec<CompactionOutcome>, LocalError> {
     let dirs = select_datasets(root, partitions)?;
     // every dataset's options are checked (a plan each) before the first is compacted
+    let (mut items, mut bytes) = (0, 0);
     for d in &dirs {
-        compact_dir(
+        let (_, (i, b)) = compact_one(
             d,
             &CompactionOptions {
                 dry_run: true,
@@ -428,9 +471,20 @@ pub fn compact_path(
             },
             index_writer,
             &mut |_| {},
+            &NoProgress,
         )?;
+        items += i;
+        bytes += b;
     }
+    if opts.dry_run {
+        return dirs
+            .iter()
+            .map(|d| compact_dir(d, opts, index_writer, after_write))
+            .collect();
+    }
+    let _finish = FinishOnDrop(progress);
+    progress.start(items, bytes);
     dirs.iter()
-        .map(|d| compact_dir(d, opts, index_writer, after_write))
+        .map(|d| compact_one(d, opts, index_writer, after_write, progress).map(|(o, _)| o))
         .collect()
 }

@@ -742,15 +742,35 @@ fn partitions_are_chosen_by_name_and_bad_paths_change_nothing() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("'lang' is not a partition column"), "{e}");
+    let counts = crate::progress::Counts::default();
     let out = super::local::compact_path(
         &root,
         &["split=train".into()],
         &CompactionOptions::default(),
         None,
         &mut |_| {},
+        &counts,
     )
     .unwrap();
     assert_eq!(out.len(), 1);
+    // the observer: the new shards, and the bytes of their input shards (a shard feeding two
+    // outputs counted for each), each shard advanced once
+    let outputs = &out[0].plan.outputs;
+    let read: u64 = outputs
+        .iter()
+        .flat_map(|o| &o.inputs)
+        .map(|i| {
+            m.shards
+                .iter()
+                .find(|s| s.shard_path == i.shard)
+                .unwrap()
+                .bytes
+        })
+        .sum();
+    assert!(!outputs.is_empty() && read > 0);
+    let n = outputs.len() as u64;
+    assert_eq!(counts.totals_and_done(), (n, read, n, read));
+    assert_eq!(counts.calls(), (1, n, 1));
     assert_eq!(
         read_log(&root.join("split=test%2Fa")).unwrap().len(),
         1,

@@ -283,14 +283,19 @@ fn dataset(name: &str) -> PathBuf {
 #[test]
 fn local_vacuum_deletes_only_superseded_listed_shards_and_commits() {
     let d = dataset("run");
+    let counts = crate::progress::Counts::default();
     let out = vacuum_dir(
         &d,
         &req(Some(0), false, now_ms_for_test()),
         false,
         &mut |_| {},
+        &counts,
     )
     .unwrap();
     assert_eq!(out.version, Some(4));
+    // the observer: a shard and its index part (5 bytes), and log entries 1 and 2, each once
+    assert_eq!(counts.totals_and_done(), (4, 5, 4, 5));
+    assert_eq!(counts.calls(), (1, 4, 1));
     assert!(!d.join(shard(1)).exists());
     assert!(!d
         .join(crate::names::INDEX_DIR_NAME)
@@ -325,13 +330,16 @@ fn now_ms_for_test() -> u64 {
 fn dry_run_changes_nothing() {
     let d = dataset("dry");
     let before = tree(&d);
+    let counts = crate::progress::Counts::default();
     let out = vacuum_dir(
         &d,
         &req(Some(0), false, now_ms_for_test()),
         true,
         &mut |_| panic!("a dry run executes nothing"),
+        &counts,
     )
     .unwrap();
+    assert_eq!(counts.calls(), (0, 0, 0), "a dry run reports no progress");
     assert_eq!(out.plan.shards.len(), 1);
     assert_eq!(out.version, None);
     assert_eq!(tree(&d), before);
@@ -349,6 +357,7 @@ fn a_writer_committing_between_plan_and_commit_is_kept() {
             // the in-flight writer commits version 4 (an append of shard 7) after the plan
             commit(&d, 4, &[2, 3, 7], 4_000);
         },
+        &crate::progress::NoProgress,
     )
     .unwrap();
     assert_eq!(out.version, Some(5));
@@ -356,5 +365,32 @@ fn a_writer_committing_between_plan_and_commit_is_kept() {
     let listed: Vec<&str> = m.shards.iter().map(|s| s.shard_path.as_str()).collect();
     assert_eq!(listed, vec![shard(2), shard(3), shard(7)]);
     assert!(listed.iter().all(|s| d.join(s).exists()));
+    fs::remove_dir_all(&d).unwrap();
+}
+
+/// `validate_dir` (here for this file's dataset builder): each distinct shard is advanced once
+/// with the size its manifest records, also when a version's error stops its checks early.
+#[test]
+fn validation_progress_counts_each_distinct_shard_once() {
+    use crate::progress::Counts;
+    use crate::versions::validate_dir;
+    let d = dataset("validate-progress");
+    let counts = Counts::default();
+    let checks = validate_dir(&d, &counts).unwrap();
+    assert!(checks.iter().all(|c| c.error.is_none()), "{checks:?}");
+    // versions 1, 2, 3 list shards 1; 2; 2 and 3: three distinct shards of 4 bytes
+    assert_eq!(counts.totals_and_done(), (3, 12, 3, 12));
+    assert_eq!(counts.calls(), (1, 3, 1));
+    // shard 2 missing: version 2 fails at it, version 3 fails at it before shard 3
+    fs::remove_file(d.join(shard(2))).unwrap();
+    let counts = Counts::default();
+    let checks = validate_dir(&d, &counts).unwrap();
+    assert_eq!(checks.iter().filter(|c| c.error.is_some()).count(), 2);
+    assert_eq!(counts.totals_and_done(), (3, 12, 3, 12));
+    assert_eq!(counts.calls(), (1, 3, 1));
+    // not a dataset: an error, and the observer is still finished
+    let counts = Counts::default();
+    assert!(validate_dir(&d.join("nothing"), &counts).is_err());
+    assert_eq!(counts.calls(), (0, 0, 1));
     fs::remove_dir_all(&d).unwrap();
 }

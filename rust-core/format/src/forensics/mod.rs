@@ -605,10 +605,23 @@ pub fn unusual_name(name: &str) -> Option<String> {
     (part_len == 0).then(|| "it ends with a separator".into())
 }
 
-/// Reports on many files, `jobs` at a time (at least 1), in the order given.
-pub fn report_files(paths: &[PathBuf], opts: ReportOptions, jobs: usize) -> Vec<FileReport> {
+/// Reports on many files, `jobs` at a time (at least 1), in the order given; `progress` is told
+/// the files and their sizes, and each file as its report is made.
+pub fn report_files(
+    paths: &[PathBuf],
+    opts: ReportOptions,
+    jobs: usize,
+    progress: &dyn crate::progress::Progress,
+) -> Vec<FileReport> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
+    // progress: files and their sizes on disk (the bytes a report with hashes reads)
+    let sizes: Vec<u64> = paths
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .collect();
+    progress.start(paths.len() as u64, sizes.iter().sum());
+    let _finish = crate::progress::FinishOnDrop(progress);
     let next = AtomicUsize::new(0);
     let slots: Mutex<Vec<Option<FileReport>>> = Mutex::new(vec![None; paths.len()]);
     std::thread::scope(|s| {
@@ -617,6 +630,7 @@ pub fn report_files(paths: &[PathBuf], opts: ReportOptions, jobs: usize) -> Vec<
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(path) = paths.get(i) else { break };
                 let report = report_file(path, opts);
+                progress.advance(1, sizes.get(i).copied().unwrap_or(0));
                 if let Ok(mut slots) = slots.lock() {
                     if let Some(slot) = slots.get_mut(i) {
                         *slot = Some(report);

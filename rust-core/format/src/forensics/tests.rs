@@ -408,7 +408,15 @@ fn files_in_parallel_come_back_in_order() {
         .unwrap();
         paths.push(p);
     }
-    let reports = report_files(&paths, ReportOptions { hash: true }, 3);
+    let counts = crate::progress::Counts::default();
+    let reports = report_files(&paths, ReportOptions { hash: true }, 3, &counts);
+    // the observer: 7 files, their bytes on disk, each advanced once, started and finished once
+    let on_disk: u64 = paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert_eq!(counts.totals_and_done(), (7, on_disk, 7, on_disk));
+    assert_eq!(counts.calls(), (1, 7, 1));
     for (i, (r, p)) in reports.iter().zip(&paths).enumerate() {
         assert_eq!(r.path, p.display().to_string());
         assert_eq!(r.parameter_count, i as u64 + 1);
@@ -453,7 +461,12 @@ fn sharded_checkpoint_with_a_missing_and_an_extra_tensor() {
     let parsed = read_index(&index);
     let shards = sharded::shard_paths(&index, parsed.as_ref().unwrap());
     assert_eq!(shards.len(), 2);
-    let reports = report_files(&shards, ReportOptions { hash: false }, 2);
+    let reports = report_files(
+        &shards,
+        ReportOptions { hash: false },
+        2,
+        &crate::progress::NoProgress,
+    );
     let lookup = |p: &Path| reports.iter().find(|r| Path::new(&r.path) == p);
     let m = model_report(&index, &parsed, lookup);
     let got: Vec<(&str, Option<&str>)> = m

@@ -79,12 +79,13 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
 
     ``retention``: ``"<n> seconds|minutes|hours|days"`` or ``"0"``; None for the dataset's own
     (default 7 days). A shorter one than the dataset's needs ``allow_shorter_retention=True``.
-    Returns ``{"plan": {...}, "dry_run": bool, "version": int or None}``.
+    Returns ``{"plan": {...}, "dry_run": bool, "version": int or None}``. Progress (files
+    deleted): INFO records of the ``safetensors_spark.progress`` logger (spec/python.md §1.1).
     """
     import json
     import os
 
-    from . import _native
+    from . import _native, _progress
 
     if retention is not None and not isinstance(retention, str):
         raise ValueError(f"vacuum: retention={retention!r}: expected a string, '<n> seconds|minutes|"
@@ -93,7 +94,8 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
     allow_shorter_retention = _flag("vacuum", "allow_shorter_retention", allow_shorter_retention)
     path = _local("vacuum", path)
     try:
-        out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
+        out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention,
+                             _progress.native_callback(f"vacuum {os.fspath(path)}", "files deleted"))
     except _native.ManifestError as e:
         raise ManifestError(str(e)) from None
     return json.loads(out)
@@ -110,11 +112,13 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
     strings choosing partition datasets of a ``partitionBy`` root (default: all). Returns one
     ``{"dataset", "plan", "dry_run", "version", "committed_on", "replaced_deleted"}`` per dataset
     directory. A dataset with a tensor index is refused (use ``safetensors-spark compact``).
+    Progress (new shards written, bytes read): INFO records of the ``safetensors_spark.progress``
+    logger (spec/python.md §1.1).
     """
     import json
     import os
 
-    from . import _native
+    from . import _native, _progress
 
     if isinstance(partitions, str):
         partitions = [partitions]
@@ -126,7 +130,8 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
         raise ValueError(f"compact: commit_message={commit_message!r}: expected a string or None")
     try:
         out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
-                              dry_run, commit_message)
+                              dry_run, commit_message,
+                              _progress.native_callback(f"compact {os.fspath(path)}", "shards written"))
     except _native.ManifestError as e:
         raise ManifestError(str(e)) from None
     return json.loads(out)

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from . import _native
+from . import _native, _progress
 from ._errors import (
     ColumnNotFoundError,
     IndexFileError,
@@ -209,7 +209,12 @@ class Dataset:
         self.kv_separator = m.get("kv_separator")
         self.batch_size = m.get("batch_size")
         if self.layout is None or check_headers:
-            self._each_shard(self._native_header)
+            progress = _progress.reporter(f"open_dataset {self.path}", "shard headers read")
+            progress.start(len(self.shards))
+            try:
+                self._each_shard(self._native_header, progress)
+            finally:
+                progress.finish()
         if self.layout is None:
             self._infer_layout()
         if self.layout == "kv" and self.kv_separator is None:
@@ -376,44 +381,53 @@ class Dataset:
         With ``cache_dir``: each shard's copy in the node cache is checked, a missing or
         mismatching copy fetched (again, up to the refetch bound) and checked as it enters."""
         n = 0
-        for s in self.manifest["shards"]:
-            want = s.get("crc32c")
-            if want is None:
-                continue
-            name = s["shard_path"]
-            if isinstance(self._store, CachedStore):
-                node = self._store.node
-                if node.has(name, s["bytes"]) and _native.file_crc32c(node.path(name)) != want:
-                    os.unlink(node.path(name))
-                self._store.fetch_now(name, s["bytes"], want)
+        progress = _progress.reporter(f"verify_checksums {self.path}", "shards verified")
+        listed = [s for s in self.manifest["shards"] if s.get("crc32c") is not None]
+        progress.start(len(listed), sum(s["bytes"] for s in listed))
+        try:
+            for s in listed:
+                self._verify_one(s)
+                progress.advance(1, s["bytes"])
                 n += 1
-                continue
-            if self._store.is_local:
-                got = _native.file_crc32c(self._store.url(name))
-            else:
-                got = _native.crc32c_hex(bytes(self._store.read_text(name)))
-            if got != want:
-                raise ShardError(f"{self._store.url(name)}: CRC-32C is {got}, the manifest (version "
-                                 f"{self.version}) records {want}: the file changed or is corrupt")
-            n += 1
+        finally:
+            progress.finish()
         return n
 
-    def _each_shard(self, fn):
-        """``fn(shard)`` for every shard, in manifest order (the header checks). Remote: on
-        ``max_in_flight`` threads, so opening costs ``shards / max_in_flight`` round trips, not one
-        per shard (at 25 ms a request, 61 shards took 3 s to open one after another); the first
-        failure in manifest order is raised, as one after another would."""
+    def _verify_one(self, s):
+        """One shard of :meth:`verify_checksums`, ``s`` its manifest entry (with a CRC-32C)."""
+        want, name = s["crc32c"], s["shard_path"]
+        if isinstance(self._store, CachedStore):
+            node = self._store.node
+            if node.has(name, s["bytes"]) and _native.file_crc32c(node.path(name)) != want:
+                os.unlink(node.path(name))
+            self._store.fetch_now(name, s["bytes"], want)
+            return
+        if self._store.is_local:
+            got = _native.file_crc32c(self._store.url(name))
+        else:
+            got = _native.crc32c_hex(bytes(self._store.read_text(name)))
+        if got != want:
+            raise ShardError(f"{self._store.url(name)}: CRC-32C is {got}, the manifest (version "
+                             f"{self.version}) records {want}: the file changed or is corrupt")
+
+    def _each_shard(self, fn, progress):
+        """``fn(shard)`` for every shard, in manifest order (the header checks), each advancing
+        ``progress`` when done. Remote: on ``max_in_flight`` threads, so opening costs ``shards /
+        max_in_flight`` round trips, not one per shard (at 25 ms a request, 61 shards took 3 s to
+        open one after another); the first failure in manifest order is raised, as one after
+        another would."""
         remote = isinstance(self._store, CachedStore) or not self._store.is_local
         if not remote or len(self.shards) < 2 or self.max_in_flight < 2:
             for shard in self.shards:
                 fn(shard)
+                progress.advance()
             return
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(min(self.max_in_flight, len(self.shards)),
                                 thread_name_prefix="safetensors-spark-open") as pool:
             for _ in pool.map(fn, self.shards):
-                pass
+                progress.advance()
 
     def _check_shard_files(self):
         """Every listed shard exists with its manifest size; the first that does not, in manifest
