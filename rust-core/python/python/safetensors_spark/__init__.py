@@ -92,11 +92,7 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
     dry_run = _flag("vacuum", "dry_run", dry_run)
     allow_shorter_retention = _flag("vacuum", "allow_shorter_retention", allow_shorter_retention)
     path = _local("vacuum", path)
-    try:
-        out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention)
-    except _native.ManifestError as e:
-        raise ManifestError(str(e)) from None
-    return json.loads(out)
+    return json.loads(_native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention))
 
 
 def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry_run=False,
@@ -124,12 +120,8 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
     dry_run = _flag("compact", "dry_run", dry_run)
     if commit_message is not None and not isinstance(commit_message, str):
         raise ValueError(f"compact: commit_message={commit_message!r}: expected a string or None")
-    try:
-        out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
-                              dry_run, commit_message)
-    except _native.ManifestError as e:
-        raise ManifestError(str(e)) from None
-    return json.loads(out)
+    return json.loads(_native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
+                                      dry_run, commit_message))
 
 
 def __getattr__(name):

@@ -143,17 +143,14 @@ class Shard:
 
 def _read_header(store, shard):
     """Reads and validates a shard's header (Rust rules) with at most two range reads; returns
-    the ``_native.Header``."""
+    the ``_native.Header`` (its errors: :class:`ShardError` naming the file)."""
     url = store.url(shard.name)
     size = shard.size
     head = store.read(shard.name, 0, min(size, HEADER_READ_AHEAD))
-    try:
-        n = _native.check_prefix(head[:8], size)
-        if 8 + n > len(head):
-            head = head + store.read(shard.name, len(head), 8 + n)
-        return _native.Header.parse(bytes(head[8 : 8 + n]), size)
-    except _native.FormatError as e:
-        raise ShardError(f"{url}: invalid safetensors file: {e}") from None
+    n = _native.check_prefix(head[:8], size, url)
+    if 8 + n > len(head):
+        head = head + store.read(shard.name, len(head), 8 + n)
+    return _native.Header.parse(bytes(head[8 : 8 + n]), size, url)
 
 
 class Dataset:
@@ -191,7 +188,7 @@ class Dataset:
         self.columns = list(self.schema)
         # ragged column -> inner shape (spec/dataset.md §2.1)
         self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
-        self._offsets = {}  # (shard index, column) -> checked offsets array (this process)
+        self._checked_offsets = {}  # (shard index, column) -> checked offsets array (this process)
         self.total_samples = m["total_samples"]
         self.shards = []
         offset = 0
@@ -231,7 +228,7 @@ class Dataset:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_parts"] = None
-        state["_offsets"] = {}
+        state["_checked_offsets"] = {}
         return state
 
     def cache_stats(self):
@@ -319,16 +316,8 @@ class Dataset:
                                 f"df.write.format('safetensors') (or its write has not committed)") from None
         except OSError as e:
             raise ManifestError(f"{url}: cannot be read: {e}") from None
-        try:
-            manifest = json.loads(_native.parse_manifest(text))
-        except _native.ManifestError as e:
-            raise ManifestError(f"{url}: {e}") from None
-        for s in manifest["shards"]:
-            try:
-                _native.check_shard_path(s["shard_path"])
-            except _native.ManifestError as e:
-                raise ManifestError(f"{url}: shards[].shard_path {e}") from None
-        return manifest
+        # every rule of spec/dataset.md §5, shard names included: ManifestError naming the file
+        return json.loads(_native.parse_manifest(text, url))
 
     def _load_version(self, version, timestamp):
         """The manifest of one committed version (spec/dataset.md §5.8), by number or by time,
@@ -344,29 +333,21 @@ class Dataset:
             elif not isinstance(timestamp, str):
                 raise ManifestError(f"timestamp={timestamp!r}: expected a datetime or a string such as "
                                     f"'2026-11-26 12:00:00' (UTC) or ISO 8601")
-        url = self._store.url(MANIFEST_LOG_DIR)
-        try:
-            entries = _log_entries(self._store, with_text=timestamp is not None)
-            v = _native.select_version(json.dumps(entries), None if version is None else str(version),
-                                       timestamp)
-            text = _read_log_entry(self._store, v)
-            # the entry must agree with its name (spec/dataset.md §5.9): never another version
-            manifest = json.loads(_native.parse_log_entry(v, text))
-        except _native.ManifestError as e:
-            raise ManifestError(f"{self.path}: {e}") from None
+        # the native rules' errors name the dataset (ManifestError; ShardError for its shards)
+        entries = _log_entries(self._store, self.path, with_text=timestamp is not None)
+        v = _native.select_version(json.dumps(entries), self.path, None if version is None else str(version),
+                                   timestamp)
+        text = _read_log_entry(self._store, v)
+        # the entry must agree with its name (spec/dataset.md §5.9): never another version; its
+        # shard names are checked as a manifest's are
+        manifest = json.loads(_native.parse_log_entry(v, text, self.path))
         found = {}
         for s in manifest["shards"]:
             try:
-                _native.check_shard_path(s["shard_path"])
                 found[s["shard_path"]] = self._store.size(s["shard_path"])
             except FileNotFoundError:
                 pass
-            except _native.ManifestError as e:
-                raise ManifestError(f"{url}: shards[].shard_path {e}") from None
-        try:
-            _native.check_version_shards(text, v, json.dumps(found))
-        except _native.ManifestError as e:
-            raise ShardError(f"{self.path}: {e}") from None
+        _native.check_version_shards(text, v, json.dumps(found), self.path)
         return manifest
 
     def verify_checksums(self):
@@ -512,10 +493,7 @@ class Dataset:
             rows = shard.samples + shard.padded
             for c in self.columns:
                 if c in self.ragged:
-                    try:
-                        header.check_ragged(c, self.schema[c]["dtype"], self.ragged[c], rows)
-                    except _native.FormatError as e:
-                        raise ShardError(f"{url}: {e}") from None
+                    header.check_ragged(c, self.schema[c]["dtype"], self.ragged[c], rows)
                     continue
                 t = tensors.get(c)
                 if t is None:
@@ -529,10 +507,7 @@ class Dataset:
                     raise ShardError(f"{url}: tensor '{c}' has sample shape {list(t.shape[1:])} but "
                                      f"{MANIFEST_FILE_NAME} schema says {list(want[1:])} (schema shape {want})")
         else:
-            try:
-                keys = header.count_kv_keys(self._kv_columns(), self.kv_separator)
-            except _native.FormatError as e:
-                raise ShardError(f"{url}: {e}") from None
+            keys = header.count_kv_keys(self._kv_columns(), self.kv_separator)
             if keys != shard.samples:
                 raise ShardError(f"{url}: the header holds {keys} keys but {MANIFEST_FILE_NAME} "
                                  f"says samples_count {shard.samples}")
@@ -547,18 +522,14 @@ class Dataset:
         """The schema as the KV rules take it: ``[(column, dtype, shape or None)]``."""
         return [(c, self.schema[c]["dtype"], self.schema[c].get("shape")) for c in self.columns]
 
-    def _kv_keys(self, shard, url=None):
+    def _kv_keys(self, shard):
         """Splits a KV shard's tensor names into key and column (the Rust rule
         ``dataset::kv::split_kv_header``: the longest column that ends the name after the
         separator; dtypes and shapes as the schema says; every key has every column)."""
         if shard.kv is not None:
             return shard.kv
-        url = url or self._store.url(shard.name)
         header = self._native_header(shard)
-        try:
-            split = header.split_kv(self._kv_columns(), self.kv_separator)
-        except _native.FormatError as e:
-            raise ShardError(f"{url}: {e}") from None
+        split = header.split_kv(self._kv_columns(), self.kv_separator)
         kv = {}
         for t, (key, i) in zip(header.tensors(), split):
             kv.setdefault(key, {})[self.columns[i]] = Tensor(*t)
@@ -658,23 +629,18 @@ class Dataset:
         the map for local shards), checked by the Rust rule once per process: from 0,
         non-decreasing, ending at the values' length."""
         key = (shard.index, column)
-        o = self._offsets.get(key)
+        o = self._checked_offsets.get(key)
         if o is None:
             tensors = self._header(shard)
             if column not in tensors or offsets_name(column) not in tensors:
                 # a published-only manifest or check_headers=False: the header rule first
-                try:
-                    self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
-                                                            self.ragged[column], shard.samples + shard.padded)
-                except _native.FormatError as e:
-                    raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
+                self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
+                                                        self.ragged[column], shard.samples + shard.padded)
             t = tensors[offsets_name(column)]
             o = self.tensor_array(shard, t)
-            try:
-                _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0])
-            except _native.FormatError as e:
-                raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
-            self._offsets[key] = o
+            _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0],
+                                         self._store.url(shard.name))
+            self._checked_offsets[key] = o
         return o
 
     def ragged_values(self, shard, column, start, stop):
@@ -787,7 +753,7 @@ class Dataset:
         if self._store.is_local and not isinstance(self._store, CachedStore):
             try:  # a linked index directory is never followed (spec/dataset.md §5.9): headers answer
                 _native.own_dir(self._store.root, INDEX_DIR_NAME)
-            except _native.ManifestError:
+            except ManifestError:
                 linked = True
         if not linked and self._store.exists(INDEX_DIR_NAME) and self._store.isdir(INDEX_DIR_NAME):
             import pyarrow.parquet as pq
@@ -839,10 +805,7 @@ class Dataset:
         except Exception as e:  # pyarrow raises several types for unreadable or foreign files
             raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
         for r in rows:
-            try:
-                _native.check_shard_path(r["file_name"])
-            except _native.ManifestError as e:
-                raise IndexFileError(f"{url}: file_name {e}") from None
+            _native.check_index_file_name(r["file_name"], url)
             if r["file_name"] != shard.name:
                 raise IndexFileError(f"{url}: the index part of {shard.name} has a row for tensor '{r['tensor_key']}' "
                                      f"of shard {r['file_name']} (stale or misplaced index part)")
@@ -858,13 +821,10 @@ class Dataset:
         key and what disagrees, never returns other bytes."""
         header = self._native_header(shard)
         out = {}
+        context = f"{url}: key '{key}' of dataset {self.path} disagrees with the header of {shard.name}"
         for r in rows:
-            try:
-                t = header.check_index_entry(r["tensor_key"], r["dtype"], r["shape"], r["data_start"],
-                                             r["data_end"], r["sample_key"], r["column"], self.kv_separator)
-            except _native.IndexEntryError as e:
-                raise IndexFileError(f"{url}: key '{key}' of dataset {self.path} disagrees with the header of "
-                                     f"{shard.name}: {e}") from None
+            t = header.check_index_entry(r["tensor_key"], r["dtype"], r["shape"], r["data_start"],
+                                         r["data_end"], r["sample_key"], r["column"], self.kv_separator, context)
             if r["column"] in columns:
                 out[r["column"]] = self.tensor_array(shard, Tensor(*t))
         missing = [c for c in columns if c not in out]
@@ -907,17 +867,11 @@ def history(path, *, storage_options=None):
     ``bytes_added``, ``bytes_removed``, ``shards_added``, ``shards_removed``, ``total_rows``,
     ``total_bytes``, ``created_by``, ``app_id``, ``commit_message``."""
     store = open_store(os.fspath(path), storage_options, None)
-    try:
-        entries = _log_entries(store, with_text=True)
-    except _native.ManifestError as e:
-        raise ManifestError(f"{path}: {e}") from None
+    entries = _log_entries(store, str(path), with_text=True)
     if not entries:
         raise ManifestError(f"{store.url(MANIFEST_LOG_DIR)}: no manifest log; {path} is not a dataset "
                             "written by this connector")
-    try:
-        return json.loads(_native.history(json.dumps(entries)))
-    except _native.ManifestError as e:
-        raise ManifestError(f"{path}: {e}") from None
+    return json.loads(_native.history(json.dumps(entries), str(path)))
 
 
 def _read_log_entry(store, version):
@@ -930,13 +884,13 @@ def _read_log_entry(store, version):
         raise ManifestError(f"{store.url(name)}: cannot be read: {e}") from None
 
 
-def _log_entries(store, with_text):
-    """The ``_manifest_log/`` entries as the native version rules take them: ``{"version",
-    "modified_ms"[, "text"]}``. Names and versions are the Rust rule's (a 20-digit name beyond
-    the largest version is an error naming it: ``_native.ManifestError``)."""
+def _log_entries(store, dataset, with_text):
+    """The ``_manifest_log/`` entries of ``dataset`` (its path, for errors) as the native version
+    rules take them: ``{"version", "modified_ms"[, "text"]}``. Names and versions are the Rust
+    rule's (a 20-digit name beyond the largest version is a :class:`ManifestError` naming it)."""
     entries = []
     for name, mtime in store.log_entries(MANIFEST_LOG_DIR):
-        v = _native.log_entry_version(name)
+        v = _native.log_entry_version(name, dataset)
         if v is None:
             continue
         e = {"version": v, "modified_ms": mtime}
