@@ -546,7 +546,7 @@ class Dataset:
         return (f"Dataset({self.path!r}, layout={self.layout}, samples={self.total_samples}, "
                 f"shards={len(self.shards)}, columns={self.columns})")
 
-    def check_columns(self, columns):
+    def _check_columns(self, columns):
         """``columns`` (None = all) as a list, each a column of the dataset."""
         if columns is None:
             return list(self.columns)
@@ -560,7 +560,7 @@ class Dataset:
             raise ColumnNotFoundError(f"columns is empty; choose from {self.columns}")
         return columns
 
-    def locate(self, i):
+    def _locate(self, i):
         """``(shard, row)`` of sample ``i`` (negative counts from the end)."""
         n = self.total_samples
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
@@ -573,15 +573,15 @@ class Dataset:
         k = bisect.bisect_right(self._starts, j) - 1
         return self.shards[k], j - self.shards[k].offset
 
-    def locate_many(self, indices):
-        """``(shard indices, rows)`` (int64 arrays) of samples ``indices``, checked as ``locate``."""
+    def _locate_many(self, indices):
+        """``(shard indices, rows)`` (int64 arrays) of samples ``indices``, checked as ``_locate``."""
         n = self.total_samples
         try:
             v = np.asarray(indices)
         except Exception:  # noqa: BLE001 - a ragged or odd sequence: the per-index rule decides
             v = None
         if v is None or v.ndim != 1 or v.dtype.kind not in "iu":
-            pairs = [self.locate(i) for i in indices]
+            pairs = [self._locate(i) for i in indices]
             return (np.array([s.index for s, _ in pairs], dtype=np.int64),
                     np.array([r for _, r in pairs], dtype=np.int64))
         v = v.astype(np.int64)
@@ -590,18 +590,18 @@ class Dataset:
             i = v[bad][0]
             raise IndexError(f"sample index {i} is out of range for dataset {self.path} with {n} samples")
         v = np.where(v < 0, v + n, v)
-        # the last shard starting at or before j (never an empty one: see locate)
+        # the last shard starting at or before j (never an empty one: see _locate)
         k = np.searchsorted(np.asarray(self._starts, dtype=np.int64), v, side="right") - 1
         offsets = np.asarray([s.offset for s in self.shards], dtype=np.int64)
         return k, v - offsets[k]
 
-    def check_unchanged(self, shard):
+    def _check_unchanged(self, shard):
         """For a local (or locally cached) shard: raises ``ShardError`` naming it unless the file
         still has its validated length (``LocalStore.check``); remote reads check every range."""
         if self._store.is_local:
             self._store.check(shard.name, shard.size)
 
-    def tensor_array(self, shard, tensor):
+    def _tensor_array(self, shard, tensor):
         """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
         store = self._store
         if isinstance(store, CachedStore):
@@ -613,18 +613,18 @@ class Dataset:
     def _dtype_of(self, shard, tensor):
         return numpy_dtype(tensor.dtype, f"{self._store.url(shard.name)}: tensor '{tensor.name}'")
 
-    def rows(self, shard, column, start, stop):
+    def _rows(self, shard, column, start, stop):
         """Rows ``[start, stop)`` of a batch-layout column: a view for local files, a range read
         of exactly those rows otherwise."""
         t = self._header(shard)[column]
         store = self._store
         if store.is_local:
-            return self.tensor_array(shard, t)[start:stop]
+            return self._tensor_array(shard, t)[start:stop]
         row_bytes = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
         return store.array(shard.name, t.start + start * row_bytes, t.start + stop * row_bytes,
                            self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
 
-    def offsets(self, shard, column):
+    def _offsets(self, shard, column):
         """The offsets of ragged column ``column`` in ``shard`` (int64 ``[rows + 1]``; a view of
         the map for local shards), checked by the Rust rule once per process: from 0,
         non-decreasing, ending at the values' length."""
@@ -637,18 +637,18 @@ class Dataset:
                 self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
                                                         self.ragged[column], shard.samples + shard.padded)
             t = tensors[offsets_name(column)]
-            o = self.tensor_array(shard, t)
+            o = self._tensor_array(shard, t)
             _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0],
                                          self._store.url(shard.name))
             self._checked_offsets[key] = o
         return o
 
-    def ragged_values(self, shard, column, start, stop):
+    def _ragged_values(self, shard, column, start, stop):
         """Elements ``[start, stop)`` of ragged column ``column``'s values: a view for local
         files, one range read otherwise."""
         t = self._header(shard)[column]
         if self._store.is_local:
-            return self.tensor_array(shard, t)[start:stop]
+            return self._tensor_array(shard, t)[start:stop]
         elem = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
         return self._store.array(shard.name, t.start + start * elem, t.start + stop * elem,
                                  self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
@@ -656,30 +656,30 @@ class Dataset:
     def ragged_rows(self, shard, column, start, stop):
         """Rows ``[start, stop)`` of ragged column ``column`` as :class:`Ragged` (values a view
         for local files; offsets rebased to 0)."""
-        o = self.offsets(shard, column)
+        o = self._offsets(shard, column)
         e0, e1 = int(o[start]), int(o[stop])
-        return Ragged(self.ragged_values(shard, column, e0, e1), o[start: stop + 1] - e0)
+        return Ragged(self._ragged_values(shard, column, e0, e1), o[start: stop + 1] - e0)
 
-    def kv_tensor(self, shard, key, column):
-        return self.tensor_array(shard, self._kv_keys(shard)[key][column])
+    def _kv_tensor(self, shard, key, column):
+        return self._tensor_array(shard, self._kv_keys(shard)[key][column])
 
-    def sample(self, shard, row, columns):
+    def _sample(self, shard, row, columns):
         if self.layout == "batch":
             out = {}
             for c in columns:
                 if c in self.ragged:
                     out[c] = self.ragged_rows(shard, c, row, row + 1).values  # the row's elements
                     continue
-                a = self.rows(shard, c, row, row + 1)
+                a = self._rows(shard, c, row, row + 1)
                 out[c] = a.reshape(a.shape[1:])  # a 0-d array (not a numpy scalar) for scalar samples
             return out
         self._kv_keys(shard)
         key = shard.keys[row]
-        return {c: self.kv_tensor(shard, key, c) for c in columns}
+        return {c: self._kv_tensor(shard, key, c) for c in columns}
 
     def __getitem__(self, i):
-        shard, row = self.locate(i)
-        return self.sample(shard, row, self.columns)
+        shard, row = self._locate(i)
+        return self._sample(shard, row, self.columns)
 
     def __iter__(self):
         for i in range(self.total_samples):
@@ -689,14 +689,14 @@ class Dataset:
         """Yields ``(shard_name, data)`` per shard in manifest order. Batch layout: ``data`` is
         ``{column: array of the shard's real rows}`` (a ragged column: :class:`Ragged`, its
         values and offsets); KV: ``{key: {column: array}}``."""
-        columns = self.check_columns(columns)
+        columns = self._check_columns(columns)
         for shard in self.shards:
             if self.layout == "batch":
                 yield shard.name, {c: self.ragged_rows(shard, c, 0, shard.samples) if c in self.ragged
-                                   else self.rows(shard, c, 0, shard.samples) for c in columns}
+                                   else self._rows(shard, c, 0, shard.samples) for c in columns}
             else:
                 self._kv_keys(shard)
-                yield shard.name, {k: {c: self.kv_tensor(shard, k, c) for c in columns} for k in shard.keys}
+                yield shard.name, {k: {c: self._kv_tensor(shard, k, c) for c in columns} for k in shard.keys}
 
     def keys(self):
         """KV datasets: every key, in sample order."""
@@ -718,7 +718,7 @@ class Dataset:
         shard's header is then read and every row checked against it (spec/python.md §2).
         Shards the index does not cover are searched through their headers."""
         self._require_kv("get(key)")
-        columns = self.check_columns(columns)
+        columns = self._check_columns(columns)
         parts = self._index_parts()
         uncovered = self.shards
         if parts:
@@ -734,7 +734,7 @@ class Dataset:
         for shard in uncovered:
             cols = self._kv_keys(shard).get(key)
             if cols is not None:
-                return {c: self.tensor_array(shard, cols[c]) for c in columns}
+                return {c: self._tensor_array(shard, cols[c]) for c in columns}
         raise KeyNotFoundError(f"key '{key}' not found in dataset {self.path} ({self.total_samples} keys)")
 
     _INDEX_COLUMNS = ["tensor_key", "file_name", "dtype", "shape", "data_start", "data_end", "sample_key", "column"]
@@ -826,7 +826,7 @@ class Dataset:
             t = header.check_index_entry(r["tensor_key"], r["dtype"], r["shape"], r["data_start"],
                                          r["data_end"], r["sample_key"], r["column"], self.kv_separator, context)
             if r["column"] in columns:
-                out[r["column"]] = self.tensor_array(shard, Tensor(*t))
+                out[r["column"]] = self._tensor_array(shard, Tensor(*t))
         missing = [c for c in columns if c not in out]
         if missing:
             raise IndexFileError(f"{url}: key '{key}' has no row for column(s) {missing}")

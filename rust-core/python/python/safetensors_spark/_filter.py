@@ -83,7 +83,7 @@ class Filter:
         f.of = "length"
         return f
 
-    def describe(self):
+    def _describe(self):
         if self.kind == "mask":
             return f"mask {self.column}"
         name = f"len({self.column})" if self.of == "length" else self.column
@@ -92,9 +92,9 @@ class Filter:
         return f"{name} {self.op} {self.value!r}"
 
     def __repr__(self):
-        return f"Filter({self.describe()})"
+        return f"Filter({self._describe()})"
 
-    def evaluate(self, values, where):
+    def _evaluate(self, values, where):
         """The kept rows (bool array) of one shard's ``values`` of the column."""
         if self.kind == "mask":
             return values
@@ -126,7 +126,7 @@ class Selection:
             raise ValueError(f"filter must be a safetensors_spark.Filter (Filter.mask(column) or "
                              f"Filter.where(column, op, value)), got {flt!r}")
         # the description only: a filter's function need not pickle (DataLoader workers under spawn)
-        self.description = flt.describe()
+        self.description = flt._describe()
         ds = dataset
         c = flt.column
         if c not in ds.schema:
@@ -156,9 +156,9 @@ class Selection:
         for shard in ds.shards:
             if shard.samples == 0:
                 continue
-            values = np.diff(ds.offsets(shard, c))[: shard.samples] if flt.of == "length" \
+            values = np.diff(ds._offsets(shard, c))[: shard.samples] if flt.of == "length" \
                 else _column_values(ds, shard, c)
-            keep[shard.offset: shard.offset + shard.samples] = flt.evaluate(values, ds._store.url(shard.name))
+            keep[shard.offset: shard.offset + shard.samples] = flt._evaluate(values, ds._store.url(shard.name))
         self.n = len(ds)
         self.bits = np.packbits(keep)
         self.total = int(keep.sum())
@@ -187,10 +187,10 @@ class Selection:
 def _column_values(ds, shard, column):
     """The column's value of each real row of ``shard``, as a 1-d array (one range per shard)."""
     if ds.layout == "batch":
-        a = ds.rows(shard, column, 0, shard.samples)
+        a = ds._rows(shard, column, 0, shard.samples)
     else:
         ds._kv_keys(shard)
-        a = np.stack([ds.kv_tensor(shard, key, column) for key in shard.keys])
+        a = np.stack([ds._kv_tensor(shard, key, column) for key in shard.keys])
     return np.asarray(a).reshape(shard.samples)
 
 

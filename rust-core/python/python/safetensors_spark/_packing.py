@@ -71,11 +71,11 @@ class Packing:
         return (f"Packing(column={self.column!r}, seq_len={self.seq_len}, eos={self.eos}, ids={self.ids!r}, "
                 f"ids_dtype='{self.ids_dtype.name}')")
 
-    def state(self):
+    def _state(self):
         """What decides the blocks (the ids carried do not: a state resumes with any)."""
         return {"column": self.column, "seq_len": self.seq_len, "eos": self.eos}
 
-    def check(self, dataset):
+    def _check(self, dataset):
         """Refuses a column that is not a ragged column of integer tokens of ``dataset``, or an
         ``eos`` its dtype cannot hold."""
         c = self.column
@@ -101,7 +101,7 @@ class Packing:
 
 def document_lengths(dataset, column):
     """Every document's token count, in sample order (int64 [N]), from the shards' offsets."""
-    parts = [np.diff(dataset.offsets(s, column))[: s.samples] for s in dataset.shards]
+    parts = [np.diff(dataset._offsets(s, column))[: s.samples] for s in dataset.shards]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
@@ -174,7 +174,7 @@ class PackedEpoch:
         buffer of ``size`` bytes at ``address`` that the caller holds (e.g. a shared-memory
         block), where :meth:`layout` placed them (``offsets``, ``nbytes``), one call of the Rust
         builder per batch; returns each batch's number of ``cu_seqlens`` entries. Local shards
-        only: the shards the batches read are checked (``check_unchanged``) once before and once
+        only: the shards the batches read are checked (``Dataset._check_unchanged``) once before and once
         after."""
         ds, column, seq = self.ds, self.packing.column, self.packing.seq_len
         packer = self._packer or self._new_packer()
@@ -189,9 +189,9 @@ class PackedEpoch:
         for shard in shards:
             if not packer.has_values(shard.index):
                 t = ds._header(shard)[column]
-                v = np.ascontiguousarray(ds.ragged_values(shard, column, 0, int(t.shape[0])))
+                v = np.ascontiguousarray(ds._ragged_values(shard, column, 0, int(t.shape[0])))
                 packer.set_values(shard.index, v, v.__array_interface__["data"][0], v.nbytes, len(v))
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         width = self.packing.ids_dtype.itemsize
         where = (address + offsets).tolist()
         nb = nbytes.tolist()
@@ -204,13 +204,13 @@ class PackedEpoch:
             out.append(build(b0, b0 + n, (w[0], k[0]), None if pos is None else (w[pos], k[pos]),
                              None if doc is None else (w[doc], k[doc]), width, (w[-1], k[-1])))
         for shard in shards:
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         return out
 
     def _new_packer(self):
         ds, column = self.ds, self.packing.column
         # every document's first element in its shard's values, in sample order, then permuted
-        starts = [ds.offsets(s, column)[: s.samples] for s in ds.shards]
+        starts = [ds._offsets(s, column)[: s.samples] for s in ds.shards]
         firsts = (np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64))[self.doc]
         eos = None if self.packing.eos is None else np.array(self.packing.eos, dtype=self.dtype).tobytes()
 
@@ -244,15 +244,15 @@ class PackedEpoch:
         shard_of = self.shard_of[docs]
         shards = [ds.shards[s] for s in np.unique(shard_of).tolist()]
         for shard in shards if local else ():
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         if local:  # each piece one slice copy out of its shard's values (a view of the map)
             src = np.zeros(len(docs), dtype=np.int64)
             values = self._values
             for shard in shards:
                 sel = shard_of == shard.index
-                src[sel] = ds.offsets(shard, column)[self.row_of[docs[sel]]] + within[sel]
+                src[sel] = ds._offsets(shard, column)[self.row_of[docs[sel]]] + within[sel]
                 if shard.index not in values:  # kept for the epoch
-                    values[shard.index] = ds.ragged_values(shard, column, 0,
+                    values[shard.index] = ds._ragged_values(shard, column, 0,
                                                            int(ds._header(shard)[column].shape[0]))
             for s, b, e, k in zip(shard_of.tolist(), begin.tolist(), src.tolist(), take.tolist()):
                 if k:
@@ -262,12 +262,12 @@ class PackedEpoch:
                 k = int(take[p])
                 if k:
                     shard = ds.shards[int(self.shard_of[d])]
-                    e = int(ds.offsets(shard, column)[self.row_of[d]]) + int(within[p])
-                    out[begin[p]: begin[p] + k] = ds.ragged_values(shard, column, e, e + k)
+                    e = int(ds._offsets(shard, column)[self.row_of[d]]) + int(within[p])
+                    out[begin[p]: begin[p] + k] = ds._ragged_values(shard, column, e, e + k)
         if eos is not None:  # a piece longer than its tokens ends with its document's eos
             out[(begin + take)[take < piece_len]] = eos
         for shard in shards if local else ():
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         start_of = np.repeat(begin, piece_len)
         position_ids = np.arange(hi - lo, dtype=np.int64) - start_of
         document_ids = np.repeat(self.doc[docs], piece_len)

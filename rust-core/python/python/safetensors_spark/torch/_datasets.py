@@ -55,7 +55,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
-        self.columns = self.dataset.check_columns(columns)
+        self.columns = self.dataset._check_columns(columns)
         # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
         # the filter evaluated once over its column: indices count the kept samples (§3.4)
@@ -78,11 +78,11 @@ class SafetensorsDataset(torch.utils.data.Dataset):
                              f"{n} samples filter {self.selection.description} keeps of dataset {self.dataset.path}")
         return self.selection.kept()[np.where(v < 0, v + n, v)]
 
-    def locate_many(self, indices):
+    def _locate_many(self, indices):
         """``(shard indices, rows)`` of this dataset's samples ``indices`` (kept ones when filtered)."""
         if self.selection is not None and len(indices):
             indices = self._kept(indices)
-        return self.dataset.locate_many(indices)
+        return self.dataset._locate_many(indices)
 
     def __getitem__(self, i):
         ds = self.dataset
@@ -90,8 +90,8 @@ class SafetensorsDataset(torch.utils.data.Dataset):
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
                 raise TypeError(f"sample index must be an integer, got {type(i).__name__}")
             i = int(self._kept(i))
-        shard, row = ds.locate(i)
-        sample = ds.sample(shard, row, self.columns)
+        shard, row = ds._locate(i)
+        sample = ds._sample(shard, row, self.columns)
         return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
 
     def __getitems__(self, indices):
@@ -103,7 +103,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         ds = self.dataset
         if ds.layout != "batch" or len(indices) == 0:
             return [self[i] for i in indices]
-        shards, rows = self.locate_many(indices)
+        shards, rows = self._locate_many(indices)
         if self._reader is None:
             self._reader = BatchReader(ds, self.columns, cache_shards=8)
         # private memory even in a worker: the collate function stacks the views into the
@@ -159,14 +159,14 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         if pack is not None:
             if not isinstance(pack, Packing):
                 raise ValueError(f"pack must be a safetensors_spark.torch.Packing, got {pack!r}")
-            pack.check(ds)
-            if columns is not None and ds.check_columns(columns) != [pack.column]:
+            pack._check(ds)
+            if columns is not None and ds._check_columns(columns) != [pack.column]:
                 raise ValueError(f"pack: a packed dataset yields blocks of column '{pack.column}' only; "
                                  f"leave columns out (got {columns!r})")
             if ragged is not None:
                 raise ValueError("pack: packed blocks have no ragged form; leave ragged out")
             columns = [pack.column]
-        self.columns = ds.check_columns(columns)
+        self.columns = ds._check_columns(columns)
         self.pack = pack
         # the filter evaluated once over its column: the epoch's order is over the kept samples
         # (spec/python.md §3.4); packed, the stream is made of the kept documents only (§3.3)
@@ -345,7 +345,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             "seed": self.seed,
             "shuffle_block_size": self.shuffle_block_size,
             "manifest_fingerprint": self._fingerprint(),
-            **({"pack": self.pack.state(), "blocks": self.num_blocks} if self.pack is not None else {}),
+            **({"pack": self.pack._state(), "blocks": self.num_blocks} if self.pack is not None else {}),
             **({"filter": self.selection.state()} if self.selection is not None else {}),
         }
 
@@ -367,7 +367,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                             ("filter", self.selection.state() if self.selection is not None else None),
                             ("shuffle_block_size", self.shuffle_block_size),
                             ("total_samples", len(self.dataset)),
-                            ("pack", self.pack.state() if self.pack is not None else None)):
+                            ("pack", self.pack._state() if self.pack is not None else None)):
             if state.get(field) != mine:
                 what = "the dataset's shards changed" if field in ("manifest_fingerprint", "total_samples") \
                     else "the filter keeps other samples" if field == "filter" else "the global order would differ"

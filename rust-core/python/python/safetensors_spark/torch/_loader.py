@@ -59,12 +59,12 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
         finish = ds.finish
         # the store reads ahead in this worker's order (spec/python.md §2.1)
-        ds.dataset.prefetch(index_groups(ds.locate_many, self.indices, size, worker, workers,
+        ds.dataset.prefetch(index_groups(ds._locate_many, self.indices, size, worker, workers,
                                          max(k, 1) if info is not None else 1), ds.columns)
 
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]
-            return (*ds.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
+            return (*ds._locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
 
         if info is not None and k >= 1:
             if finish.in_worker:
@@ -114,7 +114,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         if isinstance(ds, _SampledBatches):
             # the epoch's indices, drawn here (a RandomSampler draws a new permutation per iterator)
             indices = np.fromiter((int(i) for i in self.sampled_from), dtype=np.int64)
-            ds.dataset.dataset.locate_many(indices)  # an index out of range fails here, naming it
+            ds.dataset.dataset._locate_many(indices)  # an index out of range fails here, naming it
             if self.persistent_workers and self.num_workers > 0:
                 # live workers read each iterator's indices from one shared buffer
                 if ds.shared is None:
@@ -300,7 +300,7 @@ def loader(dataset: SafetensorsIterableDataset | SafetensorsDataset, *, handoff_
         raise ValueError("loader(): the dataset batches (its batch_size); do not pass batch_size to the DataLoader")
     kwargs["batch_size"] = None
     if isinstance(dataset, SafetensorsMixture):
-        handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=dataset.sample_bytes)
+        handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=dataset._sample_bytes)
     elif dataset.pack is not None:
         pack = dataset.pack
         per_block = pack.seq_len * (dataset.dataset._dtypes[pack.column].itemsize + len(pack.ids) * pack.ids_dtype.itemsize)

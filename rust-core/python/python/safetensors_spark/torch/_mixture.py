@@ -85,7 +85,7 @@ class _Opened:
                                  f"when it is named '{pack.column}')")
             # this source's own stream (spec/python.md §3.3, over its filter's kept documents)
             self.packing = Packing(mapping[pack.column], pack.seq_len, pack.eos, ids=pack.ids, ids_dtype=pack.ids_dtype)
-            self.packing.check(ds)
+            self.packing._check(ds)
             self.doc_lengths = document_lengths(ds, self.packing.column)
             kept = self.doc_lengths if self.selection is None else self.doc_lengths[self.selection.kept()]
             tokens = stream_tokens(kept, pack.eos)
@@ -115,7 +115,7 @@ class _Opened:
     def state(self):
         return {"manifest_fingerprint": self.fingerprint(), "samples": self.length, "columns": self.mapping,
                 "filter": self.selection.state() if self.selection is not None else None,
-                **({"pack": self.packing.state(), "blocks": self.num_blocks} if self.packing is not None else {})}
+                **({"pack": self.packing._state(), "blocks": self.num_blocks} if self.packing is not None else {})}
 
     def order(self, shuffle, seed, epoch, rnd):
         """This source's order in pass ``rnd`` of epoch ``epoch``."""
@@ -257,7 +257,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         return self.counts.tolist()
 
     @property
-    def sample_bytes(self):
+    def _sample_bytes(self):
         """Bytes of one sample of a batch (loader()'s message size)."""
         o = self.sources[0]
         if self.pack is not None:  # tokens, position_ids and document_ids of a block
@@ -288,7 +288,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                 "num_samples": self.num_samples, "weights": self.weights.tolist(),
                 "source_counts": self.source_counts, "shuffle": self.shuffle, "seed": self.seed,
                 "shuffle_block_size": [o.block for o in self.sources],
-                **({"pack": self.pack.state()} if self.pack is not None else {})}
+                **({"pack": self.pack._state()} if self.pack is not None else {})}
 
     def state_dict(self, batches_consumed=None):
         """``{version, kind: "mixture", epoch, position, consumed_per_source, ...}``: ``position``
