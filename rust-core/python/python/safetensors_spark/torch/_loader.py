@@ -14,8 +14,8 @@ import torch.utils.data
 
 from .._errors import StateError
 from .._prefetch import index_groups
-from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
-from ._mixture import SafetensorsMixture
+from ._torch_datasets import SafetensorsDataset, SafetensorsIterableDataset
+from ._torch_mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
 from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_messages, messages
 from ._reader import BatchReader

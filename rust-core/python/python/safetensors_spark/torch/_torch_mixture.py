@@ -1,6 +1,6 @@
 """``SafetensorsMixture``: a weighted mixture of several datasets (spec/python.md §3.5).
 
-The epoch's order is computed once, globally (``_mixture.MixtureOrder``: position → source and
+The epoch's order is computed once, globally (``_mixture_order.MixtureOrder``: position → source and
 draw; each source's own order: ``EpochOrder`` / ``FilteredOrder`` with a seed per source and
 pass), then dealt to ranks and workers exactly as ``SafetensorsIterableDataset`` deals its
 positions (``RankPlan``), so the rank counts, the worker split and resume are the same rules.
@@ -21,10 +21,10 @@ import torch.utils.data
 from .._dataset import Dataset
 from .._errors import ColumnNotFoundError, StateError
 from .._filter import Filter, FilteredOrder, Selection
-from .._mixture import MixtureOrder, check_weights, quotas, source_seed
+from .._mixture_order import MixtureOrder, check_weights, quotas, source_seed
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder
-from ._datasets import STATE_VERSION, SafetensorsIterableDataset
+from ._torch_datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state
 from ._reader import BatchReader, to_torch
