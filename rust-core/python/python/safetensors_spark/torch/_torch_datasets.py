@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -51,7 +52,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
                  ragged: str | Mapping[str, str] | None = None, pad_value: float = 0,
                  transform: Callable[[dict[str, Any]], Any] | None = None, filter: Filter | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 version: int | None = None, timestamp: str | int | None = None) -> None:
+                 version: int | None = None, timestamp: datetime.datetime | str | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
@@ -151,7 +152,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                  transform: Callable[[dict[str, Any]], Any] | None = None, pack: Packing | None = None,
                  filter: Filter | None = None, shuffle_block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 cache_shards: int = 8, version: int | None = None, timestamp: str | int | None = None) -> None:
+                 cache_shards: int = 8, version: int | None = None, timestamp: datetime.datetime | str | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)

@@ -8,6 +8,7 @@ positions (``RankPlan``), so the rank counts, the worker split and resume are th
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ class Source:
     def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | Mapping[str, str] | None = None,
                  *, filter: Filter | None = None, storage_options: Mapping[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, version: int | None = None,
-                 timestamp: str | int | None = None) -> None:
+                 timestamp: datetime.datetime | str | None = None) -> None:
         self.path, self.columns, self.filter = path, columns, filter
         self.open_kw = dict(storage_options=storage_options, cache_dir=cache_dir, version=version, timestamp=timestamp)
 
