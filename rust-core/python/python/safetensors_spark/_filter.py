@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,19 +35,19 @@ _OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.l
 class Filter:
     """What a dataset keeps. Build with :meth:`mask` or :meth:`where`."""
 
-    def __init__(self, column, kind, op=None, value=None, of="values"):
+    def __init__(self, column: str, kind: str, op: Any = None, value: Any = None, of: str = "values") -> None:
         # of: "values" (the column's values) or "length" (a ragged column's row lengths)
         self.column, self.kind, self.op, self.value, self.of = column, kind, op, value, of
 
     @classmethod
-    def mask(cls, column):
+    def mask(cls, column: str) -> Filter:
         """Keep the samples whose BOOL column ``column`` is true (e.g. a mask Spark wrote)."""
         if not isinstance(column, str):
             raise ValueError(f"Filter.mask: column must be a column name, got {column!r}")
         return cls(column, "mask")
 
     @classmethod
-    def where(cls, column, op, value=None):
+    def where(cls, column: str, op: str | Callable[[Any], Any], value: Any = None) -> Filter:
         """Keep the samples whose scalar column ``column`` satisfies ``op``: one of
         ``== != < <= > >=`` with a number ``value``, ``in`` / ``not in`` with a list of numbers,
         or a function ``values (numpy array of one shard's rows) -> bool array of the same
@@ -53,7 +55,7 @@ class Filter:
         return cls._build(column, op, value, "Filter.where")
 
     @classmethod
-    def _build(cls, column, op, value, who):
+    def _build(cls, column: str, op: str | Callable[[Any], Any], value: Any, who: str) -> Filter:
         if not isinstance(column, str):
             raise ValueError(f"{who}: column must be a column name, got {column!r}")
         if callable(op):
@@ -74,7 +76,7 @@ class Filter:
         return cls(column, "op", op, value)
 
     @classmethod
-    def length(cls, column, op, value=None):
+    def length(cls, column: str, op: str | Callable[[Any], Any], value: Any = None) -> Filter:
         """Keep the samples whose row of ragged column ``column`` (e.g. a document's tokens) has
         a length (elements; bytes for binary and string) that satisfies ``op``, as in
         :meth:`where` (a comparison with a number, ``in``/``not in``, or a vectorised function of
@@ -83,7 +85,7 @@ class Filter:
         f.of = "length"
         return f
 
-    def _describe(self):
+    def _describe(self) -> str:
         if self.kind == "mask":
             return f"mask {self.column}"
         name = f"len({self.column})" if self.of == "length" else self.column
@@ -91,7 +93,7 @@ class Filter:
             return f"{name} where {getattr(self.op, '__qualname__', repr(self.op))}"
         return f"{name} {self.op} {self.value!r}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Filter({self._describe()})"
 
     def _evaluate(self, values, where):

@@ -13,10 +13,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _native
+
+if TYPE_CHECKING:
+    from ._dataset import Dataset
 
 INTEGER_DTYPES = ("U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
 
@@ -67,15 +71,15 @@ class Packing:
             raise ValueError(f"Packing: seq_len={self.seq_len} has positions beyond int32; "
                              f"use ids_dtype='int64'")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Packing(column={self.column!r}, seq_len={self.seq_len}, eos={self.eos}, ids={self.ids!r}, "
                 f"ids_dtype='{self.ids_dtype.name}')")
 
-    def _state(self):
+    def _state(self) -> dict[str, Any]:
         """What decides the blocks (the ids carried do not: a state resumes with any)."""
         return {"column": self.column, "seq_len": self.seq_len, "eos": self.eos}
 
-    def _check(self, dataset):
+    def _check(self, dataset: Dataset) -> None:
         """Refuses a column that is not a ragged column of integer tokens of ``dataset``, or an
         ``eos`` its dtype cannot hold."""
         c = self.column

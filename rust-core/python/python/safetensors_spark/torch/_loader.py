@@ -6,6 +6,7 @@ per message (``_handoff``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -163,12 +164,12 @@ class _CountingLoader(torch.utils.data.DataLoader):
 
     # -- the Stateful protocol (torch.distributed.checkpoint, spec/python.md §5.1) ----------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The dataset's resume state (``SafetensorsIterableDataset.state_dict()``): the epoch and
         the position of its global order the loop has consumed, counted here."""
         return self._iterable_dataset("state_dict").state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes the dataset (``SafetensorsIterableDataset.load_state_dict()``): the next
         iterator starts where ``state`` stopped, with any worker count or world size."""
         self._iterable_dataset("load_state_dict").load_state_dict(state)

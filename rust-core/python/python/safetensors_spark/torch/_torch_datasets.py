@@ -12,7 +12,7 @@ import datetime
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,9 +61,9 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
         # the filter evaluated once over its column: indices count the kept samples (§3.4)
         self.selection = Selection(self.dataset, filter) if filter is not None else None
-        self._reader = None  # BatchReader of __getitems__, made in the process that reads
+        self._reader: BatchReader | None = None  # BatchReader of __getitems__, made in the process that reads
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.dataset) if self.selection is None else self.selection.total
 
     def _kept(self, indices):
@@ -85,7 +85,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
             indices = self._kept(indices)
         return self.dataset._locate_many(indices)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ds = self.dataset
         if self.selection is not None:
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
@@ -95,7 +95,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         sample = ds._sample(shard, row, self.columns)
         return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
         """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
         fetcher calls this with the sampler's batch instead of ``ds[i]`` per index. Batch-layout
         rows are gathered in one pass (a slice for one run, else one Rust gather across the fixed
@@ -113,12 +113,12 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         views = [_rows(batch, c) if c in ds.ragged else batch[c].unbind(0) for c in self.columns]
         return [dict(zip(self.columns, v)) for v in zip(*views)]
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"] = None  # maps and arrays of this process stay here
         return state
 
-    def get(self, key):
+    def get(self, key: str) -> dict[str, torch.Tensor]:
         """KV datasets: ``{column: tensor}`` of the row with this key."""
         ds = self.dataset
         if self.selection is not None:
@@ -208,10 +208,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self.cache_shards = cache_shards
         self._epoch = 0
         self._resume = None  # (epoch, position) for the next iterator of that epoch
-        self._progress = None  # {"epoch", "start", "consumed"} counted in the training process
+        self._progress: dict[str, int] | None = None  # {"epoch", "start", "consumed"} counted in the training process
         # the next iterator's (epoch, start) for workers that outlive an iterator (_stateful.py)
         self._live = LiveEpoch()
-        self._worker_resume = None  # (epoch, start, yielded) loaded into a worker by StatefulDataLoader
+        self._worker_resume: tuple[int, int, int] | None = None  # (epoch, start, yielded) loaded into a worker by StatefulDataLoader
         self._worker_progress = None  # in a worker: {"epoch", "start", "consumed"} of its iterator
         # batches per worker message and the block pool's release flags (workers × slots);
         # set by loader() while its workers start
@@ -243,7 +243,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     # -- epochs and resume -------------------------------------------------------------------
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Selects the epoch whose order the next iterator yields. Clears a loaded resume state
         of another epoch."""
         if not isinstance(epoch, int) or epoch < 0:
@@ -269,7 +269,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         return (*self._live.read(), 0)
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         return self._epoch
 
     def _start_position(self):
@@ -295,7 +295,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             total = start + max(total - start, 0) // world * world
         return RankPlan(total, batch_size or 1, world, rank, drop_last, start)
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches (or samples, without ``batch_size``) this rank yields in the next iterator."""
         self._refresh_rank()
         return self._plan(self._start_position()).num_batches
@@ -304,7 +304,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         shards = [[s["shard_path"], s["samples_count"], s["bytes"]] for s in self.dataset.manifest["shards"]]
         return hashlib.sha256(json.dumps(shards).encode()).hexdigest()
 
-    def state_dict(self, batches_consumed=None):
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """Where the training loop stands: ``{epoch, position, ...}``, ``position`` = samples of
         the epoch's global order consumed by all ranks together.
 
@@ -350,7 +350,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             **({"filter": self.selection.state()} if self.selection is not None else {}),
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes: the next iterator of ``state['epoch']`` starts at ``state['position']`` of
         its global order. Valid with any world size, worker count or ``batch_size``; the order
         settings (shuffle, seed, shuffle_block_size) and the dataset must be the same.
@@ -405,7 +405,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     # -- iteration ---------------------------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)

@@ -12,7 +12,7 @@ import datetime
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -181,9 +181,12 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     work as for :class:`SafetensorsIterableDataset`; ``source_counts`` are the samples each source
     gives the epoch (all ranks), ``state_dict()["consumed_per_source"]`` those consumed so far."""
 
-    def __init__(self, sources, weights=None, batch_size=None, *, mode="sample", num_samples=None, shuffle=True,
-                 seed=0, rank=None, world_size=None, drop_last=False, shuffle_block_size=None, source_column=None,
-                 transform=None, cache_shards=8, pack=None):
+    def __init__(self, sources: Sequence[str | os.PathLike[str] | Dataset | Source],
+                 weights: Sequence[float] | None = None, batch_size: int | None = None, *, mode: str = "sample",
+                 num_samples: int | None = None, shuffle: bool = True, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False, shuffle_block_size: int | None = None,
+                 source_column: str | None = None, transform: Callable[[dict[str, Any]], Any] | None = None,
+                 cache_shards: int = 8, pack: Packing | None = None) -> None:
         if isinstance(sources, (str, bytes, Source, Dataset)) or not hasattr(sources, "__len__") or not sources:
             raise ValueError(f"mixture: sources must be a non-empty list of paths, Datasets or Sources, "
                              f"got {sources!r}")
@@ -253,7 +256,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._mix = None  # (epoch, MixtureOrder) of this process
 
     @property
-    def source_counts(self):
+    def source_counts(self) -> list[int]:
         """Samples each source gives an epoch (all ranks together; the same every epoch)."""
         return self.counts.tolist()
 
@@ -291,7 +294,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                 "shuffle_block_size": [o.block for o in self.sources],
                 **({"pack": self.pack._state()} if self.pack is not None else {})}
 
-    def state_dict(self, batches_consumed=None):
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """``{version, kind: "mixture", epoch, position, consumed_per_source, ...}``: ``position``
         = positions of the epoch's mixture order consumed by all ranks together (as
         :meth:`SafetensorsIterableDataset.state_dict`)."""
@@ -303,7 +306,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     def _common_state(self):
         return {"version": STATE_VERSION, **self._settings()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state['position']`` of ``state['epoch']``'s mixture order; any world size,
         worker count or ``batch_size``; the sources, weights and order settings must be the same.
         Takes a whole ``StatefulDataLoader.state_dict()`` and worker states too, as
@@ -327,7 +330,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
 
     # -- iteration ---------------------------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)
