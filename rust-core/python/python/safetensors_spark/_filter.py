@@ -21,14 +21,18 @@ from __future__ import annotations
 import hashlib
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ._errors import ColumnNotFoundError
-from ._sampling import EpochOrder
+from ._sampling import EpochOrder, Located
 
-_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+if TYPE_CHECKING:
+    from ._dataset import Dataset, Shard
+
+_OPS: dict[str, Callable[[Any, Any], Any] | None] = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
         ">=": operator.ge, "in": None, "not in": None}
 
 
@@ -96,7 +100,7 @@ class Filter:
     def __repr__(self) -> str:
         return f"Filter({self._describe()})"
 
-    def _evaluate(self, values, where):
+    def _evaluate(self, values: NDArray[Any], where: str) -> NDArray[np.bool_]:
         """The kept rows (bool array) of one shard's ``values`` of the column."""
         if self.kind == "mask":
             return values
@@ -112,10 +116,11 @@ class Filter:
             return np.isin(values, self.value)
         if self.op == "not in":
             return ~np.isin(values, self.value)
-        return np.asarray(_OPS[self.op](values, self.value), dtype=np.bool_)
+        compare = cast("Callable[[Any, Any], Any]", _OPS[self.op])  # "in"/"not in" (None) answered above
+        return np.asarray(compare(values, self.value), dtype=np.bool_)
 
 
-def _is_number(v):
+def _is_number(v: object) -> bool:
     return isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating))
 
 
@@ -123,7 +128,7 @@ class Selection:
     """A :class:`Filter` evaluated over a dataset: ``total`` kept samples, ``counts`` kept per
     shard, ``fingerprint`` (sha256 of the kept bits), ``kept()`` their sample indices (§2 order)."""
 
-    def __init__(self, dataset, flt):
+    def __init__(self, dataset: Dataset, flt: Filter) -> None:
         if not isinstance(flt, Filter):
             raise ValueError(f"filter must be a safetensors_spark.Filter (Filter.mask(column) or "
                              f"Filter.where(column, op, value)), got {flt!r}")
@@ -169,24 +174,24 @@ class Selection:
         self.counts = (before[starts + np.asarray([s.samples for s in ds.shards], dtype=np.int64)]
                        - before[starts]).astype(np.int64)
         self.fingerprint = hashlib.sha256(self.bits.tobytes() + str(self.n).encode()).hexdigest()
-        self._kept = None
+        self._kept: NDArray[np.int64] | None = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_kept"] = None  # rebuilt from the bits in the process that reads
         return state
 
-    def kept(self):
+    def kept(self) -> NDArray[np.int64]:
         """Sample indices (int64, increasing) of the kept samples."""
         if self._kept is None:
             self._kept = np.flatnonzero(np.unpackbits(self.bits, count=self.n)).astype(np.int64)
         return self._kept
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         return {"filter": self.description, "kept": self.total, "sha256": self.fingerprint}
 
 
-def _column_values(ds, shard, column):
+def _column_values(ds: Dataset, shard: Shard, column: str) -> NDArray[Any]:
     """The column's value of each real row of ``shard``, as a 1-d array (one range per shard)."""
     if ds.layout == "batch":
         a = ds._rows(shard, column, 0, shard.samples)
@@ -201,7 +206,8 @@ class FilteredOrder:
     shard (the same shard permutation and block shuffle, over the filtered list), then the
     ``j``-th kept row of a shard is mapped to its row."""
 
-    def __init__(self, dataset, selection, shuffle, seed, epoch, block_size):
+    def __init__(self, dataset: Dataset, selection: Selection, shuffle: bool, seed: int, epoch: int,
+                 block_size: int) -> None:
         self.order = EpochOrder(selection.counts, shuffle, seed, epoch, block_size)
         self.total = self.order.total
         kept = selection.kept()
@@ -209,11 +215,11 @@ class FilteredOrder:
         self._first = np.concatenate([[0], np.cumsum(selection.counts)])[:-1]
         self._offsets = np.asarray([s.offset for s in dataset.shards], dtype=np.int64)
 
-    def _rows(self, shards, j):
+    def _rows(self, shards: NDArray[np.int64], j: NDArray[np.int64]) -> Located:
         return shards, self._kept[self._first[shards] + j] - self._offsets[shards]
 
-    def locate(self, positions):
+    def locate(self, positions: ArrayLike) -> Located:
         return self._rows(*self.order.locate(positions))
 
-    def locate_all(self):
+    def locate_all(self) -> Located:
         return self._rows(*self.order.locate_all())

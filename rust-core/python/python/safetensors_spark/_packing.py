@@ -16,11 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _native
 
 if TYPE_CHECKING:
     from ._dataset import Dataset
+    from ._filter import FilteredOrder
+    from ._sampling import EpochOrder
 
 INTEGER_DTYPES = ("U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
 
@@ -29,7 +32,7 @@ IDS = ("position_ids", "document_ids")
 IDS_DTYPES = ("int32", "int64")
 
 
-def _ids_dtype(value):
+def _ids_dtype(value: Any) -> np.dtype[Any]:
     """``"int32"``/``"int64"``, a numpy or a torch dtype of those → the numpy dtype."""
     name = str(value).removeprefix("torch.") if type(value).__module__ == "torch" else None
     if name is None:
@@ -103,13 +106,13 @@ class Packing:
                              f"int32 document_ids; use ids_dtype='int64' or leave document_ids out of ids")
 
 
-def document_lengths(dataset, column):
+def document_lengths(dataset: Dataset, column: str) -> NDArray[np.int64]:
     """Every document's token count, in sample order (int64 [N]), from the shards' offsets."""
     parts = [np.diff(dataset._offsets(s, column))[: s.samples] for s in dataset.shards]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
-def stream_tokens(lengths, eos):
+def stream_tokens(lengths: NDArray[np.int64], eos: int | None) -> int:
     return int(lengths.sum()) + (len(lengths) if eos is not None else 0)
 
 
@@ -117,7 +120,8 @@ class PackedEpoch:
     """The blocks of one epoch. ``order``: the epoch's EpochOrder over the documents;
     ``lengths``: :func:`document_lengths`."""
 
-    def __init__(self, dataset, packing, order, lengths):
+    def __init__(self, dataset: Dataset, packing: Packing, order: EpochOrder | FilteredOrder,
+                 lengths: NDArray[np.int64]) -> None:
         self.ds, self.packing = dataset, packing
         n = len(lengths)
         shard_idx, rows = order.locate_all()
@@ -132,10 +136,11 @@ class PackedEpoch:
         self.num_blocks = total // packing.seq_len
         self.dropped_tokens = total - self.num_blocks * packing.seq_len
         self.dtype = dataset._dtypes[packing.column]
-        self._values = {}  # shard index -> its values (local shards: a view of the map)
-        self._packer = None  # the Rust block builder over this epoch's stream (local shards)
+        self._values: dict[int, NDArray[Any]] = {}  # shard index -> its values (local shards: a view of the map)
+        self._packer: _native.Packer | None = None  # the Rust block builder over this epoch's stream (local shards)
 
-    def layout(self, firsts, counts):
+    def layout(self, firsts: ArrayLike, counts: ArrayLike) -> tuple[list[tuple[str, np.dtype[Any]]], NDArray[np.int64],
+                                                                   NDArray[np.int64], int]:
         """Where :meth:`fill` writes batches of blocks ``[firsts[i], firsts[i] + counts[i])``
         laid one after the other in one buffer: ``(parts, offsets, nbytes, total)`` — ``parts``
         ``[(name, numpy dtype)]`` (``tokens``, the ids asked for, ``cu_seqlens``), ``offsets``
@@ -155,7 +160,7 @@ class PackedEpoch:
         ends = np.cumsum(padded.reshape(-1)).reshape(padded.shape)
         return parts, ends - padded, nbytes, int(ends[-1, -1]) if len(firsts) else 0
 
-    def blocks(self, b0, b1):
+    def blocks(self, b0: int, b1: int) -> dict[str, NDArray[Any]]:
         """Blocks ``[b0, b1)`` as numpy arrays: ``tokens`` and the ids the packing asks for
         (``position_ids``, ``document_ids``: ``ids_dtype``) of shape ``[b1 - b0, seq_len]``, and
         ``cu_seqlens`` (int32): the boundaries of the pieces (a document's part inside one block)
@@ -173,7 +178,9 @@ class PackedEpoch:
                     (n,) if name == "cu_seqlens" else shape)
                 for (name, dtype), o, k in zip(parts, offsets[0].tolist(), nbytes[0].tolist())}
 
-    def fill(self, address, size, firsts, counts, offsets, nbytes):
+    def fill(self, address: int, size: int, firsts: Sequence[int] | NDArray[np.int64],
+             counts: Sequence[int] | NDArray[np.int64], offsets: NDArray[np.int64],
+             nbytes: NDArray[np.int64]) -> list[int]:
         """Writes batches of blocks ``[firsts[i], firsts[i] + counts[i])`` into the writable
         buffer of ``size`` bytes at ``address`` that the caller holds (e.g. a shared-memory
         block), where :meth:`layout` placed them (``offsets``, ``nbytes``), one call of the Rust
@@ -211,21 +218,21 @@ class PackedEpoch:
             ds._check_unchanged(shard)
         return out
 
-    def _new_packer(self):
+    def _new_packer(self) -> _native.Packer:
         ds, column = self.ds, self.packing.column
         # every document's first element in its shard's values, in sample order, then permuted
         starts = [ds._offsets(s, column)[: s.samples] for s in ds.shards]
         firsts = (np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64))[self.doc]
         eos = None if self.packing.eos is None else np.array(self.packing.eos, dtype=self.dtype).tobytes()
 
-        def b(a):
+        def b(a: ArrayLike) -> bytes:
             return np.ascontiguousarray(a, dtype=np.int64).tobytes()
 
         self._packer = _native.Packer(self.packing.seq_len, self.dtype.itemsize, eos, b(self.ends),
                                       b(self.doc_len), b(self.shard_of), b(firsts), b(self.doc), len(ds.shards))
         return self._packer
 
-    def reference_blocks(self, b0, b1):
+    def reference_blocks(self, b0: int, b1: int) -> dict[str, NDArray[Any]]:
         """Blocks ``[b0, b1)`` with numpy (every id, int64), one range read per piece on remote
         shards: the reference the Rust builder is tested against."""
         seq, eos = self.packing.seq_len, self.packing.eos
