@@ -17,31 +17,31 @@ use safetensors_spark_dataset::versions;
 use safetensors_spark_format::header;
 use safetensors_spark_format::Dtype;
 
-pyo3::create_exception!(
-    _native,
-    FormatError,
-    pyo3::exceptions::PyValueError,
-    "A safetensors file breaks a rule of spec/format.md."
-);
-pyo3::create_exception!(
-    _native,
-    ManifestError,
-    pyo3::exceptions::PyValueError,
-    "dataset_manifest.json breaks a rule of spec/dataset.md, or names an unsafe shard path."
-);
-pyo3::create_exception!(
-    _native,
-    IndexEntryError,
-    pyo3::exceptions::PyValueError,
-    "A row of a tensor index part disagrees with the header of the shard it names."
-);
+// The package's public exceptions (safetensors_spark/_errors.py, spec/python.md §2): the ones
+// raised here, each message naming the file, dataset or index part it is about, so that the
+// Python side raises what it gets and translates nothing (tests/python/package/test_errors.py).
+// `_native` defines no exception class of its own.
+pyo3::import_exception!(safetensors_spark._errors, ManifestError);
+pyo3::import_exception!(safetensors_spark._errors, ShardError);
+pyo3::import_exception!(safetensors_spark._errors, IndexFileError);
 
 /// One tensor of a header: `(name, dtype, shape, begin, end)`, offsets absolute in the file.
 type TensorRow = (String, String, Vec<u64>, u64, u64);
-/// Checks the 8-byte prefix of a file of `file_len` bytes; returns N, the header length.
+/// Checks the 8-byte prefix of `file` (its URL or path, named by the error), `file_len` bytes
+/// long; returns N, the header length. `ShardError` names the rule.
 #[pyfunction]
-fn check_prefix(prefix: &[u8], file_len: u64) -> PyResult<u64> {
-    header::check_prefix(prefix, file_len).map_err(|e| FormatError::new_err(e.to_string()))
+fn check_prefix(prefix: &[u8], file_len: u64, file: &str) -> PyResult<u64> {
+    header::check_prefix(prefix, file_len).map_err(|e| invalid_file(file, e))
+}
+
+/// A file that breaks a rule of spec/format.md, as `ShardError` naming it.
+fn invalid_file(file: &str, e: impl std::fmt::Display) -> PyErr {
+    ShardError::new_err(format!("{file}: invalid safetensors file: {e}"))
+}
+
+/// A shard that disagrees with the dataset's rules, as `ShardError` naming it.
+fn shard_error(file: &str, e: impl std::fmt::Display) -> PyErr {
+    ShardError::new_err(format!("{file}: {e}"))
 }
 
 fn tensor_row(h: &header::Header, t: &header::TensorInfo) -> TensorRow {
@@ -56,10 +56,12 @@ fn tensor_row(h: &header::Header, t: &header::TensorInfo) -> TensorRow {
 }
 
 /// A parsed, validated shard header kept on the Rust side: a header of a million tensors costs
-/// no Python object until one is asked for.
+/// no Python object until one is asked for. It keeps the URL or path of its file, which every
+/// error of its checks names.
 #[pyclass(frozen, module = "safetensors_spark._native", name = "Header")]
 struct PyHeader {
     header: header::Header,
+    file: String,
 }
 
 /// A KV schema column from Python: `(name, dtype, shape or None)`.
@@ -74,14 +76,14 @@ fn kv_columns(columns: Vec<ColumnSpec>) -> Vec<kv::KvColumn> {
 
 #[pymethods]
 impl PyHeader {
-    /// Parses and validates the N header bytes of a file of `file_len` bytes (every rule of
-    /// spec/format.md §3); `FormatError` names the rule.
+    /// Parses and validates the N header bytes of `file` (its URL or path), `file_len` bytes
+    /// long (every rule of spec/format.md §3); `ShardError` names the file and the rule.
     #[staticmethod]
-    fn parse(py: Python<'_>, json: &[u8], file_len: u64) -> PyResult<PyHeader> {
+    fn parse(py: Python<'_>, json: &[u8], file_len: u64, file: String) -> PyResult<PyHeader> {
         let header = py
             .detach(|| header::parse_header(json, file_len))
-            .map_err(|e| FormatError::new_err(e.to_string()))?;
-        Ok(PyHeader { header })
+            .map_err(|e| invalid_file(&file, e))?;
+        Ok(PyHeader { header, file })
     }
 
     /// `__metadata__` as a dict, or None.
@@ -103,7 +105,8 @@ impl PyHeader {
 
     /// KV shards: `(key, column position)` of every tensor, in the order of `tensors()`, after
     /// checking each against `columns` (`[(name, dtype, shape or None)]`, the schema) and that
-    /// every key has every column (`dataset::kv::split_kv_header`); `FormatError` says what breaks.
+    /// every key has every column (`dataset::kv::split_kv_header`); `ShardError` names the file
+    /// and says what breaks.
     fn split_kv(
         &self,
         py: Python<'_>,
@@ -113,7 +116,7 @@ impl PyHeader {
         let columns = kv_columns(columns);
         let split = py
             .detach(|| kv::split_kv_header(&self.header, &columns, separator))
-            .map_err(FormatError::new_err::<String>)?;
+            .map_err(|e| shard_error(&self.file, e))?;
         Ok(split
             .tensors
             .into_iter()
@@ -131,13 +134,13 @@ impl PyHeader {
     ) -> PyResult<usize> {
         let columns = kv_columns(columns);
         py.detach(|| kv::split_kv_header(&self.header, &columns, separator).map(|s| s.keys))
-            .map_err(FormatError::new_err::<String>)
+            .map_err(|e| shard_error(&self.file, e))
     }
 
     /// Batch shards: checks the values and offsets tensors of ragged column `column` (schema
     /// dtype `dtype`, inner shape `inner_shape`) in a shard of `rows` rows
     /// (`dataset::ragged::check_ragged_tensors`); returns the values' element count.
-    /// `FormatError` names the tensor and what breaks.
+    /// `ShardError` names the file, the tensor and what breaks.
     fn check_ragged(
         &self,
         column: &str,
@@ -146,23 +149,26 @@ impl PyHeader {
         rows: u64,
     ) -> PyResult<u64> {
         let dtype = Dtype::from_name(dtype).ok_or_else(|| {
-            FormatError::new_err(format!("column '{column}': unknown dtype {dtype}"))
+            shard_error(
+                &self.file,
+                format!("column '{column}': unknown dtype {dtype}"),
+            )
         })?;
         let ragged = RaggedColumn {
             inner_shape,
             element: RaggedElement::Array,
         };
         ragged::check_ragged_tensors(&self.header, column, dtype, &ragged, rows)
-            .map_err(FormatError::new_err)
+            .map_err(|e| shard_error(&self.file, e))
     }
 
     /// Checks an index row against this header (`dataset::kv::check_index_row`: same name,
     /// dtype, shape and byte range; a KV row's `sample_key` and `column` make up its name) and
     /// returns the header's tensor as `(name, dtype, shape, data_start, data_end)`;
-    /// `IndexEntryError` says what disagrees.
+    /// `IndexFileError` says what disagrees after `context` (the part, the key, the dataset).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (tensor_key, dtype, shape, data_start, data_end, sample_key, column, separator))]
-    fn check_index_entry(
+    #[pyo3(signature = (tensor_key, dtype, shape, data_start, data_end, sample_key, column, separator, context))]
+    fn check_index_row(
         &self,
         tensor_key: &str,
         dtype: &str,
@@ -172,9 +178,11 @@ impl PyHeader {
         sample_key: Option<&str>,
         column: &str,
         separator: &str,
+        context: &str,
     ) -> PyResult<TensorRow> {
+        let disagrees = |what: String| IndexFileError::new_err(format!("{context}: {what}"));
         // the part's columns are int64: a negative value is the row's error, naming it
-        let bad = |what: String| IndexEntryError::new_err(format!("tensor '{tensor_key}': {what}"));
+        let bad = |what: String| disagrees(format!("tensor '{tensor_key}': {what}"));
         let offset = |v: i64, what: &str| {
             u64::try_from(v).map_err(|_| bad(format!("{what} {v} is negative")))
         };
@@ -193,25 +201,23 @@ impl PyHeader {
             data_end,
             kv: sample_key.map(|k| (k, column)),
         };
-        let t = kv::check_index_row(&self.header, &entry, separator)
-            .map_err(IndexEntryError::new_err::<String>)?;
+        let t = kv::check_index_row(&self.header, &entry, separator).map_err(disagrees)?;
         Ok(tensor_row(&self.header, t))
     }
 }
 
-/// Parses and validates `dataset_manifest.json`; returns it re-serialised as JSON text (the
-/// Python side turns it into a dict), with every rule of spec/dataset.md §5 checked.
+/// Parses and validates `dataset_manifest.json` (`file`: its URL or path, named by the error);
+/// returns it re-serialised as JSON text (the Python side turns it into a dict), with every rule
+/// of spec/dataset.md §5 checked, shard names included. `ManifestError` otherwise.
 #[pyfunction]
-fn parse_manifest(py: Python<'_>, text: &str) -> PyResult<String> {
+fn parse_manifest(py: Python<'_>, text: &str, file: &str) -> PyResult<String> {
     py.detach(|| {
         let manifest = dataset::parse_manifest(text).map_err(|e| e.to_string())?;
         serde_json::to_string(&manifest).map_err(|e| e.to_string())
     })
-    .map_err(ManifestError::new_err)
+    .map_err(|e| ManifestError::new_err(format!("{file}: {e}")))
 }
 
-/// Refuses a shard name from a manifest or an index that is not a plain shard file name of the
-/// dataset directory (no separator, scheme, `..`, control character; ends in `.safetensors`).
 /// Bytes the Rust engine has allocated and not freed in this process (its counted global
 /// allocator), for leak soaks and monitoring.
 #[pyfunction]
@@ -221,19 +227,24 @@ fn live_bytes() -> usize {
 
 /// Checks the offsets of ragged column `column` (`offsets`: the `c.offsets` tensor's bytes,
 /// little-endian I64) against its values' element count `elements`
-/// (`dataset::ragged::check_offsets`); `FormatError` names the column and the first bad row.
+/// (`dataset::ragged::check_offsets`) of shard `file` (its URL or path); `ShardError` names the
+/// file, the column and the first bad row.
 #[pyfunction]
 fn check_ragged_offsets(
     py: Python<'_>,
     column: &str,
     offsets: &[u8],
     elements: u64,
+    file: &str,
 ) -> PyResult<()> {
     if !offsets.len().is_multiple_of(8) {
-        return Err(FormatError::new_err(format!(
-            "column '{column}': offsets of {} bytes are not whole I64 values",
-            offsets.len()
-        )));
+        return Err(shard_error(
+            file,
+            format!(
+                "column '{column}': offsets of {} bytes are not whole I64 values",
+                offsets.len()
+            ),
+        ));
     }
     py.detach(|| {
         let values: Vec<i64> = offsets
@@ -242,12 +253,16 @@ fn check_ragged_offsets(
             .collect();
         ragged::check_offsets(column, &values, elements)
     })
-    .map_err(FormatError::new_err)
+    .map_err(|e| shard_error(file, e))
 }
 
+/// Refuses a tensor index row's `file_name` that is not a plain shard file name of the dataset
+/// directory (`dataset::check_shard_path`: no separator, scheme, `..`, control character; ends
+/// in `.safetensors`); `IndexFileError` naming `part`, the index part.
 #[pyfunction]
-fn check_shard_path(name: &str) -> PyResult<()> {
-    dataset::check_shard_path(name).map_err(|e| ManifestError::new_err(e.to_string()))
+fn check_index_file_name(name: &str, part: &str) -> PyResult<()> {
+    dataset::check_shard_path(name)
+        .map_err(|e| IndexFileError::new_err(format!("{part}: file_name {e}")))
 }
 
 /// The index part's file name of a shard (spec/dataset.md §6.1).
@@ -344,33 +359,44 @@ fn compact(
     serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
 }
 
-/// The version to read among the listed `_manifest_log/` entries (`entries_json`: `[{"version",
-/// "modified_ms", "text"?}]`, texts needed for a timestamp): `version` / `timestamp` as text,
-/// exactly one (spec/dataset.md §5.8).
+/// A rule of the dataset `dataset` (its path or URL) broken, as `ManifestError` naming it.
+fn dataset_error(dataset: &str, e: impl std::fmt::Display) -> PyErr {
+    ManifestError::new_err(format!("{dataset}: {e}"))
+}
+
+/// The version to read among the listed `_manifest_log/` entries of `dataset` (`entries_json`:
+/// `[{"version", "modified_ms", "text"?}]`, texts needed for a timestamp): `version` /
+/// `timestamp` as text, exactly one (spec/dataset.md §5.8). `ManifestError` naming `dataset`.
 #[pyfunction]
-#[pyo3(signature = (entries_json, version=None, timestamp=None))]
+#[pyo3(signature = (entries_json, dataset, version=None, timestamp=None))]
 fn select_version(
     entries_json: &str,
+    dataset: &str,
     version: Option<&str>,
     timestamp: Option<&str>,
 ) -> PyResult<u64> {
-    let err = |e: dataset::DatasetError| ManifestError::new_err(e.to_string());
+    let err = |e| dataset_error(dataset, e);
     let spec = versions::version_spec(version, timestamp).map_err(err)?;
     let entries: Vec<versions::ListedLogEntry> =
-        serde_json::from_str(entries_json).map_err(|e| ManifestError::new_err(e.to_string()))?;
+        serde_json::from_str(entries_json).map_err(|e| dataset_error(dataset, e))?;
     versions::select_listed(&entries, spec).map_err(err)
 }
 
-/// Checks the shards version `version` (manifest text `manifest`) lists against `found_json`
-/// (`{shard: size}`, a missing shard absent): an error naming the version and shard.
+/// Checks the shards version `version` (manifest text `manifest`) of `dataset` lists against
+/// `found_json` (`{shard: size}`, a missing shard absent): `ShardError` naming the dataset, the
+/// version and the shard.
 #[pyfunction]
-fn check_version_shards(manifest: &str, version: u64, found_json: &str) -> PyResult<()> {
-    let err = |e: dataset::DatasetError| ManifestError::new_err(e.to_string());
+fn check_version_shards(
+    manifest: &str,
+    version: u64,
+    found_json: &str,
+    dataset: &str,
+) -> PyResult<()> {
     let found: std::collections::BTreeMap<String, u64> =
-        serde_json::from_str(found_json).map_err(|e| ManifestError::new_err(e.to_string()))?;
+        serde_json::from_str(found_json).map_err(|e| shard_error(dataset, e))?;
     versions::check_entry_shards(manifest, version, &found)
         .map(drop)
-        .map_err(err)
+        .map_err(|e| shard_error(dataset, e))
 }
 
 /// A local manifest or `_manifest_log/` entry read by the one rule of spec/dataset.md §5.9: a
@@ -404,14 +430,14 @@ fn check_regular_file(path: std::path::PathBuf) -> PyResult<()> {
 
 /// Parses the text of `_manifest_log/` entry `version` (read by the caller's file system) and
 /// checks that it agrees with its name (spec/dataset.md §5.9); returns it as JSON text, like
-/// `parse_manifest`. `ManifestError` naming the entry otherwise.
+/// `parse_manifest`. `ManifestError` naming `dataset` and the entry otherwise.
 #[pyfunction]
-fn parse_log_entry(py: Python<'_>, version: u64, text: &str) -> PyResult<String> {
+fn parse_log_entry(py: Python<'_>, version: u64, text: &str, dataset: &str) -> PyResult<String> {
     py.detach(|| {
         let m = versions::parse_log_entry(version, text).map_err(|e| e.to_string())?;
         serde_json::to_string(&m).map_err(|e| e.to_string())
     })
-    .map_err(ManifestError::new_err)
+    .map_err(|e| dataset_error(dataset, e))
 }
 
 /// Whether the local dataset `root` has its own directory `name` (`_manifest_log`,
@@ -424,18 +450,18 @@ fn own_dir(root: std::path::PathBuf, name: &str) -> PyResult<bool> {
         .map_err(|e| ManifestError::new_err(format!("{}: {e}", root.join(name).display())))
 }
 
-/// The version of a `_manifest_log/` file name, None for a name that is no entry;
-/// `ManifestError` naming a 20-digit name beyond the largest version.
+/// The version of a `_manifest_log/` file name of `dataset`, None for a name that is no entry;
+/// `ManifestError` naming the dataset and a 20-digit name beyond the largest version.
 #[pyfunction]
-fn log_entry_version(name: &str) -> PyResult<Option<u64>> {
-    dataset::names::parse_manifest_log_file_name(name)
-        .map_err(|e| ManifestError::new_err(e.to_string()))
+fn log_entry_version(name: &str, dataset: &str) -> PyResult<Option<u64>> {
+    dataset::names::parse_manifest_log_file_name(name).map_err(|e| dataset_error(dataset, e))
 }
 
-/// The history rows (JSON array text) of the listed entries (every text given).
+/// The history rows (JSON array text) of the listed entries of `dataset` (every text given);
+/// `ManifestError` naming the dataset.
 #[pyfunction]
-fn history(entries_json: &str) -> PyResult<String> {
-    let err = |e: String| ManifestError::new_err(e);
+fn history(entries_json: &str, dataset: &str) -> PyResult<String> {
+    let err = |e: String| dataset_error(dataset, e);
     let entries: Vec<versions::ListedLogEntry> =
         serde_json::from_str(entries_json).map_err(|e| err(e.to_string()))?;
     let rows = versions::history_listed(&entries).map_err(|e| err(e.to_string()))?;
@@ -735,9 +761,12 @@ fn manifest_log_file_name(version: u64) -> String {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("FormatError", m.py().get_type::<FormatError>())?;
-    m.add("ManifestError", m.py().get_type::<ManifestError>())?;
-    m.add("IndexEntryError", m.py().get_type::<IndexEntryError>())?;
+    // the public exceptions raised here are imported now, so that a package without them fails
+    // its import with an ImportError naming them, never a call later
+    let errors = m.py().import("safetensors_spark._errors")?;
+    for name in ["ManifestError", "ShardError", "IndexFileError"] {
+        errors.getattr(name)?;
+    }
     m.add_class::<PyHeader>()?;
     m.add_class::<PyPacker>()?;
     m.add("VERSION", safetensors_spark_format::VERSION)?;
@@ -766,7 +795,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(manifest_log_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(check_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(parse_manifest, m)?)?;
-    m.add_function(wrap_pyfunction!(check_shard_path, m)?)?;
+    m.add_function(wrap_pyfunction!(check_index_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(index_part_name, m)?)?;
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(vacuum, m)?)?;

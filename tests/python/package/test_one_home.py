@@ -46,7 +46,7 @@ def test_no_copy_of_a_dataset_rule_in_the_python_sources(source):
 def test_the_native_rules_are_the_published_ones():
     assert _native.MANIFEST_FILE_NAME == "dataset_manifest.json"
     assert _native.manifest_log_file_name(7) == "00000000000000000007.json"
-    assert _native.log_entry_version(_native.manifest_log_file_name(12345)) == 12345
+    assert _native.log_entry_version(_native.manifest_log_file_name(12345), "dataset") == 12345
     assert _native.ragged_offsets_name("tokens") == "tokens.offsets"
     assert _native.DEFAULT_KV_SEPARATOR == "__"
     assert all(k.startswith("safetensors_spark.") for k in (_native.LAYOUT_METADATA_KEY, _native.SAMPLES_METADATA_KEY,

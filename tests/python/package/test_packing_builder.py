@@ -124,4 +124,4 @@ def test_packing_ids_options_name_what_is_wrong():
     assert p.ids == ("position_ids", "document_ids") and p.ids_dtype == np.int32
     assert Packing("tokens", 8).ids_dtype == np.int64 and Packing("tokens", 8, ids_dtype=torch.int64).ids == p.ids
     # the ids carried do not decide the blocks: a state resumes with any
-    assert p.state() == Packing("tokens", 8, ids=()).state()
+    assert p._state() == Packing("tokens", 8, ids=())._state()

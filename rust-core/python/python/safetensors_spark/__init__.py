@@ -12,7 +12,10 @@ The format rules (header validation, manifest fields, shard names) are the Rust 
 native module ``safetensors_spark._native``; see spec/python.md.
 """
 
+from __future__ import annotations
+
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._dataset import Dataset, Ragged, history, open_dataset
 from ._filter import Filter
@@ -26,6 +29,11 @@ from ._errors import (
     StateError,
 )
 from ._native import VERSION as __version__
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Sequence
+    from types import ModuleType
 
 __all__ = [
     "open_dataset",
@@ -46,7 +54,7 @@ __all__ = [
 ]
 
 
-def _flag(command, name, value):
+def _flag(command: str, name: str, value: Any) -> bool:
     """A boolean argument: ``True`` or ``False`` only (``1``, ``"yes"`` are refused naming it:
     a value that is not what it must be is never read as false, issue #39)."""
     if not isinstance(value, bool):
@@ -54,7 +62,7 @@ def _flag(command, name, value):
     return value
 
 
-def _whole(command, name, value):
+def _whole(command: str, name: str, value: Any) -> int | None:
     """A count argument: None or an integer ≥ 0 (not a bool; the engine then says which values
     the dataset takes, e.g. ``batch_size`` 0), else refused naming it."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -62,7 +70,7 @@ def _whole(command, name, value):
     return value
 
 
-def _local(command, path):
+def _local(command: str, path: str | os.PathLike[str]) -> str:
     """The local path of ``path``; a URL (``s3://…``) is refused naming the Spark entry point."""
     import os
 
@@ -73,7 +81,8 @@ def _local(command, path):
     return p[len("file://"):] if isinstance(p, str) and p.startswith("file://") else p
 
 
-def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
+def vacuum(path: str | os.PathLike[str], retention: str | None = None, dry_run: bool = False,
+           allow_shorter_retention: bool = False) -> dict[str, Any]:
     """Deletes the shards of a local dataset that no version inside the retention period lists
     (spec/dataset.md §5.8.1) and commits a ``vacuum`` version; ``dry_run`` only lists them.
 
@@ -93,16 +102,13 @@ def vacuum(path, retention=None, dry_run=False, allow_shorter_retention=False):
     dry_run = _flag("vacuum", "dry_run", dry_run)
     allow_shorter_retention = _flag("vacuum", "allow_shorter_retention", allow_shorter_retention)
     path = _local("vacuum", path)
-    try:
-        out = _native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention,
-                             _progress.native_callback(f"vacuum {os.fspath(path)}", "files deleted"))
-    except _native.ManifestError as e:
-        raise ManifestError(str(e)) from None
-    return json.loads(out)
+    return json.loads(_native.vacuum(os.fspath(path), retention, dry_run, allow_shorter_retention,
+                                     _progress.native_callback(f"vacuum {os.fspath(path)}", "files deleted")))
 
 
-def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry_run=False,
-            commit_message=None):
+def compact(path: str | os.PathLike[str], batch_size: int | None = None, target_shard_size_mb: int | None = None,
+            partitions: str | Sequence[str] = (), dry_run: bool = False,
+            commit_message: str | None = None) -> list[dict[str, Any]]:
     """Merges the small shards of a local dataset into full ones as one ``compaction`` version,
     the same rows and values (spec/dataset.md §5.8.2); ``dry_run`` only returns the plan.
 
@@ -128,16 +134,12 @@ def compact(path, batch_size=None, target_shard_size_mb=None, partitions=(), dry
     dry_run = _flag("compact", "dry_run", dry_run)
     if commit_message is not None and not isinstance(commit_message, str):
         raise ValueError(f"compact: commit_message={commit_message!r}: expected a string or None")
-    try:
-        out = _native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
-                              dry_run, commit_message,
-                              _progress.native_callback(f"compact {os.fspath(path)}", "shards written"))
-    except _native.ManifestError as e:
-        raise ManifestError(str(e)) from None
-    return json.loads(out)
+    return json.loads(_native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
+                                      dry_run, commit_message,
+                                      _progress.native_callback(f"compact {os.fspath(path)}", "shards written")))
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> ModuleType:
     # `safetensors_spark.torch` / `.spark` / `.mlflow` without importing torch, pyspark or mlflow
     # at package import.
     if name in ("torch", "spark", "mlflow"):

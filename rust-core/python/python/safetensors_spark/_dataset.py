@@ -5,11 +5,16 @@ Format rules (manifest fields, header validity, shard names) are the Rust engine
 and cuts numpy arrays out of shard memory.
 """
 
+from __future__ import annotations
+
 import bisect
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _native, _progress
 from ._errors import (
@@ -36,6 +41,16 @@ from ._native import (
 )
 from ._native import ragged_offsets_name as offsets_name
 
+if TYPE_CHECKING:
+    import datetime
+
+    from ._prefetch import Prefetcher
+
+#: A store of _storage.py (LocalStore, FsspecStore or CachedStore): where the bytes come from
+Store = Any
+#: A sample or a shard's rows: ``{column: array}``
+Arrays = dict[str, Any]
+
 _NUMPY_DTYPES = {
     "BOOL": np.dtype(np.bool_),
     "U8": np.dtype(np.uint8),
@@ -52,7 +67,7 @@ _NUMPY_DTYPES = {
 }
 
 
-def numpy_dtype(dtype, what):
+def numpy_dtype(dtype: str, what: str) -> np.dtype[Any]:
     """The numpy dtype for a safetensors dtype name. BF16 is ``ml_dtypes.bfloat16`` when
     ml_dtypes is installed, else its raw bits as ``uint16``."""
     if dtype in _NUMPY_DTYPES:
@@ -75,27 +90,27 @@ class Ragged:
 
     __slots__ = ("values", "offsets")
 
-    def __init__(self, values, offsets):
+    def __init__(self, values: NDArray[Any], offsets: NDArray[np.int64]) -> None:
         self.values, self.offsets = values, offsets
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> NDArray[Any]:
         n = len(self)
         j = int(i) + n if i < 0 else int(i)
         if not 0 <= j < n:
             raise IndexError(f"row {i} is out of range for {n} ragged rows")
         return self.values[self.offsets[j]: self.offsets[j + 1]]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[NDArray[Any]]:
         return (self[i] for i in range(len(self)))
 
     @property
-    def lengths(self):
+    def lengths(self) -> NDArray[np.int64]:
         return np.diff(self.offsets)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Ragged(rows={len(self)}, values={self.values.dtype}{list(self.values.shape)})"
 
 
@@ -104,13 +119,13 @@ class Tensor:
 
     __slots__ = ("name", "dtype", "shape", "start", "end")
 
-    def __init__(self, name, dtype, shape, start, end):
+    def __init__(self, name: str, dtype: str, shape: Sequence[int], start: int, end: int) -> None:
         self.name, self.dtype, self.shape, self.start, self.end = name, dtype, tuple(shape), start, end
 
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[str, str, tuple[int, ...], int, int]:
         return (self.name, self.dtype, self.shape, self.start, self.end)
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: tuple[str, str, tuple[int, ...], int, int]) -> None:
         self.name, self.dtype, self.shape, self.start, self.end = state
 
 
@@ -119,41 +134,39 @@ class Shard:
     kept in Rust), read when first needed; ``tensors`` (name -> Tensor) and the KV split
     (``keys``, ``kv``) are built from it only when asked for."""
 
-    def __init__(self, index, name, samples, padded, size, offset):
+    def __init__(self, index: int, name: str, samples: int, padded: int, size: int, offset: int) -> None:
         self.index = index
         self.name = name
         self.samples = samples
         self.padded = padded
         self.size = size
         self.offset = offset  # global index of its first sample
-        self.metadata = None
-        self.header = None  # _native.Header; not pickled (a worker reads it again when needed)
-        self.tensors = None  # name -> Tensor
-        self.keys = None  # KV: sorted keys
-        self.kv = None  # KV: key -> {column: Tensor}
+        self.metadata: dict[str, str] | None = None
+        # not pickled (a worker reads it again when needed)
+        self.header: _native.Header | None = None
+        self.tensors: dict[str, Tensor] | None = None  # name -> Tensor
+        self.keys: list[str] = []  # KV: sorted keys (once kv is set)
+        self.kv: dict[str, dict[str, Tensor]] | None = None  # KV: key -> {column: Tensor}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Shard({self.name!r}, samples={self.samples})"
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["header"] = None
         return state
 
 
-def _read_header(store, shard):
+def _read_header(store: Store, shard: Shard) -> _native.Header:
     """Reads and validates a shard's header (Rust rules) with at most two range reads; returns
-    the ``_native.Header``."""
+    the ``_native.Header`` (its errors: :class:`ShardError` naming the file)."""
     url = store.url(shard.name)
     size = shard.size
     head = store.read(shard.name, 0, min(size, HEADER_READ_AHEAD))
-    try:
-        n = _native.check_prefix(head[:8], size)
-        if 8 + n > len(head):
-            head = head + store.read(shard.name, len(head), 8 + n)
-        return _native.Header.parse(bytes(head[8 : 8 + n]), size)
-    except _native.FormatError as e:
-        raise ShardError(f"{url}: invalid safetensors file: {e}") from None
+    n = _native.check_prefix(head[:8], size, url)
+    if 8 + n > len(head):
+        head = head + store.read(shard.name, len(head), 8 + n)
+    return _native.Header.parse(bytes(head[8 : 8 + n]), size, url)
 
 
 class Dataset:
@@ -162,9 +175,11 @@ class Dataset:
 
     Use :func:`open_dataset` to create one."""
 
-    def __init__(self, path, *, storage_options=None, cache_dir=None, check_headers=True,
-                 version=None, timestamp=None, verify_checksums=False, cache_limit=None, prefetch=4,
-                 max_in_flight=4, retries=5):
+    def __init__(self, path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, check_headers: bool = True,
+                 version: int | None = None, timestamp: datetime.datetime | str | None = None,
+                 verify_checksums: bool = False, cache_limit: int | None = None, prefetch: int = 4,
+                 max_in_flight: int = 4, retries: int = 5) -> None:
         self.path = os.fspath(path)
         self.storage_options = storage_options
         self.cache_dir = cache_dir
@@ -191,7 +206,7 @@ class Dataset:
         self.columns = list(self.schema)
         # ragged column -> inner shape (spec/dataset.md §2.1)
         self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
-        self._offsets = {}  # (shard index, column) -> checked offsets array (this process)
+        self._checked_offsets: dict[tuple[int, str], NDArray[np.int64]] = {}  # (shard index, column) -> checked offsets array (this process)
         self.total_samples = m["total_samples"]
         self.shards = []
         offset = 0
@@ -224,35 +239,35 @@ class Dataset:
         if check_headers:
             for shard in self.shards:
                 self._check_header(shard)
-        self._parts = None  # KV: {shard name: (part url, pyarrow ParquetFile)}, opened on first get
+        self._parts: dict[str, tuple[str, Any]] | None = None  # KV: {shard name: (part url, pyarrow ParquetFile)}, opened on first get
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_parts", None)
 
     # -- pickling: the store (paths), the manifest and the tensors built from headers so far; no
     # open files, no index part, no native header (a process that needs one reads it again) ---
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_parts"] = None
-        state["_offsets"] = {}
+        state["_checked_offsets"] = {}
         return state
 
-    def cache_stats(self):
+    def cache_stats(self) -> dict[str, Any] | None:
         """With ``cache_dir``: this dataset's node-cache events, every process on this node
         together (``fetches``, ``fetched_bytes``, ``refetches``, ``evictions``, ``evicted_bytes``,
         ``cached_bytes``, and the shard names ``fetched`` / ``evicted`` in order); take it before
         and after an epoch for the epoch's bytes. ``None`` without ``cache_dir``."""
         return self._store.node.stats() if isinstance(self._store, CachedStore) else None
 
-    def io_counters(self):
+    def io_counters(self) -> dict[str, int | float]:
         """This process's remote reads of this dataset: ``bytes_fetched``, ``requests`` (GETs),
         ``request_s`` (their summed latency), ``cache_hits`` / ``cache_misses`` (node cache);
         zeros for a local dataset. ``loader().stats()`` adds up its workers'."""
         return self._store.io_counters()
 
-    def prefetch(self, groups, columns):
+    def prefetch(self, groups: Iterable[Sequence[int]], columns: Iterable[str]) -> Prefetcher | None:
         """Starts reading ahead (spec/python.md §2.1) for an iterator of this process that will
         read ``groups`` (an iterable of lists of shard indices, one per batch or message, in
         order) of ``columns``. Replaces this process's previous read-ahead. Nothing for a local
@@ -271,7 +286,7 @@ class Dataset:
         if cached:
             crcs = {s["shard_path"]: s.get("crc32c") for s in self.manifest["shards"]}
 
-            def fetch(name):
+            def fetch(name: str) -> Any:
                 sh = by_name[name]
                 store.fetch_now(name, sh.size, crcs[name] if self._verify else None)
                 return store.node.path(name)
@@ -286,10 +301,10 @@ class Dataset:
                 if c in self.ragged:
                     wanted.add(offsets_name(c))
 
-            def fetch(name):
+            def fetch(name: str) -> Any:
                 tensors = self._header(by_name[name])
                 spans = sorted((t.start, t.end) for n, t in tensors.items() if n in wanted and t.end > t.start)
-                merged = []
+                merged: list[list[int]] = []
                 for a, b in spans:  # neighbouring tensors: one range GET
                     if merged and a <= merged[-1][1]:
                         merged[-1][1] = max(merged[-1][1], b)
@@ -304,7 +319,7 @@ class Dataset:
         return p
 
     @property
-    def bytes_fetched(self):
+    def bytes_fetched(self) -> int:
         """Bytes this process has read from the remote store for this dataset object (manifest,
         headers, sample ranges, whole shards copied into ``cache_dir``); 0 for a local dataset.
         Counted per process: reads made in DataLoader workers are counted in the workers' copies,
@@ -315,7 +330,7 @@ class Dataset:
 
     # -- opening ---------------------------------------------------------------------------------
 
-    def _load_manifest(self):
+    def _load_manifest(self) -> dict[str, Any]:
         url = self._store.url(MANIFEST_FILE_NAME)
         try:
             text = self._store.read_manifest(MANIFEST_FILE_NAME)
@@ -324,18 +339,10 @@ class Dataset:
                                 f"df.write.format('safetensors') (or its write has not committed)") from None
         except OSError as e:
             raise ManifestError(f"{url}: cannot be read: {e}") from None
-        try:
-            manifest = json.loads(_native.parse_manifest(text))
-        except _native.ManifestError as e:
-            raise ManifestError(f"{url}: {e}") from None
-        for s in manifest["shards"]:
-            try:
-                _native.check_shard_path(s["shard_path"])
-            except _native.ManifestError as e:
-                raise ManifestError(f"{url}: shards[].shard_path {e}") from None
-        return manifest
+        # every rule of spec/dataset.md §5, shard names included: ManifestError naming the file
+        return json.loads(_native.parse_manifest(text, url))
 
-    def _load_version(self, version, timestamp):
+    def _load_version(self, version: int | None, timestamp: datetime.datetime | str | None) -> dict[str, Any]:
         """The manifest of one committed version (spec/dataset.md §5.8), by number or by time,
         after checking that every shard it lists is there with its recorded size."""
         if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
@@ -349,32 +356,24 @@ class Dataset:
             elif not isinstance(timestamp, str):
                 raise ManifestError(f"timestamp={timestamp!r}: expected a datetime or a string such as "
                                     f"'2026-11-26 12:00:00' (UTC) or ISO 8601")
-        url = self._store.url(MANIFEST_LOG_DIR)
-        try:
-            entries = _log_entries(self._store, with_text=timestamp is not None)
-            v = _native.select_version(json.dumps(entries), None if version is None else str(version),
-                                       timestamp)
-            text = _read_log_entry(self._store, v)
-            # the entry must agree with its name (spec/dataset.md §5.9): never another version
-            manifest = json.loads(_native.parse_log_entry(v, text))
-        except _native.ManifestError as e:
-            raise ManifestError(f"{self.path}: {e}") from None
+        # the native rules' errors name the dataset (ManifestError; ShardError for its shards)
+        entries = _log_entries(self._store, self.path, with_text=timestamp is not None)
+        v = _native.select_version(json.dumps(entries), self.path, None if version is None else str(version),
+                                   timestamp)
+        text = _read_log_entry(self._store, v)
+        # the entry must agree with its name (spec/dataset.md §5.9): never another version; its
+        # shard names are checked as a manifest's are
+        manifest = json.loads(_native.parse_log_entry(v, text, self.path))
         found = {}
         for s in manifest["shards"]:
             try:
-                _native.check_shard_path(s["shard_path"])
                 found[s["shard_path"]] = self._store.size(s["shard_path"])
             except FileNotFoundError:
                 pass
-            except _native.ManifestError as e:
-                raise ManifestError(f"{url}: shards[].shard_path {e}") from None
-        try:
-            _native.check_version_shards(text, v, json.dumps(found))
-        except _native.ManifestError as e:
-            raise ShardError(f"{self.path}: {e}") from None
+        _native.check_version_shards(text, v, json.dumps(found), self.path)
         return manifest
 
-    def verify_checksums(self):
+    def verify_checksums(self) -> int:
         """Reads every shard whole and checks its CRC-32C against the manifest's
         ``shards[].crc32c`` (shards written before checksums were recorded are skipped). Returns
         the number of shards verified; a mismatch raises :class:`ShardError` naming the shard.
@@ -393,7 +392,7 @@ class Dataset:
             progress.finish()
         return n
 
-    def _verify_one(self, s):
+    def _verify_one(self, s: dict[str, Any]) -> None:
         """One shard of :meth:`verify_checksums`, ``s`` its manifest entry (with a CRC-32C)."""
         want, name = s["crc32c"], s["shard_path"]
         if isinstance(self._store, CachedStore):
@@ -410,7 +409,7 @@ class Dataset:
             raise ShardError(f"{self._store.url(name)}: CRC-32C is {got}, the manifest (version "
                              f"{self.version}) records {want}: the file changed or is corrupt")
 
-    def _each_shard(self, fn, progress):
+    def _each_shard(self, fn: Callable[[Shard], object], progress: _progress.Reporter | _progress._Silent) -> None:
         """``fn(shard)`` for every shard, in manifest order (the header checks), each advancing
         ``progress`` when done. Remote: on ``max_in_flight`` threads, so opening costs ``shards /
         max_in_flight`` round trips, not one per shard (at 25 ms a request, 61 shards took 3 s to
@@ -429,7 +428,7 @@ class Dataset:
             for _ in pool.map(fn, self.shards):
                 progress.advance()
 
-    def _check_shard_files(self):
+    def _check_shard_files(self) -> None:
         """Every listed shard exists with its manifest size; the first that does not, in manifest
         order, is named. The sizes come from the store in one go (remote: a listing per directory,
         not a request per shard)."""
@@ -443,23 +442,23 @@ class Dataset:
                 raise ShardError(f"{url}: the file has {size} bytes but {MANIFEST_FILE_NAME} says "
                                  f"{shard.size} (shards[].bytes)")
 
-    def _native_header(self, shard):
+    def _native_header(self, shard: Shard) -> _native.Header:
         """The shard's parsed, validated header (read on first use)."""
         if shard.header is None:
             shard.header = _read_header(self._store, shard)
             shard.metadata = shard.header.metadata
         return shard.header
 
-    def _header(self, shard):
+    def _header(self, shard: Shard) -> dict[str, Tensor]:
         """The shard's tensors as ``{name: Tensor}`` (built from the header on first use)."""
         if shard.tensors is None:
             shard.tensors = {t[0]: Tensor(*t) for t in self._native_header(shard).tensors()}
         return shard.tensors
 
-    def _infer_layout(self):
+    def _infer_layout(self) -> None:
         """A manifest with only the published fields: the layout comes from the shards (spec/python.md §2)."""
         self._ragged_from_shards()
-        layouts = {(s.metadata or {}).get(LAYOUT_METADATA_KEY) for s in self.shards} - {None}
+        layouts = {v for s in self.shards if (v := (s.metadata or {}).get(LAYOUT_METADATA_KEY)) is not None}
         if len(layouts) > 1:
             raise ManifestError(f"{self.path}: shards disagree on {LAYOUT_METADATA_KEY}: {sorted(layouts)}")
         if layouts:
@@ -469,7 +468,7 @@ class Dataset:
             seps = {(s.metadata or {}).get(KV_SEPARATOR_METADATA_KEY) for s in self.shards} - {None}
             self.kv_separator = seps.pop() if len(seps) == 1 else None
         else:
-            def is_batch(s):
+            def is_batch(s: Shard) -> bool:
                 rows = s.samples + self._padded_from_metadata(s)
                 tensors = self._header(s)
                 return all(c in tensors and len(tensors[c].shape) >= 1 and tensors[c].shape[0] == rows
@@ -484,7 +483,7 @@ class Dataset:
                 shape = self.schema[fixed[0]].get("shape")
                 self.batch_size = shape[0] if shape else None
 
-    def _ragged_from_shards(self):
+    def _ragged_from_shards(self) -> None:
         """A column whose schema shape is null and that every shard's ``safetensors_spark.ragged``
         lists is ragged (a shard describes itself; spec/python.md §2); its inner shape is its
         values tensor's in the first shard."""
@@ -509,11 +508,11 @@ class Dataset:
                 self.ragged[c] = list(t.shape[1:])
 
     @staticmethod
-    def _padded_from_metadata(shard):
+    def _padded_from_metadata(shard: Shard) -> int:
         value = (shard.metadata or {}).get(PADDED_SAMPLES_METADATA_KEY, "0")
         return int(value) if value.isdigit() else 0
 
-    def _check_header(self, shard):
+    def _check_header(self, shard: Shard) -> None:
         """Every fact the manifest states about a shard must hold in its header."""
         header = self._native_header(shard)
         url = self._store.url(shard.name)
@@ -526,10 +525,7 @@ class Dataset:
             rows = shard.samples + shard.padded
             for c in self.columns:
                 if c in self.ragged:
-                    try:
-                        header.check_ragged(c, self.schema[c]["dtype"], self.ragged[c], rows)
-                    except _native.FormatError as e:
-                        raise ShardError(f"{url}: {e}") from None
+                    header.check_ragged(c, self.schema[c]["dtype"], self.ragged[c], rows)
                     continue
                 t = tensors.get(c)
                 if t is None:
@@ -543,37 +539,30 @@ class Dataset:
                     raise ShardError(f"{url}: tensor '{c}' has sample shape {list(t.shape[1:])} but "
                                      f"{MANIFEST_FILE_NAME} schema says {list(want[1:])} (schema shape {want})")
         else:
-            try:
-                keys = header.count_kv_keys(self._kv_columns(), self.kv_separator)
-            except _native.FormatError as e:
-                raise ShardError(f"{url}: {e}") from None
+            keys = header.count_kv_keys(self._kv_columns(), cast(str, self.kv_separator))
             if keys != shard.samples:
                 raise ShardError(f"{url}: the header holds {keys} keys but {MANIFEST_FILE_NAME} "
                                  f"says samples_count {shard.samples}")
 
-    def _check_dtype(self, url, t, column):
+    def _check_dtype(self, url: str, t: Tensor, column: str) -> None:
         want = self.schema[column]["dtype"]
         if t.dtype != want:
             raise ShardError(f"{url}: tensor '{t.name}' has dtype {t.dtype} but {MANIFEST_FILE_NAME} "
                              f"schema says {want} for column '{column}'")
 
-    def _kv_columns(self):
+    def _kv_columns(self) -> list[tuple[str, str, list[int] | None]]:
         """The schema as the KV rules take it: ``[(column, dtype, shape or None)]``."""
         return [(c, self.schema[c]["dtype"], self.schema[c].get("shape")) for c in self.columns]
 
-    def _kv_keys(self, shard, url=None):
+    def _kv_keys(self, shard: Shard) -> dict[str, dict[str, Tensor]]:
         """Splits a KV shard's tensor names into key and column (the Rust rule
         ``dataset::kv::split_kv_header``: the longest column that ends the name after the
         separator; dtypes and shapes as the schema says; every key has every column)."""
         if shard.kv is not None:
             return shard.kv
-        url = url or self._store.url(shard.name)
         header = self._native_header(shard)
-        try:
-            split = header.split_kv(self._kv_columns(), self.kv_separator)
-        except _native.FormatError as e:
-            raise ShardError(f"{url}: {e}") from None
-        kv = {}
+        split = header.split_kv(self._kv_columns(), cast(str, self.kv_separator))
+        kv: dict[str, dict[str, Tensor]] = {}
         for t, (key, i) in zip(header.tensors(), split):
             kv.setdefault(key, {})[self.columns[i]] = Tensor(*t)
         shard.kv = kv
@@ -582,14 +571,14 @@ class Dataset:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.total_samples
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Dataset({self.path!r}, layout={self.layout}, samples={self.total_samples}, "
                 f"shards={len(self.shards)}, columns={self.columns})")
 
-    def check_columns(self, columns):
+    def _check_columns(self, columns: str | Iterable[str] | None) -> list[str]:
         """``columns`` (None = all) as a list, each a column of the dataset."""
         if columns is None:
             return list(self.columns)
@@ -603,7 +592,7 @@ class Dataset:
             raise ColumnNotFoundError(f"columns is empty; choose from {self.columns}")
         return columns
 
-    def locate(self, i):
+    def _locate(self, i: int | np.integer[Any]) -> tuple[Shard, int]:
         """``(shard, row)`` of sample ``i`` (negative counts from the end)."""
         n = self.total_samples
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
@@ -616,15 +605,15 @@ class Dataset:
         k = bisect.bisect_right(self._starts, j) - 1
         return self.shards[k], j - self.shards[k].offset
 
-    def locate_many(self, indices):
-        """``(shard indices, rows)`` (int64 arrays) of samples ``indices``, checked as ``locate``."""
+    def _locate_many(self, indices: Any) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """``(shard indices, rows)`` (int64 arrays) of samples ``indices``, checked as ``_locate``."""
         n = self.total_samples
         try:
             v = np.asarray(indices)
         except Exception:  # noqa: BLE001 - a ragged or odd sequence: the per-index rule decides
             v = None
         if v is None or v.ndim != 1 or v.dtype.kind not in "iu":
-            pairs = [self.locate(i) for i in indices]
+            pairs = [self._locate(i) for i in indices]
             return (np.array([s.index for s, _ in pairs], dtype=np.int64),
                     np.array([r for _, r in pairs], dtype=np.int64))
         v = v.astype(np.int64)
@@ -633,18 +622,18 @@ class Dataset:
             i = v[bad][0]
             raise IndexError(f"sample index {i} is out of range for dataset {self.path} with {n} samples")
         v = np.where(v < 0, v + n, v)
-        # the last shard starting at or before j (never an empty one: see locate)
+        # the last shard starting at or before j (never an empty one: see _locate)
         k = np.searchsorted(np.asarray(self._starts, dtype=np.int64), v, side="right") - 1
         offsets = np.asarray([s.offset for s in self.shards], dtype=np.int64)
         return k, v - offsets[k]
 
-    def check_unchanged(self, shard):
+    def _check_unchanged(self, shard: Shard) -> None:
         """For a local (or locally cached) shard: raises ``ShardError`` naming it unless the file
         still has its validated length (``LocalStore.check``); remote reads check every range."""
         if self._store.is_local:
             self._store.check(shard.name, shard.size)
 
-    def tensor_array(self, shard, tensor):
+    def _tensor_array(self, shard: Shard, tensor: Tensor) -> NDArray[Any]:
         """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
         store = self._store
         if isinstance(store, CachedStore):
@@ -653,100 +642,95 @@ class Dataset:
         dtype = self._dtype_of(shard, tensor)
         return store.array(shard.name, tensor.start, tensor.end, dtype, tensor.shape)
 
-    def _dtype_of(self, shard, tensor):
+    def _dtype_of(self, shard: Shard, tensor: Tensor) -> np.dtype[Any]:
         return numpy_dtype(tensor.dtype, f"{self._store.url(shard.name)}: tensor '{tensor.name}'")
 
-    def rows(self, shard, column, start, stop):
+    def _rows(self, shard: Shard, column: str, start: int, stop: int) -> NDArray[Any]:
         """Rows ``[start, stop)`` of a batch-layout column: a view for local files, a range read
         of exactly those rows otherwise."""
         t = self._header(shard)[column]
         store = self._store
         if store.is_local:
-            return self.tensor_array(shard, t)[start:stop]
+            return self._tensor_array(shard, t)[start:stop]
         row_bytes = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
         return store.array(shard.name, t.start + start * row_bytes, t.start + stop * row_bytes,
                            self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
 
-    def offsets(self, shard, column):
+    def _offsets(self, shard: Shard, column: str) -> NDArray[np.int64]:
         """The offsets of ragged column ``column`` in ``shard`` (int64 ``[rows + 1]``; a view of
         the map for local shards), checked by the Rust rule once per process: from 0,
         non-decreasing, ending at the values' length."""
         key = (shard.index, column)
-        o = self._offsets.get(key)
+        o = self._checked_offsets.get(key)
         if o is None:
             tensors = self._header(shard)
             if column not in tensors or offsets_name(column) not in tensors:
                 # a published-only manifest or check_headers=False: the header rule first
-                try:
-                    self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
-                                                            self.ragged[column], shard.samples + shard.padded)
-                except _native.FormatError as e:
-                    raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
+                self._native_header(shard).check_ragged(column, self.schema[column]["dtype"],
+                                                        self.ragged[column], shard.samples + shard.padded)
             t = tensors[offsets_name(column)]
-            o = self.tensor_array(shard, t)
-            try:
-                _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0])
-            except _native.FormatError as e:
-                raise ShardError(f"{self._store.url(shard.name)}: {e}") from None
-            self._offsets[key] = o
+            o = self._tensor_array(shard, t)
+            _native.check_ragged_offsets(column, o.tobytes(), tensors[column].shape[0],
+                                         self._store.url(shard.name))
+            self._checked_offsets[key] = o
         return o
 
-    def ragged_values(self, shard, column, start, stop):
+    def _ragged_values(self, shard: Shard, column: str, start: int, stop: int) -> NDArray[Any]:
         """Elements ``[start, stop)`` of ragged column ``column``'s values: a view for local
         files, one range read otherwise."""
         t = self._header(shard)[column]
         if self._store.is_local:
-            return self.tensor_array(shard, t)[start:stop]
+            return self._tensor_array(shard, t)[start:stop]
         elem = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
         return self._store.array(shard.name, t.start + start * elem, t.start + stop * elem,
                                  self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
 
-    def ragged_rows(self, shard, column, start, stop):
+    def ragged_rows(self, shard: Shard, column: str, start: int, stop: int) -> Ragged:
         """Rows ``[start, stop)`` of ragged column ``column`` as :class:`Ragged` (values a view
         for local files; offsets rebased to 0)."""
-        o = self.offsets(shard, column)
+        o = self._offsets(shard, column)
         e0, e1 = int(o[start]), int(o[stop])
-        return Ragged(self.ragged_values(shard, column, e0, e1), o[start: stop + 1] - e0)
+        return Ragged(self._ragged_values(shard, column, e0, e1), o[start: stop + 1] - e0)
 
-    def kv_tensor(self, shard, key, column):
-        return self.tensor_array(shard, self._kv_keys(shard)[key][column])
+    def _kv_tensor(self, shard: Shard, key: str, column: str) -> NDArray[Any]:
+        return self._tensor_array(shard, self._kv_keys(shard)[key][column])
 
-    def sample(self, shard, row, columns):
+    def _sample(self, shard: Shard, row: int, columns: Sequence[str]) -> Arrays:
         if self.layout == "batch":
             out = {}
             for c in columns:
                 if c in self.ragged:
                     out[c] = self.ragged_rows(shard, c, row, row + 1).values  # the row's elements
                     continue
-                a = self.rows(shard, c, row, row + 1)
+                a = self._rows(shard, c, row, row + 1)
                 out[c] = a.reshape(a.shape[1:])  # a 0-d array (not a numpy scalar) for scalar samples
             return out
         self._kv_keys(shard)
         key = shard.keys[row]
-        return {c: self.kv_tensor(shard, key, c) for c in columns}
+        return {c: self._kv_tensor(shard, key, c) for c in columns}
 
-    def __getitem__(self, i):
-        shard, row = self.locate(i)
-        return self.sample(shard, row, self.columns)
+    def __getitem__(self, i: int) -> Arrays:
+        shard, row = self._locate(i)
+        return self._sample(shard, row, self.columns)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Arrays]:
         for i in range(self.total_samples):
             yield self[i]
 
-    def iter_shards(self, columns=None):
+    def iter_shards(self, columns: str | Iterable[str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """Yields ``(shard_name, data)`` per shard in manifest order. Batch layout: ``data`` is
         ``{column: array of the shard's real rows}`` (a ragged column: :class:`Ragged`, its
         values and offsets); KV: ``{key: {column: array}}``."""
-        columns = self.check_columns(columns)
+        columns = self._check_columns(columns)
         for shard in self.shards:
             if self.layout == "batch":
                 yield shard.name, {c: self.ragged_rows(shard, c, 0, shard.samples) if c in self.ragged
-                                   else self.rows(shard, c, 0, shard.samples) for c in columns}
+                                   else self._rows(shard, c, 0, shard.samples) for c in columns}
             else:
                 self._kv_keys(shard)
-                yield shard.name, {k: {c: self.kv_tensor(shard, k, c) for c in columns} for k in shard.keys}
+                yield shard.name, {k: {c: self._kv_tensor(shard, k, c) for c in columns} for k in shard.keys}
 
-    def keys(self):
+    def keys(self) -> list[str]:
         """KV datasets: every key, in sample order."""
         self._require_kv("keys()")
         out = []
@@ -755,18 +739,18 @@ class Dataset:
             out.extend(s.keys)
         return out
 
-    def _require_kv(self, what):
+    def _require_kv(self, what: str) -> None:
         if self.layout != "kv":
             raise ManifestError(f"{what} needs a KV dataset (written with name_col); {self.path} has layout {self.layout}")
 
-    def get(self, key, columns=None):
+    def get(self, key: str, columns: str | Iterable[str] | None = None) -> Arrays:
         """KV datasets: ``{column: array}`` of the row with this key. Looked up in
         ``_tensor_index.parquet`` when the dataset has one: per listed shard's part, its footer
         and only the row groups whose ``sample_key`` statistics can hold the key; the holding
         shard's header is then read and every row checked against it (spec/python.md §2).
         Shards the index does not cover are searched through their headers."""
         self._require_kv("get(key)")
-        columns = self.check_columns(columns)
+        columns = self._check_columns(columns)
         parts = self._index_parts()
         uncovered = self.shards
         if parts:
@@ -782,12 +766,12 @@ class Dataset:
         for shard in uncovered:
             cols = self._kv_keys(shard).get(key)
             if cols is not None:
-                return {c: self.tensor_array(shard, cols[c]) for c in columns}
+                return {c: self._tensor_array(shard, cols[c]) for c in columns}
         raise KeyNotFoundError(f"key '{key}' not found in dataset {self.path} ({self.total_samples} keys)")
 
     _INDEX_COLUMNS = ["tensor_key", "file_name", "dtype", "shape", "data_start", "data_end", "sample_key", "column"]
 
-    def _index_parts(self):
+    def _index_parts(self) -> dict[str, tuple[str, Any]]:
         """``{shard name: (part url, pyarrow.parquet.ParquetFile)}`` of the shards the index
         covers (opened once: each footer is read once), or ``{}`` without an index. The index is
         a directory of one part per shard (spec/dataset.md §6.1): only the parts of the shards the
@@ -801,7 +785,7 @@ class Dataset:
         if self._store.is_local and not isinstance(self._store, CachedStore):
             try:  # a linked index directory is never followed (spec/dataset.md §5.9): headers answer
                 _native.own_dir(self._store.root, INDEX_DIR_NAME)
-            except _native.ManifestError:
+            except ManifestError:
                 linked = True
         if not linked and self._store.exists(INDEX_DIR_NAME) and self._store.isdir(INDEX_DIR_NAME):
             import pyarrow.parquet as pq
@@ -826,7 +810,7 @@ class Dataset:
         self._parts = parts
         return parts
 
-    def _index_rows(self, shard, url, pf, key):
+    def _index_rows(self, shard: Shard, url: str, pf: Any, key: str) -> list[dict[str, Any]]:
         """The rows of ``key`` in one part: only the row groups whose ``sample_key`` min/max can
         hold it are read (a row group without statistics is read)."""
         md = pf.metadata
@@ -853,10 +837,7 @@ class Dataset:
         except Exception as e:  # pyarrow raises several types for unreadable or foreign files
             raise IndexFileError(f"{url}: cannot be read as the tensor index ({type(e).__name__}: {e})") from None
         for r in rows:
-            try:
-                _native.check_shard_path(r["file_name"])
-            except _native.ManifestError as e:
-                raise IndexFileError(f"{url}: file_name {e}") from None
+            _native.check_index_file_name(r["file_name"], url)
             if r["file_name"] != shard.name:
                 raise IndexFileError(f"{url}: the index part of {shard.name} has a row for tensor '{r['tensor_key']}' "
                                      f"of shard {r['file_name']} (stale or misplaced index part)")
@@ -865,31 +846,32 @@ class Dataset:
                                      f"not in the schema {self.columns}")
         return rows
 
-    def _get_indexed(self, key, columns, shard, url, rows):
+    def _get_indexed(self, key: str, columns: Sequence[str], shard: Shard, url: str,
+                     rows: list[dict[str, Any]]) -> Arrays:
         """Reads the holding shard's header and checks every row of the key against it (the Rust
-        rule ``dataset::kv::check_index_entry``: name, dtype, shape and byte range); the bytes
+        rule ``dataset::kv::check_index_row``: name, dtype, shape and byte range); the bytes
         read are the header's tensor's. A disagreement raises naming the dataset, the part, the
         key and what disagrees, never returns other bytes."""
         header = self._native_header(shard)
         out = {}
+        context = f"{url}: key '{key}' of dataset {self.path} disagrees with the header of {shard.name}"
         for r in rows:
-            try:
-                t = header.check_index_entry(r["tensor_key"], r["dtype"], r["shape"], r["data_start"],
-                                             r["data_end"], r["sample_key"], r["column"], self.kv_separator)
-            except _native.IndexEntryError as e:
-                raise IndexFileError(f"{url}: key '{key}' of dataset {self.path} disagrees with the header of "
-                                     f"{shard.name}: {e}") from None
+            t = header.check_index_row(r["tensor_key"], r["dtype"], r["shape"], r["data_start"],
+                                         r["data_end"], r["sample_key"], r["column"],
+                                         cast(str, self.kv_separator), context)
             if r["column"] in columns:
-                out[r["column"]] = self.tensor_array(shard, Tensor(*t))
+                out[r["column"]] = self._tensor_array(shard, Tensor(*t))
         missing = [c for c in columns if c not in out]
         if missing:
             raise IndexFileError(f"{url}: key '{key}' has no row for column(s) {missing}")
         return out
 
 
-def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=True, version=None,
-                 timestamp=None, verify_checksums=False, cache_limit=None, prefetch=4, max_in_flight=4,
-                 retries=5):
+def open_dataset(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, check_headers: bool = True,
+                 version: int | None = None, timestamp: datetime.datetime | str | None = None,
+                 verify_checksums: bool = False, cache_limit: int | None = None, prefetch: int = 4,
+                 max_in_flight: int = 4, retries: int = 5) -> Dataset:
     """Opens a dataset directory (local path or fsspec URL such as ``s3://bucket/data``).
 
     Reads the manifest and, with ``check_headers`` (default), every shard's header, checking each
@@ -915,26 +897,21 @@ def open_dataset(path, *, storage_options=None, cache_dir=None, check_headers=Tr
     return ds
 
 
-def history(path, *, storage_options=None):
+def history(path: str | os.PathLike[str], *,
+            storage_options: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """The dataset's versions, oldest first (spec/dataset.md §5.8): a list of dicts with
     ``version``, ``committed_at_ms``, ``operation``, ``rows_added``, ``rows_removed``,
     ``bytes_added``, ``bytes_removed``, ``shards_added``, ``shards_removed``, ``total_rows``,
     ``total_bytes``, ``created_by``, ``app_id``, ``commit_message``."""
     store = open_store(os.fspath(path), storage_options, None)
-    try:
-        entries = _log_entries(store, with_text=True)
-    except _native.ManifestError as e:
-        raise ManifestError(f"{path}: {e}") from None
+    entries = _log_entries(store, str(path), with_text=True)
     if not entries:
         raise ManifestError(f"{store.url(MANIFEST_LOG_DIR)}: no manifest log; {path} is not a dataset "
                             "written by this connector")
-    try:
-        return json.loads(_native.history(json.dumps(entries)))
-    except _native.ManifestError as e:
-        raise ManifestError(f"{path}: {e}") from None
+    return json.loads(_native.history(json.dumps(entries), str(path)))
 
 
-def _read_log_entry(store, version):
+def _read_log_entry(store: Store, version: int) -> str:
     """The text of ``_manifest_log/`` entry ``version`` (a local one by the Rust rule of
     spec/dataset.md §5.9: a regular file within the size bound); an error names the entry."""
     name = f"{MANIFEST_LOG_DIR}/{manifest_log_file_name(version)}"
@@ -944,13 +921,13 @@ def _read_log_entry(store, version):
         raise ManifestError(f"{store.url(name)}: cannot be read: {e}") from None
 
 
-def _log_entries(store, with_text):
-    """The ``_manifest_log/`` entries as the native version rules take them: ``{"version",
-    "modified_ms"[, "text"]}``. Names and versions are the Rust rule's (a 20-digit name beyond
-    the largest version is an error naming it: ``_native.ManifestError``)."""
+def _log_entries(store: Store, dataset: str, with_text: bool) -> list[dict[str, Any]]:
+    """The ``_manifest_log/`` entries of ``dataset`` (its path, for errors) as the native version
+    rules take them: ``{"version", "modified_ms"[, "text"]}``. Names and versions are the Rust
+    rule's (a 20-digit name beyond the largest version is a :class:`ManifestError` naming it)."""
     entries = []
     for name, mtime in store.log_entries(MANIFEST_LOG_DIR):
-        v = _native.log_entry_version(name)
+        v = _native.log_entry_version(name, dataset)
         if v is None:
             continue
         e = {"version": v, "modified_ms": mtime}

@@ -19,7 +19,7 @@ class IndexFileError(SafetensorsSparkError, ValueError):
 
 class _MessageKeyError(SafetensorsSparkError, KeyError):
     # KeyError's str() quotes its argument; these carry sentences.
-    def __str__(self):
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 

@@ -20,32 +20,38 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ._errors import ColumnNotFoundError
-from ._sampling import EpochOrder
+from ._sampling import EpochOrder, Located
 
-_OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+if TYPE_CHECKING:
+    from ._dataset import Dataset, Shard
+
+_OPS: dict[str, Callable[[Any, Any], Any] | None] = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
         ">=": operator.ge, "in": None, "not in": None}
 
 
 class Filter:
     """What a dataset keeps. Build with :meth:`mask` or :meth:`where`."""
 
-    def __init__(self, column, kind, op=None, value=None, of="values"):
+    def __init__(self, column: str, kind: str, op: Any = None, value: Any = None, of: str = "values") -> None:
         # of: "values" (the column's values) or "length" (a ragged column's row lengths)
         self.column, self.kind, self.op, self.value, self.of = column, kind, op, value, of
 
     @classmethod
-    def mask(cls, column):
+    def mask(cls, column: str) -> Filter:
         """Keep the samples whose BOOL column ``column`` is true (e.g. a mask Spark wrote)."""
         if not isinstance(column, str):
             raise ValueError(f"Filter.mask: column must be a column name, got {column!r}")
         return cls(column, "mask")
 
     @classmethod
-    def where(cls, column, op, value=None):
+    def where(cls, column: str, op: str | Callable[[Any], Any], value: Any = None) -> Filter:
         """Keep the samples whose scalar column ``column`` satisfies ``op``: one of
         ``== != < <= > >=`` with a number ``value``, ``in`` / ``not in`` with a list of numbers,
         or a function ``values (numpy array of one shard's rows) -> bool array of the same
@@ -53,7 +59,7 @@ class Filter:
         return cls._build(column, op, value, "Filter.where")
 
     @classmethod
-    def _build(cls, column, op, value, who):
+    def _build(cls, column: str, op: str | Callable[[Any], Any], value: Any, who: str) -> Filter:
         if not isinstance(column, str):
             raise ValueError(f"{who}: column must be a column name, got {column!r}")
         if callable(op):
@@ -74,7 +80,7 @@ class Filter:
         return cls(column, "op", op, value)
 
     @classmethod
-    def length(cls, column, op, value=None):
+    def length(cls, column: str, op: str | Callable[[Any], Any], value: Any = None) -> Filter:
         """Keep the samples whose row of ragged column ``column`` (e.g. a document's tokens) has
         a length (elements; bytes for binary and string) that satisfies ``op``, as in
         :meth:`where` (a comparison with a number, ``in``/``not in``, or a vectorised function of
@@ -83,7 +89,7 @@ class Filter:
         f.of = "length"
         return f
 
-    def describe(self):
+    def _describe(self) -> str:
         if self.kind == "mask":
             return f"mask {self.column}"
         name = f"len({self.column})" if self.of == "length" else self.column
@@ -91,10 +97,10 @@ class Filter:
             return f"{name} where {getattr(self.op, '__qualname__', repr(self.op))}"
         return f"{name} {self.op} {self.value!r}"
 
-    def __repr__(self):
-        return f"Filter({self.describe()})"
+    def __repr__(self) -> str:
+        return f"Filter({self._describe()})"
 
-    def evaluate(self, values, where):
+    def _evaluate(self, values: NDArray[Any], where: str) -> NDArray[np.bool_]:
         """The kept rows (bool array) of one shard's ``values`` of the column."""
         if self.kind == "mask":
             return values
@@ -110,10 +116,11 @@ class Filter:
             return np.isin(values, self.value)
         if self.op == "not in":
             return ~np.isin(values, self.value)
-        return np.asarray(_OPS[self.op](values, self.value), dtype=np.bool_)
+        compare = cast("Callable[[Any, Any], Any]", _OPS[self.op])  # "in"/"not in" (None) answered above
+        return np.asarray(compare(values, self.value), dtype=np.bool_)
 
 
-def _is_number(v):
+def _is_number(v: object) -> bool:
     return isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating))
 
 
@@ -121,12 +128,12 @@ class Selection:
     """A :class:`Filter` evaluated over a dataset: ``total`` kept samples, ``counts`` kept per
     shard, ``fingerprint`` (sha256 of the kept bits), ``kept()`` their sample indices (§2 order)."""
 
-    def __init__(self, dataset, flt):
+    def __init__(self, dataset: Dataset, flt: Filter) -> None:
         if not isinstance(flt, Filter):
             raise ValueError(f"filter must be a safetensors_spark.Filter (Filter.mask(column) or "
                              f"Filter.where(column, op, value)), got {flt!r}")
         # the description only: a filter's function need not pickle (DataLoader workers under spawn)
-        self.description = flt.describe()
+        self.description = flt._describe()
         ds = dataset
         c = flt.column
         if c not in ds.schema:
@@ -156,9 +163,9 @@ class Selection:
         for shard in ds.shards:
             if shard.samples == 0:
                 continue
-            values = np.diff(ds.offsets(shard, c))[: shard.samples] if flt.of == "length" \
+            values = np.diff(ds._offsets(shard, c))[: shard.samples] if flt.of == "length" \
                 else _column_values(ds, shard, c)
-            keep[shard.offset: shard.offset + shard.samples] = flt.evaluate(values, ds._store.url(shard.name))
+            keep[shard.offset: shard.offset + shard.samples] = flt._evaluate(values, ds._store.url(shard.name))
         self.n = len(ds)
         self.bits = np.packbits(keep)
         self.total = int(keep.sum())
@@ -167,30 +174,30 @@ class Selection:
         self.counts = (before[starts + np.asarray([s.samples for s in ds.shards], dtype=np.int64)]
                        - before[starts]).astype(np.int64)
         self.fingerprint = hashlib.sha256(self.bits.tobytes() + str(self.n).encode()).hexdigest()
-        self._kept = None
+        self._kept: NDArray[np.int64] | None = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_kept"] = None  # rebuilt from the bits in the process that reads
         return state
 
-    def kept(self):
+    def kept(self) -> NDArray[np.int64]:
         """Sample indices (int64, increasing) of the kept samples."""
         if self._kept is None:
             self._kept = np.flatnonzero(np.unpackbits(self.bits, count=self.n)).astype(np.int64)
         return self._kept
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         return {"filter": self.description, "kept": self.total, "sha256": self.fingerprint}
 
 
-def _column_values(ds, shard, column):
+def _column_values(ds: Dataset, shard: Shard, column: str) -> NDArray[Any]:
     """The column's value of each real row of ``shard``, as a 1-d array (one range per shard)."""
     if ds.layout == "batch":
-        a = ds.rows(shard, column, 0, shard.samples)
+        a = ds._rows(shard, column, 0, shard.samples)
     else:
         ds._kv_keys(shard)
-        a = np.stack([ds.kv_tensor(shard, key, column) for key in shard.keys])
+        a = np.stack([ds._kv_tensor(shard, key, column) for key in shard.keys])
     return np.asarray(a).reshape(shard.samples)
 
 
@@ -199,7 +206,8 @@ class FilteredOrder:
     shard (the same shard permutation and block shuffle, over the filtered list), then the
     ``j``-th kept row of a shard is mapped to its row."""
 
-    def __init__(self, dataset, selection, shuffle, seed, epoch, block_size):
+    def __init__(self, dataset: Dataset, selection: Selection, shuffle: bool, seed: int, epoch: int,
+                 block_size: int) -> None:
         self.order = EpochOrder(selection.counts, shuffle, seed, epoch, block_size)
         self.total = self.order.total
         kept = selection.kept()
@@ -207,11 +215,11 @@ class FilteredOrder:
         self._first = np.concatenate([[0], np.cumsum(selection.counts)])[:-1]
         self._offsets = np.asarray([s.offset for s in dataset.shards], dtype=np.int64)
 
-    def _rows(self, shards, j):
+    def _rows(self, shards: NDArray[np.int64], j: NDArray[np.int64]) -> Located:
         return shards, self._kept[self._first[shards] + j] - self._offsets[shards]
 
-    def locate(self, positions):
+    def locate(self, positions: ArrayLike) -> Located:
         return self._rows(*self.order.locate(positions))
 
-    def locate_all(self):
+    def locate_all(self) -> Located:
         return self._rows(*self.order.locate_all())

@@ -13,10 +13,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _native
+
+if TYPE_CHECKING:
+    from ._dataset import Dataset
+    from ._filter import FilteredOrder
+    from ._sampling import EpochOrder
 
 INTEGER_DTYPES = ("U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
 
@@ -25,7 +32,7 @@ IDS = ("position_ids", "document_ids")
 IDS_DTYPES = ("int32", "int64")
 
 
-def _ids_dtype(value):
+def _ids_dtype(value: Any) -> np.dtype[Any]:
     """``"int32"``/``"int64"``, a numpy or a torch dtype of those → the numpy dtype."""
     name = str(value).removeprefix("torch.") if type(value).__module__ == "torch" else None
     if name is None:
@@ -67,15 +74,15 @@ class Packing:
             raise ValueError(f"Packing: seq_len={self.seq_len} has positions beyond int32; "
                              f"use ids_dtype='int64'")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Packing(column={self.column!r}, seq_len={self.seq_len}, eos={self.eos}, ids={self.ids!r}, "
                 f"ids_dtype='{self.ids_dtype.name}')")
 
-    def state(self):
+    def _state(self) -> dict[str, Any]:
         """What decides the blocks (the ids carried do not: a state resumes with any)."""
         return {"column": self.column, "seq_len": self.seq_len, "eos": self.eos}
 
-    def check(self, dataset):
+    def _check(self, dataset: Dataset) -> None:
         """Refuses a column that is not a ragged column of integer tokens of ``dataset``, or an
         ``eos`` its dtype cannot hold."""
         c = self.column
@@ -99,13 +106,13 @@ class Packing:
                              f"int32 document_ids; use ids_dtype='int64' or leave document_ids out of ids")
 
 
-def document_lengths(dataset, column):
+def document_lengths(dataset: Dataset, column: str) -> NDArray[np.int64]:
     """Every document's token count, in sample order (int64 [N]), from the shards' offsets."""
-    parts = [np.diff(dataset.offsets(s, column))[: s.samples] for s in dataset.shards]
+    parts = [np.diff(dataset._offsets(s, column))[: s.samples] for s in dataset.shards]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
-def stream_tokens(lengths, eos):
+def stream_tokens(lengths: NDArray[np.int64], eos: int | None) -> int:
     return int(lengths.sum()) + (len(lengths) if eos is not None else 0)
 
 
@@ -113,7 +120,8 @@ class PackedEpoch:
     """The blocks of one epoch. ``order``: the epoch's EpochOrder over the documents;
     ``lengths``: :func:`document_lengths`."""
 
-    def __init__(self, dataset, packing, order, lengths):
+    def __init__(self, dataset: Dataset, packing: Packing, order: EpochOrder | FilteredOrder,
+                 lengths: NDArray[np.int64]) -> None:
         self.ds, self.packing = dataset, packing
         n = len(lengths)
         shard_idx, rows = order.locate_all()
@@ -128,10 +136,11 @@ class PackedEpoch:
         self.num_blocks = total // packing.seq_len
         self.dropped_tokens = total - self.num_blocks * packing.seq_len
         self.dtype = dataset._dtypes[packing.column]
-        self._values = {}  # shard index -> its values (local shards: a view of the map)
-        self._packer = None  # the Rust block builder over this epoch's stream (local shards)
+        self._values: dict[int, NDArray[Any]] = {}  # shard index -> its values (local shards: a view of the map)
+        self._packer: _native.Packer | None = None  # the Rust block builder over this epoch's stream (local shards)
 
-    def layout(self, firsts, counts):
+    def layout(self, firsts: ArrayLike, counts: ArrayLike) -> tuple[list[tuple[str, np.dtype[Any]]], NDArray[np.int64],
+                                                                   NDArray[np.int64], int]:
         """Where :meth:`fill` writes batches of blocks ``[firsts[i], firsts[i] + counts[i])``
         laid one after the other in one buffer: ``(parts, offsets, nbytes, total)`` — ``parts``
         ``[(name, numpy dtype)]`` (``tokens``, the ids asked for, ``cu_seqlens``), ``offsets``
@@ -151,7 +160,7 @@ class PackedEpoch:
         ends = np.cumsum(padded.reshape(-1)).reshape(padded.shape)
         return parts, ends - padded, nbytes, int(ends[-1, -1]) if len(firsts) else 0
 
-    def blocks(self, b0, b1):
+    def blocks(self, b0: int, b1: int) -> dict[str, NDArray[Any]]:
         """Blocks ``[b0, b1)`` as numpy arrays: ``tokens`` and the ids the packing asks for
         (``position_ids``, ``document_ids``: ``ids_dtype``) of shape ``[b1 - b0, seq_len]``, and
         ``cu_seqlens`` (int32): the boundaries of the pieces (a document's part inside one block)
@@ -169,12 +178,14 @@ class PackedEpoch:
                     (n,) if name == "cu_seqlens" else shape)
                 for (name, dtype), o, k in zip(parts, offsets[0].tolist(), nbytes[0].tolist())}
 
-    def fill(self, address, size, firsts, counts, offsets, nbytes):
+    def fill(self, address: int, size: int, firsts: Sequence[int] | NDArray[np.int64],
+             counts: Sequence[int] | NDArray[np.int64], offsets: NDArray[np.int64],
+             nbytes: NDArray[np.int64]) -> list[int]:
         """Writes batches of blocks ``[firsts[i], firsts[i] + counts[i])`` into the writable
         buffer of ``size`` bytes at ``address`` that the caller holds (e.g. a shared-memory
         block), where :meth:`layout` placed them (``offsets``, ``nbytes``), one call of the Rust
         builder per batch; returns each batch's number of ``cu_seqlens`` entries. Local shards
-        only: the shards the batches read are checked (``check_unchanged``) once before and once
+        only: the shards the batches read are checked (``Dataset._check_unchanged``) once before and once
         after."""
         ds, column, seq = self.ds, self.packing.column, self.packing.seq_len
         packer = self._packer or self._new_packer()
@@ -189,9 +200,9 @@ class PackedEpoch:
         for shard in shards:
             if not packer.has_values(shard.index):
                 t = ds._header(shard)[column]
-                v = np.ascontiguousarray(ds.ragged_values(shard, column, 0, int(t.shape[0])))
+                v = np.ascontiguousarray(ds._ragged_values(shard, column, 0, int(t.shape[0])))
                 packer.set_values(shard.index, v, v.__array_interface__["data"][0], v.nbytes, len(v))
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         width = self.packing.ids_dtype.itemsize
         where = (address + offsets).tolist()
         nb = nbytes.tolist()
@@ -204,24 +215,24 @@ class PackedEpoch:
             out.append(build(b0, b0 + n, (w[0], k[0]), None if pos is None else (w[pos], k[pos]),
                              None if doc is None else (w[doc], k[doc]), width, (w[-1], k[-1])))
         for shard in shards:
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         return out
 
-    def _new_packer(self):
+    def _new_packer(self) -> _native.Packer:
         ds, column = self.ds, self.packing.column
         # every document's first element in its shard's values, in sample order, then permuted
-        starts = [ds.offsets(s, column)[: s.samples] for s in ds.shards]
+        starts = [ds._offsets(s, column)[: s.samples] for s in ds.shards]
         firsts = (np.concatenate(starts).astype(np.int64) if starts else np.zeros(0, np.int64))[self.doc]
         eos = None if self.packing.eos is None else np.array(self.packing.eos, dtype=self.dtype).tobytes()
 
-        def b(a):
+        def b(a: ArrayLike) -> bytes:
             return np.ascontiguousarray(a, dtype=np.int64).tobytes()
 
         self._packer = _native.Packer(self.packing.seq_len, self.dtype.itemsize, eos, b(self.ends),
                                       b(self.doc_len), b(self.shard_of), b(firsts), b(self.doc), len(ds.shards))
         return self._packer
 
-    def reference_blocks(self, b0, b1):
+    def reference_blocks(self, b0: int, b1: int) -> dict[str, NDArray[Any]]:
         """Blocks ``[b0, b1)`` with numpy (every id, int64), one range read per piece on remote
         shards: the reference the Rust builder is tested against."""
         seq, eos = self.packing.seq_len, self.packing.eos
@@ -244,15 +255,15 @@ class PackedEpoch:
         shard_of = self.shard_of[docs]
         shards = [ds.shards[s] for s in np.unique(shard_of).tolist()]
         for shard in shards if local else ():
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         if local:  # each piece one slice copy out of its shard's values (a view of the map)
             src = np.zeros(len(docs), dtype=np.int64)
             values = self._values
             for shard in shards:
                 sel = shard_of == shard.index
-                src[sel] = ds.offsets(shard, column)[self.row_of[docs[sel]]] + within[sel]
+                src[sel] = ds._offsets(shard, column)[self.row_of[docs[sel]]] + within[sel]
                 if shard.index not in values:  # kept for the epoch
-                    values[shard.index] = ds.ragged_values(shard, column, 0,
+                    values[shard.index] = ds._ragged_values(shard, column, 0,
                                                            int(ds._header(shard)[column].shape[0]))
             for s, b, e, k in zip(shard_of.tolist(), begin.tolist(), src.tolist(), take.tolist()):
                 if k:
@@ -262,12 +273,12 @@ class PackedEpoch:
                 k = int(take[p])
                 if k:
                     shard = ds.shards[int(self.shard_of[d])]
-                    e = int(ds.offsets(shard, column)[self.row_of[d]]) + int(within[p])
-                    out[begin[p]: begin[p] + k] = ds.ragged_values(shard, column, e, e + k)
+                    e = int(ds._offsets(shard, column)[self.row_of[d]]) + int(within[p])
+                    out[begin[p]: begin[p] + k] = ds._ragged_values(shard, column, e, e + k)
         if eos is not None:  # a piece longer than its tokens ends with its document's eos
             out[(begin + take)[take < piece_len]] = eos
         for shard in shards if local else ():
-            ds.check_unchanged(shard)
+            ds._check_unchanged(shard)
         start_of = np.repeat(begin, piece_len)
         position_ids = np.arange(hi - lo, dtype=np.int64) - start_of
         document_ids = np.repeat(self.doc[docs], piece_len)

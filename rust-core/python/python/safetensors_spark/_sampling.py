@@ -6,7 +6,16 @@
   start position (0, or where a resumed run stopped), with equal counts on every rank.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+#: ``(shard indices, rows)``, int64 arrays
+Located = tuple[NDArray[np.int64], NDArray[np.int64]]
 
 
 class EpochOrder:
@@ -15,7 +24,8 @@ class EpochOrder:
     permuted inside consecutive blocks of ``block_size`` positions (each block covers only a few
     neighbouring shards, so reads stay local)."""
 
-    def __init__(self, counts, shuffle, seed, epoch, block_size):
+    def __init__(self, counts: Sequence[int] | NDArray[Any], shuffle: bool, seed: int, epoch: int,
+                 block_size: int) -> None:
         counts = np.asarray(counts, dtype=np.int64)
         self.total = int(counts.sum())
         self.shuffle = bool(shuffle)
@@ -27,9 +37,9 @@ class EpochOrder:
         sizes = counts[self.shard_order]
         self.ends = np.cumsum(sizes)
         self.begins = self.ends - sizes
-        self._blocks = {}
+        self._blocks: dict[int, NDArray[np.int64]] = {}
 
-    def _block(self, k):
+    def _block(self, k: int) -> NDArray[np.int64]:
         perm = self._blocks.get(k)
         if perm is None:
             length = min(self.block_size, self.total - k * self.block_size)
@@ -39,7 +49,7 @@ class EpochOrder:
             self._blocks[k] = perm
         return perm
 
-    def locate(self, positions):
+    def locate(self, positions: ArrayLike) -> Located:
         """``(shard indices, rows)`` of positions in ``[0, total)`` (int64 arrays)."""
         v = np.asarray(positions, dtype=np.int64)
         if self.shuffle:
@@ -52,7 +62,7 @@ class EpochOrder:
         j = np.searchsorted(self.ends, v, side="right")
         return self.shard_order[j], v - self.begins[j]
 
-    def locate_all(self):
+    def locate_all(self) -> Located:
         """``locate(arange(total))`` in one pass over the shuffle blocks (no mask per block)."""
         v = np.arange(self.total, dtype=np.int64)
         if self.shuffle:
@@ -74,7 +84,8 @@ class RankPlan:
     samples rounded up to a multiple of ``world_size`` (positions ≥ N repeat the epoch's order from
     its start); with ``drop_last`` rounded down to whole rounds."""
 
-    def __init__(self, total, batch_size, world_size, rank, drop_last, start):
+    def __init__(self, total: int, batch_size: int, world_size: int, rank: int, drop_last: bool,
+                 start: int) -> None:
         self.total, self.b, self.R, self.r = int(total), int(batch_size), int(world_size), int(rank)
         self.start = int(start)
         left = max(self.total - self.start, 0)
@@ -88,13 +99,13 @@ class RankPlan:
         self.last = rem // self.R  # samples per rank in the short last round (0: none)
         self.num_batches = self.full_rounds + (1 if self.last else 0)
 
-    def batch(self, j):
+    def batch(self, j: int) -> tuple[int, int]:
         """``(first position, length)`` of this rank's batch ``j``."""
         if j < self.full_rounds:
             return self.start + (j * self.R + self.r) * self.b, self.b
         return self.start + self.full_rounds * self.R * self.b + self.r * self.last, self.last
 
-    def position_after(self, batches):
+    def position_after(self, batches: int) -> int:
         """The global position once every rank has consumed ``batches`` batches."""
         if batches < 0:
             raise ValueError(f"batches consumed must be >= 0, got {batches}")

@@ -136,13 +136,9 @@ class LocalStore:
         and an entry that is no regular file is listed (reading it refuses it by name):
         spec/dataset.md §5.9, the Rust rule."""
         from . import _native
-        from ._errors import ManifestError
 
-        try:
-            if not _native.own_dir(self.root, log_dir):
-                return []
-        except _native.ManifestError as e:
-            raise ManifestError(str(e)) from None
+        if not _native.own_dir(self.root, log_dir):  # ManifestError naming a linked one
+            return []
         with os.scandir(self.url(log_dir)) as it:
             return [(e.name, int(e.stat(follow_symlinks=False).st_mtime * 1000)) for e in it
                     if not e.is_dir(follow_symlinks=False)]

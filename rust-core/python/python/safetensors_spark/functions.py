@@ -12,6 +12,12 @@ it)::
     df.select(st_to_array("t", "BF16", 2))                     # array<array<float>>
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -21,7 +27,7 @@ __all__ = ["arr_to_st", "st_to_array", "EXTENSIONS_CLASS"]
 EXTENSIONS_CLASS = "io.safetensors.spark.SafetensorsExtensions"
 
 
-def _functions(args):
+def _functions(args: Sequence[Any]) -> ModuleType:
     """The functions module the call's Columns belong to: Spark Connect's when an argument is a
     Connect Column or, with column names only, when a Connect session is active and no classic one
     (a session from ``pyspark.sql.connect.session.SparkSession.builder`` does not switch
@@ -44,18 +50,18 @@ def _functions(args):
     return F
 
 
-def _col(f, c):
+def _col(f: ModuleType, c: str | Column) -> Column:
     return f.col(c) if isinstance(c, str) else c
 
 
-def _shape(f, shape):
+def _shape(f: ModuleType, shape: Sequence[int]) -> Column:
     dims = [int(d) for d in shape]
     if not dims:
         return f.array().cast("array<int>")
     return f.array(*[f.lit(d) for d in dims])
 
 
-def _arg(f, a):
+def _arg(f: ModuleType, a: Any) -> Column:
     if isinstance(a, Column) or type(a).__module__.startswith("pyspark.sql.connect"):
         return a
     if isinstance(a, str):
@@ -65,7 +71,8 @@ def _arg(f, a):
     raise TypeError(f"arr_to_st: a dtype (str), a shape (list of int) or a Column was expected, got {a!r}")
 
 
-def arr_to_st(col, dtype=None, shape=None):
+def arr_to_st(col: str | Column, dtype: str | Sequence[int] | Column | None = None,
+              shape: Sequence[int] | str | Column | None = None) -> Column:
     """The Tensor Struct of a numeric array column (nested arrays: rank = depth).
 
     ``dtype`` (default: the element type's natural dtype, float → F32, double → F64, …) and
@@ -77,7 +84,7 @@ def arr_to_st(col, dtype=None, shape=None):
     return f.call_function("arr_to_st", *args)
 
 
-def st_to_array(col, dtype=None, rank=None):
+def st_to_array(col: str | Column, dtype: str | None = None, rank: int | None = None) -> Column:
     """The values of a Tensor Struct column as an array of the natural Spark type of ``dtype``
     (F16/BF16/F32 → float, U8 → short, …), nested ``rank`` deep.
 

@@ -21,15 +21,20 @@ the Rust engine, shard sizes checked), so only a committed, consistent dataset c
 See spec/python.md §7. Needs ``mlflow`` (or ``mlflow-skinny``), imported on first use.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
+import os
+from collections.abc import Mapping
+from typing import Any
 
-from ._dataset import open_dataset
+from ._dataset import Dataset as _SafetensorsDataset, open_dataset
 
 __all__ = ["dataset", "log_input", "manifest_digest"]
 
 
-def _mlflow():
+def _mlflow() -> tuple[Any, Any, Any]:
     try:
         import mlflow
         from mlflow.data.dataset import Dataset
@@ -39,13 +44,13 @@ def _mlflow():
     return mlflow, Dataset, resolve_dataset_source
 
 
-def manifest_digest(manifest):
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
     """The digest MLflow records for a dataset: 16 hex digits of SHA-256 of the canonical manifest."""
     canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
-def _profile(manifest):
+def _profile(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "num_samples": manifest["total_samples"],
         "num_bytes": manifest["total_bytes"],
@@ -57,18 +62,18 @@ def _profile(manifest):
     }
 
 
-_CLASS = None
+_CLASS: Any = None
 
 
-def _dataset_class():
+def _dataset_class() -> Any:
     """``SafetensorsMlflowDataset``, a subclass of mlflow's ``Dataset`` (made once, on first use,
     so that importing this module does not import mlflow)."""
     global _CLASS
     if _CLASS is None:
         _, Dataset, resolve_dataset_source = _mlflow()
 
-        class SafetensorsMlflowDataset(Dataset):
-            def __init__(self, ds, name=None):
+        class SafetensorsMlflowDataset(Dataset):  # type: ignore[misc, valid-type]  # mlflow's, imported at run time
+            def __init__(self, ds: _SafetensorsDataset, name: str | None = None) -> None:
                 self.manifest = ds.manifest
                 self.path = ds.path
                 #: the manifest version logged (read it back with ``open_dataset(path, version=…)``)
@@ -77,18 +82,18 @@ def _dataset_class():
                 super().__init__(source=resolve_dataset_source(ds.path), name=name or default_name,
                                  digest=manifest_digest(ds.manifest))
 
-            def _compute_digest(self):
+            def _compute_digest(self) -> str:
                 return manifest_digest(self.manifest)
 
             @property
-            def schema(self):
+            def schema(self) -> dict[str, Any]:
                 return self.manifest["schema"]
 
             @property
-            def profile(self):
+            def profile(self) -> dict[str, Any]:
                 return _profile(self.manifest)
 
-            def to_dict(self):
+            def to_dict(self) -> dict[str, str]:
                 out = super().to_dict()
                 out.update({"schema": json.dumps(self.schema), "profile": json.dumps(self.profile)})
                 return out
@@ -97,14 +102,16 @@ def _dataset_class():
     return _CLASS
 
 
-def dataset(path, *, name=None, storage_options=None, version=None):
+def dataset(path: str | os.PathLike[str], *, name: str | None = None,
+            storage_options: Mapping[str, Any] | None = None, version: int | None = None) -> Any:
     """The MLflow dataset of the safetensors dataset at ``path`` (see the module docs): its
     current state, or committed version ``version``."""
     ds = open_dataset(path, storage_options=storage_options, check_headers=False, version=version)
     return _dataset_class()(ds, name)
 
 
-def log_input(path, *, context=None, name=None, storage_options=None, version=None):
+def log_input(path: str | os.PathLike[str], *, context: str | None = None, name: str | None = None,
+              storage_options: Mapping[str, Any] | None = None, version: int | None = None) -> Any:
     """Logs the dataset at ``path`` (its current state, or version ``version``) as an input of
     the active MLflow run (starting one if needed, as ``mlflow.log_input`` does); returns the
     logged dataset, whose ``version`` and ``digest`` name the state logged."""

@@ -2,17 +2,28 @@
 Spark Connect, the command that starts a Connect server with the jar and a check that a session's
 server has it (spec/python.md §8)."""
 
+from __future__ import annotations
+
 import glob
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import SafetensorsSparkError
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 _JAR_PATTERN = "safetensors-spark-*.jar"
+#: a SparkSession builder (classic or Spark Connect): configure returns the one it is given
+_Builder = TypeVar("_Builder", bound=Any)
+#: a session, classic or Spark Connect: check_session returns the one it is given
+_Session = TypeVar("_Session", bound=Any)
 
 
-def find_jar():
+def find_jar() -> str:
     """The connector jar: the one bundled in this package (``safetensors_spark/jars/``), else, in
     a source checkout, the one ``mvn package`` left in ``jvm-connector/target/``."""
     here = Path(__file__).resolve().parent
@@ -38,13 +49,13 @@ def find_jar():
 EXTENSIONS_CLASS = "io.safetensors.spark.SafetensorsExtensions"
 
 
-def _is_connect(builder):
+def _is_connect(builder: Any) -> bool:
     """Whether ``builder`` makes a Spark Connect session (``.remote(url)`` or ``SPARK_REMOTE``)."""
     options = getattr(builder, "_options", {})
     return "spark.remote" in options or "SPARK_REMOTE" in os.environ
 
 
-def configure(builder, jar=None):
+def configure(builder: _Builder, jar: str | os.PathLike[str] | None = None) -> _Builder:
     """Returns ``builder`` with the connector jar added to ``spark.jars`` and the connector's
     ``spark.sql.extensions`` class (the SQL functions ``arr_to_st``/``st_to_array``, SQL on files)
     added to that setting (both keep what is already configured there), e.g.
@@ -72,7 +83,8 @@ def configure(builder, jar=None):
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def connect_server_command(jar=None, *, host="127.0.0.1", port=15002, master="local[*]", conf=None):
+def connect_server_command(jar: str | os.PathLike[str] | None = None, *, host: str = "127.0.0.1", port: int = 15002,
+                           master: str = "local[*]", conf: Mapping[str, str] | None = None) -> list[str]:
     """The command (argument list) that starts a Spark Connect server with the connector jar:
     pyspark's ``spark-submit`` running ``SparkConnectServer`` (its jar ships with pyspark 4.x)
     with ``--jars <jar>`` and the connector's ``spark.sql.extensions`` class, listening on ``host``:``port``. Run it with ``subprocess``; clients then
@@ -100,7 +112,7 @@ def connect_server_command(jar=None, *, host="127.0.0.1", port=15002, master="lo
     return args + ["spark-internal"]
 
 
-def check_session(spark):
+def check_session(spark: _Session) -> _Session:
     """Raises :class:`SafetensorsSparkError` unless ``spark`` (a classic or a Spark Connect
     session) resolves ``format("safetensors")``: for Connect, unless the server was started with
     the connector jar. Returns ``spark``."""
@@ -126,11 +138,11 @@ def check_session(spark):
     return spark
 
 
-def _session_is_connect(spark):
+def _session_is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def history(spark, path):
+def history(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
     """The dataset's versions as a Spark DataFrame, oldest first (spec/dataset.md §5.8): the
     connector's ``SafetensorsDataset.history`` (classic sessions; with Spark Connect use
     :func:`safetensors_spark.history`, which needs no session)."""
@@ -138,11 +150,12 @@ def history(spark, path):
         raise SafetensorsSparkError("history(spark, path) needs a classic SparkSession; with Spark Connect "
                                     "use safetensors_spark.history(path) (a list of dicts)")
     from pyspark.sql import DataFrame
-    jdf = spark._jvm.io.safetensors.spark.SafetensorsDataset.history(spark._jsparkSession, str(path))
+    jvm: Any = spark._jvm
+    jdf = jvm.io.safetensors.spark.SafetensorsDataset.history(spark._jsparkSession, str(path))
     return DataFrame(jdf, spark)
 
 
-def compact(spark, path, **options):
+def compact(spark: SparkSession, path: str | os.PathLike[str], **options: Any) -> DataFrame:
     """Compacts the dataset at ``path`` (any path Spark writes to: local, HDFS, ``s3a://``) through
     the connector's ``io.safetensors.spark.Compaction`` (spec/dataset.md §5.8.2): small shards
     merged into full ones as one ``compaction`` version. ``options``: ``batch_size``,
@@ -152,16 +165,18 @@ def compact(spark, path, **options):
         raise SafetensorsSparkError("compact(spark, path) needs a classic SparkSession; with a local "
                                     "path use safetensors_spark.compact(path)")
     from pyspark.sql import DataFrame
-    jmap = spark._jvm.java.util.HashMap()
+    jvm: Any = spark._jvm
+    jmap = jvm.java.util.HashMap()
     for k, v in options.items():
         # a bool is passed as true/false; any other value as its text, which the connector checks
         # (dry_run=1 is refused there naming the option, never run as a real compaction)
         jmap.put(str(k), str(v).lower() if isinstance(v, bool) else str(v))
-    jdf = spark._jvm.io.safetensors.spark.Compaction.compact(spark._jsparkSession, str(path), jmap)
+    jdf = jvm.io.safetensors.spark.Compaction.compact(spark._jsparkSession, str(path), jmap)
     return DataFrame(jdf, spark)
 
 
-def vacuum(spark, path, retention=None, dry_run=False, allow_shorter_retention=False):
+def vacuum(spark: SparkSession, path: str | os.PathLike[str], retention: str | None = None, dry_run: bool = False,
+           allow_shorter_retention: bool = False) -> DataFrame:
     """Vacuums the dataset at ``path`` through the session's file systems (local, HDFS,
     ``s3a://``; spec/dataset.md §5.8.1): the connector's ``io.safetensors.spark.Vacuum.vacuum``.
     Returns its DataFrame, one row per file deleted (dry run: to be deleted): ``file``, ``kind``
@@ -171,6 +186,7 @@ def vacuum(spark, path, retention=None, dry_run=False, allow_shorter_retention=F
         raise SafetensorsSparkError("vacuum(spark, path) needs a classic SparkSession; with Spark Connect "
                                     "use safetensors_spark.vacuum(path) on a local path")
     from pyspark.sql import DataFrame
-    jdf = spark._jvm.io.safetensors.spark.Vacuum.vacuum(
+    jvm: Any = spark._jvm
+    jdf = jvm.io.safetensors.spark.Vacuum.vacuum(
         spark._jsparkSession, str(path), retention, bool(dry_run), bool(allow_shorter_retention))
     return DataFrame(jdf, spark)

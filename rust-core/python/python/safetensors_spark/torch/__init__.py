@@ -11,16 +11,24 @@
   training process, the batches the loop has taken, so ``dataset.state_dict()`` is exact with any
   ``num_workers``.
 
-Inside: ``_datasets`` (the two datasets; the iterable one's epochs, rank plan and resume state),
-``_reader`` (batches cut out of shard memory as tensors), ``_handoff`` (several batches per
-worker message, in pooled shared-memory blocks) and ``_loader`` (``loader()``).
+Inside (one module per concern; the numpy-only rules they use are the package's ``_sampling``,
+``_filter``, ``_packing`` and ``_mixture_order``):
+
+* ``_torch_datasets`` — the two torch datasets; the iterable one's epochs, rank plan and resume state.
+* ``_torch_mixture`` — ``SafetensorsMixture`` and ``Source``: the mixture order dealt to ranks and
+  workers as ``_torch_datasets`` deals its positions.
+* ``_reader`` — batches cut out of shard memory as tensors.
+* ``_forms`` — what a batch of ragged rows looks like (nested, padded, offsets) and ``transform``.
+* ``_handoff`` — several batches per worker message, in pooled shared-memory blocks.
+* ``_loader`` — ``loader()``; ``_device`` its pinned memory and copies to the GPU; ``_stats`` its
+  ``stats()``; ``_stateful`` resume under ``StatefulDataLoader`` and live workers.
 """
 
-# STATE_VERSION (the resume state's version) stays importable from here, as before the split
-from ._datasets import STATE_VERSION, SafetensorsDataset, SafetensorsIterableDataset  # noqa: F401
+# STATE_VERSION (the resume state's version) stays importable from here
+from ._torch_datasets import STATE_VERSION, SafetensorsDataset, SafetensorsIterableDataset  # noqa: F401
 from .._packing import Packing
 from ._loader import loader
-from ._mixture import SafetensorsMixture, Source
+from ._torch_mixture import SafetensorsMixture, Source
 from .._filter import Filter
 
 __all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "SafetensorsMixture", "Source", "Filter", "Packing",

@@ -6,6 +6,7 @@ per message (``_handoff``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,8 @@ import torch.utils.data
 
 from .._errors import StateError
 from .._prefetch import index_groups
-from ._datasets import SafetensorsDataset, SafetensorsIterableDataset
-from ._mixture import SafetensorsMixture
+from ._torch_datasets import SafetensorsDataset, SafetensorsIterableDataset
+from ._torch_mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
 from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_messages, messages
 from ._reader import BatchReader
@@ -59,12 +60,12 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
         finish = ds.finish
         # the store reads ahead in this worker's order (spec/python.md §2.1)
-        ds.dataset.prefetch(index_groups(ds.locate_many, self.indices, size, worker, workers,
+        ds.dataset.prefetch(index_groups(ds._locate_many, self.indices, size, worker, workers,
                                          max(k, 1) if info is not None else 1), ds.columns)
 
         def rows_of(j0, j1):
             idx = self.indices[j0 * size: j1 * size]
-            return (*ds.locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
+            return (*ds._locate_many(idx), [len(idx[i: i + size]) for i in range(0, len(idx), size)])
 
         if info is not None and k >= 1:
             if finish.in_worker:
@@ -114,7 +115,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         if isinstance(ds, _SampledBatches):
             # the epoch's indices, drawn here (a RandomSampler draws a new permutation per iterator)
             indices = np.fromiter((int(i) for i in self.sampled_from), dtype=np.int64)
-            ds.dataset.dataset.locate_many(indices)  # an index out of range fails here, naming it
+            ds.dataset.dataset._locate_many(indices)  # an index out of range fails here, naming it
             if self.persistent_workers and self.num_workers > 0:
                 # live workers read each iterator's indices from one shared buffer
                 if ds.shared is None:
@@ -163,12 +164,12 @@ class _CountingLoader(torch.utils.data.DataLoader):
 
     # -- the Stateful protocol (torch.distributed.checkpoint, spec/python.md §5.1) ----------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The dataset's resume state (``SafetensorsIterableDataset.state_dict()``): the epoch and
         the position of its global order the loop has consumed, counted here."""
         return self._iterable_dataset("state_dict").state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes the dataset (``SafetensorsIterableDataset.load_state_dict()``): the next
         iterator starts where ``state`` stopped, with any worker count or world size."""
         self._iterable_dataset("load_state_dict").load_state_dict(state)
@@ -300,7 +301,7 @@ def loader(dataset: SafetensorsIterableDataset | SafetensorsDataset, *, handoff_
         raise ValueError("loader(): the dataset batches (its batch_size); do not pass batch_size to the DataLoader")
     kwargs["batch_size"] = None
     if isinstance(dataset, SafetensorsMixture):
-        handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=dataset.sample_bytes)
+        handoff = batches_per_message(None, (), dataset.batch_size, handoff_batches, sample_bytes=dataset._sample_bytes)
     elif dataset.pack is not None:
         pack = dataset.pack
         per_block = pack.seq_len * (dataset.dataset._dtypes[pack.column].itemsize + len(pack.ids) * pack.ids_dtype.itemsize)

@@ -85,7 +85,7 @@ class BatchReader:
         key = (shard.index, column)
         a = self._full.get(key)
         if a is None:
-            a = self.ds.tensor_array(shard, self.ds._header(shard)[column])
+            a = self.ds._tensor_array(shard, self.ds._header(shard)[column])
             # local: a view of the process's map of the shard, kept (costs no memory of its own);
             # remote: a fresh read, kept for the last `cache_shards` shards
             if not self.ds._store.is_local and len(self._full) >= self.cache_shards * len(self.columns):
@@ -98,7 +98,7 @@ class BatchReader:
 
     def single(self, shard_index, row):
         shard = self.ds.shards[int(shard_index)]
-        return self._torch(self.ds.sample(shard, int(row), self.columns))
+        return self._torch(self.ds._sample(shard, int(row), self.columns))
 
     def batch(self, shards, rows, shared=None):
         """``{column: tensor}`` of the rows ``rows`` of the shards ``shards``; in shared memory
@@ -107,10 +107,10 @@ class BatchReader:
         ``ShardError`` naming it, never a batch with bytes that are gone (spec/python.md §4)."""
         touched = [self.ds.shards[s] for s in np.unique(shards).tolist()] if self.ds._store.is_local else []
         for shard in touched:
-            self.ds.check_unchanged(shard)
+            self.ds._check_unchanged(shard)
         out = self._batch(shards, rows, shared)
         for shard in touched:
-            self.ds.check_unchanged(shard)
+            self.ds._check_unchanged(shard)
         return out
 
     def _batch(self, shards, rows, shared):
@@ -122,7 +122,7 @@ class BatchReader:
                 for s, r in zip(shards.tolist(), rows.tolist()):
                     shard = ds.shards[s]
                     ds._kv_keys(shard)
-                    parts.append(ds.kv_tensor(shard, shard.keys[r], c))
+                    parts.append(ds._kv_tensor(shard, shard.keys[r], c))
                 out[c] = np.stack(parts)
             return self._torch(out)
         n = len(rows)
@@ -137,7 +137,7 @@ class BatchReader:
             for a, b in zip(bounds[:-1], bounds[1:]):
                 shard = ds.shards[int(shards[a])]
                 r0 = int(rows[a])
-                cols = {c: ds.rows(shard, c, r0, r0 + (b - a)) for c in fixed}
+                cols = {c: ds._rows(shard, c, r0, r0 + (b - a)) for c in fixed}
                 cols.update({c: ds.ragged_rows(shard, c, r0, r0 + (b - a)) for c in ragged})
                 runs.append((a, b, cols))
             if len(runs) == 1 and not shared:
@@ -166,7 +166,7 @@ class BatchReader:
             begin, length = np.empty(n, np.int64), np.empty(n, np.int64)
             for s in uniq:
                 m = shards == s
-                o = ds.offsets(ds.shards[s], c)
+                o = ds._offsets(ds.shards[s], c)
                 begin[m] = o[rows[m]]
                 length[m] = o[rows[m] + 1] - begin[m]
             spans[c] = (begin, length)

@@ -3,12 +3,17 @@ testable alone: which source, and which draw of that source, each position of an
 A pure function of (seed, epoch, per-source counts, shuffle); the counts come from the weights
 and the sources' lengths (:func:`quotas`)."""
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 
-def check_weights(weights, sources):
+def check_weights(weights: Any, sources: int) -> NDArray[np.float64]:
     """``weights`` as float64: one finite number >= 0 per source, summing to more than 0."""
     if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__"):
         raise ValueError(f"mixture: weights must be a list of {sources} numbers (one per source), got {weights!r}")
@@ -26,7 +31,7 @@ def check_weights(weights, sources):
     return np.asarray(out, dtype=np.float64)
 
 
-def quotas(weights, total):
+def quotas(weights: Sequence[float] | NDArray[Any], total: int) -> NDArray[np.int64]:
     """Samples per source in an epoch of ``total``: ``total · w_i / Σw`` rounded by largest
     remainder (floors, then +1 to the largest fractional parts, ties to the lower source index),
     so they sum to ``total`` exactly."""
@@ -50,7 +55,7 @@ class MixtureOrder:
     interleave: draw ``j`` of source ``i`` sits at key ``(j + ½) / counts[i]``, positions in
     key order, ties to the lower source index."""
 
-    def __init__(self, counts, shuffle, seed, epoch):
+    def __init__(self, counts: Sequence[int] | NDArray[Any], shuffle: bool, seed: int, epoch: int) -> None:
         counts = np.asarray(counts, dtype=np.int64)
         k = len(counts)
         labels = np.repeat(np.arange(k, dtype=np.int32), counts)
@@ -66,12 +71,12 @@ class MixtureOrder:
         self.counts, self.labels, self.draws = counts, labels, draws
         self.total = len(labels)
 
-    def consumed(self, position):
+    def consumed(self, position: int) -> NDArray[np.int64]:
         """Samples of each source among positions ``[0, position)``."""
         return np.bincount(self.labels[:position], minlength=len(self.counts)).astype(np.int64)
 
 
-def source_seed(seed, source, rnd):
+def source_seed(seed: int, source: int, rnd: int) -> int:
     """The seed of source ``source``'s order in its ``rnd``-th pass through its samples
     (draw ``j`` of a source of ``n`` samples is position ``j mod n`` of pass ``j div n``):
     the first 64-bit word of ``numpy.random.SeedSequence([seed, source, rnd])``, shifted right by one."""

@@ -1,6 +1,6 @@
 """``SafetensorsMixture``: a weighted mixture of several datasets (spec/python.md §3.5).
 
-The epoch's order is computed once, globally (``_mixture.MixtureOrder``: position → source and
+The epoch's order is computed once, globally (``_mixture_order.MixtureOrder``: position → source and
 draw; each source's own order: ``EpochOrder`` / ``FilteredOrder`` with a seed per source and
 pass), then dealt to ranks and workers exactly as ``SafetensorsIterableDataset`` deals its
 positions (``RankPlan``), so the rank counts, the worker split and resume are the same rules.
@@ -8,10 +8,11 @@ positions (``RankPlan``), so the rank counts, the worker split and resume are th
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,10 +22,10 @@ import torch.utils.data
 from .._dataset import Dataset
 from .._errors import ColumnNotFoundError, StateError
 from .._filter import Filter, FilteredOrder, Selection
-from .._mixture import MixtureOrder, check_weights, quotas, source_seed
+from .._mixture_order import MixtureOrder, check_weights, quotas, source_seed
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder
-from ._datasets import STATE_VERSION, SafetensorsIterableDataset
+from ._torch_datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state
 from ._reader import BatchReader, to_torch
@@ -41,7 +42,7 @@ class Source:
     def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | Mapping[str, str] | None = None,
                  *, filter: Filter | None = None, storage_options: Mapping[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, version: int | None = None,
-                 timestamp: str | int | None = None) -> None:
+                 timestamp: datetime.datetime | str | None = None) -> None:
         self.path, self.columns, self.filter = path, columns, filter
         self.open_kw = dict(storage_options=storage_options, cache_dir=cache_dir, version=version, timestamp=timestamp)
 
@@ -85,7 +86,7 @@ class _Opened:
                                  f"when it is named '{pack.column}')")
             # this source's own stream (spec/python.md §3.3, over its filter's kept documents)
             self.packing = Packing(mapping[pack.column], pack.seq_len, pack.eos, ids=pack.ids, ids_dtype=pack.ids_dtype)
-            self.packing.check(ds)
+            self.packing._check(ds)
             self.doc_lengths = document_lengths(ds, self.packing.column)
             kept = self.doc_lengths if self.selection is None else self.doc_lengths[self.selection.kept()]
             tokens = stream_tokens(kept, pack.eos)
@@ -115,7 +116,7 @@ class _Opened:
     def state(self):
         return {"manifest_fingerprint": self.fingerprint(), "samples": self.length, "columns": self.mapping,
                 "filter": self.selection.state() if self.selection is not None else None,
-                **({"pack": self.packing.state(), "blocks": self.num_blocks} if self.packing is not None else {})}
+                **({"pack": self.packing._state(), "blocks": self.num_blocks} if self.packing is not None else {})}
 
     def order(self, shuffle, seed, epoch, rnd):
         """This source's order in pass ``rnd`` of epoch ``epoch``."""
@@ -180,9 +181,12 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     work as for :class:`SafetensorsIterableDataset`; ``source_counts`` are the samples each source
     gives the epoch (all ranks), ``state_dict()["consumed_per_source"]`` those consumed so far."""
 
-    def __init__(self, sources, weights=None, batch_size=None, *, mode="sample", num_samples=None, shuffle=True,
-                 seed=0, rank=None, world_size=None, drop_last=False, shuffle_block_size=None, source_column=None,
-                 transform=None, cache_shards=8, pack=None):
+    def __init__(self, sources: Sequence[str | os.PathLike[str] | Dataset | Source],
+                 weights: Sequence[float] | None = None, batch_size: int | None = None, *, mode: str = "sample",
+                 num_samples: int | None = None, shuffle: bool = True, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = False, shuffle_block_size: int | None = None,
+                 source_column: str | None = None, transform: Callable[[dict[str, Any]], Any] | None = None,
+                 cache_shards: int = 8, pack: Packing | None = None) -> None:
         if isinstance(sources, (str, bytes, Source, Dataset)) or not hasattr(sources, "__len__") or not sources:
             raise ValueError(f"mixture: sources must be a non-empty list of paths, Datasets or Sources, "
                              f"got {sources!r}")
@@ -252,12 +256,12 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         self._mix = None  # (epoch, MixtureOrder) of this process
 
     @property
-    def source_counts(self):
+    def source_counts(self) -> list[int]:
         """Samples each source gives an epoch (all ranks together; the same every epoch)."""
         return self.counts.tolist()
 
     @property
-    def sample_bytes(self):
+    def _sample_bytes(self):
         """Bytes of one sample of a batch (loader()'s message size)."""
         o = self.sources[0]
         if self.pack is not None:  # tokens, position_ids and document_ids of a block
@@ -288,9 +292,9 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                 "num_samples": self.num_samples, "weights": self.weights.tolist(),
                 "source_counts": self.source_counts, "shuffle": self.shuffle, "seed": self.seed,
                 "shuffle_block_size": [o.block for o in self.sources],
-                **({"pack": self.pack.state()} if self.pack is not None else {})}
+                **({"pack": self.pack._state()} if self.pack is not None else {})}
 
-    def state_dict(self, batches_consumed=None):
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """``{version, kind: "mixture", epoch, position, consumed_per_source, ...}``: ``position``
         = positions of the epoch's mixture order consumed by all ranks together (as
         :meth:`SafetensorsIterableDataset.state_dict`)."""
@@ -302,7 +306,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     def _common_state(self):
         return {"version": STATE_VERSION, **self._settings()}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state['position']`` of ``state['epoch']``'s mixture order; any world size,
         worker count or ``batch_size``; the sources, weights and order settings must be the same.
         Takes a whole ``StatefulDataLoader.state_dict()`` and worker states too, as
@@ -326,7 +330,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
 
     # -- iteration ---------------------------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)

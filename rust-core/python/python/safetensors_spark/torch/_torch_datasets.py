@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,18 +52,18 @@ class SafetensorsDataset(torch.utils.data.Dataset):
                  ragged: str | Mapping[str, str] | None = None, pad_value: float = 0,
                  transform: Callable[[dict[str, Any]], Any] | None = None, filter: Filter | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 version: int | None = None, timestamp: str | int | None = None) -> None:
+                 version: int | None = None, timestamp: datetime.datetime | str | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
-        self.columns = self.dataset.check_columns(columns)
+        self.columns = self.dataset._check_columns(columns)
         # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
         # the filter evaluated once over its column: indices count the kept samples (§3.4)
         self.selection = Selection(self.dataset, filter) if filter is not None else None
-        self._reader = None  # BatchReader of __getitems__, made in the process that reads
+        self._reader: BatchReader | None = None  # BatchReader of __getitems__, made in the process that reads
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.dataset) if self.selection is None else self.selection.total
 
     def _kept(self, indices):
@@ -78,23 +79,23 @@ class SafetensorsDataset(torch.utils.data.Dataset):
                              f"{n} samples filter {self.selection.description} keeps of dataset {self.dataset.path}")
         return self.selection.kept()[np.where(v < 0, v + n, v)]
 
-    def locate_many(self, indices):
+    def _locate_many(self, indices):
         """``(shard indices, rows)`` of this dataset's samples ``indices`` (kept ones when filtered)."""
         if self.selection is not None and len(indices):
             indices = self._kept(indices)
-        return self.dataset.locate_many(indices)
+        return self.dataset._locate_many(indices)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ds = self.dataset
         if self.selection is not None:
             if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
                 raise TypeError(f"sample index must be an integer, got {type(i).__name__}")
             i = int(self._kept(i))
-        shard, row = ds.locate(i)
-        sample = ds.sample(shard, row, self.columns)
+        shard, row = ds._locate(i)
+        sample = ds._sample(shard, row, self.columns)
         return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
         """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
         fetcher calls this with the sampler's batch instead of ``ds[i]`` per index. Batch-layout
         rows are gathered in one pass (a slice for one run, else one Rust gather across the fixed
@@ -103,7 +104,7 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         ds = self.dataset
         if ds.layout != "batch" or len(indices) == 0:
             return [self[i] for i in indices]
-        shards, rows = self.locate_many(indices)
+        shards, rows = self._locate_many(indices)
         if self._reader is None:
             self._reader = BatchReader(ds, self.columns, cache_shards=8)
         # private memory even in a worker: the collate function stacks the views into the
@@ -112,12 +113,12 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         views = [_rows(batch, c) if c in ds.ragged else batch[c].unbind(0) for c in self.columns]
         return [dict(zip(self.columns, v)) for v in zip(*views)]
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_reader"] = None  # maps and arrays of this process stay here
         return state
 
-    def get(self, key):
+    def get(self, key: str) -> dict[str, torch.Tensor]:
         """KV datasets: ``{column: tensor}`` of the row with this key."""
         ds = self.dataset
         if self.selection is not None:
@@ -151,7 +152,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                  transform: Callable[[dict[str, Any]], Any] | None = None, pack: Packing | None = None,
                  filter: Filter | None = None, shuffle_block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 cache_shards: int = 8, version: int | None = None, timestamp: str | int | None = None) -> None:
+                 cache_shards: int = 8, version: int | None = None, timestamp: datetime.datetime | str | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
@@ -159,14 +160,14 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         if pack is not None:
             if not isinstance(pack, Packing):
                 raise ValueError(f"pack must be a safetensors_spark.torch.Packing, got {pack!r}")
-            pack.check(ds)
-            if columns is not None and ds.check_columns(columns) != [pack.column]:
+            pack._check(ds)
+            if columns is not None and ds._check_columns(columns) != [pack.column]:
                 raise ValueError(f"pack: a packed dataset yields blocks of column '{pack.column}' only; "
                                  f"leave columns out (got {columns!r})")
             if ragged is not None:
                 raise ValueError("pack: packed blocks have no ragged form; leave ragged out")
             columns = [pack.column]
-        self.columns = ds.check_columns(columns)
+        self.columns = ds._check_columns(columns)
         self.pack = pack
         # the filter evaluated once over its column: the epoch's order is over the kept samples
         # (spec/python.md §3.4); packed, the stream is made of the kept documents only (§3.3)
@@ -207,10 +208,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self.cache_shards = cache_shards
         self._epoch = 0
         self._resume = None  # (epoch, position) for the next iterator of that epoch
-        self._progress = None  # {"epoch", "start", "consumed"} counted in the training process
+        self._progress: dict[str, int] | None = None  # {"epoch", "start", "consumed"} counted in the training process
         # the next iterator's (epoch, start) for workers that outlive an iterator (_stateful.py)
         self._live = LiveEpoch()
-        self._worker_resume = None  # (epoch, start, yielded) loaded into a worker by StatefulDataLoader
+        self._worker_resume: tuple[int, int, int] | None = None  # (epoch, start, yielded) loaded into a worker by StatefulDataLoader
         self._worker_progress = None  # in a worker: {"epoch", "start", "consumed"} of its iterator
         # batches per worker message and the block pool's release flags (workers × slots);
         # set by loader() while its workers start
@@ -242,7 +243,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     # -- epochs and resume -------------------------------------------------------------------
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Selects the epoch whose order the next iterator yields. Clears a loaded resume state
         of another epoch."""
         if not isinstance(epoch, int) or epoch < 0:
@@ -268,7 +269,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         return (*self._live.read(), 0)
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         return self._epoch
 
     def _start_position(self):
@@ -294,7 +295,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             total = start + max(total - start, 0) // world * world
         return RankPlan(total, batch_size or 1, world, rank, drop_last, start)
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches (or samples, without ``batch_size``) this rank yields in the next iterator."""
         self._refresh_rank()
         return self._plan(self._start_position()).num_batches
@@ -303,7 +304,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         shards = [[s["shard_path"], s["samples_count"], s["bytes"]] for s in self.dataset.manifest["shards"]]
         return hashlib.sha256(json.dumps(shards).encode()).hexdigest()
 
-    def state_dict(self, batches_consumed=None):
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """Where the training loop stands: ``{epoch, position, ...}``, ``position`` = samples of
         the epoch's global order consumed by all ranks together.
 
@@ -345,11 +346,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             "seed": self.seed,
             "shuffle_block_size": self.shuffle_block_size,
             "manifest_fingerprint": self._fingerprint(),
-            **({"pack": self.pack.state(), "blocks": self.num_blocks} if self.pack is not None else {}),
+            **({"pack": self.pack._state(), "blocks": self.num_blocks} if self.pack is not None else {}),
             **({"filter": self.selection.state()} if self.selection is not None else {}),
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes: the next iterator of ``state['epoch']`` starts at ``state['position']`` of
         its global order. Valid with any world size, worker count or ``batch_size``; the order
         settings (shuffle, seed, shuffle_block_size) and the dataset must be the same.
@@ -367,7 +368,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                             ("filter", self.selection.state() if self.selection is not None else None),
                             ("shuffle_block_size", self.shuffle_block_size),
                             ("total_samples", len(self.dataset)),
-                            ("pack", self.pack.state() if self.pack is not None else None)):
+                            ("pack", self.pack._state() if self.pack is not None else None)):
             if state.get(field) != mine:
                 what = "the dataset's shards changed" if field in ("manifest_fingerprint", "total_samples") \
                     else "the filter keeps other samples" if field == "filter" else "the global order would differ"
@@ -404,7 +405,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     # -- iteration ---------------------------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)
