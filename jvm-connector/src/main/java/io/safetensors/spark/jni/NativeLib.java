@@ -287,7 +287,7 @@ public final class NativeLib {
   }
 
   /** The message for a supported platform whose library is not in the jar (a partial build). */
-  static String missingResourceMessage(String resource, String osName, String osArch) {
+  public static String missingResourceMessage(String resource, String osName, String osArch) {
     return "safetensors-spark: no native library for platform " + platform(osName, osArch)
         + " in this jar: resource '" + resource + "' is missing (os.name=" + osName + ", os.arch="
         + osArch + "); the jar was built without it (a full build bundles "
