@@ -20,6 +20,17 @@ class NativeLibSuite extends AnyFunSuite {
     assert(NativeLib.loadedFrom() == from, "a second call must not load again")
   }
 
+  test("class initialisation alone loads the library (a direct native call works)") {
+    // a fresh class loader: NativeLib's static initializer runs there, nothing else is called
+    val location = classOf[NativeLib].getProtectionDomain.getCodeSource.getLocation
+    val child = new URLClassLoader(Array(location), ClassLoader.getPlatformClassLoader)
+    try {
+      val cls = Class.forName("io.safetensors.spark.jni.NativeLib", true, child)
+      assert(cls.getMethod("isLoaded").invoke(null) == true, "the static initializer did not load it")
+      assert(cls.getMethod("selfTest", classOf[Int]).invoke(null, Int.box(0)) == NativeLib.SELF_TEST_OK)
+    } finally child.close()
+  }
+
   test("concurrent ensureLoaded calls agree") {
     val pool = Executors.newFixedThreadPool(8)
     try {

@@ -48,6 +48,14 @@ public final class NativeLib {
   /** What {@code selfTest(0)} returns (mirrors {@code SELF_TEST_OK} in rust-core/jni). */
   public static final int SELF_TEST_OK = 0x5AFE;
 
+  /**
+   * The platforms this jar carries a native library for ({@code native/<platform>/}), in the
+   * order error messages list them. jvm-connector/pom.xml builds and copies one library per entry.
+   * (Declared before the static initializer below, which uses it.)
+   */
+  public static final List<String> SUPPORTED_PLATFORMS =
+      Collections.unmodifiableList(Arrays.asList("linux-x86_64", "linux-aarch64"));
+
   private static final Object LOCK = new Object();
   private static volatile boolean loaded = false;
   /** Guarded by LOCK: a failure that retrying cannot fix. */
@@ -244,13 +252,6 @@ public final class NativeLib {
       throw new IllegalStateException("cannot read " + VERSION_RESOURCE + ": " + e, e);
     }
   }
-
-  /**
-   * The platforms this jar carries a native library for ({@code native/<platform>/}), in the
-   * order error messages list them. jvm-connector/pom.xml builds and copies one library per entry.
-   */
-  public static final List<String> SUPPORTED_PLATFORMS =
-      Collections.unmodifiableList(Arrays.asList("linux-x86_64", "linux-aarch64"));
 
   /** {@code <os>-<arch>} of this JVM, e.g. {@code linux-x86_64}. */
   public static String platform() {
