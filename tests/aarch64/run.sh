@@ -134,6 +134,14 @@ step_jar() {
   java -cp "$jar:$WORK/classes" JarSmoke linux-x86_64 "${files[@]}" >"$OUT/jar-x86_64.txt"
   arm "$JRE/bin/java" -cp "$jar:$WORK/classes" JarSmoke linux-aarch64 "${files[@]}" >"$OUT/jar-aarch64.txt"
   same jar "$OUT/jar-x86_64.txt" "$OUT/jar-aarch64.txt"
+  # a platform the jar has no library for: the loader's own error, not the JVM's
+  local msg want="safetensors-spark: unsupported platform linux-riscv64 (os.name=Linux, os.arch=riscv64): the jar has a native library for linux-x86_64, linux-aarch64 only"
+  if msg=$(java -Dos.arch=riscv64 -cp "$jar:$WORK/classes" JarSmoke linux-riscv64 2>&1); then
+    echo "aarch64: the jar loaded on os.arch=riscv64" >&2
+    return 1
+  fi
+  grep -qF "UnsatisfiedLinkError: $want" <<<"$msg" ||
+    { echo "aarch64: os.arch=riscv64 gave: $msg" >&2; return 1; }
 }
 
 JRE=$WORK/root/usr/lib/jvm/java-17-openjdk-arm64
