@@ -397,8 +397,27 @@ fn main() {
     let text = out.join("\n");
     println!("{text}");
     eprintln!(
-        "arch_probe: {} lines, digest {}",
+        "arch_probe: {} lines, digest {}; {}",
         out.len(),
-        sha(text.as_bytes())
+        sha(text.as_bytes()),
+        simd_paths()
     );
+}
+
+/// The run-time-dispatched paths this CPU takes (stderr only: it differs by machine by design).
+fn simd_paths() -> String {
+    #[cfg(target_arch = "x86_64")]
+    return format!(
+        "x86_64: crc32c sse4.2={}, conversions avx2={}",
+        std::arch::is_x86_feature_detected!("sse4.2"),
+        std::arch::is_x86_feature_detected!("avx2")
+    );
+    #[cfg(target_arch = "aarch64")]
+    return format!(
+        "aarch64: crc32c crc={}, neon={}",
+        std::arch::is_aarch64_feature_detected!("crc"),
+        std::arch::is_aarch64_feature_detected!("neon")
+    );
+    #[allow(unreachable_code)]
+    String::from("other architecture")
 }
