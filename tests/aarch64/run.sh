@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The aarch64 checks, under emulation (qemu-aarch64 user mode) on an x86_64 Linux machine; not part
 # of tests/run-all.sh (it takes tens of minutes: spec/contributing.md "aarch64" has the figures).
-#   bash tests/aarch64/run.sh [STEP...]      STEP: unit probe jar wheel (default: all four)
+#   bash tests/aarch64/run.sh [STEP...]      STEP: unit probe jar spark wheel (default: all five)
 #  unit   the format, dataset and engine crates' tests built for aarch64-unknown-linux-gnu and run
 #         under qemu-aarch64 (cargo's runner);
 #  probe  engine/examples/arch_probe (CRC-32C at every alignment, every conversion, decoding at every
@@ -10,10 +10,13 @@
 #  jar    the connector jar (both libraries inside) on an aarch64 JVM (Debian's openjdk-17 arm64,
 #         fetched with apt-get download, never installed) under qemu: JarSmoke.java loads the
 #         linux-aarch64 library through NativeLib, calls JNI entry points, validates shards written
-#         on x86_64; its output must equal the x86_64 JVM's;
+#         on x86_64; its output must equal the x86_64 JVM's; a JVM claiming os.arch=riscv64 must get
+#         the loader's unsupported-platform error;
+#  spark  spark.read.format("safetensors") of the datasets below in a local[1] Spark (pyspark's jars)
+#         on that aarch64 JVM (SparkRead.java): rows as JSON must equal the x86_64 JVM's;
 #  wheel  the aarch64 wheel (rust-core/python/build-wheel.sh) installed with pip's --platform check
-#         for an aarch64 CPython 3.11 (Debian's arm64 python3.11, fetched the same way) with
-#         numpy/fsspec's aarch64 wheels; it reads datasets a Spark on x86_64 wrote
+#         for an aarch64 CPython 3.11 (Debian's arm64 python3.11, fetched the same way) with its
+#         dependencies' and its bf16 extra's (ml_dtypes) aarch64 wheels; it reads datasets a Spark on x86_64 wrote
 #         (write_dataset.py) and read_dataset.py's output must equal the x86_64 package's.
 # Installs what it lacks (rust target, gcc-aarch64-linux-gnu, qemu-user; downloads go to
 # target/aarch64-emu/, reused by later runs). Exit status 1 at the first difference or failure.
@@ -183,8 +186,13 @@ step_wheel() {
   local jar
   jar=$(connector_jar)
   datasets "$jar"
+  # zig for maturin --zig (build-wheel.sh), in a folder of its own: the venv stays as its
+  # requirements file says
+  if [ ! -x "$WORK/ziglang/ziglang/zig" ]; then
+    "$PYTHON" -m pip install -q --disable-pip-version-check --target "$WORK/ziglang" "ziglang==0.17.1"
+  fi
   rm -rf "$WORK/wheels"
-  bash rust-core/python/build-wheel.sh "$WORK/wheels"
+  PATH="$WORK/ziglang/ziglang:$PATH" bash rust-core/python/build-wheel.sh "$WORK/wheels"
   local wheels=("$WORK"/wheels/*aarch64.whl)
   [ -f "${wheels[0]}" ] || { echo "aarch64: build-wheel.sh made no aarch64 wheel" >&2; return 1; }
   fetch_arm64 python3.11-minimal libpython3.11-minimal libpython3.11-stdlib libexpat1 libffi8 libssl3 \
@@ -193,7 +201,7 @@ step_wheel() {
   rm -rf "$WORK/site"
   "$PYTHON" -m pip install -q --disable-pip-version-check --no-compile --target "$WORK/site" \
     --platform manylinux2014_aarch64 --python-version 3.11 --implementation cp --abi cp311 \
-    --only-binary=:all: "${wheels[0]}" "numpy>=1.24" "fsspec>=2023.1"
+    --only-binary=:all: "${wheels[0]}[bf16]" "numpy>=1.24" "fsspec>=2023.1"
   local data=("$WORK/data/batch" "$WORK/data/kv")
   "$PYTHON" "$HERE/read_dataset.py" "${data[@]}" >"$OUT/wheel-x86_64.txt"
   (cd "$WORK" && PYTHONHOME=$WORK/root/usr PYTHONPATH=$WORK/site PYTHONDONTWRITEBYTECODE=1 \
