@@ -29,14 +29,15 @@ if [ ! -d "$(rustc --print sysroot)/lib/rustlib/aarch64-unknown-linux-gnu" ]; th
   fi
   rustup target add aarch64-unknown-linux-gnu
 fi
-if ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+# (libc6-dev-arm64-cross is only a Recommends of the compiler: named, for apt set to skip those)
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || [ ! -f /usr/aarch64-linux-gnu/lib/crti.o ]; then
   if ! command -v apt-get >/dev/null; then
-    echo "setup-env: the linker aarch64-linux-gnu-gcc is missing (Debian/Ubuntu: apt-get install gcc-aarch64-linux-gnu)" >&2
+    echo "setup-env: the linker aarch64-linux-gnu-gcc or its libc is missing (Debian/Ubuntu: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross)" >&2
     exit 1
   fi
   _sts_sudo=; [ "$(id -u)" -eq 0 ] || _sts_sudo=sudo
   $_sts_sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $_sts_sudo apt-get install -y -qq gcc-aarch64-linux-gnu >/dev/null
+  DEBIAN_FRONTEND=noninteractive $_sts_sudo apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null
   unset _sts_sudo
 fi
 PYTHON=$VENV/bin/python
