@@ -1,6 +1,7 @@
 # Sourced by tests/run-all.sh and tests/demo.sh: makes a fresh machine ready.
 # Creates the Python venv (.venv, or $SAFETENSORS_SPARK_VENV) with tests/python/requirements.txt,
-# reinstalling only when that file changes, and exports what Spark needs to run locally.
+# reinstalling only when that file changes, installs the aarch64 cross build's Rust target and
+# linker when missing, and exports what Spark needs to run locally.
 # It runs with -euo pipefail and gives the shell that sources it its own options back at the end
 # (an interactive shell is not left with errexit on).
 case $- in *e*) _sts_errexit=-e ;; *) _sts_errexit=+e ;; esac
@@ -18,6 +19,26 @@ want=$(sha256sum "$REQ" | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ"
   echo "$want" > "$stamp"
+fi
+# The jar carries the JNI library for linux-x86_64 and linux-aarch64 (jvm-connector/pom.xml
+# cross-compiles the second): the Rust target and Debian's cross linker, installed once.
+if [ ! -d "$(rustc --print sysroot)/lib/rustlib/aarch64-unknown-linux-gnu" ]; then
+  if ! command -v rustup >/dev/null; then
+    echo "setup-env: the Rust target aarch64-unknown-linux-gnu is missing and there is no rustup to add it" >&2
+    exit 1
+  fi
+  rustup target add aarch64-unknown-linux-gnu
+fi
+# (libc6-dev-arm64-cross is only a Recommends of the compiler: named, for apt set to skip those)
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || [ ! -f /usr/aarch64-linux-gnu/lib/crti.o ]; then
+  if ! command -v apt-get >/dev/null; then
+    echo "setup-env: the linker aarch64-linux-gnu-gcc or its libc is missing (Debian/Ubuntu: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross)" >&2
+    exit 1
+  fi
+  _sts_sudo=; [ "$(id -u)" -eq 0 ] || _sts_sudo=sudo
+  $_sts_sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $_sts_sudo apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null
+  unset _sts_sudo
 fi
 PYTHON=$VENV/bin/python
 # The Python package safetensors_spark (rust-core/python: a PyO3 extension + pure Python),

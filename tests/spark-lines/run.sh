@@ -21,6 +21,15 @@ one_jar() {   # the single jar matching a glob, or an error
 }
 JAR_4=${SAFETENSORS_SPARK_JAR_4:-$(one_jar "$ROOT/jvm-connector/target/safetensors-spark-[0-9]*.jar")}
 JAR_3_5=${SAFETENSORS_SPARK_JAR_3_5:-$(one_jar "$ROOT/jvm-connector/target/spark-3.5/safetensors-spark-spark3.5_2.12-*.jar")}
+# both jars carry the native library of every platform NativeLib supports (jvm-connector/pom.xml)
+"$PYTHON" - "$JAR_4" "$JAR_3_5" <<'EOF'
+import sys, zipfile
+for jar in sys.argv[1:]:
+    names = set(zipfile.ZipFile(jar).namelist())
+    for platform in ("linux-x86_64", "linux-aarch64"):
+        if f"native/{platform}/libsafetensors_spark.so" not in names:
+            sys.exit(f"spark-lines: {jar} has no native/{platform}/libsafetensors_spark.so")
+EOF
 
 LINES_DIR=$VENV/spark-lines
 mkdir -p "$LINES_DIR"

@@ -20,6 +20,17 @@ class NativeLibSuite extends AnyFunSuite {
     assert(NativeLib.loadedFrom() == from, "a second call must not load again")
   }
 
+  test("class initialisation alone loads the library (a direct native call works)") {
+    // a fresh class loader: NativeLib's static initializer runs there, nothing else is called
+    val location = classOf[NativeLib].getProtectionDomain.getCodeSource.getLocation
+    val child = new URLClassLoader(Array(location), ClassLoader.getPlatformClassLoader)
+    try {
+      val cls = Class.forName("io.safetensors.spark.jni.NativeLib", true, child)
+      assert(cls.getMethod("isLoaded").invoke(null) == true, "the static initializer did not load it")
+      assert(cls.getMethod("selfTest", classOf[Int]).invoke(null, Int.box(0)) == NativeLib.SELF_TEST_OK)
+    } finally child.close()
+  }
+
   test("concurrent ensureLoaded calls agree") {
     val pool = Executors.newFixedThreadPool(8)
     try {
@@ -116,6 +127,62 @@ class VersionCheckSuite extends AnyFunSuite {
     assert(NativeLib.normalizeOs("Linux") == "linux")
     assert(NativeLib.normalizeOs("Mac OS X") == "macos")
     assert(NativeLib.normalizeOs("Windows 11") == "windows")
+  }
+
+  test("resourcePathFor picks the library by os.name/os.arch for each supported platform") {
+    assert(NativeLib.SUPPORTED_PLATFORMS.asScala == Seq("linux-x86_64", "linux-aarch64"))
+    for (arch <- Seq("amd64", "x86_64", "X86_64")) {
+      assert(NativeLib.resourcePathFor("Linux", arch) == "native/linux-x86_64/libsafetensors_spark.so")
+    }
+    for (arch <- Seq("aarch64", "arm64")) {
+      assert(NativeLib.resourcePathFor("Linux", arch) == "native/linux-aarch64/libsafetensors_spark.so")
+    }
+    assert(NativeLib.platform("Linux", "aarch64") == "linux-aarch64")
+  }
+
+  test("an unsupported platform gets an error naming it, its properties and the supported ones") {
+    val cases = Seq(
+      ("Mac OS X", "aarch64", "macos-aarch64"),
+      ("Windows 11", "amd64", "windows-x86_64"),
+      ("Linux", "ppc64le", "linux-ppc64le"),
+      ("Linux", "s390x", "linux-s390x"),
+      ("Linux", "arm", "linux-arm"), // 32-bit ARM: not aarch64
+      ("Linux", "riscv64", "linux-riscv64"),
+      ("FreeBSD", "amd64", "freebsd-x86_64"),
+      ("", "", "-"))
+    for ((os, arch, platform) <- cases) {
+      val e = intercept[UnsatisfiedLinkError](NativeLib.resourcePathFor(os, arch))
+      val m = e.getMessage
+      assert(m.startsWith(s"safetensors-spark: unsupported platform $platform "), m)
+      assert(m.contains(s"os.name=$os, os.arch=$arch"), m)
+      assert(m.contains("linux-x86_64, linux-aarch64"), m)
+    }
+  }
+
+  test("a supported platform whose library is missing from the jar is named as a partial build") {
+    val m = NativeLib.missingResourceMessage(
+      "native/linux-aarch64/libsafetensors_spark.so", "Linux", "aarch64")
+    assert(m.contains("no native library for platform linux-aarch64"), m)
+    assert(m.contains("'native/linux-aarch64/libsafetensors_spark.so' is missing"), m)
+    assert(m.contains("os.name=Linux, os.arch=aarch64"), m)
+    assert(m.contains("linux-x86_64, linux-aarch64"), m)
+  }
+
+  test("the classpath carries an ELF library for every supported platform, for its machine") {
+    // what the build copied to target/classes (and the shade plugin into the jar): a 64-bit
+    // little-endian shared object whose e_machine matches the folder (EM_X86_64 62, EM_AARCH64 183)
+    val machines = Map("linux-x86_64" -> 62, "linux-aarch64" -> 183)
+    for (platform <- NativeLib.SUPPORTED_PLATFORMS.asScala) {
+      val resource = s"native/$platform/libsafetensors_spark.so"
+      val in = getClass.getClassLoader.getResourceAsStream(resource)
+      assert(in != null, s"$resource is not on the classpath")
+      val head = try in.readNBytes(20) finally in.close()
+      assert(head.length == 20 && head.take(4).sameElements(Array[Byte](0x7f, 'E', 'L', 'F')), resource)
+      assert(head(4) == 2 && head(5) == 1, s"$resource: not ELFCLASS64 little-endian")
+      assert(head(16) == 3, s"$resource: e_type ${head(16)} is not ET_DYN")
+      val machine = (head(18) & 0xff) | ((head(19) & 0xff) << 8)
+      assert(machine == machines(platform), s"$resource: e_machine $machine")
+    }
   }
 
   test("pom version == Cargo workspace version == jar resource version") {

@@ -7,6 +7,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.nio.file.StandardCopyOption;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.List;
 import java.util.Locale;
 import java.util.Objects;
 import java.util.Properties;
@@ -16,7 +19,10 @@ import java.util.Properties;
  * JVM: driver and every executor) and declares the library-level natives.
  *
  * <p>Loading: the library is read from this jar's resource {@code
- * native/<os>-<arch>/<System.mapLibraryName("safetensors_spark")>}, copied to a unique temp file
+ * native/<os>-<arch>/libsafetensors_spark.so} (the jar carries one per entry of {@link
+ * #SUPPORTED_PLATFORMS}: linux-x86_64 and linux-aarch64, picked by {@code os.name}/{@code
+ * os.arch}; any other platform gets an {@link UnsatisfiedLinkError} naming it and the supported
+ * ones, before anything is extracted), copied to a unique temp file
  * in {@code java.io.tmpdir} (deleted on JVM exit) and {@link System#load}ed. A unique file per load
  * avoids "already loaded in another classloader" when several class loaders (e.g. Spark's {@code
  * --jars} loader and a test loader) use the connector. Then the native {@link #version()} must equal
@@ -41,6 +47,14 @@ public final class NativeLib {
 
   /** What {@code selfTest(0)} returns (mirrors {@code SELF_TEST_OK} in rust-core/jni). */
   public static final int SELF_TEST_OK = 0x5AFE;
+
+  /**
+   * The platforms this jar carries a native library for ({@code native/<platform>/}), in the
+   * order error messages list them. jvm-connector/pom.xml builds and copies one library per entry.
+   * (Declared before the static initializer below, which uses it.)
+   */
+  public static final List<String> SUPPORTED_PLATFORMS =
+      Collections.unmodifiableList(Arrays.asList("linux-x86_64", "linux-aarch64"));
 
   private static final Object LOCK = new Object();
   private static volatile boolean loaded = false;
@@ -112,16 +126,21 @@ public final class NativeLib {
 
   // Called with LOCK held.
   private static void load() {
-    String platform = platform();
-    String resource = resourcePath();
+    String osName = System.getProperty("os.name", "");
+    String osArch = System.getProperty("os.arch", "");
+    String platform = platform(osName, osArch);
+    String resource;
+    try {
+      resource = resourcePathFor(osName, osArch);
+    } catch (UnsatisfiedLinkError e) {
+      permanentFailure = e; // the platform does not change
+      throw e;
+    }
     URL url = NativeLib.class.getClassLoader() == null
         ? ClassLoader.getSystemResource(resource)
         : NativeLib.class.getClassLoader().getResource(resource);
     if (url == null) {
-      throw new UnsatisfiedLinkError(
-          "safetensors-spark: no native library for platform " + platform + ": resource '"
-              + resource + "' is not in the jar (os.name=" + System.getProperty("os.name")
-              + ", os.arch=" + System.getProperty("os.arch") + ")");
+      throw new UnsatisfiedLinkError(missingResourceMessage(resource, osName, osArch));
     }
 
     Path tmp;
@@ -170,7 +189,7 @@ public final class NativeLib {
 
   private static Path extract(URL url) throws IOException {
     Path dir = Paths.get(System.getProperty("java.io.tmpdir"));
-    Path tmp = Files.createTempFile(dir, "libsafetensors_spark-", "-" + libraryFileName());
+    Path tmp = Files.createTempFile(dir, "libsafetensors_spark-", "-lib" + LIBRARY_NAME + ".so");
     tmp.toFile().deleteOnExit();
     try (InputStream in = url.openStream()) {
       Files.copy(in, tmp, StandardCopyOption.REPLACE_EXISTING);
@@ -234,19 +253,46 @@ public final class NativeLib {
     }
   }
 
-  /** {@code <os>-<arch>}, e.g. {@code linux-x86_64}. */
+  /** {@code <os>-<arch>} of this JVM, e.g. {@code linux-x86_64}. */
   public static String platform() {
-    return normalizeOs(System.getProperty("os.name", "")) + "-"
-        + normalizeArch(System.getProperty("os.arch", ""));
+    return platform(System.getProperty("os.name", ""), System.getProperty("os.arch", ""));
   }
 
-  /** Resource path of the library for this platform. */
+  /** {@code <os>-<arch>} for the given {@code os.name} and {@code os.arch}. */
+  public static String platform(String osName, String osArch) {
+    return normalizeOs(osName) + "-" + normalizeArch(osArch);
+  }
+
+  /** Resource path of the library for this JVM's platform (see {@link #resourcePathFor}). */
   public static String resourcePath() {
-    return "native/" + platform() + "/" + libraryFileName();
+    return resourcePathFor(System.getProperty("os.name", ""), System.getProperty("os.arch", ""));
   }
 
-  static String libraryFileName() {
-    return System.mapLibraryName(LIBRARY_NAME);
+  /**
+   * Resource path of the library for the platform of {@code os.name}/{@code os.arch}, e.g. {@code
+   * native/linux-aarch64/libsafetensors_spark.so}.
+   *
+   * @throws UnsatisfiedLinkError when the platform is not one of {@link #SUPPORTED_PLATFORMS}; the
+   *     message names the platform, the two properties and the supported platforms
+   */
+  public static String resourcePathFor(String osName, String osArch) {
+    String platform = platform(osName, osArch);
+    if (!SUPPORTED_PLATFORMS.contains(platform)) {
+      throw new UnsatisfiedLinkError(
+          "safetensors-spark: unsupported platform " + platform + " (os.name=" + osName
+              + ", os.arch=" + osArch + "): the jar has a native library for "
+              + String.join(", ", SUPPORTED_PLATFORMS) + " only");
+    }
+    // every supported platform is Linux: lib<name>.so whatever the JVM that asks
+    return "native/" + platform + "/lib" + LIBRARY_NAME + ".so";
+  }
+
+  /** The message for a supported platform whose library is not in the jar (a partial build). */
+  public static String missingResourceMessage(String resource, String osName, String osArch) {
+    return "safetensors-spark: no native library for platform " + platform(osName, osArch)
+        + " in this jar: resource '" + resource + "' is missing (os.name=" + osName + ", os.arch="
+        + osArch + "); the jar was built without it (a full build bundles "
+        + String.join(", ", SUPPORTED_PLATFORMS) + ")";
   }
 
   /** linux / macos / windows; otherwise the lower-cased name without spaces. */
