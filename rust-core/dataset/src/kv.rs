@@ -9,11 +9,12 @@ use safetensors_spark_format::header::{Header, TensorInfo};
 /// The key column of a KV write or table that names none (spec/dataset.md §5.2): the one column
 /// among `string_columns` (the string columns, in order) that is not one of the dataset's
 /// `tensor_columns` (string columns are never tensors). Otherwise the error says which columns
-/// the dataset holds and which string columns were found (none, or several), for the caller to
-/// name the write or table and the option that settles it (`name_col`).
+/// the dataset holds and which string columns `whose` ("the DataFrame", "the table") has (none,
+/// or several); the caller adds the option that settles it (`name_col`).
 pub fn find_key_column<'a>(
     string_columns: &[&'a str],
     tensor_columns: &[&str],
+    whose: &str,
 ) -> Result<&'a str, String> {
     let candidates: Vec<&'a str> = string_columns
         .iter()
@@ -28,17 +29,17 @@ pub fn find_key_column<'a>(
         names.join(", ")
     };
     Err(format!(
-        "the key column is the one string column that is not one of the dataset's columns ({}), \
-         but {}",
+        "the key column is {whose}'s one string column that is not one of the dataset's columns \
+         ({}), but {whose} has {}",
         if tensor_columns.is_empty() {
             "none: it has no shards".to_string()
         } else {
             quoted(tensor_columns)
         },
         if candidates.is_empty() {
-            "there is none".to_string()
+            "none".to_string()
         } else {
-            format!("there are {}", quoted(&candidates))
+            quoted(&candidates)
         }
     ))
 }
@@ -206,15 +207,22 @@ mod tests {
 
     #[test]
     fn the_key_column_is_the_one_string_column_that_is_no_tensor_column() {
-        assert_eq!(find_key_column(&["emb", "id"], &["emb"]), Ok("id"));
-        let none = find_key_column(&["emb"], &["emb", "label"]).unwrap_err();
-        assert!(
-            none.ends_with("dataset's columns ('emb', 'label'), but there is none"),
-            "{none}"
+        assert_eq!(
+            find_key_column(&["emb", "id"], &["emb"], "the table"),
+            Ok("id")
         );
-        let two = find_key_column(&["other", "id"], &["emb"]).unwrap_err();
-        assert!(two.ends_with("but there are 'other', 'id'"), "{two}");
-        let empty = find_key_column(&["a", "b"], &[]).unwrap_err();
+        let none = find_key_column(&["emb"], &["emb", "label"], "the table").unwrap_err();
+        assert_eq!(
+            none,
+            "the key column is the table's one string column that is not one of the dataset's \
+             columns ('emb', 'label'), but the table has none"
+        );
+        let two = find_key_column(&["other", "id"], &["emb"], "the DataFrame").unwrap_err();
+        assert!(
+            two.ends_with("but the DataFrame has 'other', 'id'"),
+            "{two}"
+        );
+        let empty = find_key_column(&["a", "b"], &[], "the table").unwrap_err();
         assert!(empty.contains("(none: it has no shards)"), "{empty}");
     }
 

@@ -724,7 +724,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_kvKeyColumn<'l
         )?;
         let strings: Vec<&str> = strings.iter().map(String::as_str).collect();
         let tensors: Vec<&str> = tensors.iter().map(String::as_str).collect();
-        let key = safetensors_spark_dataset::kv::find_key_column(&strings, &tensors)
+        let key = safetensors_spark_dataset::kv::find_key_column(&strings, &tensors, "the table")
             .map_err(JniError::Options)?;
         Ok(env.new_string(key)?)
     })

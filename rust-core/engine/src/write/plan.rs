@@ -230,7 +230,7 @@ pub enum PlanError {
         dataset: String,
     },
 
-    #[error("cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; {problem} in the DataFrame: give option name_col")]
+    #[error("cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; {problem}: give option name_col")]
     AppendKeyColumn { problem: String },
 }
 

@@ -76,7 +76,7 @@ pub(super) fn inherit_mode_options(
                         .filter(|(_, t)| t.as_str() == Some("string"))
                         .map(|(n, _)| n.as_str())
                         .collect();
-                    let key = find_key_column(&strings, &stored)
+                    let key = find_key_column(&strings, &stored, "the DataFrame")
                         .map_err(|problem| PlanError::AppendKeyColumn { problem })?;
                     opts.values.insert("name_col", key.to_string());
                 }

@@ -1100,7 +1100,7 @@ fn a_kv_append_finds_its_key_column_and_separator() {
     let m2 = manifest_for(&created, &[("x", Dtype::F32, None)]);
     assert_eq!(
         append(&two, &[], &m2).unwrap_err().to_string(),
-        "cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; the key column is the one string column that is not one of the dataset's columns ('x'), but there are 'k', 'j' in the DataFrame: give option name_col"
+        "cannot append to the existing dataset: it is in KV mode and its manifest does not record the key column; the key column is the DataFrame's one string column that is not one of the dataset's columns ('x'), but the DataFrame has 'k', 'j': give option name_col"
     );
     append(&two, &[("name_col", "j"), ("columns", "x")], &m2).unwrap();
     assert!(

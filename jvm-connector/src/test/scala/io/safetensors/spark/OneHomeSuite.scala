@@ -87,6 +87,6 @@ class OneHomeSuite extends AnyFunSuite {
     assert(e.getMessage.contains("option 'layout' must be one of auto, sample, tensor, file, got 'rows'"))
     assert(NativeWriter.kvKeyColumn("[\"emb\",\"id\"]", "[\"emb\"]") == "id")
     val two = intercept[SafetensorsOptionsException](NativeWriter.kvKeyColumn("[\"a\",\"b\"]", "[\"emb\"]"))
-    assert(two.getMessage.contains("but there are 'a', 'b'"), two.getMessage)
+    assert(two.getMessage.contains("but the table has 'a', 'b'"), two.getMessage)
   }
 }

@@ -138,8 +138,8 @@ private[spark] object KvRows {
       mapper.writeValueAsString(kv.columns.toSeq.sorted.toArray))
     catch {
       case e: SafetensorsOptionsException => throw new IllegalArgumentException(
-        s"safetensors: the table at $location holds a KV dataset and names no key column: ${e.getMessage} " +
-          "among the table's columns: give the table the write option name_col " +
+        s"safetensors: the table at $location holds a KV dataset and names no key column: ${e.getMessage}: " +
+          "give the table the write option name_col " +
           "(ALTER TABLE ... SET TBLPROPERTIES ('name_col' = '...'))", e)
     }
   }

@@ -270,8 +270,8 @@ class SafetensorsSqlSuite extends SparkSuiteBase {
         sql(s"CREATE TABLE kv_nokey (id STRING, other STRING, emb ARRAY<FLOAT>, label INT) USING safetensors " +
           s"LOCATION '$location'")
         val ambiguous = intercept[Exception](sql("SELECT * FROM kv_nokey").collect())
-        assert(messages(ambiguous).contains("the key column is the one string column that is not one of the " +
-          "dataset's columns ('emb', 'label'), but there are 'id', 'other' among the table's columns"),
+        assert(messages(ambiguous).contains("the key column is the table's one string column that is not one of the " +
+          "dataset's columns ('emb', 'label'), but the table has 'id', 'other'"),
           messages(ambiguous))
       }
     }
