@@ -200,6 +200,39 @@ pub fn publish(dir: &Path, version: u64, text: &str, id: &str) -> Result<(), Loc
     }
 }
 
+/// The latest committed manifest of the local dataset `dir` (`None` when it has none): the
+/// stable entry point for tools that commit versions themselves (benchmarks, tests).
+pub fn latest_manifest(dir: &Path) -> Result<Option<Manifest>, LocalError> {
+    latest(dir, &read_log(dir)?)
+}
+
+/// Commits `next` (its `manifest_version`) on top of `base` (`None`: the first commit): creates
+/// its `_manifest_log/` entry only if that version is free. False when another writer committed
+/// that version first. `dataset_manifest.json` is not touched: see [`publish_version`].
+pub fn commit_version(
+    dir: &Path,
+    base: Option<&Manifest>,
+    next: &Manifest,
+    id: &str,
+) -> Result<bool, LocalError> {
+    let _ = base;
+    let text = next.to_json_pretty().map_err(|source| LocalError::Dataset {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    try_commit(dir, next.manifest_version(), &text, id)
+}
+
+/// Replaces `dataset_manifest.json` with the committed `next` (then with newer versions while
+/// they appear, §5.3 step 4).
+pub fn publish_version(dir: &Path, next: &Manifest, id: &str) -> Result<(), LocalError> {
+    let text = next.to_json_pretty().map_err(|source| LocalError::Dataset {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    publish(dir, next.manifest_version(), &text, id)
+}
+
 /// What a vacuum did (or, dry, would do).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct VacuumOutcome {
