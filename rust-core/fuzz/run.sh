@@ -13,7 +13,7 @@ RUNS=${1:-10000000}
 JOBS=${FUZZ_JOBS:-1}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(header manifest write_plan arrow_batch)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(header manifest manifest_log write_plan arrow_batch)
 mkdir -p logs
 # arrow_batch writes and fsyncs shards into a scratch directory per input: on tmpfs (fsync free)
 # it runs about 9 x faster than on disk (spec/fuzzing.md)

@@ -29,7 +29,10 @@ def _write(spark, path, start, n, mode, **opts):
 
 
 def _log(path, v):
-    return json.loads((path / "_manifest_log" / f"{v:020d}.json").read_text())
+    """The whole manifest of version ``v``, rebuilt from the log (spec/dataset.md §5.10)."""
+    from safetensors_spark._dataset import _rebuild_version
+    from safetensors_spark._storage import open_store
+    return json.loads(_rebuild_version(open_store(str(path), None, None), str(path), v))
 
 
 def _ids(spark, path, **opts):
@@ -169,10 +172,15 @@ def test_validate_checks_every_version_names_a_corrupt_shard_and_reads_old_datas
     data[-1] ^= 0xFF
     (path / victim).write_bytes(bytes(data))
 
-    # a dataset written before this change: no crc32c, no commit fields → reads and validates
+    # a dataset written before this change: no crc32c, no commit fields, a log of whole manifests
+    # (no checkpoints, spec/dataset.md §5.10) → reads and validates
     new_fields = ("committed_at_ms", "operation", "commit_message", "app_id")
-    for f in [path / "dataset_manifest.json", *sorted((path / "_manifest_log").glob("*.json"))]:
-        m = json.loads(f.read_text())
+    log = path / "_manifest_log"
+    wholes = {log / f"{v:020d}.json": _log(path, v) for v in (1, 2)}
+    for f in log.glob("*.checkpoint.json"):
+        f.unlink()
+    wholes[path / "dataset_manifest.json"] = json.loads((path / "dataset_manifest.json").read_text())
+    for f, m in wholes.items():
         for k in new_fields:
             m.pop(k, None)
         for s in m["shards"]:
@@ -210,3 +218,62 @@ def test_mlflow_input_records_the_version_that_reads_back_the_logged_samples(spa
     assert manifest_digest(back.manifest) == logged.digest
     assert sorted(float(back[i]["id"]) for i in range(len(back))) == [0, 1, 2, 3]
     assert len(open_dataset(path)) == 6
+
+
+def test_the_log_holds_delta_entries_and_checkpoints_of_the_published_schemas(spark, tmp_path, cli):
+    """spec/dataset.md §5.10: every entry a commit writes (create, append, overwrite, compaction,
+    vacuum) is a delta valid against schemas/manifest_log_entry.schema.json, every checkpoint a
+    manifest valid against dataset_manifest.schema.json; the Python package, the CLI and Spark
+    read every version rebuilt from them, checkpoint_interval is the dataset's."""
+    from pathlib import Path
+
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+
+    root = Path(__file__).resolve().parents[2] / "schemas"
+    manifest_schema = json.loads((root / "dataset_manifest.schema.json").read_text())
+    entry_schema = json.loads((root / "manifest_log_entry.schema.json").read_text())
+    registry = Registry().with_resource("dataset_manifest.schema.json", Resource.from_contents(manifest_schema))
+    entries = Draft202012Validator(entry_schema, registry=registry)
+    manifests = Draft202012Validator(manifest_schema)
+
+    path = tmp_path / "ds"
+    _write(spark, path, 0, 2, "errorifexists", checkpoint_interval="2")
+    for i in range(1, 4):
+        _write(spark, path, 2 * i, 2, "append")
+    _write(spark, path, 100, 2, "overwrite")
+    _write(spark, path, 102, 1, "append")
+    _write(spark, path, 103, 1, "append")
+    assert safetensors_spark.compact(path)[0]["version"] is not None
+    safetensors_spark.vacuum(path, retention="0", allow_shorter_retention=True)
+    log = path / "_manifest_log"
+    names = sorted(p.name for p in log.iterdir())
+    checkpoints = [n for n in names if n.endswith(".checkpoint.json")]
+    assert checkpoints, names
+    ops = []
+    for n in names:
+        doc = json.loads((log / n).read_text())
+        if n.endswith(".checkpoint.json"):
+            manifests.validate(doc)
+        else:
+            entries.validate(doc)
+            ops.append(doc["manifest"]["operation"])
+    assert ops[-2:] == ["compaction", "vacuum"], ops
+    latest = json.loads((path / "dataset_manifest.json").read_text())
+    assert latest["checkpoint_interval"] == 2
+    kept = [int(n[:20]) for n in names if not n.endswith(".checkpoint.json")]
+    for v in kept:
+        # Python and Spark read each kept version the same (the vacuum removed what only
+        # versions before the overwrite listed)
+        m = _log(path, v)
+        assert m["manifest_version"] == v
+        assert sorted(open_dataset(path, version=v).manifest["shards"], key=lambda s: s["shard_path"]) == \
+            sorted(m["shards"], key=lambda s: s["shard_path"])
+        assert _ids(spark, path, versionAsOf=v) == sorted(
+            open_dataset(path, version=v)[i]["id"].item() for i in range(len(open_dataset(path, version=v))))
+    assert _ids(spark, path) == [100.0, 101.0, 102.0, 103.0]
+    ok = cli("validate", path)
+    assert ok.returncode == 0, ok.stdout
+    h = cli("history", "--json", path)
+    assert h.returncode == 0, h.stderr
+    assert [r["version"] for r in json.loads(h.stdout)] == kept

@@ -599,7 +599,12 @@ pub fn version_that_removed<'a>(
 ) -> Option<&'a LogEntry> {
     log.iter()
         .filter(|l| l.version > base)
-        .find(|l| !l.manifest.shards.iter().any(|s| s.shard_path == shard))
+        .find(|l| match &l.change {
+            crate::log::Change::Full => !l.manifest.shards.iter().any(|s| s.shard_path == shard),
+            crate::log::Change::Delta { remove, .. } => {
+                remove.iter().any(|s| s.shard_path == shard)
+            }
+        })
 }
 
 /// Why a compaction cannot commit on top of `current`: a shard it replaces is gone (an

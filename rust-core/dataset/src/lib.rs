@@ -13,6 +13,8 @@
 //!   [`local`] runs it (and the commit protocol) on a local directory.
 //! * [`compaction`] — merging small shards into full ones as one version, the same rows;
 //!   [`compaction::local`] runs it on a local directory.
+//! * [`log`] — `_manifest_log/`: delta entries, checkpoints, rebuilding a version, the chores
+//!   after a commit (checkpoint, prune).
 //! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
 //!   its shards (size, CRC-32C), the history, validating every version.
 //! * [`own`] — the one rule for a local dataset's own files: its directories are never followed
@@ -31,6 +33,7 @@ pub mod compaction;
 pub mod index;
 pub mod kv;
 pub mod local;
+pub mod log;
 pub mod manifest;
 pub mod names;
 pub mod own;

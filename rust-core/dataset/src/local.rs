@@ -4,12 +4,14 @@
 //! it ([`vacuum_dir`]) — what the CLI and the Python package use. The Spark connector runs the
 //! same steps through Hadoop's file systems.
 
-use crate::manifest::{parse_manifest, Manifest};
-use crate::names::{
-    parse_manifest_log_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
+use crate::log::{
+    after_commit, log_entry_text, parse_log_file, ListedFile, LogFile, LogFiles, LogRecord,
 };
-use crate::own::{check_log_entry, own_dir, remove_own_file};
+use crate::manifest::{parse_manifest, Manifest};
+use crate::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
+use crate::own::{own_dir, remove_own_file};
 use crate::vacuum::{plan_vacuum, vacuum_manifest, LogEntry, VacuumPlan, VacuumRequest};
+use crate::DatasetError;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
@@ -64,9 +66,9 @@ fn log_dir_of(dir: &Path) -> Result<Option<PathBuf>, LocalError> {
     own_dir(dir, MANIFEST_LOG_DIR).map_err(io_err(&dir.join(MANIFEST_LOG_DIR)))
 }
 
-/// The versions of the `_manifest_log/` entries with their file paths, ascending; a name that
-/// looks like an entry but holds no version is an error naming it.
-fn log_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LocalError> {
+/// The `_manifest_log/` files (entries and checkpoints) with their paths and modification times,
+/// ascending; a name that looks like an entry but holds no version is an error naming it.
+fn log_files(dir: &Path) -> Result<Vec<(LogFile, PathBuf, u64)>, LocalError> {
     let Some(log_dir) = log_dir_of(dir)? else {
         return Ok(Vec::new());
     };
@@ -76,54 +78,120 @@ fn log_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>, LocalError> {
         let Some(name) = e.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        let version =
-            parse_manifest_log_file_name(&name).map_err(|source| LocalError::Dataset {
-                path: e.path(),
-                source,
-            })?;
-        if let Some(v) = version {
-            out.push((v, e.path()));
+        let file = LogFile::parse(&name).map_err(|source| LocalError::Dataset {
+            path: e.path(),
+            source,
+        })?;
+        if let Some(f) = file {
+            // a file pruned meanwhile is skipped (another vacuum)
+            let Ok(meta) = fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            out.push((f, e.path(), mtime_ms(&meta)));
         }
     }
     out.sort();
     Ok(out)
 }
 
-/// Every `_manifest_log/` entry, parsed (a damaged one, or one whose `manifest_version`
-/// disagrees with its name, fails naming it), ascending.
+/// The log's files as the rules of [`crate::log`] take them.
+fn listing(files: &[(LogFile, PathBuf, u64)]) -> LogFiles {
+    let mut out = LogFiles::default();
+    for (f, _, _) in files {
+        match f {
+            LogFile::Entry(v) => out.entries.push(*v),
+            LogFile::Checkpoint(v) => out.checkpoints.push(*v),
+        }
+    }
+    out
+}
+
+fn read_log_file(dir: &Path, file: LogFile) -> Result<LogRecord, LocalError> {
+    let path = dir.join(MANIFEST_LOG_DIR).join(file.name());
+    let text = crate::own::read_manifest_text(&path).map_err(io_err(&path))?;
+    parse_log_file(file, &text).map_err(|source| LocalError::Dataset { path, source })
+}
+
+/// Every `_manifest_log/` entry, parsed (a damaged one, or one that disagrees with its name,
+/// fails naming it), ascending. Entries hold what their version changed (or, written before log
+/// format 2, a whole manifest): reading them all costs the log's size, which grows with the
+/// commits, not with commits × shards.
 pub fn read_log(dir: &Path) -> Result<Vec<LogEntry>, LocalError> {
     let mut out = Vec::new();
-    for (version, path) in log_entries(dir)? {
-        let meta = fs::metadata(&path).map_err(io_err(&path))?;
-        let manifest = read_manifest(&path)?;
-        check_log_entry(version, &manifest).map_err(|source| LocalError::Dataset {
-            path: path.clone(),
-            source,
-        })?;
-        out.push(LogEntry {
-            version,
-            manifest,
-            file_mtime_ms: mtime_ms(&meta),
-        });
+    for (file, _, mtime) in log_files(dir)? {
+        if let LogFile::Entry(_) = file {
+            out.push(LogEntry::from_record(read_log_file(dir, file)?, mtime));
+        }
     }
     Ok(out)
 }
 
-/// The latest committed manifest: the newest log entry, or `dataset_manifest.json` when it is
-/// newer (§5.3 step 1). `None` when the directory has neither.
+/// The `_manifest_log/` entries after version `after`, parsed, ascending: what a commit that
+/// planned on `after` checks for conflicts, without reading the log's past.
+pub fn read_log_since(dir: &Path, after: u64) -> Result<Vec<LogEntry>, LocalError> {
+    let mut out = Vec::new();
+    for (file, _, mtime) in log_files(dir)? {
+        if let LogFile::Entry(v) = file {
+            if v > after {
+                out.push(LogEntry::from_record(read_log_file(dir, file)?, mtime));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The newest checkpoint at or below `version` (whole manifest), where a replay of the entries
+/// from `version` on starts; `None` when the log has none there.
+pub fn start_checkpoint(dir: &Path, version: u64) -> Result<Option<Manifest>, LocalError> {
+    let files = listing(&log_files(dir)?);
+    match files.checkpoints.iter().rev().find(|c| **c <= version) {
+        Some(c) => Ok(Some(read_log_file(dir, LogFile::Checkpoint(*c))?.manifest)),
+        None => Ok(None),
+    }
+}
+
+/// The whole manifest of `version` rebuilt from the local log (spec/dataset.md §5.10): its
+/// newest checkpoint at or below it and the entries after that.
+pub fn manifest_at(dir: &Path, version: u64) -> Result<Manifest, LocalError> {
+    let files = listing(&log_files(dir)?);
+    crate::log::rebuild(&files, version, &mut |f| {
+        let path = dir.join(MANIFEST_LOG_DIR).join(f.name());
+        crate::own::read_manifest_text(&path).map_err(|e| DatasetError::Version {
+            problem: format!("{}: {e}", path.display()),
+        })
+    })
+    .map_err(|source| LocalError::Dataset {
+        path: dir.join(MANIFEST_LOG_DIR),
+        source,
+    })
+}
+
+/// The latest committed manifest: `dataset_manifest.json` when it is at least as new as the
+/// log's newest entry, else that entry's version rebuilt (§5.3 step 1). `None` when the
+/// directory has neither. `log` is the parsed log when the caller has it (saves a listing).
 pub fn latest(dir: &Path, log: &[LogEntry]) -> Result<Option<Manifest>, LocalError> {
+    let newest = match log.last() {
+        Some(l) => Some(l.version),
+        None => listing(&log_files(dir)?).latest(),
+    };
     let published = dir.join(MANIFEST_FILE_NAME);
     let pub_manifest = if published.exists() {
         Some(read_manifest(&published)?)
     } else {
         None
     };
-    Ok(match (log.last(), pub_manifest) {
-        (Some(l), p) if p.as_ref().is_none_or(|p| p.manifest_version() < l.version) => {
-            Some(l.manifest.clone())
+    match (newest, pub_manifest) {
+        (Some(v), p) if p.as_ref().is_none_or(|p| p.manifest_version() < v) => {
+            match log
+                .last()
+                .filter(|l| matches!(l.change, crate::log::Change::Full))
+            {
+                Some(l) => Ok(Some(l.manifest.clone())),
+                None => manifest_at(dir, v).map(Some),
+            }
         }
-        (_, p) => p,
-    })
+        (_, p) => Ok(p),
+    }
 }
 
 /// Regular files directly in `dir` (not links, not directories), by name, with their sizes.
@@ -154,9 +222,9 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
 
-/// Creates `_manifest_log/{version}.json` with `text` only if it does not exist (a hard link
-/// from a synced temporary file): false when another writer created that version first.
-pub fn try_commit(dir: &Path, version: u64, text: &str, id: &str) -> Result<bool, LocalError> {
+/// Creates `_manifest_log/{file}` with `text` only if it does not exist (a hard link from a
+/// synced temporary file): false when another writer created it first.
+fn create_log_file(dir: &Path, file: LogFile, text: &str, id: &str) -> Result<bool, LocalError> {
     let log_dir = match log_dir_of(dir)? {
         Some(d) => d,
         None => {
@@ -165,7 +233,7 @@ pub fn try_commit(dir: &Path, version: u64, text: &str, id: &str) -> Result<bool
             d
         }
     };
-    let name = crate::names::manifest_log_file_name(version);
+    let name = file.name();
     let tmp = log_dir.join(format!(".{name}.{id}.tmp"));
     let target = log_dir.join(&name);
     let result = write_synced(&tmp, text.as_bytes())
@@ -179,58 +247,71 @@ pub fn try_commit(dir: &Path, version: u64, text: &str, id: &str) -> Result<bool
     }
 }
 
-/// Replaces `dataset_manifest.json` with `text` (version `version`), then with the newest log
-/// entry while a newer one appears (§5.3 step 4).
-pub fn publish(dir: &Path, version: u64, text: &str, id: &str) -> Result<(), LocalError> {
-    let (mut v, mut t) = (version, text.to_string());
-    loop {
-        let tmp = dir.join(format!(".{MANIFEST_FILE_NAME}.{id}.tmp"));
-        let target = dir.join(MANIFEST_FILE_NAME);
-        write_synced(&tmp, t.as_bytes())
-            .and_then(|()| fs::rename(&tmp, &target))
-            .and_then(|()| sync_dir(dir))
-            .map_err(io_err(&target))?;
-        match log_entries(dir)?.pop() {
-            Some((n, p)) if n > v => {
-                t = crate::own::read_manifest_text(&p).map_err(io_err(&p))?;
-                v = n;
-            }
-            _ => return Ok(()),
-        }
+fn dataset_err(dir: &Path) -> impl FnOnce(DatasetError) -> LocalError + '_ {
+    move |source| LocalError::Dataset {
+        path: dir.to_path_buf(),
+        source,
     }
 }
 
-/// The latest committed manifest of the local dataset `dir` (`None` when it has none): the
-/// stable entry point for tools that commit versions themselves (benchmarks, tests).
+/// The latest committed manifest of the local dataset `dir` (`None` when it has none).
 pub fn latest_manifest(dir: &Path) -> Result<Option<Manifest>, LocalError> {
-    latest(dir, &read_log(dir)?)
+    latest(dir, &[])
 }
 
-/// Commits `next` (its `manifest_version`) on top of `base` (`None`: the first commit): creates
-/// its `_manifest_log/` entry only if that version is free. False when another writer committed
-/// that version first. `dataset_manifest.json` is not touched: see [`publish_version`].
+/// Commits `next` (its `manifest_version`) on top of `base` (`None`: the first commit, or a base
+/// written by another tool): creates its `_manifest_log/` entry — what `next` changes against
+/// `base` (spec/dataset.md §5.10) — only if that version is free. False when another writer
+/// committed that version first. Once created, the version's checkpoint is written when due and
+/// superseded checkpoints are removed ([`after_commit`]); `dataset_manifest.json` is not
+/// touched: see [`publish_version`].
 pub fn commit_version(
     dir: &Path,
     base: Option<&Manifest>,
     next: &Manifest,
     id: &str,
 ) -> Result<bool, LocalError> {
-    let _ = base;
-    let text = next.to_json_pretty().map_err(|source| LocalError::Dataset {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    try_commit(dir, next.manifest_version(), &text, id)
+    let version = next.manifest_version();
+    let text = log_entry_text(base, next).map_err(dataset_err(dir))?;
+    if !create_log_file(dir, LogFile::Entry(version), &text, id)? {
+        return Ok(false);
+    }
+    let listed: Vec<ListedFile> = log_files(dir)?
+        .into_iter()
+        .map(|(file, _, modified_ms)| ListedFile { file, modified_ms })
+        .collect();
+    let chores = after_commit(&listed, version, next, false, now_ms());
+    if chores.write_checkpoint {
+        let text = next.to_json_pretty().map_err(dataset_err(dir))?;
+        // another process may have written it already: the same version's same manifest
+        create_log_file(dir, LogFile::Checkpoint(version), &text, id)?;
+    }
+    if let Some(log_dir) = log_dir_of(dir)? {
+        for f in chores.delete {
+            // best effort: a file another process removed first is gone either way
+            let _ = remove_own_file(&log_dir, &f.name());
+        }
+    }
+    Ok(true)
 }
 
-/// Replaces `dataset_manifest.json` with the committed `next` (then with newer versions while
-/// they appear, §5.3 step 4).
+/// Replaces `dataset_manifest.json` with the committed `next`, then with the newest version while
+/// a newer one appears (§5.3 step 4), so the last to publish leaves the newest manifest.
 pub fn publish_version(dir: &Path, next: &Manifest, id: &str) -> Result<(), LocalError> {
-    let text = next.to_json_pretty().map_err(|source| LocalError::Dataset {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    publish(dir, next.manifest_version(), &text, id)
+    let mut current = next.clone();
+    loop {
+        let text = current.to_json_pretty().map_err(dataset_err(dir))?;
+        let tmp = dir.join(format!(".{MANIFEST_FILE_NAME}.{id}.tmp"));
+        let target = dir.join(MANIFEST_FILE_NAME);
+        write_synced(&tmp, text.as_bytes())
+            .and_then(|()| fs::rename(&tmp, &target))
+            .and_then(|()| sync_dir(dir))
+            .map_err(io_err(&target))?;
+        match listing(&log_files(dir)?).latest() {
+            Some(n) if n > current.manifest_version() => current = manifest_at(dir, n)?,
+            _ => return Ok(()),
+        }
+    }
 }
 
 /// What a vacuum did (or, dry, would do).
@@ -268,13 +349,28 @@ pub fn vacuum_dir(
         Some(d) => regular_files(d)?,
         None => BTreeMap::new(),
     };
-    let plan =
-        plan_vacuum(&log, &current, &regular_files(dir)?, &index_files, req).map_err(|source| {
-            LocalError::Dataset {
-                path: dir.to_path_buf(),
-                source,
-            }
-        })?;
+    // the oldest checkpoint at or below the first entry is where the replay starts
+    let files = log_files(dir)?;
+    let checkpoint_versions = listing(&files).checkpoints;
+    let first = log.first().map_or(0, |l| l.version);
+    let start: Vec<LogEntry> = match checkpoint_versions.iter().rev().find(|c| **c <= first) {
+        Some(c) => {
+            let f = LogFile::Checkpoint(*c);
+            let mtime = files.iter().find(|x| x.0 == f).map_or(0, |x| x.2);
+            vec![LogEntry::from_record(read_log_file(dir, f)?, mtime)]
+        }
+        None => Vec::new(),
+    };
+    let plan = plan_vacuum(
+        &log,
+        &start,
+        &checkpoint_versions,
+        &current,
+        &regular_files(dir)?,
+        &index_files,
+        req,
+    )
+    .map_err(dataset_err(dir))?;
     if dry_run {
         return Ok(VacuumOutcome {
             plan,
@@ -307,10 +403,21 @@ pub fn vacuum_dir(
         }
     }
     let log_dir = log_dir_of(dir)?;
+    // the retained versions' replay starts from this checkpoint once the log below is gone
+    if let Some(m) = &plan.checkpoint {
+        let text = m.to_json_pretty().map_err(dataset_err(dir))?;
+        let id = format!("vacuum-{}-{}", std::process::id(), now_ms());
+        create_log_file(dir, LogFile::Checkpoint(m.manifest_version()), &text, &id)?;
+    }
     for v in &plan.prune_versions {
         match &log_dir {
-            Some(d) => remove(d, &crate::names::manifest_log_file_name(*v), 0)?,
+            Some(d) => remove(d, &LogFile::Entry(*v).name(), 0)?,
             None => progress.advance(1, 0),
+        }
+    }
+    if let Some(d) = &log_dir {
+        for v in &plan.prune_checkpoints {
+            remove_own_file(d, &LogFile::Checkpoint(*v).name()).map_err(io_err(d))?;
         }
     }
     let id = format!("vacuum-{}-{}", std::process::id(), now_ms());
@@ -325,15 +432,9 @@ pub fn vacuum_dir(
                 source,
             }
         })?;
-        let text = next
-            .to_json_pretty()
-            .map_err(|source| LocalError::Dataset {
-                path: dir.to_path_buf(),
-                source,
-            })?;
         let version = next.manifest_version();
-        if try_commit(dir, version, &text, &id)? {
-            publish(dir, version, &text, &id)?;
+        if commit_version(dir, Some(&base), &next, &id)? {
+            publish_version(dir, &next, &id)?;
             return Ok(VacuumOutcome {
                 plan,
                 dry_run,

@@ -220,6 +220,10 @@ pub struct ManifestExt {
     /// A vacuum version: what that vacuum deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vacuumed: Option<Vacuumed>,
+    /// Versions between checkpoints of the manifest log (spec/dataset.md §5.10). Absent: the
+    /// default, [`crate::log::DEFAULT_CHECKPOINT_INTERVAL`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval: Option<u64>,
 }
 
 /// `operation`: the kind of commit that made a version.
@@ -325,6 +329,9 @@ impl Serialize for Manifest {
             if let Some(v) = &x.vacuumed {
                 map.serialize_entry("vacuumed", v)?;
             }
+            if let Some(v) = &x.checkpoint_interval {
+                map.serialize_entry("checkpoint_interval", v)?;
+            }
         }
         map.end()
     }
@@ -340,6 +347,14 @@ fn invalid(problem: impl Into<String>) -> DatasetError {
 /// one by the published field rules. A `format_version` other than "1.0" is reported as such,
 /// before any other field is looked at; every shard name must pass [`check_shard_path`].
 pub fn parse_manifest(json: &str) -> Result<Manifest, DatasetError> {
+    let manifest = parse_manifest_fields(json)?;
+    manifest.validate()?;
+    Ok(manifest)
+}
+
+/// [`parse_manifest`] without [`Manifest::validate`]: the fields of a delta log entry's header,
+/// whose shards are the replayed state's (the state is validated once it is whole).
+pub(crate) fn parse_manifest_fields(json: &str) -> Result<Manifest, DatasetError> {
     let value: serde_json::Value =
         serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
     let Some(object) = value.as_object() else {
@@ -370,7 +385,6 @@ pub fn parse_manifest(json: &str) -> Result<Manifest, DatasetError> {
         schema: published.schema,
         ext,
     };
-    manifest.validate()?;
     Ok(manifest)
 }
 
@@ -681,6 +695,11 @@ pub fn next_manifest(
             x.retention_seconds = base
                 .and_then(|b| b.ext.as_ref())
                 .and_then(|b| b.retention_seconds);
+        }
+        if x.checkpoint_interval.is_none() {
+            x.checkpoint_interval = base
+                .and_then(|b| b.ext.as_ref())
+                .and_then(|b| b.checkpoint_interval);
         }
         x.vacuumed = None;
         x.operation = Some(match base {

@@ -81,6 +81,21 @@ pub fn parse_manifest_log_file_name(name: &str) -> Result<Option<u64>, DatasetEr
     }
 }
 
+/// File name of the checkpoint of version `version` in [`MANIFEST_LOG_DIR`] (spec/dataset.md
+/// §5.10): the whole manifest of that version, from which a reader replays later entries.
+pub fn checkpoint_file_name(version: u64) -> String {
+    format!("{version:020}.checkpoint.json")
+}
+
+/// The version of a [`checkpoint_file_name`], `None` for any other name; 20 digits beyond
+/// [`MAX_VERSION`] are an error naming the file, as for entries.
+pub fn parse_checkpoint_file_name(name: &str) -> Result<Option<u64>, DatasetError> {
+    match name.strip_suffix(".checkpoint.json") {
+        Some(digits) => parse_manifest_log_file_name(&format!("{digits}.json")),
+        None => Ok(None),
+    }
+}
+
 /// File name of the index part that belongs to manifest version `version`.
 pub fn index_part_file_name(version: u64) -> String {
     format!("part-{version:020}.parquet")

@@ -3,7 +3,8 @@
 //! vacuum version. No I/O here: [`crate::local`] runs a vacuum on a local directory (the CLI,
 //! the Python package); the Spark connector runs the same plan through Hadoop's file systems.
 
-use crate::manifest::{Manifest, Operation, Vacuumed};
+use crate::log::{Change, LogRecord, Replay};
+use crate::manifest::{Manifest, ManifestShard, Operation, Vacuumed};
 use crate::names::shard_index_part_file_name;
 use crate::DatasetError;
 use serde::Serialize;
@@ -62,16 +63,59 @@ pub fn deletes_at_commit(base: Option<&Manifest>, next: &Manifest) -> bool {
     retention_seconds(next) == 0 || base.is_some_and(|b| b.ext.is_none())
 }
 
-/// One entry of `_manifest_log/`, parsed, with its file's modification time (the commit time of
-/// entries written before `committed_at_ms` was recorded).
+/// One entry of `_manifest_log/` (or a checkpoint), parsed, with its file's modification time
+/// (the commit time of entries written before `committed_at_ms` was recorded).
 #[derive(Debug, Clone)]
 pub struct LogEntry {
     pub version: u64,
+    /// The version's manifest: whole for a full entry or a checkpoint, its own fields (no
+    /// shards) for a delta entry (spec/dataset.md §5.10).
     pub manifest: Manifest,
+    pub change: Change,
+    /// The version a delta entry was committed on (0 for a whole manifest).
+    pub base_version: u64,
+    /// A delta entry that keeps its base's schema.
+    pub schema_from_base: bool,
     pub file_mtime_ms: u64,
 }
 
 impl LogEntry {
+    /// A parsed log file with its modification time.
+    pub fn from_record(r: LogRecord, file_mtime_ms: u64) -> LogEntry {
+        LogEntry {
+            version: r.version,
+            manifest: r.manifest,
+            change: r.change,
+            base_version: r.base_version,
+            schema_from_base: r.schema_from_base,
+            file_mtime_ms,
+        }
+    }
+
+    /// A whole manifest as an entry (tests, callers that hold states).
+    pub fn full(manifest: Manifest, file_mtime_ms: u64) -> LogEntry {
+        LogEntry {
+            version: manifest.manifest_version(),
+            manifest,
+            change: Change::Full,
+            base_version: 0,
+            schema_from_base: false,
+            file_mtime_ms,
+        }
+    }
+
+    /// The record for a replay.
+    pub fn record(&self) -> LogRecord {
+        LogRecord {
+            version: self.version,
+            shards_count: self.manifest.shards.len() as u64,
+            manifest: self.manifest.clone(),
+            change: self.change.clone(),
+            base_version: self.base_version,
+            schema_from_base: self.schema_from_base,
+        }
+    }
+
     /// When this version was committed.
     pub fn committed_at_ms(&self) -> u64 {
         self.manifest
@@ -79,6 +123,15 @@ impl LogEntry {
             .as_ref()
             .and_then(|x| x.committed_at_ms)
             .unwrap_or(self.file_mtime_ms)
+    }
+
+    /// The shards this entry names as listed by its version: all of them for a whole manifest,
+    /// the added ones for a delta.
+    pub fn listed_or_added(&self) -> Box<dyn Iterator<Item = &ManifestShard> + '_> {
+        match &self.change {
+            Change::Full => Box::new(self.manifest.shards.iter()),
+            Change::Delta { add, .. } => Box::new(add.iter()),
+        }
     }
 }
 
@@ -114,6 +167,12 @@ pub struct VacuumPlan {
     pub index_parts: Vec<VacuumFile>,
     /// Log entries to delete (never the latest version).
     pub prune_versions: Vec<u64>,
+    /// Checkpoints to delete (those below the oldest retained version).
+    pub prune_checkpoints: Vec<u64>,
+    /// The checkpoint of the oldest retained version, written before anything of the log is
+    /// pruned when the log has none there (replays of the retained versions start from it).
+    #[serde(skip)]
+    pub checkpoint: Option<Manifest>,
 }
 
 impl VacuumPlan {
@@ -137,17 +196,23 @@ fn vacuum_err(problem: impl Into<String>) -> DatasetError {
     }
 }
 
-/// The plan of a vacuum. `log`: the `_manifest_log/` entries (any order); `latest`: the
-/// dataset's latest committed manifest (the newest log entry, or `dataset_manifest.json` when
-/// newer); `shard_files`: the regular files of the dataset directory with their sizes;
-/// `index_files`: the regular files of `_tensor_index.parquet/` with their sizes.
+/// The plan of a vacuum. `log`: the `_manifest_log/` entries (any order; delta or full);
+/// `checkpoints`: the log's checkpoints (whole manifests; the oldest is where a replay of the
+/// oldest entries starts, so callers may pass that one only, with `checkpoint_versions` listing
+/// them all); `latest`: the dataset's latest committed manifest (rebuilt, or
+/// `dataset_manifest.json` when newer); `shard_files`: the regular files of the dataset directory
+/// with their sizes; `index_files`: the regular files of `_tensor_index.parquet/` with their sizes.
 ///
 /// A shard is deleted only when some log version lists it, no retained version lists it, it
 /// passed [`crate::check_shard_path`] (every parsed manifest's names did) and it is a file of the
 /// directory: a file no version lists (a foreign file, an in-flight writer's shard) is never
-/// a candidate.
+/// a candidate. The work grows with the shards the log names and its versions, never with their
+/// product: the versions are replayed once, in order.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_vacuum(
     log: &[LogEntry],
+    checkpoints: &[LogEntry],
+    checkpoint_versions: &[u64],
     latest: &Manifest,
     shard_files: &BTreeMap<String, u64>,
     index_files: &BTreeMap<String, u64>,
@@ -174,7 +239,6 @@ pub fn plan_vacuum(
     log.sort_by_key(|l| l.version);
     let cutoff = req.now_ms.saturating_sub(retention.saturating_mul(1000));
     let mut retained = BTreeSet::from([latest_version]);
-    let mut not_retained = Vec::new();
     for (i, l) in log.iter().enumerate() {
         if l.version == latest_version {
             continue;
@@ -184,28 +248,61 @@ pub fn plan_vacuum(
         let superseded_at = log.get(i + 1).map_or(u64::MAX, |n| n.committed_at_ms());
         if superseded_at > cutoff {
             retained.insert(l.version);
-        } else {
-            not_retained.push(*l);
         }
     }
-    let mut keep: BTreeSet<&str> = latest
-        .shards
+    // every version from the oldest retained one on is kept (a clock that went back between
+    // commits retains more, never less)
+    let oldest_retained = retained.first().copied().unwrap_or(latest_version);
+    // replay from the newest checkpoint at or below the first entry (or from nothing: the
+    // first entry then starts the dataset or is a whole manifest)
+    let first = log.first().map_or(latest_version, |l| l.version);
+    let start: Option<&LogEntry> = checkpoints
         .iter()
-        .map(|s| s.shard_path.as_str())
-        .collect();
-    for l in &log {
-        if retained.contains(&l.version) {
-            keep.extend(l.manifest.shards.iter().map(|s| s.shard_path.as_str()));
+        .filter(|c| c.version <= first)
+        .max_by_key(|c| c.version);
+    let mut replay = start.map_or_else(Replay::default, |c| Replay::from_manifest(&c.manifest));
+    let mut replayable = true;
+    let mut old_listed: BTreeSet<&str> = BTreeSet::new();
+    let mut keep: BTreeSet<String> = latest.shards.iter().map(|s| s.shard_path.clone()).collect();
+    if let Some(c) = start {
+        if c.version < oldest_retained {
+            old_listed.extend(c.manifest.shards.iter().map(|s| s.shard_path.as_str()));
+        } else {
+            keep.extend(c.manifest.shards.iter().map(|s| s.shard_path.clone()));
         }
     }
-    let mut candidates: BTreeSet<&str> = BTreeSet::new();
-    for l in &not_retained {
-        for s in &l.manifest.shards {
-            if !keep.contains(s.shard_path.as_str()) {
-                candidates.insert(s.shard_path.as_str());
+    let mut state_at_oldest: Option<Manifest> = None;
+    for l in &log {
+        if start.is_some_and(|c| l.version <= c.version) {
+            continue;
+        }
+        if replayable {
+            let starts_here =
+                matches!(l.change, Change::Full) || replay.version() == l.base_version;
+            if starts_here {
+                if let Err(e) = replay.apply(&l.record()) {
+                    return Err(vacuum_err(e.to_string()));
+                }
+            } else {
+                // the entries before this one are gone and no checkpoint covers them: the
+                // versions from here on are not rebuilt (nothing of the log is pruned)
+                replayable = false;
             }
         }
+        if l.version < oldest_retained {
+            old_listed.extend(l.listed_or_added().map(|s| s.shard_path.as_str()));
+        } else {
+            keep.extend(l.listed_or_added().map(|s| s.shard_path.clone()));
+        }
+        if l.version == oldest_retained && replayable {
+            state_at_oldest = Some(replay.manifest().map_err(|e| vacuum_err(e.to_string()))?);
+            keep.extend(replay.shards().keys().cloned());
+        }
     }
+    let candidates: Vec<&str> = old_listed
+        .into_iter()
+        .filter(|n| !keep.contains(*n))
+        .collect();
     let mut shards = Vec::new();
     let mut index_parts = Vec::new();
     for name in candidates {
@@ -225,13 +322,42 @@ pub fn plan_vacuum(
             }
         }
     }
+    // the log below the oldest retained version goes only when that version can be rebuilt
+    // without it: a checkpoint there (kept, or written by this vacuum) or a full entry
+    let oldest_is_full = log
+        .iter()
+        .any(|l| l.version == oldest_retained && matches!(l.change, Change::Full));
+    let has_checkpoint = checkpoint_versions.contains(&oldest_retained);
+    let (prune_versions, prune_checkpoints, checkpoint) =
+        if oldest_is_full || has_checkpoint || state_at_oldest.is_some() {
+            (
+                log.iter()
+                    .map(|l| l.version)
+                    .filter(|v| *v < oldest_retained)
+                    .collect(),
+                checkpoint_versions
+                    .iter()
+                    .copied()
+                    .filter(|v| *v < oldest_retained)
+                    .collect(),
+                if oldest_is_full || has_checkpoint {
+                    None
+                } else {
+                    state_at_oldest
+                },
+            )
+        } else {
+            (Vec::new(), Vec::new(), None)
+        };
     Ok(VacuumPlan {
         base_version: latest_version,
         retention_seconds: retention,
         retained_versions: retained.into_iter().collect(),
         shards,
         index_parts,
-        prune_versions: not_retained.iter().map(|l| l.version).collect(),
+        prune_versions,
+        prune_checkpoints,
+        checkpoint,
     })
 }
 

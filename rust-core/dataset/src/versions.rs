@@ -7,6 +7,7 @@
 //! through Hadoop) applies the same rules; the `*_dir` functions apply them to a local
 //! directory (the CLI, the Python package).
 
+use super::log::{parse_log_file, Change, LogFile, LogRecord};
 use super::manifest::{parse_manifest, Manifest, Operation};
 use super::names::{manifest_log_file_name, MANIFEST_LOG_DIR};
 use super::DatasetError;
@@ -219,19 +220,18 @@ pub fn log_versions_dir(dir: &Path) -> Result<Vec<u64>, DatasetError> {
     Ok(out)
 }
 
-/// Reads and parses log entry `version` of a local dataset: a regular file within the size
-/// bound whose `manifest_version` is `version` (spec/dataset.md §5.9).
+/// The whole manifest of `version` of a local dataset, rebuilt from its log (spec/dataset.md
+/// §5.10), agreeing with its name.
 pub fn read_log_entry_dir(dir: &Path, version: u64) -> Result<Manifest, DatasetError> {
-    let path = dir
-        .join(MANIFEST_LOG_DIR)
-        .join(manifest_log_file_name(version));
-    let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
-    parse_log_entry(version, &text)
+    crate::local::manifest_at(dir, version).map_err(|e| match e {
+        crate::local::LocalError::Dataset { source, .. } => source,
+        other => version_err(other.to_string()),
+    })
 }
 
-/// Parses the text of log entry `version` and checks that it agrees with its name: an error
-/// naming the entry otherwise. The one rule for a log entry's text, also called by the JVM and
-/// the Python package for the entries they read through their file systems.
+/// Parses a whole manifest of version `version` (a rebuilt version, a checkpoint, an entry
+/// written before log format 2) and checks that it is that version: an error naming the entry
+/// otherwise. The rule for a version's manifest read by the JVM and the Python package.
 pub fn parse_log_entry(version: u64, text: &str) -> Result<Manifest, DatasetError> {
     let m = parse_manifest(text).map_err(|e| {
         version_err(format!(
@@ -278,12 +278,15 @@ pub fn open_version_dir(
                 time_ms: 0,
             }),
             VersionSpec::TimestampMs(_) => {
-                let m = read_log_entry_dir(dir, *v)?;
+                // the entry's own fields say when (a delta entry is small)
+                let r = read_record_dir(dir, *v)?;
                 times.push(LogEntryTime {
                     version: *v,
-                    time_ms: entry_time(dir, *v, &m)?,
+                    time_ms: entry_time(dir, *v, &r.manifest)?,
                 });
-                loaded.insert(*v, m);
+                if r.is_full() {
+                    loaded.insert(*v, r.manifest);
+                }
             }
         }
     }
@@ -412,12 +415,89 @@ pub fn history_dir(dir: &Path) -> Result<Vec<HistoryRow>, DatasetError> {
     }
     let mut loaded = Vec::with_capacity(versions.len());
     for v in versions {
-        let m = read_log_entry_dir(dir, v)?;
-        let t = entry_time(dir, v, &m)?;
-        loaded.push((v, t, m));
+        let r = read_record_dir(dir, v)?;
+        let t = entry_time(dir, v, &r.manifest)?;
+        loaded.push((t, r));
     }
-    let refs: Vec<(u64, i64, &Manifest)> = loaded.iter().map(|(v, t, m)| (*v, *t, m)).collect();
-    Ok(history_rows(&refs))
+    Ok(history_of(&loaded))
+}
+
+/// Log entry `version` of a local dataset, parsed (delta or whole), agreeing with its name.
+fn read_record_dir(dir: &Path, version: u64) -> Result<LogRecord, DatasetError> {
+    let file = LogFile::Entry(version);
+    let path = dir.join(MANIFEST_LOG_DIR).join(file.name());
+    let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
+    parse_log_file(file, &text)
+}
+
+/// History rows of log records (ascending, with their commit times): a delta entry says what it
+/// added and removed; a whole manifest (entries written before log format 2) is compared with
+/// the version before it (the first with an empty dataset). One pass: the cost grows with the
+/// log, never with versions × shards beyond those whole entries themselves.
+pub fn history_of(records: &[(i64, LogRecord)]) -> Vec<HistoryRow> {
+    let mut out = Vec::with_capacity(records.len());
+    let mut state: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (t, r) in records {
+        let (mut ra, mut ba, mut sa, mut rr, mut br, mut sr) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        match &r.change {
+            Change::Delta { add, remove } => {
+                for s in remove {
+                    rr += s.samples_count;
+                    br += s.bytes;
+                    sr += 1;
+                    state.remove(&s.shard_path);
+                }
+                for s in add {
+                    ra += s.samples_count;
+                    ba += s.bytes;
+                    sa += 1;
+                    state.insert(s.shard_path.clone(), (s.samples_count, s.bytes));
+                }
+            }
+            Change::Full => {
+                let now: BTreeMap<String, (u64, u64)> = r
+                    .manifest
+                    .shards
+                    .iter()
+                    .map(|s| (s.shard_path.clone(), (s.samples_count, s.bytes)))
+                    .collect();
+                for (name, (rows, bytes)) in &now {
+                    if !state.contains_key(name) {
+                        ra += rows;
+                        ba += bytes;
+                        sa += 1;
+                    }
+                }
+                for (name, (rows, bytes)) in &state {
+                    if !now.contains_key(name) {
+                        rr += rows;
+                        br += bytes;
+                        sr += 1;
+                    }
+                }
+                state = now;
+            }
+        }
+        let m = &r.manifest;
+        let x = m.ext.as_ref();
+        out.push(HistoryRow {
+            version: r.version,
+            committed_at_ms: *t,
+            operation: x.and_then(|x| x.operation),
+            rows_added: ra,
+            rows_removed: rr,
+            bytes_added: ba,
+            bytes_removed: br,
+            shards_added: sa,
+            shards_removed: sr,
+            total_rows: m.total_samples,
+            total_bytes: m.total_bytes,
+            created_by: x.map(|x| x.created_by.clone()),
+            app_id: x.and_then(|x| x.app_id.clone()),
+            commit_message: x.and_then(|x| x.commit_message.clone()),
+        });
+    }
+    out
 }
 
 /// The outcome of [`validate_dir`] for one version.
@@ -444,12 +524,13 @@ pub fn validate_dir(
     progress: &dyn crate::progress::Progress,
 ) -> Result<Vec<VersionCheck>, DatasetError> {
     let _finish = crate::progress::FinishOnDrop(progress);
-    // a damaged entry is its version's error line; the other versions are still checked
-    let mut versions: Vec<(u64, Manifest)> = Vec::new();
+    // a damaged entry is its version's error line; the other versions are still checked. The
+    // versions are replayed once, in order, from the checkpoint below the oldest entry.
+    let mut records: Vec<LogRecord> = Vec::new();
     let mut damaged: Vec<VersionCheck> = Vec::new();
     for v in log_versions_dir(dir)? {
-        match read_log_entry_dir(dir, v) {
-            Ok(m) => versions.push((v, m)),
+        match read_record_dir(dir, v) {
+            Ok(r) => records.push(r),
             Err(e) => damaged.push(VersionCheck {
                 version: v,
                 shards: 0,
@@ -458,7 +539,15 @@ pub fn validate_dir(
             }),
         }
     }
-    if versions.is_empty() && damaged.is_empty() {
+    let mut replay = crate::log::Replay::default();
+    if let Some(first) = records.first().filter(|r| !r.is_full() && r.version > 1) {
+        let start = crate::local::start_checkpoint(dir, first.version)
+            .map_err(|e| version_err(e.to_string()))?;
+        if let Some(c) = start {
+            replay = crate::log::Replay::from_manifest(&c);
+        }
+    }
+    if records.is_empty() && damaged.is_empty() {
         let path = dir.join(super::names::MANIFEST_FILE_NAME);
         if !path.exists() && std::fs::symlink_metadata(&path).is_err() {
             return Err(version_err(format!(
@@ -473,21 +562,50 @@ pub fn validate_dir(
         let text = crate::own::read_manifest_text(&path).map_err(|e| io_err(&path, e))?;
         let m =
             parse_manifest(&text).map_err(|e| version_err(format!("{}: {e}", path.display())))?;
-        versions.push((m.manifest_version(), m));
+        records.push(LogRecord {
+            version: m.manifest_version(),
+            shards_count: m.shards.len() as u64,
+            manifest: m,
+            change: Change::Full,
+            base_version: 0,
+            schema_from_base: false,
+        });
     }
     // progress: each distinct shard once, with the size its first listing records
-    let mut distinct: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in versions.iter().flat_map(|(_, m)| &m.shards) {
-        distinct.entry(s.shard_path.as_str()).or_insert(s.bytes);
+    let mut distinct: BTreeMap<String, u64> = BTreeMap::new();
+    for s in replay.shards().values() {
+        distinct.entry(s.shard_path.clone()).or_insert(s.bytes);
+    }
+    for r in &records {
+        let named: Box<dyn Iterator<Item = &crate::ManifestShard>> = match &r.change {
+            Change::Full => Box::new(r.manifest.shards.iter()),
+            Change::Delta { add, .. } => Box::new(add.iter()),
+        };
+        for s in named {
+            distinct.entry(s.shard_path.clone()).or_insert(s.bytes);
+        }
     }
     progress.start(distinct.len() as u64, distinct.values().sum());
     // file → (size, crc) on disk, computed once
     let mut seen: BTreeMap<String, Option<FoundShard>> = BTreeMap::new();
     let mut out = damaged;
-    for (v, m) in &versions {
+    for r in &records {
+        let v = r.version;
+        // an entry the start checkpoint already holds is checked, not applied again
+        let covered = replay.version() >= v && !r.is_full();
+        if let Err(e) = if covered { Ok(()) } else { replay.apply(r) } {
+            out.push(VersionCheck {
+                version: v,
+                shards: r.shards_count,
+                verified: 0,
+                error: Some(e.to_string()),
+            });
+            replay = crate::log::Replay::default();
+            continue;
+        }
         let mut error = None;
         let mut verified = 0;
-        for s in &m.shards {
+        for s in replay.shards().values() {
             let want_crc = s.crc32c.is_some();
             let first = !seen.contains_key(&s.shard_path);
             let entry = seen.entry(s.shard_path.clone()).or_insert(None);
@@ -512,7 +630,7 @@ pub fn validate_dir(
                 let bytes = distinct.get(s.shard_path.as_str()).copied().unwrap_or(0);
                 progress.advance(1, bytes);
             }
-            if let Err(e) = check_shard(*v, s, entry.as_ref()) {
+            if let Err(e) = check_shard(v, s, entry.as_ref()) {
                 error = Some(e.to_string());
                 break;
             }
@@ -521,8 +639,8 @@ pub fn validate_dir(
             }
         }
         out.push(VersionCheck {
-            version: *v,
-            shards: m.shards.len() as u64,
+            version: v,
+            shards: replay.shards().len() as u64,
             verified,
             error,
         });
@@ -530,7 +648,7 @@ pub fn validate_dir(
     // the shards only versions with an error listed after it were not checked
     let (left, left_bytes) = distinct
         .iter()
-        .filter(|(p, _)| !seen.contains_key(**p))
+        .filter(|(p, _)| !seen.contains_key(p.as_str()))
         .fold((0u64, 0u64), |(n, b), (_, bytes)| (n + 1, b + bytes));
     if left > 0 {
         progress.advance(left, left_bytes);
@@ -550,11 +668,11 @@ pub struct ListedLogEntry {
     pub text: Option<String>,
 }
 
-/// A listed entry's text, parsed and checked against its name ([`parse_log_entry`]).
-fn parse_listed(e: &ListedLogEntry) -> Result<Option<Manifest>, DatasetError> {
+/// A listed entry's text, parsed (delta or whole) and checked against its name.
+fn parse_listed(e: &ListedLogEntry) -> Result<Option<LogRecord>, DatasetError> {
     e.text
         .as_deref()
-        .map(|t| parse_log_entry(e.version, t))
+        .map(|t| parse_log_file(LogFile::Entry(e.version), t))
         .transpose()
 }
 
@@ -582,10 +700,10 @@ fn listed_time(e: &ListedLogEntry, m: Option<&Manifest>) -> i64 {
 pub fn select_listed(entries: &[ListedLogEntry], spec: VersionSpec) -> Result<u64, DatasetError> {
     let mut times = Vec::with_capacity(entries.len());
     for e in entries {
-        let m = parse_listed(e)?;
+        let r = parse_listed(e)?;
         times.push(LogEntryTime {
             version: e.version,
-            time_ms: listed_time(e, m.as_ref()),
+            time_ms: listed_time(e, r.as_ref().map(|r| &r.manifest)),
         });
     }
     select_version(&times, spec)
@@ -630,16 +748,15 @@ pub fn history_listed(entries: &[ListedLogEntry]) -> Result<Vec<HistoryRow>, Dat
     sorted.sort_by_key(|e| e.version);
     let mut loaded = Vec::with_capacity(sorted.len());
     for e in sorted {
-        let Some(m) = parse_listed(e)? else {
+        let Some(r) = parse_listed(e)? else {
             return Err(version_err(format!(
                 "the history needs the text of version {}",
                 e.version
             )));
         };
-        loaded.push((e.version, listed_time(e, Some(&m)), m));
+        loaded.push((listed_time(e, Some(&r.manifest)), r));
     }
-    let refs: Vec<(u64, i64, &Manifest)> = loaded.iter().map(|(v, t, m)| (*v, *t, m)).collect();
-    Ok(history_rows(&refs))
+    Ok(history_of(&loaded))
 }
 
 #[cfg(test)]
@@ -783,6 +900,7 @@ mod tests {
             app_id: None,
             retention_seconds: None,
             vacuumed: None,
+            checkpoint_interval: None,
         };
         let write = Manifest::empty(ext);
         let info = CommitInfo {

@@ -137,6 +137,7 @@ fn main() {
         metadata: BTreeMap::new(),
         generate_index: false,
         retention_seconds: None,
+        checkpoint_interval: None,
     };
     let _ = std::fs::remove_dir_all(&dir);
     let batches: Vec<StructArray> = (0..rows)

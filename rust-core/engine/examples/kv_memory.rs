@@ -99,6 +99,7 @@ fn main() {
         metadata: BTreeMap::new(),
         generate_index: false,
         retention_seconds: None,
+        checkpoint_interval: None,
     };
     let _ = std::fs::remove_dir_all(&dir);
 

@@ -74,6 +74,7 @@ fn plan() -> WritePlan {
         metadata: BTreeMap::new(),
         generate_index: false,
         retention_seconds: None,
+        checkpoint_interval: None,
     }
 }
 

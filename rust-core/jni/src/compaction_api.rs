@@ -112,11 +112,10 @@ pub fn compaction_manifest_json(
     let entries: Vec<LogEntryText> = parse_json(log_json, "manifest log")?;
     let mut log = Vec::new();
     for e in entries {
-        log.push(LogEntry {
-            version: e.version,
-            manifest: manifest(&e.text, "a manifest log entry")?,
-            file_mtime_ms: 0,
-        });
+        let file = safetensors_spark_dataset::log::LogFile::Entry(e.version);
+        let record = safetensors_spark_dataset::log::parse_log_file(file, &e.text)
+            .map_err(|err| JniError::from(err).context(format_args!("a manifest log entry")))?;
+        log.push(LogEntry::from_record(record, 0));
     }
     if let Some(e) = conflict(&plan, &current, &log) {
         return Err(JniError::from(e));

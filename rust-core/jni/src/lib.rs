@@ -32,6 +32,7 @@ use ::jni::{jni_str, Env, EnvUnowned};
 
 mod compaction_api;
 mod error;
+mod log_api;
 mod names_api;
 mod reader_api;
 mod tensor_functions_api;

@@ -75,6 +75,30 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeNames_maxCommitAttemp
     })
 }
 
+/// `static native long logKeptVersions()`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeNames_logKeptVersions<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+) -> jlong {
+    guard(&mut env, |_| {
+        Ok(jlong::try_from(safetensors_spark_dataset::log::KEPT_VERSIONS).unwrap_or(jlong::MAX))
+    })
+}
+
+/// `static native String checkpointFileName(long version)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeNames_checkpointFileName<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    version: jlong,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let name = names::checkpoint_file_name(version_arg(version)?);
+        string(env, &name)
+    })
+}
+
 /// `static native String manifestLogFileName(long version)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeNames_manifestLogFileName<'local>(
@@ -102,6 +126,22 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeNames_parseManifestLo
     guard(&mut env, |env| {
         let name = arg(env, &name, "name")?;
         Ok(version_or_minus_one(names::parse_manifest_log_file_name(
+            &name,
+        )?))
+    })
+}
+
+/// `static native long parseCheckpointFileName(String name)`: the version, -1 for a name that is
+/// no checkpoint.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeNames_parseCheckpointFileName<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    name: JString<'local>,
+) -> jlong {
+    guard(&mut env, |env| {
+        let name = arg(env, &name, "name")?;
+        Ok(version_or_minus_one(names::parse_checkpoint_file_name(
             &name,
         )?))
     })

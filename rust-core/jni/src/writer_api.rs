@@ -19,6 +19,7 @@ use super::{
 };
 use safetensors_spark_engine::write::{ShardReport, TaskReport, WriteMode, WritePlan};
 
+use safetensors_spark_dataset::log::{parse_log_file, LogFile};
 use safetensors_spark_dataset::manifest::{
     next_manifest, next_stream_manifest, parse_manifest, stamp_commit, stream_batch_committed,
     superseded_shards, CommitInfo, ShardReplacement, StreamBatch,
@@ -886,6 +887,12 @@ struct LogEntryRequest {
 #[derive(serde::Deserialize)]
 struct VacuumPlanRequest {
     log: Vec<LogEntryRequest>,
+    /// The checkpoint the replay starts from (the newest at or below the first entry).
+    #[serde(default)]
+    checkpoint: Option<LogEntryRequest>,
+    /// Every checkpoint's version.
+    #[serde(default)]
+    checkpoint_versions: Vec<u64>,
     latest: String,
     latest_source: String,
     shards: BTreeMap<String, u64>,
@@ -906,17 +913,21 @@ pub fn plan_vacuum_json(request_json: &str) -> Result<String, JniError> {
             ))
         })?),
     };
+    let parse = |e: &LogEntryRequest, file: LogFile| {
+        parse_log_file(file, &e.text)
+            .map(|rec| LogEntry::from_record(rec, e.mtime_ms))
+            .map_err(|err| {
+                JniError::from(err).context(format_args!("manifest log file {}", e.source))
+            })
+    };
     let mut log = Vec::with_capacity(r.log.len());
     for e in &r.log {
-        let manifest = parse_manifest(&e.text).map_err(|err| {
-            JniError::from(err).context(format_args!("manifest log entry {}", e.source))
-        })?;
-        log.push(LogEntry {
-            version: e.version,
-            manifest,
-            file_mtime_ms: e.mtime_ms,
-        });
+        log.push(parse(e, LogFile::Entry(e.version))?);
     }
+    let start = match &r.checkpoint {
+        Some(c) => vec![parse(c, LogFile::Checkpoint(c.version))?],
+        None => Vec::new(),
+    };
     let latest = parse_manifest(&r.latest).map_err(|err| {
         JniError::from(err).context(format_args!(
             "the dataset's current manifest {}",
@@ -925,6 +936,8 @@ pub fn plan_vacuum_json(request_json: &str) -> Result<String, JniError> {
     })?;
     let plan = plan_vacuum(
         &log,
+        &start,
+        &r.checkpoint_versions,
         &latest,
         &r.shards,
         &r.index_parts,
@@ -935,7 +948,17 @@ pub fn plan_vacuum_json(request_json: &str) -> Result<String, JniError> {
         },
     )?;
     let vacuumed = plan.vacuumed();
-    to_json(&json!({"plan": plan, "files": vacuumed.files, "bytes": vacuumed.bytes}))
+    let checkpoint = plan
+        .checkpoint
+        .as_ref()
+        .map(|m| m.to_json_pretty().map(|t| (m.manifest_version(), t)))
+        .transpose()?;
+    to_json(&json!({
+        "plan": plan,
+        "files": vacuumed.files,
+        "bytes": vacuumed.bytes,
+        "checkpoint": checkpoint.as_ref().map(|(v, t)| json!({"name": LogFile::Checkpoint(*v).name(), "text": t})),
+    }))
 }
 
 /// `vacuumManifest`: the vacuum version on top of `base` (`{"manifest", "version"}`).

@@ -440,6 +440,34 @@ fn parse_log_entry(py: Python<'_>, version: u64, text: &str, dataset: &str) -> P
     .map_err(|e| dataset_error(dataset, e))
 }
 
+/// One step of rebuilding version `version` of `dataset` from its `_manifest_log/`
+/// (spec/dataset.md §5.10): `names` as listed, `texts` the files read so far by name. Returns
+/// `("read", [names])` to read next or `("manifest", json_text)`, the version's whole manifest
+/// as JSON text like `parse_manifest`. `ManifestError` naming the dataset when the version cannot
+/// be rebuilt (a damaged entry, a missing one).
+#[pyfunction]
+fn rebuild_version(
+    py: Python<'_>,
+    names: Vec<String>,
+    version: u64,
+    texts: std::collections::BTreeMap<String, String>,
+    dataset: &str,
+) -> PyResult<(String, Vec<String>, Option<String>)> {
+    use dataset::log::{plan_state_by_names, StatePlan};
+    py.detach(|| match plan_state_by_names(&names, version, texts) {
+        Ok(StatePlan::Read(need)) => Ok((
+            "read".to_string(),
+            need.iter().map(|f| f.name()).collect(),
+            None,
+        )),
+        Ok(StatePlan::Done(m)) => serde_json::to_string(&*m)
+            .map(|t| ("manifest".to_string(), Vec::new(), Some(t)))
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    })
+    .map_err(|e| dataset_error(dataset, e))
+}
+
 /// Whether the local dataset `root` has its own directory `name` (`_manifest_log`,
 /// `_tensor_index.parquet`): False when absent; `ManifestError` naming it when it is a
 /// symbolic link or not a directory (spec/dataset.md §5.9).
@@ -805,6 +833,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_version_shards, m)?)?;
     m.add_function(wrap_pyfunction!(read_manifest_file, m)?)?;
     m.add_function(wrap_pyfunction!(parse_log_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(rebuild_version, m)?)?;
     m.add_function(wrap_pyfunction!(check_regular_file, m)?)?;
     m.add_function(wrap_pyfunction!(own_dir, m)?)?;
     m.add_function(wrap_pyfunction!(log_entry_version, m)?)?;

@@ -8,7 +8,7 @@
 use super::{
     compaction_manifest, conflict, merge_output, plan_compaction, CompactionPlan, CompactionRequest,
 };
-use crate::local::{latest, now_ms, publish, read_log, try_commit, LocalError};
+use crate::local::{commit_version, latest, now_ms, publish_version, read_log_since, LocalError};
 use crate::manifest::{CommitInfo, Manifest};
 use crate::names::{
     shard_index_part_file_name, INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR,
@@ -130,8 +130,7 @@ fn compact_one(
     after_write: &mut dyn FnMut(&CompactionPlan),
     progress: &dyn Progress,
 ) -> Result<(CompactionOutcome, (u64, u64)), LocalError> {
-    let log = read_log(dir)?;
-    let Some(base) = latest(dir, &log)? else {
+    let Some(base) = latest(dir, &[])? else {
         return Err(ds_err(
             dir,
             DatasetError::Compaction {
@@ -234,7 +233,8 @@ fn compact_one(
     after_write(plan);
     let id = format!("compaction-{}-{}", std::process::id(), now_ms());
     for _ in 0..MAX_COMMIT_ATTEMPTS {
-        let log = read_log(dir).inspect_err(|_| cleanup(&written))?;
+        // the versions since the plan only: what removed a shard it replaces
+        let log = read_log_since(dir, plan.base_version).inspect_err(|_| cleanup(&written))?;
         let Some(current) = latest(dir, &log).inspect_err(|_| cleanup(&written))? else {
             cleanup(&written);
             return Err(ds_err(
@@ -257,13 +257,9 @@ fn compact_one(
             cleanup(&written);
             ds_err(dir, e)
         })?;
-        let text = next.to_json_pretty().map_err(|e| {
-            cleanup(&written);
-            ds_err(dir, e)
-        })?;
         let version = next.manifest_version();
-        if try_commit(dir, version, &text, &id).inspect_err(|_| cleanup(&written))? {
-            publish(dir, version, &text, &id)?;
+        if commit_version(dir, Some(&current), &next, &id).inspect_err(|_| cleanup(&written))? {
+            publish_version(dir, &next, &id)?;
             outcome.version = Some(version);
             outcome.committed_on = Some(current.manifest_version());
             if deletes_at_commit(Some(&current), &next) {

@@ -1,6 +1,6 @@
 use super::local::{compact_dir, select_datasets, CompactionOptions};
 use super::*;
-use crate::local::{latest, publish, read_log, try_commit};
+use crate::local::{commit_version, latest, latest_manifest, publish_version, read_log};
 use crate::manifest::{
     ColumnMap, ManifestExt, ManifestTensor, RaggedColumn, RaggedElement, MANIFEST_FORMAT,
 };
@@ -73,6 +73,7 @@ fn ext(mode: DatasetMode, tail: Option<TailStrategy>, retention: Option<u64>) ->
         app_id: None,
         retention_seconds: retention,
         vacuumed: None,
+        checkpoint_interval: None,
     }
 }
 
@@ -522,10 +523,9 @@ fn rebase_keeps_appends_and_fails_naming_the_version_that_removed_a_shard() {
     v3.ext.as_mut().unwrap().operation = Some(Operation::Overwrite);
     let log: Vec<LogEntry> = [(1, &m), (2, &v2), (3, &v3)]
         .into_iter()
-        .map(|(v, man)| LogEntry {
-            version: v,
-            manifest: man.clone(),
-            file_mtime_ms: 0,
+        .map(|(v, man)| {
+            assert_eq!(v, man.manifest_version());
+            LogEntry::full(man.clone(), 0)
         })
         .collect();
     let e = conflict(&plan, &v3, &log).unwrap().to_string();
@@ -618,9 +618,9 @@ fn write_dataset(dir: &Path, m: &Manifest, files: &[(String, Vec<u8>)]) {
 }
 
 fn commit(dir: &Path, m: &Manifest) {
-    let text = m.to_json_pretty().unwrap();
-    assert!(try_commit(dir, m.manifest_version(), &text, "t").unwrap());
-    publish(dir, m.manifest_version(), &text, "t").unwrap();
+    let base = latest_manifest(dir).unwrap();
+    assert!(commit_version(dir, base.as_ref(), m, "t").unwrap());
+    publish_version(dir, m, "t").unwrap();
 }
 
 fn read_rows(dir: &Path) -> Vec<Row> {

@@ -36,11 +36,10 @@ fn manifest_json(v: u64, shards: &[u32], at: Option<u64>, retention: Option<u64>
 }
 
 fn logged(v: u64, shards: &[u32], at: u64, retention: Option<u64>) -> LogEntry {
-    LogEntry {
-        version: v,
-        manifest: parse_manifest(&manifest_json(v, shards, Some(at), retention)).unwrap(),
-        file_mtime_ms: 0,
-    }
+    LogEntry::full(
+        parse_manifest(&manifest_json(v, shards, Some(at), retention)).unwrap(),
+        0,
+    )
 }
 
 fn files(shards: &[u32]) -> BTreeMap<String, u64> {
@@ -122,6 +121,8 @@ fn plan_keeps_what_a_retained_version_lists() {
     let idx: BTreeMap<String, u64> = [(shard(1).replace(".safetensors", ".parquet"), 7)].into();
     let p = plan_vacuum(
         &log,
+        &[],
+        &[],
         &log[2].manifest,
         &dir,
         &idx,
@@ -149,6 +150,8 @@ fn plan_keeps_what_a_retained_version_lists() {
     // 8500 s of retention: v2 was current until 2000 s > 10000-8500: retained; v1 until 1000 s: not
     let p = plan_vacuum(
         &log,
+        &[],
+        &[],
         &log[2].manifest,
         &dir,
         &idx,
@@ -161,6 +164,8 @@ fn plan_keeps_what_a_retained_version_lists() {
     // 9500 s: v1 retained too, nothing deleted
     let p = plan_vacuum(
         &log,
+        &[],
+        &[],
         &log[2].manifest,
         &dir,
         &idx,
@@ -171,6 +176,8 @@ fn plan_keeps_what_a_retained_version_lists() {
     // a listed shard no longer on disk is not counted
     let p = plan_vacuum(
         &log,
+        &[],
+        &[],
         &log[2].manifest,
         &files(&[2, 3]),
         &idx,
@@ -185,6 +192,8 @@ fn shorter_retention_needs_the_override() {
     let log = [logged(1, &[1], 1, None), logged(2, &[2], 2, None)];
     let e = plan_vacuum(
         &log,
+        &[],
+        &[],
         &log[1].manifest,
         &files(&[1, 2]),
         &BTreeMap::new(),
@@ -199,6 +208,8 @@ fn shorter_retention_needs_the_override() {
     assert!(e.contains("allow_shorter_retention"), "{e}");
     let p = plan_vacuum(
         &log,
+        &[],
+        &[],
         &log[1].manifest,
         &files(&[1, 2]),
         &BTreeMap::new(),
@@ -215,6 +226,8 @@ fn published_only_manifest_is_refused() {
     )
     .unwrap();
     let e = plan_vacuum(
+        &[],
+        &[],
         &[],
         &m,
         &BTreeMap::new(),

@@ -114,6 +114,7 @@ pub fn empty_manifest(plan: &WritePlan) -> Manifest {
         app_id: None,
         retention_seconds: plan.retention_seconds,
         vacuumed: None,
+        checkpoint_interval: plan.checkpoint_interval,
     })
 }
 

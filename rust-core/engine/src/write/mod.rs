@@ -177,6 +177,8 @@ pub struct WritePlan {
     /// The `retention` option in seconds (spec/dataset.md §5.8.1); `None`: the dataset's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_seconds: Option<u64>,
+    /// `checkpoint_interval` (spec/dataset.md §5.10), recorded in the manifest.
+    pub checkpoint_interval: Option<u64>,
 }
 
 /// One tensor of a sealed shard, as the index and the commit checks need it.

@@ -29,8 +29,9 @@ pub use options::*;
 use ragged::*;
 
 /// Every user option of the writer, as spelled in the docs (keys are matched case-insensitively).
-pub const WRITE_OPTIONS: [&str; 15] = [
+pub const WRITE_OPTIONS: [&str; 16] = [
     "batch_size",
+    "checkpoint_interval",
     "columns",
     "commit_message",
     "dtype",
@@ -445,6 +446,7 @@ fn plan(
     let DatasetOptions {
         generate_index,
         retention_seconds,
+        checkpoint_interval,
         metadata,
     } = dataset_options(&opts)?;
     if let WriteMode::Kv { kv_separator, .. } = &mode {
@@ -457,6 +459,7 @@ fn plan(
         metadata,
         generate_index,
         retention_seconds,
+        checkpoint_interval,
     })
 }
 
@@ -848,12 +851,17 @@ fn resolve_column(
     Ok(())
 }
 
+/// The largest `checkpoint_interval`: beyond it a reader of an old version replays more entries
+/// than a checkpoint saves.
+const MAX_CHECKPOINT_INTERVAL: u64 = 100_000;
+
 /// Step 7: the dataset-wide options: `generate_index`, `retention`, `metadata`, and the
 /// `commit_message` check (it is recorded in the commit's manifest, spec/dataset.md §5.8;
 /// checked here, before anything on disk changes).
 struct DatasetOptions {
     generate_index: bool,
     retention_seconds: Option<u64>,
+    checkpoint_interval: Option<u64>,
     metadata: BTreeMap<String, String>,
 }
 
@@ -872,6 +880,25 @@ fn dataset_options(opts: &Options) -> Result<DatasetOptions, PlanError> {
                     safetensors_spark_dataset::vacuum::RETENTION_EXPECTED,
                 )
             })?,
+        ),
+    };
+    let checkpoint_interval = match opts.get("checkpoint_interval") {
+        None => None,
+        Some(v) => Some(
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| (1..=MAX_CHECKPOINT_INTERVAL).contains(n))
+                .ok_or_else(|| {
+                    invalid_value(
+                        "checkpoint_interval",
+                        v,
+                        format!(
+                            "an integer from 1 to {MAX_CHECKPOINT_INTERVAL}: the versions between \
+                             checkpoints of the manifest log"
+                        ),
+                    )
+                })?,
         ),
     };
     let mut metadata = BTreeMap::new();
@@ -908,6 +935,7 @@ fn dataset_options(opts: &Options) -> Result<DatasetOptions, PlanError> {
     Ok(DatasetOptions {
         generate_index,
         retention_seconds,
+        checkpoint_interval,
         metadata,
     })
 }

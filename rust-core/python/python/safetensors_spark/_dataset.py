@@ -360,8 +360,8 @@ class Dataset:
         entries = _log_entries(self._store, self.path, with_text=timestamp is not None)
         v = _native.select_version(json.dumps(entries), self.path, None if version is None else str(version),
                                    timestamp)
-        text = _read_log_entry(self._store, v)
-        # the entry must agree with its name (spec/dataset.md §5.9): never another version; its
+        text = _rebuild_version(self._store, self.path, v)
+        # the rebuilt manifest must be that version (spec/dataset.md §5.9): never another; its
         # shard names are checked as a manifest's are
         manifest = json.loads(_native.parse_log_entry(v, text, self.path))
         found = {}
@@ -919,6 +919,25 @@ def _read_log_entry(store: Store, version: int) -> str:
         return store.read_manifest(name)
     except OSError as e:
         raise ManifestError(f"{store.url(name)}: cannot be read: {e}") from None
+
+
+def _rebuild_version(store: Store, dataset: str, version: int) -> str:
+    """The whole manifest (JSON text) of ``version``, rebuilt from ``_manifest_log/`` by the Rust
+    rule (spec/dataset.md §5.10): the newest checkpoint at or below it and the entries after it,
+    read as the rule asks (a full entry written before log format 2 is read alone)."""
+    names = [name for name, _ in store.log_entries(MANIFEST_LOG_DIR)]
+    texts: dict[str, str] = {}
+    for _ in range(4):
+        _, need, manifest = _native.rebuild_version(names, version, texts, dataset)
+        if manifest is not None:
+            return manifest
+        for name in need:
+            path = f"{MANIFEST_LOG_DIR}/{name}"
+            try:
+                texts[name] = store.read_manifest(path)
+            except OSError as e:
+                raise ManifestError(f"{store.url(path)}: cannot be read: {e}") from None
+    raise ManifestError(f"{dataset}: rebuilding version {version} from {MANIFEST_LOG_DIR}/ did not end")
 
 
 def _log_entries(store: Store, dataset: str, with_text: bool) -> list[dict[str, Any]]:

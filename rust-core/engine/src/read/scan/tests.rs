@@ -234,6 +234,7 @@ pub(crate) fn manifest(
             app_id: None,
             retention_seconds: None,
             vacuumed: None,
+            checkpoint_interval: None,
         }),
     };
     ManifestInput {
@@ -1383,6 +1384,7 @@ fn kv_dataset(
             app_id: None,
             retention_seconds: None,
             vacuumed: None,
+            checkpoint_interval: None,
         }),
     };
     if index {

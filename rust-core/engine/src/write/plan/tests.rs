@@ -279,8 +279,8 @@ fn unknown_option_lists_every_valid_key() {
     let e = err(&xs(), &[("batch_size", "1"), ("dtpye", "F32")]);
     assert_eq!(
         e.to_string(),
-        "unknown option 'dtpye'; valid options: batch_size, columns, commit_message, dtype, dtypes, \
-duplicatesStrategy, generate_index, kv_separator, metadata, name_col, ragged, retention, shapes, \
+        "unknown option 'dtpye'; valid options: batch_size, checkpoint_interval, columns, \
+commit_message, dtype, dtypes, duplicatesStrategy, generate_index, kv_separator, metadata, name_col, ragged, retention, shapes, \
 tail_strategy, target_shard_size_mb"
     );
 }
@@ -1257,4 +1257,36 @@ fn append_inherits_ragged_and_refuses_a_conflict() {
         e.contains("option dtype is F16 for column 'tok', the dataset has I32"),
         "{e}"
     );
+}
+
+#[test]
+fn checkpoint_interval_is_a_whole_number_from_one_to_the_bound() {
+    let p = plan(
+        &xs(),
+        &[("batch_size", "1"), ("checkpoint_interval", " 7 ")],
+    )
+    .unwrap();
+    assert_eq!(p.checkpoint_interval, Some(7));
+    assert_eq!(
+        plan(&xs(), &[("batch_size", "1")])
+            .unwrap()
+            .checkpoint_interval,
+        None
+    );
+    assert_eq!(
+        plan(
+            &xs(),
+            &[("batch_size", "1"), ("checkpoint_interval", "100000")]
+        )
+        .unwrap()
+        .checkpoint_interval,
+        Some(100_000)
+    );
+    for bad in ["0", "-1", "1.5", "x", "100001", ""] {
+        let e = err(&xs(), &[("batch_size", "1"), ("checkpoint_interval", bad)]).to_string();
+        assert!(
+            e.contains("checkpoint_interval") && e.contains("an integer from 1 to 100000"),
+            "{bad}: {e}"
+        );
+    }
 }

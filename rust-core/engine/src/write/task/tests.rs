@@ -61,6 +61,7 @@ fn plan_batch(columns: Vec<ColumnPlan>, batch_size: u64, tail: TailStrategy) -> 
         metadata: BTreeMap::from([("owner".to_string(), "tests".to_string())]),
         generate_index: false,
         retention_seconds: None,
+        checkpoint_interval: None,
     }
 }
 
@@ -78,6 +79,7 @@ fn plan_kv(columns: Vec<ColumnPlan>, target: u64, duplicates: DuplicatesStrategy
         metadata: BTreeMap::new(),
         generate_index: false,
         retention_seconds: None,
+        checkpoint_interval: None,
     }
 }
 

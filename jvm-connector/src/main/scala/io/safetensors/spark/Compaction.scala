@@ -144,7 +144,7 @@ object Compaction {
       catch { case e: Throwable => cleanup(); throw e }
       val version = next.get("version").asLong()
       val text = next.get("manifest").asText()
-      if (commits.tryCommit(version, currentVersion, text, id)) {
+      if (commits.tryCommit(version, Some((currentVersion, currentText)), text, id)) {
         commits.publish(version, text, id)
         if (!next.get("retain").asBoolean()) {
           plan.get("replaced").elements().asScala.foreach { s =>

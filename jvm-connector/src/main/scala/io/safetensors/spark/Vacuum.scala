@@ -4,6 +4,7 @@ import scala.jdk.CollectionConverters._
 
 import io.safetensors.spark.commit.{DatasetCommit, DatasetVacuum}
 import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.jni.NativeNames
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types.{LongType, StringType, StructField, StructType}
@@ -49,7 +50,9 @@ object Vacuum {
     val rows = files("shards", "", "shard") ++
       files("index_parts", DatasetFiles.IndexDir + "/", "index_part") ++
       out.plan.get("prune_versions").elements().asScala.map(p =>
-        Row(DatasetCommit.LogDir + "/" + DatasetCommit.logName(p.asLong()), "log_entry", null, v)).toSeq
+        Row(DatasetCommit.LogDir + "/" + DatasetCommit.logName(p.asLong()), "log_entry", null, v)).toSeq ++
+      out.plan.path("prune_checkpoints").elements().asScala.map(p =>
+        Row(DatasetCommit.LogDir + "/" + NativeNames.checkpointFileName(p.asLong()), "log_checkpoint", null, v)).toSeq
     spark.createDataFrame(rows.asJava, ResultSchema)
   }
 }

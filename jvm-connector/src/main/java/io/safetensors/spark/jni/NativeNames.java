@@ -32,6 +32,18 @@ public final class NativeNames {
 
   public static native int maxCommitAttempts();
 
+  /** Log entries a retention-0 commit always keeps behind the newest (spec/dataset.md §5.10). */
+  public static final long LOG_KEPT_VERSIONS = logKeptVersions();
+
+  public static native long logKeptVersions();
+
+  /** The {@code _manifest_log/} checkpoint of {@code version} (at least 0). */
+  public static native String checkpointFileName(long version);
+
+  /** The version of a checkpoint's name, -1 for another name; 20 digits beyond the largest
+   *  version throw SafetensorsDatasetException naming it. */
+  public static native long parseCheckpointFileName(String name);
+
   /** The {@code _manifest_log/} entry of {@code version} (at least 0). */
   public static native String manifestLogFileName(long version);
 

@@ -10,7 +10,7 @@ import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
 import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
-import io.safetensors.spark.jni.NativeNames
+import io.safetensors.spark.jni.{NativeLog, NativeNames}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, Path}
 
@@ -50,12 +50,19 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         Some((versionOf(text), text, published))
       } else None
     logVersions().lastOption match {
-      case Some(v) if pub.forall(_._1 < v) =>
-        val entry = new Path(logDir, logName(v))
-        Some((v, readText(fs, entry), entry))
+      case Some(v) if pub.forall(_._1 < v) => Some((v, manifestAt(v), new Path(logDir, logName(v))))
       case _ => pub
     }
   }
+
+  /** Names of the log's files (entries, checkpoints, others), as listed now. */
+  private def logNames(): Seq[(String, Long)] =
+    if (DatasetFiles.ownDir(fs, dest, LogDir).isEmpty) Seq.empty
+    else fs.listStatus(logDir).toSeq.map(s => (s.getPath.getName, s.getModificationTime))
+
+  /** The whole manifest text of `version`, rebuilt from the log by the engine's rule
+   *  (spec/dataset.md §5.10): its newest checkpoint at or below it and the entries after. */
+  def manifestAt(version: Long): String = DatasetCommit.rebuild(fs, logDir, logNames().map(_._1), version)
 
   /** Versions in the log, ascending. A `_manifest_log` that is a symbolic link is refused naming
    *  it (spec/dataset.md §5.9): a writer, a vacuum or a compaction never reads or extends
@@ -70,20 +77,53 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
    * behind, so read the latest again). A created version is never removed: other writers may
    * already have built on it.
    */
-  def tryCommit(version: Long, baseVersion: Long, text: String, writeId: String): Boolean = {
+  def tryCommit(version: Long, base: Option[(Long, String)], text: String, writeId: String): Boolean = {
     DatasetFiles.ownDir(fs, dest, LogDir) // a linked log is refused (§5.9), never written through
+    val baseVersion = base.map(_._1).getOrElse(0L)
     if (baseVersion > 0 && logVersions().nonEmpty && !fs.exists(new Path(logDir, logName(baseVersion)))) {
       return false
     }
+    // the entry records what the version changes (spec/dataset.md §5.10), not the whole manifest
+    val entry = NativeLog.logEntry(base.map(_._2).orNull, text)
+    val created = createLogFile(logName(version), entry, writeId)
+    // the chores are best effort: the version is committed whatever they meet (a checkpoint not
+    // written is written by a later commit; a reader then replays more entries)
+    if (created) {
+      try afterCommit(version, text, pruneEntries = false, writeId)
+      catch { case scala.util.control.NonFatal(_) => }
+    }
+    created
+  }
+
+  /** The committer's chores once `version`'s entry exists (the engine's rule): its checkpoint
+   *  when due, superseded checkpoints and, with `pruneEntries` (retention 0), the log below the
+   *  newest checkpoint far enough behind removed. Best effort: a reader that finds a file gone
+   *  lists again; a failed checkpoint is written by a later commit. */
+  private def afterCommit(version: Long, text: String, pruneEntries: Boolean, writeId: String): Unit = {
+    val listing = mapper.createArrayNode()
+    logNames().foreach { case (n, t) => listing.addObject().put("name", n).put("modified_ms", t) }
+    val chores = mapper.readTree(NativeLog.afterCommit(mapper.writeValueAsString(listing), version,
+      text, pruneEntries, System.currentTimeMillis()))
+    if (chores.path("write_checkpoint").asBoolean(false)) {
+      try createLogFile(NativeNames.checkpointFileName(version), text, writeId)
+      catch { case _: IOException => }
+    }
+    chores.path("delete").elements().forEachRemaining { n =>
+      try fs.delete(new Path(logDir, n.asText()), false) catch { case _: IOException => }
+    }
+  }
+
+  /** Creates `_manifest_log/<name>` with `text` only if it does not exist: false if it does. */
+  private def createLogFile(name: String, text: String, writeId: String): Boolean = {
     val bytes = text.getBytes(StandardCharsets.UTF_8)
     localDest match {
       case Some(d) =>
         val dir = new File(d, LogDir)
         Files.createDirectories(dir.toPath)
-        val tmp = new File(dir, s".${logName(version)}.$writeId.tmp")
+        val tmp = new File(dir, s".${name}.$writeId.tmp")
         writeSynced(tmp, bytes)
         try {
-          Files.createLink(new File(dir, logName(version)).toPath, tmp.toPath)
+          Files.createLink(new File(dir, name).toPath, tmp.toPath)
           syncDir(dir)
           true
         } catch {
@@ -91,15 +131,15 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         } finally Files.deleteIfExists(tmp.toPath)
       case None if ObjectStoreCommit.isS3A(fs) =>
         // S3: one PUT with If-None-Match: * (a rename there is an existence check and a copy)
-        S3ConditionalCreate.createIfAbsent(fs, new Path(logDir, logName(version)), bytes)
+        S3ConditionalCreate.createIfAbsent(fs, new Path(logDir, name), bytes)
       case None =>
         fs.mkdirs(logDir)
-        val tmp = new Path(logDir, s".${logName(version)}.$writeId.tmp")
+        val tmp = new Path(logDir, s".${name}.$writeId.tmp")
         val out = smallFs.create(tmp, true)
         try out.write(bytes) finally out.close()
         try {
           FileContext.getFileContext(dest.toUri, conf)
-            .rename(tmp, new Path(logDir, logName(version)), Options.Rename.NONE)
+            .rename(tmp, new Path(logDir, name), Options.Rename.NONE)
           true
         } catch {
           case _: org.apache.hadoop.fs.FileAlreadyExistsException | _: FileAlreadyExistsException =>
@@ -121,7 +161,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
       logVersions().lastOption match {
         case Some(newer) if newer > v =>
           v = newer
-          t = readText(fs, new Path(logDir, logName(newer)))
+          t = manifestAt(newer)
         case _ => done = true
       }
     }
@@ -149,25 +189,18 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     }
   }
 
-  /** Deletes log entries more than [[KeptVersions]] versions behind `version` and older than
-   *  [[PruneAfterMillis]] (best effort): a writer that read one of them as its base long ago
-   *  finds it gone and reads the latest again, instead of re-creating a pruned version. */
-  def prune(version: Long): Unit = {
-    val cutoff = System.currentTimeMillis() - PruneAfterMillis
-    logVersions().filter(_ <= version - KeptVersions).foreach { v =>
-      val p = new Path(logDir, logName(v))
-      try if (fs.getFileStatus(p).getModificationTime < cutoff) fs.delete(p, false)
-      catch { case _: IOException => }
-    }
-  }
+  /** After a commit of a dataset with retention 0 (nothing kept for time travel): the log below
+   *  the newest checkpoint at least [[KeptVersions]] versions behind `version` is removed once it
+   *  is an hour old (the engine's rule, spec/dataset.md §5.10): a writer that read one of those
+   *  versions as its base long ago finds its entry gone and reads the latest again. */
+  def prune(version: Long, text: String, writeId: String): Unit =
+    afterCommit(version, text, pruneEntries = true, writeId)
 }
 
 private[spark] object DatasetCommit {
   val LogDir: String = NativeNames.MANIFEST_LOG_DIR
-  /** Log entries kept behind the newest (older ones are pruned after a commit). */
-  val KeptVersions = 20
-  /** A log entry is pruned only once it is at least this old. */
-  val PruneAfterMillis: Long = 60L * 60 * 1000
+  /** Log entries kept behind the newest by the prune of a retention-0 commit (Rust's bound). */
+  val KeptVersions: Long = NativeNames.LOG_KEPT_VERSIONS
 
   private val mapper = new ObjectMapper()
 
@@ -180,11 +213,33 @@ private[spark] object DatasetCommit {
 
   def logName(version: Long): String = NativeNames.manifestLogFileName(version)
 
+  /** The whole manifest text of `version` from the log in `logDir` whose file names are `names`
+   *  (rebuilt by the engine: a checkpoint and the entries after it, spec/dataset.md §5.10). */
+  def rebuild(fs: FileSystem, logDir: Path, names: Seq[String], version: Long): String = {
+    val namesJson = mapper.writeValueAsString(names.toArray)
+    val read = mapper.createObjectNode()
+    var answer = mapper.readTree(NativeLog.rebuild(namesJson, version, "{}"))
+    var rounds = 0
+    while (answer.has("read")) {
+      rounds += 1
+      if (rounds > 3) throw new IllegalStateException(s"safetensors: rebuilding version $version did not end")
+      answer.get("read").elements().forEachRemaining { n =>
+        read.put(n.asText(), readText(fs, new Path(logDir, n.asText())))
+      }
+      answer = mapper.readTree(NativeLog.rebuild(namesJson, version, mapper.writeValueAsString(read)))
+    }
+    answer.get("manifest").asText()
+  }
+
   /** The version of a `_manifest_log/` entry's name, None for another name. A name of 20 digits
    *  beyond the largest version is an error naming it (spec/dataset.md §5.9), never a bare
    *  NumberFormatException. */
   def parseLogName(name: String): Option[Long] =
     Some(NativeNames.parseManifestLogFileName(name)).filter(_ >= 0)
+
+  /** The version of a `_manifest_log/` checkpoint's name, None for another name. */
+  def parseCheckpointName(name: String): Option[Long] =
+    Some(NativeNames.parseCheckpointFileName(name)).filter(_ >= 0)
 
   /** The version of an index part of the layout before per-shard parts, None for another name. */
   def parseIndexPartName(name: String): Option[Long] =

@@ -7,7 +7,7 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import io.safetensors.spark.files.DatasetFiles
-import io.safetensors.spark.jni.{NativeLib, NativeWriter}
+import io.safetensors.spark.jni.{NativeLib, NativeNames, NativeWriter}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
@@ -43,6 +43,7 @@ private[spark] object DatasetVacuum {
       throw new IllegalArgumentException(
         s"safetensors: vacuum: $dest has no ${DatasetFiles.ManifestName}: not a dataset"))
     val logDir = new Path(dest, DatasetCommit.LogDir)
+    val req0 = mapper.createObjectNode()
     val log = mapper.createArrayNode()
     commits.logVersions().foreach { v =>
       val p = new Path(logDir, DatasetCommit.logName(v))
@@ -59,10 +60,24 @@ private[spark] object DatasetVacuum {
         .foreach(s => o.put(s.getPath.getName, s.getLen))
       o
     }
+    // the replay of the oldest entries starts from the newest checkpoint at or below the first
+    val checkpoints = if (DatasetFiles.ownDir(fs, dest, DatasetCommit.LogDir).isEmpty) Seq.empty[Long]
+      else fs.listStatus(logDir).toSeq.flatMap(s => DatasetCommit.parseCheckpointName(s.getPath.getName)).sorted
+    val firstEntry = commits.logVersions().headOption.getOrElse(0L)
+    checkpoints.filter(_ <= firstEntry).lastOption.foreach { c =>
+      val p = new Path(logDir, NativeNames.checkpointFileName(c))
+      try {
+        val st = fs.getFileStatus(p)
+        req0.putObject("checkpoint").put("version", c).put("source", p.toString)
+          .put("text", DatasetFiles.readText(fs, p)).put("mtime_ms", st.getModificationTime)
+      } catch { case _: FileNotFoundException => }
+    }
+    val cps = req0.putArray("checkpoint_versions")
+    checkpoints.foreach(c => cps.add(c))
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
     // a linked index directory is refused (spec/dataset.md §5.9): nothing outside is deleted
     val ownIndex = DatasetFiles.ownDir(fs, dest, DatasetFiles.IndexDir)
-    val req = mapper.createObjectNode()
+    val req = req0
     req.set[JsonNode]("log", log)
     req.put("latest", latestText).put("latest_source", latestSource.toString)
     req.set[JsonNode]("shards", files(dest))
@@ -85,8 +100,20 @@ private[spark] object DatasetVacuum {
     plan.get("index_parts").elements().asScala
       .foreach(f => delete(new Path(indexDir, f.get("name").asText())))
     Option(beforePrune).foreach(_())
+    // the retained versions replay from this checkpoint once the log below them is gone
+    if (answer.hasNonNull("checkpoint")) {
+      val c = answer.get("checkpoint")
+      val p = new Path(logDir, c.get("name").asText())
+      if (!fs.exists(p)) {
+        val out = fs.create(p, false)
+        try out.write(c.get("text").asText().getBytes(java.nio.charset.StandardCharsets.UTF_8))
+        finally out.close()
+      }
+    }
     plan.get("prune_versions").elements().asScala
       .foreach(v => fs.delete(new Path(logDir, DatasetCommit.logName(v.asLong())), false))
+    plan.get("prune_checkpoints").elements().asScala
+      .foreach(v => fs.delete(new Path(logDir, NativeNames.checkpointFileName(v.asLong())), false))
     val id = s"vacuum-${UUID.randomUUID()}"
     var attempts = 0
     while (attempts < DatasetCommit.MaxCommitAttempts) {
@@ -96,7 +123,7 @@ private[spark] object DatasetVacuum {
         answer.get("bytes").asLong(), appId.orNull))
       val version = next.get("version").asLong()
       val text = next.get("manifest").asText()
-      if (commits.tryCommit(version, baseVersion, text, id)) {
+      if (commits.tryCommit(version, Some((baseVersion, baseText)), text, id)) {
         commits.publish(version, text, id)
         return Outcome(dest, plan, Some(version))
       }

@@ -379,8 +379,8 @@ private[spark] object SafetensorsWriter {
           if (start.append && kv) resolveKeysAcrossDataset(staged, base) else mapper.createArrayNode()
         val next = nextManifest(base, mine, replacements)
         Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
-        committed = target.commits.tryCommit(next.get("version").asLong(),
-          base.map(_._1).getOrElse(0L), next.get("manifest").asText(), writeId)
+        committed = target.commits.tryCommit(next.get("version").asLong(), base,
+          next.get("manifest").asText(), writeId)
         if (committed) return Some(next)
       }
       throw new IllegalStateException("unreachable")
@@ -529,7 +529,8 @@ private[spark] object SafetensorsWriter {
     val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
     parts.remove(superseded)
     superseded.foreach(f => quietly(null)(fs.delete(new Path(dest, f), false)))
-    commits.prune(next.get("version").asLong())
+    commits.prune(next.get("version").asLong(), next.get("manifest").asText(),
+      s"prune-${java.util.UUID.randomUUID()}")
   }
 
   /** The tasks: each writes its rows' shards to staging and returns where they are. */

@@ -59,8 +59,12 @@ class CompactionSuite extends SparkSuiteBase {
     assert(e.getMessage.contains(s"version $ow (overwrite) removed it"), e.getMessage)
     // it deleted its own new shards (listed by no version) and nothing else
     val removed = atHook -- shardsOnDisk
-    val everListed = new File(path, "_manifest_log").listFiles().flatMap(f =>
-      mapper.readTree(f).get("shards").elements().asScala.map(_.get("shard_path").asText())).toSet
+    // every shard a log file names: a checkpoint's shards, a delta entry's added and removed ones
+    val everListed = new File(path, "_manifest_log").listFiles().flatMap { f =>
+      val doc = mapper.readTree(f)
+      Seq("shards", "add", "remove").flatMap(k => Option(doc.get(k)).toSeq.flatMap(_.elements().asScala))
+        .map(_.get("shard_path").asText())
+    }.toSet
     assert(removed.nonEmpty && removed.forall(f => !everListed.contains(f)), removed)
     assert(shardsOnDisk.subsetOf(atHook))
     assert(values(path) == Seq(7000f, 7001f))

@@ -98,10 +98,14 @@ class DatasetCommitSuite extends SparkSuiteBase {
       assert(m.get("manifest_version").asLong == 5, s"trial $trial: one version per commit")
       assert(listed(path) == onDisk(path), s"trial $trial: listed ${listed(path)} vs disk ${onDisk(path)}")
       assert(tagsRead(path) == Map(0 -> 1L, 1 -> 50L, 2 -> 50L, 3 -> 50L, 4 -> 50L), s"trial $trial")
-      // the log holds one manifest per version; the published one is the newest
-      val log = new File(path, "_manifest_log").list().toSeq.sorted
+      // the log holds one entry per version (and the first version's checkpoint); the published
+      // manifest is the newest version rebuilt from it
+      val names = new File(path, "_manifest_log").list().toSeq.sorted
+      val log = names.filter(n => DatasetCommit.parseLogName(n).isDefined)
       assert(log == (1 to 5).map(v => f"$v%020d.json"), log)
-      assert(new String(Files.readAllBytes(Paths.get(path, "_manifest_log", log.last)), StandardCharsets.UTF_8) ==
+      assert(names.diff(log) == Seq(f"${1}%020d.checkpoint.json"), names)
+      val fs = new org.apache.hadoop.fs.Path(path).getFileSystem(spark.sessionState.newHadoopConf())
+      assert(DatasetCommit.rebuild(fs, new org.apache.hadoop.fs.Path(path, "_manifest_log"), names, 5L) ==
         new String(Files.readAllBytes(Paths.get(path, "dataset_manifest.json")), StandardCharsets.UTF_8))
     }
   }

@@ -10,6 +10,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode
 import org.apache.spark.sql.{DataFrame, Row, SaveMode}
 import org.apache.spark.sql.types._
 import io.safetensors.spark.{SparkSuiteBase, Vacuum}
+import io.safetensors.spark.jni.NativeNames
 import io.safetensors.spark.write.{SafetensorsWriteSuite, SafetensorsWriter}
 
 /** Vacuum through Spark (spec/dataset.md §5.8.1), raced against writers at forced points. */
@@ -75,7 +76,10 @@ class DatasetVacuumSuite extends SparkSuiteBase {
     assert(v1.exists(f => between.contains(s"version 1 lists shard $f, which is missing")), between)
     assert(out.map(r => r.getString(0) -> r.getString(1)).toSet ==
       v1.map(_ -> "shard") ++ v1.map(f => s"_tensor_index.parquet/${partOf(path, f).getName}" -> "index_part") ++
-        Seq(1L, 2L).map(v => s"_manifest_log/${DatasetCommit.logName(v)}" -> "log_entry"), out.toSeq)
+        Seq(1L, 2L).map(v => s"_manifest_log/${DatasetCommit.logName(v)}" -> "log_entry") ++
+        Seq(s"_manifest_log/${NativeNames.checkpointFileName(1)}" -> "log_checkpoint"), out.toSeq)
+    // the retained versions replay from the checkpoint of the oldest of them, written by the vacuum
+    assert(new File(path, s"_manifest_log/${NativeNames.checkpointFileName(3)}").exists())
     assert(v1.forall(f => !new File(path, f).exists() && !partOf(path, f).exists()))
     val gone = messages(intercept[Exception](values(path, Some(1))))
     assert(gone.contains("version 1 is no longer in the manifest log (kept: versions 3, 4)"), gone)
@@ -112,25 +116,31 @@ class DatasetVacuumSuite extends SparkSuiteBase {
     assert(read(1, "key = 'b__v'") == Map("b__v" -> 1f))
   }
 
-  test("writers prune no log entry inside the retention; with retention 0 they prune as before") {
+  test("writers prune no log entry inside the retention; with retention 0 they prune below the " +
+      "newest checkpoint 20 versions behind (spec/dataset.md §5.10)") {
     val path = freshPath()
     append(rows(2, 1), path)
-    // versions 2..22 as if committed two hours ago: version 1 renumbered (writes that changed nothing)
+    // versions 2..22 as if committed two hours ago, whole manifests as an older connector wrote
+    // them: version 1 renumbered (writes that changed nothing); version 3 also as a checkpoint
     val logDir = new File(path, DatasetCommit.LogDir)
-    val m = mapper.readTree(new File(logDir, DatasetCommit.logName(1))).asInstanceOf[ObjectNode]
-    for (v <- 2 to 22) {
+    val m = mapper.readTree(new File(path, "dataset_manifest.json")).asInstanceOf[ObjectNode]
+    for (v <- 1 to 22) {
       m.put("manifest_version", v)
       Files.write(new File(logDir, DatasetCommit.logName(v)).toPath, mapper.writeValueAsBytes(m))
+      if (v == 3) Files.write(new File(logDir, NativeNames.checkpointFileName(3)).toPath, mapper.writeValueAsBytes(m))
     }
+    new File(logDir, NativeNames.checkpointFileName(1)).delete()
     Files.write(new File(path, "dataset_manifest.json").toPath, mapper.writeValueAsBytes(m))
-    val old = System.currentTimeMillis() - 2 * DatasetCommit.PruneAfterMillis
+    val old = System.currentTimeMillis() - 2 * 60 * 60 * 1000L
     logDir.listFiles().foreach(f => assert(f.setLastModified(old)))
     append(rows(2, 2), path)
     assert(logVersions(path) == (1L to 23L), "a writer pruned the log inside the retention")
     rows(2, 3).write.format("safetensors").option("batch_size", "2").option("retention", "0")
       .mode("append").save(path)
-    assert(logVersions(path) == (5L to 24L))
+    assert(logVersions(path) == (3L to 24L))
+    assert(new File(logDir, NativeNames.checkpointFileName(3)).exists())
     assert(values(path) == tagged(2, 1) ++ tagged(2, 2) ++ tagged(2, 3))
+    (3L to 24L).foreach(v => assert(values(path, Some(v)).nonEmpty, s"version $v"))
   }
 
   test("vacuum: retention option, override, dry run, then a vacuum version") {
@@ -145,7 +155,8 @@ class DatasetVacuumSuite extends SparkSuiteBase {
     assert(bad.getMessage.contains("retention") && bad.getMessage.contains("hours or days"))
     val before = logVersions(path)
     val dry = Vacuum.vacuum(spark, path, "0", true, true).collect()
-    assert(dry.map(_.getString(0)).toSet == Set(s"_manifest_log/${DatasetCommit.logName(1)}"))
+    assert(dry.map(_.getString(0)).toSet == Set(s"_manifest_log/${DatasetCommit.logName(1)}",
+      s"_manifest_log/${NativeNames.checkpointFileName(1)}"))
     assert(logVersions(path) == before)
     val done = Vacuum.vacuum(spark, path, "0", false, true).collect()
     assert(done.head.getLong(3) == 3L)

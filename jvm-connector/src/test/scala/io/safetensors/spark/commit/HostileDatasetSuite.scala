@@ -82,12 +82,13 @@ class HostileDatasetSuite extends SparkSuiteBase {
     import org.scalatest.time.SpanSugar._
     val path = freshPath()
     twoVersions(path)
-    val entry = new File(new File(path, DatasetCommit.LogDir), DatasetCommit.logName(1))
+    // version 2 is rebuilt from the checkpoint of version 1 and entry 2 (spec/dataset.md §5.10)
+    val entry = new File(new File(path, DatasetCommit.LogDir), DatasetCommit.logName(2))
     entry.delete()
     Files.createSymbolicLink(entry.toPath, new File("/dev/zero").toPath)
     failAfter(60.seconds) {
-      val e = messages(intercept[Exception](values(path, Some(1))))
-      assert(e.contains("00000000000000000001.json: not a regular file (character device)"), e)
+      val e = messages(intercept[Exception](values(path, Some(2))))
+      assert(e.contains("00000000000000000002.json: not a regular file (character device)"), e)
     }
     val manifest = new File(path, "dataset_manifest.json")
     manifest.delete()

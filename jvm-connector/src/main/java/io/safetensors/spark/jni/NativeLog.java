@@ -1,0 +1,29 @@
+package io.safetensors.spark.jni;
+
+/**
+ * JNI surface of the manifest log (spec/dataset.md §5.10; the rules are Rust's
+ * {@code safetensors_spark_dataset::log}). The JVM lists and reads {@code _manifest_log/}
+ * through Hadoop; this class says what a commit writes, what rebuilding a version reads next and
+ * what a committer does after its entry exists. Stateless and thread-safe; call
+ * {@link NativeLib#ensureLoaded()} first.
+ */
+public final class NativeLog {
+  private NativeLog() {}
+
+  /** The text of the log entry of {@code next} (a whole manifest) committed on
+   *  {@code baseOrNull}: what the version adds and removes, and its own fields. */
+  public static native String logEntry(String baseOrNull, String next);
+
+  /** Rebuilding {@code version} from the log whose file names are {@code namesJson} (a JSON
+   *  array), given the texts read so far ({@code readJson}: {name: text}): {@code {"read":
+   *  [names]}} to read next, or {@code {"manifest": text}}, the version's whole manifest. A
+   *  version that cannot be rebuilt throws SafetensorsDatasetException saying why. */
+  public static native String rebuild(String namesJson, long version, String readJson);
+
+  /** What the committer of {@code version} (its whole manifest {@code next}) does once its entry
+   *  exists, given the log's listing ({@code [{"name", "modified_ms"}]}):
+   *  {@code {"write_checkpoint": bool, "delete": [names]}}; {@code pruneEntries} for a dataset
+   *  with retention 0 (nothing is kept for time travel). */
+  public static native String afterCommit(String listingJson, long version, String next,
+      boolean pruneEntries, long nowMs);
+}

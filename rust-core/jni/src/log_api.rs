@@ -1,0 +1,144 @@
+//! `NativeLog`: the manifest log's rules for the Spark side (spec/dataset.md §5.10), which lists
+//! and reads `_manifest_log/` through Hadoop: the entry a commit writes, what rebuilding a version
+//! reads next, and the chores after a commit. The rules are [`safetensors_spark_dataset::log`].
+
+use crate::{arg, guard, parse_json, to_json, JniError};
+use ::jni::objects::{JClass, JString};
+use ::jni::sys::{jboolean, jlong};
+use ::jni::{Env, EnvUnowned};
+use safetensors_spark_dataset::log::{
+    after_commit, log_entry_text, plan_state_by_names, ListedFile, LogFile, StatePlan,
+};
+use safetensors_spark_dataset::parse_manifest;
+use std::collections::BTreeMap;
+
+fn manifest(text: &str, what: &str) -> Result<safetensors_spark_dataset::Manifest, JniError> {
+    parse_manifest(text).map_err(|e| JniError::from(e).context(format_args!("{what}")))
+}
+
+/// `logEntry`: the text of the log entry of `next` committed on `base` (`None`: nothing before).
+pub fn log_entry_json(base: Option<&str>, next: &str) -> Result<String, JniError> {
+    let base = base
+        .map(|b| manifest(b, "the commit's base manifest"))
+        .transpose()?;
+    let next = manifest(next, "the committed manifest")?;
+    Ok(log_entry_text(base.as_ref(), &next)?)
+}
+
+/// `rebuild`: given the log's file names and the texts read so far (`{name: text}`), either
+/// `{"read": [names]}` or `{"manifest": text}` — the whole manifest of `version`.
+pub fn rebuild_json(names_json: &str, version: u64, read_json: &str) -> Result<String, JniError> {
+    let names: Vec<String> = parse_json(names_json, "manifest log names")?;
+    let texts: BTreeMap<String, String> = parse_json(read_json, "manifest log texts")?;
+    match plan_state_by_names(&names, version, texts)? {
+        StatePlan::Read(need) => to_json(&serde_json::json!({
+            "read": need.iter().map(|f| f.name()).collect::<Vec<_>>()
+        })),
+        StatePlan::Done(m) => to_json(&serde_json::json!({
+            "manifest": m.to_json_pretty()?
+        })),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Listed {
+    name: String,
+    modified_ms: u64,
+}
+
+/// `afterCommit`: `{"write_checkpoint": bool, "delete": [names]}` for the committer of `version`
+/// (its manifest `next`), given the log's listing `[{name, modified_ms}]`.
+pub fn after_commit_json(
+    listing_json: &str,
+    version: u64,
+    next: &str,
+    prune_entries: bool,
+    now_ms: u64,
+) -> Result<String, JniError> {
+    let listed: Vec<Listed> = parse_json(listing_json, "manifest log listing")?;
+    let mut files = Vec::with_capacity(listed.len());
+    for l in listed {
+        if let Some(file) = LogFile::parse(&l.name)? {
+            files.push(ListedFile {
+                file,
+                modified_ms: l.modified_ms,
+            });
+        }
+    }
+    let next = manifest(next, "the committed manifest")?;
+    let chores = after_commit(&files, version, &next, prune_entries, now_ms);
+    to_json(&serde_json::json!({
+        "write_checkpoint": chores.write_checkpoint,
+        "delete": chores.delete.iter().map(|f| f.name()).collect::<Vec<_>>(),
+    }))
+}
+
+fn opt(env: &Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
+    if s.is_null() {
+        Ok(None)
+    } else {
+        Ok(Some(s.try_to_string(env)?))
+    }
+}
+
+fn version(v: jlong, what: &str) -> Result<u64, JniError> {
+    u64::try_from(v).map_err(|_| JniError::invalid_argument(format!("{what} must be ≥ 0, got {v}")))
+}
+
+/// `static native String logEntry(String baseOrNull, String next)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_logEntry<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    next: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = opt(env, &base)?;
+        let next = arg(env, &next, "next")?;
+        let text = log_entry_json(base.as_deref(), &next)?;
+        Ok(env.new_string(text)?)
+    })
+}
+
+/// `static native String rebuild(String namesJson, long version, String readJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_rebuild<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    names: JString<'local>,
+    v: jlong,
+    read: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let names = arg(env, &names, "namesJson")?;
+        let read = arg(env, &read, "readJson")?;
+        let text = rebuild_json(&names, version(v, "version")?, &read)?;
+        Ok(env.new_string(text)?)
+    })
+}
+
+/// `static native String afterCommit(String listingJson, long version, String next, boolean pruneEntries, long nowMs)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_afterCommit<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    listing: JString<'local>,
+    v: jlong,
+    next: JString<'local>,
+    prune: jboolean,
+    now: jlong,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let listing = arg(env, &listing, "listingJson")?;
+        let next = arg(env, &next, "next")?;
+        let text = after_commit_json(
+            &listing,
+            version(v, "version")?,
+            &next,
+            prune,
+            version(now, "nowMs")?,
+        )?;
+        Ok(env.new_string(text)?)
+    })
+}
