@@ -268,8 +268,10 @@ def test_manifest_versions_are_created_with_a_conditional_put(spark, s3, bucket)
     reqs = s3.requests_since(mark)
     assert [r for r in reqs if r["copy_source"]] == []
     log_puts = [r for r in reqs if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
+    # the entries, and the first version's checkpoint (spec/dataset.md §5.10), each created once
     assert [(r["path"].rsplit("/", 1)[1], r["if_none_match"], r["status"]) for r in log_puts] == [
-        ("00000000000000000001.json", "*", 200), ("00000000000000000002.json", "*", 200)]
+        ("00000000000000000001.json", "*", 200), ("00000000000000000001.checkpoint.json", "*", 200),
+        ("00000000000000000002.json", "*", 200)]
 
 
 def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
@@ -319,6 +321,7 @@ def test_concurrent_appenders_are_all_listed(spark, s3, bucket):
     assert on_store == listed
     creates = [r for r in s3.requests_since(mark) if r["method"] == "PUT" and "/_manifest_log/" in r["path"]]
     assert all(r["if_none_match"] == "*" for r in creates)
+    creates = [r for r in creates if not r["path"].endswith(".checkpoint.json")]  # entries only
     # a create of version 2 was refused (another appender had made it) and retried
     refused = [r["path"].rsplit("/", 1)[1] for r in creates if r["status"] == 412]
     assert "00000000000000000002.json" in refused, [(r["path"], r["status"]) for r in creates]

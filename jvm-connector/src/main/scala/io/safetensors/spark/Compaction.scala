@@ -1,12 +1,13 @@
 package io.safetensors.spark
 
+import io.safetensors.spark.internal.Json
 import java.io.File
 import java.nio.file.Files
 import java.util.UUID
 
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
@@ -50,7 +51,7 @@ object Compaction {
 
   def compact(spark: SparkSession, path: String, options: Map[String, String]): DataFrame = {
     NativeLib.ensureLoaded()
-    val mapper = new ObjectMapper()
+    val mapper = Json.mapper
     val opts = options.map { case (k, v) => k.toLowerCase(java.util.Locale.ROOT) -> v }
     opts.keys.find(k => !Known.contains(k)).foreach(k => throw new IllegalArgumentException(
       s"safetensors: compaction: unknown option '$k'; valid options: ${Known.toSeq.sorted.mkString(", ")}"))
@@ -94,7 +95,7 @@ object Compaction {
     val destString = dest.toString
     val written = spark.sparkContext.parallelize(0 until outputs, outputs).map { i =>
       NativeLib.ensureLoaded()
-      val m = new ObjectMapper()
+      val m = Json.mapper
       val out = m.readTree(planJson).get("outputs").get(i)
       val d = new Path(destString)
       val tfs = d.getFileSystem(sconf.value)

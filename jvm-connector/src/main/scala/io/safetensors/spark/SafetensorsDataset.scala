@@ -1,8 +1,9 @@
 package io.safetensors.spark
 
+import io.safetensors.spark.internal.Json
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.jni.{NativeLib, NativeVersions}
@@ -17,7 +18,7 @@ import org.apache.spark.sql.types._
  * }}}
  */
 object SafetensorsDataset {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** The columns of [[history]]. */
   val HistorySchema: StructType = StructType(Seq(

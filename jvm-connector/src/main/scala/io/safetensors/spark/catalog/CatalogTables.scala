@@ -1,10 +1,10 @@
 package io.safetensors.spark.catalog
 
+import io.safetensors.spark.internal.Json
 import java.util
 
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.{DataFrame, SaveMode, SparkSession}
@@ -51,7 +51,7 @@ private[spark] object TableOptions {
   /** The prefix under which Spark stores a table's OPTIONS (TableCatalog.OPTION_PREFIX). */
   val OptionPrefix = "option."
 
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** The writer's user options, from Rust (the one list, spec/options.md "Write options"). */
   lazy val WriteKeys: Seq[String] = {
@@ -172,7 +172,7 @@ private[spark] final class SafetensorsCatalogTable(tableSchema: StructType,
       ConnectorOptions.without(insertOptions, ConnectorOptions.Path)
     val partitioned =
       if (partitionColumns.isEmpty) Map.empty[String, String]
-      else Map(PartitionedWriter.ColumnsKey -> new ObjectMapper().writeValueAsString(partitionColumns.asJava))
+      else Map(PartitionedWriter.ColumnsKey -> Json.mapper.writeValueAsString(partitionColumns.asJava))
     val mode = if (overwrite) SaveMode.Overwrite else SaveMode.Append
     new SafetensorsDataSource().createRelation(data.sparkSession.sqlContext, mode,
       merged ++ partitioned + ("path" -> path), data)

@@ -1,8 +1,8 @@
 package io.safetensors.spark.catalog
 
+import io.safetensors.spark.internal.Json
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.expressions.StToArray
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.jni.{NativeLib, NativeWriter, SafetensorsOptionsException}
@@ -94,7 +94,7 @@ private[spark] final class KvRowsRelation(context: SQLContext, override val sche
 }
 
 private[spark] object KvRows {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** What a KV dataset's manifest says: its separator and its tensor columns. */
   final case class KvDataset(separator: String, columns: Set[String])

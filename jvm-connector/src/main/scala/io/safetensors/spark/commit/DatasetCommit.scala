@@ -1,5 +1,6 @@
 package io.safetensors.spark.commit
 
+import io.safetensors.spark.internal.Json
 import java.io.{File, IOException}
 import java.nio.channels.FileChannel
 import java.nio.charset.StandardCharsets
@@ -7,7 +8,6 @@ import java.nio.file.{FileAlreadyExistsException, Files}
 import java.nio.file.StandardCopyOption.ATOMIC_MOVE
 import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
 
-import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
 import io.safetensors.spark.jni.{NativeLog, NativeNames}
@@ -202,7 +202,7 @@ private[spark] object DatasetCommit {
   /** Log entries kept behind the newest by the prune of a retention-0 commit (Rust's bound). */
   val KeptVersions: Long = NativeNames.LOG_KEPT_VERSIONS
 
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** Tests only: called with the version a commit attempt is about to create, after the attempt
    *  read its base (lets a test make concurrent writers race for one version). */

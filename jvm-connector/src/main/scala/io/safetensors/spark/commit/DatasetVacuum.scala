@@ -1,11 +1,12 @@
 package io.safetensors.spark.commit
 
+import io.safetensors.spark.internal.Json
 import java.io.FileNotFoundException
 import java.util.UUID
 
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.jni.{NativeLib, NativeNames, NativeWriter}
 import org.apache.hadoop.conf.Configuration
@@ -18,7 +19,7 @@ import org.apache.hadoop.fs.Path
  * commits the vacuum version with the writers' protocol ([[DatasetCommit]]).
  */
 private[spark] object DatasetVacuum {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** Tests only: runs between the plan and its execution (lets a test race a writer). */
   @volatile private[spark] var afterPlan: () => Unit = null

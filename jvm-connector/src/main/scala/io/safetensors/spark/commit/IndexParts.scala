@@ -1,5 +1,6 @@
 package io.safetensors.spark.commit
 
+import io.safetensors.spark.internal.Json
 import java.io.{File, IOException}
 import java.nio.charset.StandardCharsets
 import java.nio.file.Files
@@ -7,7 +8,7 @@ import java.nio.file.Files
 import scala.collection.mutable
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.jni.{NativeReader, NativeWriter, SafetensorsException}
 import org.apache.hadoop.fs.{FileSystem, Path}
@@ -23,7 +24,7 @@ import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
  */
 private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: String,
     localTemps: mutable.ArrayBuffer[File], objectStore: Boolean = false) {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
   val indexDir = new Path(dest, DatasetFiles.IndexDir)
   // a linked index directory is refused (spec/dataset.md §5.9): a write never places or deletes
   // parts through it

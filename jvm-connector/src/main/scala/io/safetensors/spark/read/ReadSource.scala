@@ -1,11 +1,12 @@
 package io.safetensors.spark.read
 
+import io.safetensors.spark.internal.Json
 import java.util.concurrent.{Callable, Executors, TimeUnit}
 
 import scala.collection.mutable
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.jni.{NativeLib, NativeReader, NativeVersions}
@@ -35,7 +36,7 @@ private[spark] object ReadOptions {
       "verify_checksums")
   val BatchBytes: Long = 64L << 20
 
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   private def bool(options: Map[String, String], name: String, default: Boolean): Boolean =
     io.safetensors.spark.internal.ConnectorOptions.boolean(options.get(name), s"option '$name'", default)
@@ -467,7 +468,7 @@ private[spark] final case class Description(layout: String, schema: StructType,
 private[spark] final case class ReadPredicate(column: String, op: String, values: Seq[String])
 
 private[spark] object ReadSource {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /**
    * What makes two names of one file or directory the same: on the local file system its real

@@ -1,8 +1,8 @@
 package io.safetensors.spark.write
 
+import io.safetensors.spark.internal.Json
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.{Column, DataFrame, Row, SQLContext, SaveMode}
@@ -26,7 +26,7 @@ private[spark] object PartitionedWriter {
   /** `static` (default) or `dynamic`, as Spark's `spark.sql.sources.partitionOverwriteMode`. */
   val OverwriteModeKey = "partitionOverwriteMode"
 
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** The partition types a directory name can carry and a read gives back (integers as such). */
   private val Allowed: Set[DataType] =

@@ -1,12 +1,13 @@
 package io.safetensors.spark.write
 
+import io.safetensors.spark.internal.Json
 import java.io.{File, IOException}
 import java.nio.file.Files
 
 import scala.collection.mutable
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
 import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
 import io.safetensors.spark.files.DatasetFiles
@@ -28,7 +29,7 @@ import org.apache.spark.sql.types.StructType
  * job commit, promotion of the staged files, the manifest commit and its publication.
  */
 private[spark] object SafetensorsWriter {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** What a write returns to Spark's V1 route: the written DataFrame's schema. */
   final class WrittenRelation(val sqlContext: SQLContext, val schema: StructType)

@@ -1,6 +1,7 @@
 package io.safetensors.spark.write
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import io.safetensors.spark.internal.Json
+import com.fasterxml.jackson.databind.JsonNode
 
 import scala.jdk.CollectionConverters._
 
@@ -23,7 +24,7 @@ private[spark] final case class WirePlan(kv: Boolean, nameFieldIndex: Int,
     columns: IndexedSeq[WireColumn])
 
 private[spark] object WirePlan {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   def parse(planJson: String): WirePlan = parse(mapper.readTree(planJson))
 

@@ -1,10 +1,11 @@
 package io.safetensors.spark.write
 
+import io.safetensors.spark.internal.Json
 import java.io.File
 
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.fasterxml.jackson.databind.JsonNode
 import io.safetensors.spark.jni.{NativeLib, NativeWriter}
 import org.apache.arrow.memory.BufferAllocator
 import org.apache.hadoop.fs.Path
@@ -77,7 +78,7 @@ private[spark] object WriteTask {
   /** Test hook: when set, called with each task's allocator just before it is closed. */
   @volatile var onAllocatorClose: BufferAllocator => Unit = null
 
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   def run(ctx: TaskContext, rows: Iterator[InternalRow], job: TaskJob): TaskResult = {
     NativeLib.ensureLoaded()

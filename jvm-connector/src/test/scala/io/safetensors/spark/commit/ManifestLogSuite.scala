@@ -126,4 +126,13 @@ class ManifestLogSuite extends SparkSuiteBase {
     val err = intercept[Exception](values(path, Some(1L)))
     assert(messages(err).contains("version 1"), messages(err))
   }
+
+  test("the engine's answers carry manifests over Jackson's default 20-million-character string " +
+      "bound (a 100,000-shard dataset's): the connector's mapper reads them") {
+    val big = "x" * 21000000
+    val answer = io.safetensors.spark.internal.Json.mapper.readTree("{\"manifest\": \"" + big + "\"}")
+    assert(answer.get("manifest").asText().length == big.length)
+    val plain = intercept[Exception](new ObjectMapper().readTree("{\"manifest\": \"" + big + "\"}"))
+    assert(messages(plain).contains("exceeds the maximum"), messages(plain))
+  }
 }

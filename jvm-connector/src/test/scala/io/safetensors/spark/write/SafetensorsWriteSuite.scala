@@ -437,7 +437,7 @@ object SafetensorsWriteSuite {
   def debris(path: String): Seq[String] = allFiles(path).filterNot { n =>
     (n.endsWith(".safetensors") && !n.startsWith(".") && !n.contains("/")) ||
       n == "dataset_manifest.json" || n == "_tensor_index.parquet" || n == "_manifest_log" ||
-      n.matches("_manifest_log/[0-9]{20}\\.json") ||
+      n.matches("_manifest_log/[0-9]{20}\\.json") || n.matches("_manifest_log/[0-9]{20}\\.checkpoint\\.json") ||
       n.matches("_tensor_index\\.parquet/part-[0-9]{5}-[0-9]{4}-[0-9a-f-]{36}\\.parquet")
   }
 
