@@ -213,7 +213,9 @@ impl Client {
     }
 
     /// Bytes `[start, end)` of object `key` as a `bytearray`, with the object's whole size
-    /// (from the answer's `Content-Range`): `(data, size)`. One GET.
+    /// (from the answer's `Content-Range`): `(data, size)`. One GET; the body is written
+    /// straight into the `bytearray` as it arrives (one copy, no buffer in between). An answer
+    /// cut short is an `OSError` (retried); an object that ends before `end` gives its bytes.
     fn get_range<'py>(
         &self,
         py: Python<'py>,
@@ -225,7 +227,13 @@ impl Client {
         let url = self.url(key);
         let store = self.store()?;
         let what = format!("GET bytes [{start}, {end})");
-        let (data, size) = self.block(py, async move {
+        let len = usize::try_from(end.saturating_sub(start))
+            .map_err(|_| PyValueError::new_err(format!("{url}: {what}: too large a range")))?;
+        let out = PyByteArray::new_with(py, len, |_| Ok(()))?;
+        // the bytearray is this call's alone until it returns (no Python code sees it while the
+        // GIL is released below): its buffer is written by this thread only
+        let addr = unsafe { out.as_bytes_mut() }.as_mut_ptr() as usize;
+        let (size, got) = self.block(py, async move {
             let opts = GetOptions {
                 range: Some(GetRange::Bounded(start..end)),
                 ..GetOptions::default()
@@ -235,10 +243,30 @@ impl Client {
                 .await
                 .map_err(|e| to_py(&url, &what, e))?;
             let size = r.meta.size;
-            let data = r.bytes().await.map_err(|e| to_py(&url, &what, e))?;
-            Ok((data, size))
+            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+            let mut at = 0usize;
+            let mut stream = r.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| to_py(&url, &what, e))?;
+                let Some(dst) = buf.get_mut(at..at + chunk.len()) else {
+                    return Err(PyOSError::new_err(format!(
+                        "{url}: {what}: the answer is longer than the {len} bytes asked for"
+                    )));
+                };
+                dst.copy_from_slice(&chunk);
+                at += chunk.len();
+            }
+            if at != len && size >= end {
+                return Err(PyOSError::new_err(format!(
+                    "{url}: {what}: got {at} of the {len} bytes asked for (a transfer cut short)"
+                )));
+            }
+            Ok((size, at))
         })?;
-        Ok((PyByteArray::new(py, &data), size))
+        if got != len {
+            out.resize(got)?; // an object shorter than the range: its bytes, and its size says so
+        }
+        Ok((out, size))
     }
 
     /// The whole object `key` as `bytes` (one GET).

@@ -172,8 +172,8 @@ def _read_header(store: Store, shard: Shard, crc32c: str | None = None) -> _nati
     try:
         head, got = store.header_bytes(shard.name, min(size, HEADER_READ_AHEAD), size, crc32c)
     except FileNotFoundError:  # (named by its remote URL with the node cache too)
-        raise ShardError(f"{getattr(store, 'remote', store).url(shard.name)}: listed in {MANIFEST_FILE_NAME} "
-                         f"but missing") from None
+        where = store.remote.url(shard.name) if isinstance(store, CachedStore) else url
+        raise ShardError(f"{where}: listed in {MANIFEST_FILE_NAME} but missing") from None
     if got is not None and got != size:
         raise ShardError(f"{url}: the file has {got} bytes but {MANIFEST_FILE_NAME} says "
                          f"{size} (shards[].bytes)")
