@@ -6,6 +6,7 @@
 mod gather;
 mod pack;
 mod progress;
+mod remote;
 
 use pyo3::prelude::*;
 use safetensors_spark_dataset as dataset;
@@ -796,6 +797,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         errors.getattr(name)?;
     }
     m.add_class::<PyHeader>()?;
+    remote::register(m)?;
     m.add_class::<PyPacker>()?;
     m.add("VERSION", safetensors_spark_format::VERSION)?;
     // the dataset's file names and shard metadata keys: the Rust rules' own values

@@ -79,6 +79,6 @@ def test_server_stops_mid_epoch_fails_naming_the_object(remote, s3_server, tmp_p
     with pytest.raises(Exception) as e:
         for _ in it:
             pass
-    last = str(e.value).strip().splitlines()[-1]  # the worker's error: botocore's, with the object's URL
-    assert "/ds-many/part-" in last and last.endswith('.safetensors"'), last
+    last = str(e.value).strip().splitlines()[-1]  # the worker's error, with the object's URL
+    assert "/ds-many/part-" in last and ".safetensors" in last, last
     assert time.monotonic() - t0 < 120, "bounded (generous: no hang)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -142,6 +143,7 @@ class Shard:
         self.size = size
         self.offset = offset  # global index of its first sample
         self.metadata: dict[str, str] | None = None
+        self.checked = False  # header checked against the manifest in this process
         # not pickled (a worker reads it again when needed)
         self.header: _native.Header | None = None
         self.tensors: dict[str, Tensor] | None = None  # name -> Tensor
@@ -154,18 +156,31 @@ class Shard:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["header"] = None
+        state["checked"] = False  # checked again where it is read again
         return state
 
 
-def _read_header(store: Store, shard: Shard) -> _native.Header:
-    """Reads and validates a shard's header (Rust rules) with at most two range reads; returns
-    the ``_native.Header`` (its errors: :class:`ShardError` naming the file)."""
+def _read_header(store: Store, shard: Shard, crc32c: str | None = None) -> _native.Header:
+    """Reads and validates a shard's header (Rust rules); returns the ``_native.Header`` (its
+    errors: :class:`ShardError` naming the file). The store also checks the object's size
+    against the manifest's ``shards[].bytes`` with the same reads where it can
+    (``store.header_bytes``: a local ``fstat``, the size a range GET's answer states, the copy
+    in the node cache), so a remote shard costs one or two requests on its first use and
+    nothing at open."""
     url = store.url(shard.name)
     size = shard.size
-    head = store.read(shard.name, 0, min(size, HEADER_READ_AHEAD))
-    n = _native.check_prefix(head[:8], size, url)
+    try:
+        head, got = store.header_bytes(shard.name, min(size, HEADER_READ_AHEAD), size, crc32c)
+    except FileNotFoundError:  # (named by its remote URL with the node cache too)
+        where = store.remote.url(shard.name) if isinstance(store, CachedStore) else url
+        raise ShardError(f"{where}: listed in {MANIFEST_FILE_NAME} but missing") from None
+    if got is not None and got != size:
+        raise ShardError(f"{url}: the file has {got} bytes but {MANIFEST_FILE_NAME} says "
+                         f"{size} (shards[].bytes)")
+    n = _native.check_prefix(bytes(head[:8]), size, url)
     if 8 + n > len(head):
-        head = head + store.read(shard.name, len(head), 8 + n)
+        more = getattr(store, "read_range", store.read)  # (never waiting for the read-ahead)
+        head = head + more(shard.name, len(head), 8 + n)
     return _native.Header.parse(bytes(head[8 : 8 + n]), size, url)
 
 
@@ -179,7 +194,7 @@ class Dataset:
                  cache_dir: str | os.PathLike[str] | None = None, check_headers: bool = True,
                  version: int | None = None, timestamp: datetime.datetime | str | None = None,
                  verify_checksums: bool = False, cache_limit: int | None = None, prefetch: int = 4,
-                 max_in_flight: int = 4, retries: int = 5) -> None:
+                 max_in_flight: int = 4, retries: int = 5, client: str = "auto") -> None:
         self.path = os.fspath(path)
         self.storage_options = storage_options
         self.cache_dir = cache_dir
@@ -192,7 +207,7 @@ class Dataset:
             if cache_dir is None:
                 raise ValueError("cache_limit bounds the node cache: give cache_dir too")
         self.prefetch_depth, self.max_in_flight = prefetch, max_in_flight
-        self._store = open_store(self.path, storage_options, cache_dir, cache_limit, retries)
+        self._store = open_store(self.path, storage_options, cache_dir, cache_limit, retries, client)
         # with the node cache, checksums are verified as each shard enters it (spec/python.md §2.1)
         self._verify = bool(verify_checksums) and isinstance(self._store, CachedStore)
         if version is None and timestamp is None:
@@ -215,7 +230,10 @@ class Dataset:
                                      s["bytes"], offset))
             offset += s["samples_count"]
         self._starts = [s.offset for s in self.shards]
-        self._check_shard_files()
+        # A local directory's shard sizes are checked here (one stat each, no request); a remote
+        # store's with each shard's first read (spec/python.md §2: open costs the manifest's GET)
+        if self._store.is_local and not isinstance(self._store, CachedStore):
+            self._check_shard_files()
         if cache_limit is not None and self.shards and max(s.size for s in self.shards) > cache_limit:
             big = max(self.shards, key=lambda s: s.size)
             raise ValueError(f"cache_limit={cache_limit} is smaller than shard {self._store.url(big.name)} "
@@ -223,22 +241,31 @@ class Dataset:
         self.layout = m.get("layout")
         self.kv_separator = m.get("kv_separator")
         self.batch_size = m.get("batch_size")
-        if self.layout is None or check_headers:
+        #: whether each shard's header is checked against the manifest on its first use in this
+        #: process (off until the layout is known)
+        self._check_headers = False
+        if self.layout is None:
+            # a manifest with only the published fields (another tool's): the layout and the
+            # ragged columns come from the shards, so every header is read here
             progress = _progress.reporter(f"open_dataset {self.path}", "shard headers read")
             progress.start(len(self.shards))
             try:
                 self._each_shard(self._native_header, progress)
             finally:
                 progress.finish()
-        if self.layout is None:
             self._infer_layout()
         if self.layout == "kv" and self.kv_separator is None:
             self.kv_separator = DEFAULT_KV_SEPARATOR
         self._dtypes = {c: numpy_dtype(self.schema[c]["dtype"], f"{self.path}: column '{c}'")
                         for c in self.columns}
         if check_headers:
-            for shard in self.shards:
-                self._check_header(shard)
+            for shard in self.shards:  # the headers read above (published-only manifests)
+                if shard.header is not None:
+                    self._check_header(shard, shard.header)
+                    shard.checked = True
+        # every other shard: checked by _native_header the first time it is used (lazily: an
+        # open reads no shard, whatever the number of shards)
+        self._check_headers = bool(check_headers)
         self._parts: dict[str, tuple[str, Any]] | None = None  # KV: {shard name: (part url, pyarrow ParquetFile)}, opened on first get
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -252,6 +279,7 @@ class Dataset:
         state = dict(self.__dict__)
         state["_parts"] = None
         state["_checked_offsets"] = {}
+        state.pop("_header_locks", None)
         return state
 
     def cache_stats(self) -> dict[str, Any] | None:
@@ -443,11 +471,33 @@ class Dataset:
                                  f"{shard.size} (shards[].bytes)")
 
     def _native_header(self, shard: Shard) -> _native.Header:
-        """The shard's parsed, validated header (read on first use)."""
-        if shard.header is None:
-            shard.header = _read_header(self._store, shard)
-            shard.metadata = shard.header.metadata
-        return shard.header
+        """The shard's parsed, validated header (read on first use in this process, and then,
+        with ``check_headers``, checked against the manifest before anything is read through
+        it: a disagreement is a :class:`ShardError` naming the shard, raised again at every
+        use)."""
+        header = shard.header
+        if header is not None and (shard.checked or not self._check_headers):
+            return header
+        with self._header_lock(shard):  # the reader and the read-ahead: one read of a header
+            header = shard.header
+            if header is None:
+                header = _read_header(self._store, shard,
+                                      self.manifest["shards"][shard.index].get("crc32c") if self._verify else None)
+                shard.metadata = header.metadata
+                shard.header = header
+            if self._check_headers and not shard.checked:
+                self._check_header(shard, header)
+                shard.checked = True
+        return header
+
+    def _header_lock(self, shard: Shard) -> threading.Lock:
+        """One of this process's 64 locks of header reads (made again in a forked child: a lock
+        the parent held at the fork would stay held)."""
+        locks = self.__dict__.get("_header_locks")
+        if locks is None or locks[0] != os.getpid():
+            locks = (os.getpid(), [threading.Lock() for _ in range(64)])
+            self._header_locks = locks
+        return locks[1][shard.index % 64]
 
     def _header(self, shard: Shard) -> dict[str, Tensor]:
         """The shard's tensors as ``{name: Tensor}`` (built from the header on first use)."""
@@ -512,16 +562,15 @@ class Dataset:
         value = (shard.metadata or {}).get(PADDED_SAMPLES_METADATA_KEY, "0")
         return int(value) if value.isdigit() else 0
 
-    def _check_header(self, shard: Shard) -> None:
+    def _check_header(self, shard: Shard, header: _native.Header) -> None:
         """Every fact the manifest states about a shard must hold in its header."""
-        header = self._native_header(shard)
         url = self._store.url(shard.name)
         nt = self.manifest["shards"][shard.index].get("num_tensors")
         if nt is not None and nt != len(header):
             raise ShardError(f"{url}: the header has {len(header)} tensors but {MANIFEST_FILE_NAME} "
                              f"says {nt} (shards[].num_tensors)")
         if self.layout == "batch":
-            tensors = self._header(shard)
+            tensors = shard.tensors or {t[0]: Tensor(*t) for t in header.tensors()}
             rows = shard.samples + shard.padded
             for c in self.columns:
                 if c in self.ragged:
@@ -871,13 +920,20 @@ def open_dataset(path: str | os.PathLike[str], *, storage_options: Mapping[str, 
                  cache_dir: str | os.PathLike[str] | None = None, check_headers: bool = True,
                  version: int | None = None, timestamp: datetime.datetime | str | None = None,
                  verify_checksums: bool = False, cache_limit: int | None = None, prefetch: int = 4,
-                 max_in_flight: int = 4, retries: int = 5) -> Dataset:
+                 max_in_flight: int = 4, retries: int = 5, client: str = "auto") -> Dataset:
     """Opens a dataset directory (local path or fsspec URL such as ``s3://bucket/data``).
 
-    Reads the manifest and, with ``check_headers`` (default), every shard's header, checking each
-    against the manifest, so a broken dataset fails here rather than during training.
-    ``storage_options`` go to fsspec; with ``cache_dir`` remote shards are copied there whole on
-    first use and memory-mapped.
+    Reads the manifest only (one GET for a remote dataset, whatever its number of shards; a
+    manifest with only the published fields, written by another tool, has every shard's header
+    read here). With ``check_headers`` (default) each shard's header is checked against the
+    manifest the first time the shard is used in this process, before any of its bytes are
+    returned: a disagreement is a :class:`ShardError` naming the shard. ``storage_options`` go
+    to the remote client; with ``cache_dir`` remote shards are copied there whole on first use
+    and memory-mapped.
+
+    ``client`` chooses how ``s3://`` is read: ``"auto"`` (default) the extension's native client
+    when it understands every storage option (else fsspec), ``"native"`` always (an option it
+    does not understand is a ``ValueError`` naming it), ``"fsspec"`` fsspec/s3fs.
 
     ``version=n`` reads committed version ``n`` and ``timestamp=`` (a datetime, naive = UTC, or a
     string such as ``"2026-11-26 12:00:00"`` or ISO 8601) the newest version committed at or
@@ -891,7 +947,8 @@ def open_dataset(path: str | os.PathLike[str], *, storage_options: Mapping[str, 
     bytes; a failed GET is retried up to ``retries`` times with exponential backoff."""
     ds = Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers,
                  version=version, timestamp=timestamp, verify_checksums=verify_checksums,
-                 cache_limit=cache_limit, prefetch=prefetch, max_in_flight=max_in_flight, retries=retries)
+                 cache_limit=cache_limit, prefetch=prefetch, max_in_flight=max_in_flight, retries=retries,
+                 client=client)
     if verify_checksums and not isinstance(ds._store, CachedStore):
         ds.verify_checksums()
     return ds

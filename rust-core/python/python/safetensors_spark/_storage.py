@@ -152,6 +152,11 @@ class LocalStore:
         with open(self.url(name), "rb") as f:
             return f.read()
 
+    def header_bytes(self, name, n, size, crc32c=None):
+        """``(the first n bytes of file name, its size now)``: a shard's header read."""
+        with open(self.url(name), "rb") as f:
+            return f.read(n), os.fstat(f.fileno()).st_size
+
     def read_manifest(self, name):
         """A manifest or log entry as text, by the Rust rule of spec/dataset.md §5.9: a regular
         file (a FIFO or a device is refused at once, never read) within the size bound."""
@@ -229,6 +234,11 @@ class FsspecStore:
         self.retry = state.get("retry") or RetryPolicy()
         self._reset_counts()
         self.prefetcher = None
+
+    @property
+    def cache_key(self):
+        """Names this dataset in the node cache (``cache_dir``)."""
+        return f"{self.fs.protocol}:{self.root}"
 
     def _reset_counts(self):
         self.bytes_fetched = self.requests = 0
@@ -358,6 +368,16 @@ class FsspecStore:
 
         return self.retry.call(get, url, "GET")
 
+    def header_bytes(self, name, n, size, crc32c=None):
+        """``(the first n bytes of object name, its size)`` (a HEAD, then a range GET unless the
+        size is not the manifest's ``size``: ``(b"", size)``). A missing object raises
+        :class:`FileNotFoundError`."""
+        got = self.size(name)
+        if got != size:
+            return b"", got
+        # never through the read-ahead: its fetch of this shard waits for this header
+        return self.read_range(name, 0, n), got
+
     def read_manifest(self, name):
         """A manifest or log entry as text (one GET; an object store has no special files)."""
         data = bytes(self.read_text(name))
@@ -397,6 +417,220 @@ class FsspecStore:
         return self.url(name), self.fs
 
 
+class NativeStore(FsspecStore):
+    """A dataset directory in an S3 bucket (or an S3-compatible endpoint's) read through the
+    extension's own client (``_native.ObjectStoreClient``, the Arrow project's ``object_store``
+    crate on a tokio runtime): the GIL is released while a request runs and the bytes never pass
+    through Python code. Same reads, counts, retries and errors as :class:`FsspecStore`, whose
+    methods it keeps for what it does not override."""
+
+    #: fsspec's name of the scheme, in the node cache's key: a cache filled through fsspec is
+    #: the same cache read through this client
+    _CACHE_PROTOCOL = ("s3", "s3a")
+
+    def __init__(self, scheme, bucket, prefix, options, storage_options, retry=None):
+        self.scheme, self.bucket, self.prefix = scheme, bucket, prefix.strip("/")
+        self._options = options  # [(object_store key, value)]
+        self._storage_options = storage_options  # fsspec's, for pyarrow (KV index parts)
+        self._client = None
+        self._stale = []  # clients made before a fork: kept, never used nor freed here
+        self._pid = os.getpid()
+        self.root = f"{bucket}/{self.prefix}" if self.prefix else bucket
+        self.retry = retry or RetryPolicy()
+        self._reset_counts()
+        self.prefetcher = None
+
+    def __getstate__(self):
+        return {"scheme": self.scheme, "bucket": self.bucket, "prefix": self.prefix, "options": self._options,
+                "storage_options": self._storage_options, "retry": self.retry}
+
+    def __setstate__(self, state):
+        self.__init__(state["scheme"], state["bucket"], state["prefix"], state["options"],
+                      state["storage_options"], state["retry"])
+
+    @property
+    def cache_key(self):
+        return f"{self._CACHE_PROTOCOL}:{self.root}"
+
+    @property
+    def fs(self):
+        """This process's client (a forked worker makes its own; the count starts again)."""
+        if self._client is None or self._pid != os.getpid():
+            from . import _native
+
+            if self._client is not None:
+                self._stale.append(self._client)
+                self._reset_counts()
+            self._client = _native.ObjectStoreClient(self.scheme, self.bucket, self._options)
+            self._pid = os.getpid()
+        return self._client
+
+    def key(self, name):
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def url(self, name):
+        return f"{self.scheme}://{self.root}/{name}"
+
+    def exists(self, name):
+        return self._head_or_none(name) is not None or self.isdir(name)
+
+    def _head_or_none(self, name):
+        try:
+            return self.size(name)
+        except FileNotFoundError:
+            return None
+
+    def isdir(self, name):
+        files, dirs = self._list(name)
+        return bool(files or dirs)
+
+    def _list(self, name):
+        url = self.url(name)
+        return self.retry.call(lambda: self.fs.list(self.key(name)), url, "listing")
+
+    def size(self, name):
+        return int(self.retry.call(lambda: self.fs.head(self.key(name)), self.url(name), "size"))
+
+    def sizes(self, names):
+        by_dir = {}
+        for n in names:
+            d, _, base = n.rpartition("/")
+            by_dir.setdefault(d, []).append((n, base))
+        out = {}
+        for d, members in by_dir.items():
+            found = {f: size for f, size, _ in (self._list(d)[0] if d else self._list_root())}
+            for n, base in members:
+                size = found.get(base)
+                if size is None:
+                    size = self._head_or_none(n)
+                if size is not None:
+                    out[n] = int(size)
+        return out
+
+    def _list_root(self):
+        url = f"{self.scheme}://{self.root}"
+        return self.retry.call(lambda: self.fs.list(self.prefix), url, "listing")[0]
+
+    def log_entries(self, log_dir):
+        return [(f, mtime) for f, _, mtime in self._list(log_dir)[0]]
+
+    def read_range(self, name, start, end):
+        url = self.url(name)
+
+        def get():
+            t0 = time.perf_counter()
+            data, _ = self.fs.get_range(self.key(name), start, end)
+            self._count(len(data), t0)
+            if len(data) != end - start:
+                raise _ShortRead(f"asked for bytes [{start}, {end}), got {len(data)}")
+            return data
+
+        return self.retry.call(get, url, f"GET bytes [{start}, {end})")
+
+    def header_bytes(self, name, n, size, crc32c=None):
+        """``(the first n bytes of object name, its size)`` from one range GET (the size is the
+        answer's ``Content-Range``)."""
+        url = self.url(name)
+
+        def get():
+            t0 = time.perf_counter()
+            data, got = self.fs.get_range(self.key(name), 0, n)
+            self._count(len(data), t0)
+            if got == size and len(data) != n:
+                raise _ShortRead(f"asked for bytes [0, {n}), got {len(data)}")
+            return data, got
+
+        return self.retry.call(get, url, f"GET bytes [0, {n})")
+
+    def read_text(self, name):
+        url = self.url(name)
+
+        def get():
+            t0 = time.perf_counter()
+            data = self.fs.get(self.key(name))
+            self._count(len(data), t0)
+            return data
+
+        return self.retry.call(get, url, "GET")
+
+    def download(self, name, local):
+        url = self.url(name)
+
+        def get():
+            t0 = time.perf_counter()
+            try:
+                n = self.fs.download(self.key(name), local)
+            except BaseException:
+                if os.path.exists(local):
+                    os.unlink(local)
+                raise
+            self._count(n, t0)
+            return n
+
+        return self.retry.call(get, url, "GET (whole object)")
+
+    def array(self, name, start, end, dtype, shape):
+        """Bytes ``[start, end)`` read into a fresh writable array (the ``bytearray`` the client
+        filled: no copy in Python)."""
+        data = self.read(name, start, end)
+        if not isinstance(data, bytearray):
+            data = bytearray(data)
+        count = (end - start) // np.dtype(dtype).itemsize
+        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+
+    def parquet_source(self, name):
+        """A KV index part for pyarrow: read whole (one GET; a part indexes one shard)."""
+        import pyarrow as pa
+
+        return pa.BufferReader(bytes(self.read_text(name))), None
+
+
+# fsspec's S3 options (s3fs) the native client understands, as object_store's keys; any other
+# keeps a dataset on fsspec under client="auto" and is refused by name under client="native"
+_S3_TOP = {"key": "access_key_id", "aws_access_key_id": "access_key_id", "secret": "secret_access_key",
+           "aws_secret_access_key": "secret_access_key", "token": "token", "aws_session_token": "token",
+           "endpoint_url": "endpoint", "region": "region", "region_name": "region"}
+_S3_CLIENT_KWARGS = {"endpoint_url": "endpoint", "region_name": "region", "aws_access_key_id": "access_key_id",
+                     "aws_secret_access_key": "secret_access_key", "aws_session_token": "token"}
+_S3_CONFIG_KWARGS = {"connect_timeout": "connect_timeout", "read_timeout": "read_timeout"}
+#: what the native client waits by default: connect 10 s, 60 s without a byte (botocore's
+#: defaults); no bound on a whole transfer (a large shard on a slow link takes what it takes)
+_NATIVE_DEFAULTS = {"connect_timeout": "10s", "read_timeout": "60s", "timeout": "86400s"}
+
+
+def native_options(storage_options):
+    """``(object_store options, None)`` for fsspec ``storage_options``, or ``(None, the first
+    option the native client does not understand)``."""
+    out = dict(_NATIVE_DEFAULTS)
+
+    def seconds(v):
+        return f"{int(round(float(v) * 1000))}ms"
+
+    for k, v in (storage_options or {}).items():
+        if k in _S3_TOP:
+            out[_S3_TOP[k]] = str(v)
+        elif k == "anon":
+            if v:
+                out["skip_signature"] = "true"
+        elif k == "client_kwargs" and isinstance(v, dict):
+            for ck, cv in v.items():
+                if ck not in _S3_CLIENT_KWARGS:
+                    return None, f"client_kwargs.{ck}"
+                out[_S3_CLIENT_KWARGS[ck]] = str(cv)
+        elif k == "config_kwargs" and isinstance(v, dict):
+            for ck, cv in v.items():
+                if ck == "retries":  # retries are the package's (retries=): the client tries once
+                    continue
+                if ck not in _S3_CONFIG_KWARGS:
+                    return None, f"config_kwargs.{ck}"
+                out[_S3_CONFIG_KWARGS[ck]] = seconds(cv)
+        else:
+            return None, k
+    if out.get("endpoint", "").startswith("http://"):
+        out["allow_http"] = "true"
+    return sorted(out.items()), None
+
+
 class CachedStore(LocalStore):
     """Whole shards of a remote dataset copied once into ``cache_dir``, then memory-mapped; the
     manifest and the index are still read from the remote store."""
@@ -404,7 +638,7 @@ class CachedStore(LocalStore):
     def __init__(self, remote, cache_dir, cache_limit=None, refetches=2):
         from ._node_cache import NodeCache
 
-        digest = hashlib.sha256(f"{remote.fs.protocol}:{remote.root}".encode()).hexdigest()[:16]
+        digest = hashlib.sha256(remote.cache_key.encode()).hexdigest()[:16]
         super().__init__(os.path.join(os.fspath(cache_dir), digest))
         self.remote = remote
         self.node = NodeCache(cache_dir, digest, cache_limit, refetches)
@@ -456,6 +690,21 @@ class CachedStore(LocalStore):
     def log_entries(self, log_dir):
         return self.remote.log_entries(log_dir)
 
+    def header_bytes(self, name, n, size, crc32c=None):
+        """A shard's header, from its copy in the node cache (fetched now, or by the read-ahead,
+        whole: its size, and ``crc32c`` when given, checked as it enters the cache): the header
+        costs no request of its own. Returns ``(8-byte prefix + the whole header, size)``."""
+        self.fetch(name, size, crc32c)
+        try:
+            f = open(super().url(name), "rb")
+        except FileNotFoundError:  # evicted meanwhile by another process: fetched again
+            self.fetch_now(name, size, crc32c)
+            f = open(super().url(name), "rb")
+        with f:
+            prefix = f.read(8)
+            n = 8 + int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
+            return prefix + f.read(max(0, min(n, size) - 8)), size
+
     def fetch(self, name, size, crc32c=None):
         """Makes sure a complete copy of shard ``name`` (``size`` bytes; CRC-32C ``crc32c`` when
         given) is in the node cache: waits for the prefetch of it when one is planned, else
@@ -496,16 +745,41 @@ class CachedStore(LocalStore):
         return self.remote.parquet_source(name)
 
 
-def open_store(path, storage_options=None, cache_dir=None, cache_limit=None, retries=5):
-    """A store for a dataset path or URL."""
+CLIENTS = ("auto", "native", "fsspec")
+
+
+def open_store(path, storage_options=None, cache_dir=None, cache_limit=None, retries=5, client="auto"):
+    """A store for a dataset path or URL. ``client`` chooses how a remote dataset is read:
+    ``"native"`` the extension's client (``s3://``/``s3a://``; an option or scheme it cannot
+    serve is a ``ValueError`` naming it), ``"fsspec"`` fsspec, ``"auto"`` (default) the native
+    client where it can serve the URL and every storage option, else fsspec."""
+    if client not in CLIENTS:
+        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
     path = os.fspath(path)
     if "://" not in path and not storage_options:
         return LocalStore(os.path.abspath(path))
-    import fsspec
-    from fsspec.implementations.local import LocalFileSystem
+    scheme, _, rest = path.partition("://")
+    store = None
+    if client != "fsspec" and scheme in ("s3", "s3a") and rest:
+        options, unknown = native_options(storage_options)
+        if options is None and client == "native":
+            raise ValueError(f"client='native': storage option '{unknown}' is not one the native client "
+                             f"understands (key, secret, token, anon, endpoint_url, region, client_kwargs "
+                             f"endpoint_url/region_name, config_kwargs connect_timeout/read_timeout); "
+                             f"use client='fsspec'")
+        if options is not None:
+            bucket, _, prefix = rest.partition("/")
+            store = NativeStore("s3", bucket, prefix, options, storage_options, RetryPolicy(retries))
+    elif client == "native":
+        raise ValueError(f"client='native' reads s3:// URLs; {path} is read through fsspec (client='fsspec' or 'auto')")
+    if store is None:
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
 
-    fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
-    if isinstance(fs, LocalFileSystem):
-        return LocalStore(os.path.abspath(root))
-    store = FsspecStore(fs, root, RetryPolicy(retries))
+        fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        if isinstance(fs, LocalFileSystem):
+            if client == "native":
+                raise ValueError(f"client='native' reads s3:// URLs; {path} is a local path")
+            return LocalStore(os.path.abspath(root))
+        store = FsspecStore(fs, root, RetryPolicy(retries))
     return CachedStore(store, cache_dir, cache_limit, refetches=min(retries, 2)) if cache_dir is not None else store

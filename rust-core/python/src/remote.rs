@@ -1,0 +1,360 @@
+//! The native object-store client of the Python package (spec/python.md §2.1, "native client"):
+//! S3 and S3-compatible endpoints through the Arrow project's `object_store` crate, on a tokio
+//! runtime owned by this extension. Every call releases the GIL while its request runs, so the
+//! package's read-ahead threads keep as many requests in flight as they are many, and the bytes
+//! never pass through Python code (a range lands in one `bytearray`, a whole shard goes straight
+//! into its file in the node cache).
+//!
+//! The client makes one attempt per call: retries are the package's `RetryPolicy` (the same for
+//! this client and fsspec), which tells a lasting error from a transient one by the Python
+//! exception raised here: `FileNotFoundError` (404), `PermissionError` (403, no or wrong
+//! credentials), `TimeoutError`, else `OSError`. Every message names the object's URL.
+//!
+//! Fork: a DataLoader worker forked from a process that used a client inherits the memory of a
+//! runtime whose threads do not exist in it. The runtime is per process (made again when the
+//! process id changes, the parent's never touched nor dropped), and a client made in another
+//! process is never used (`Client::check_process`: the Python side makes a new one) nor dropped
+//! (its connection pool belongs to the parent's runtime).
+
+use std::io::Write;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyOSError, PyPermissionError, PyTimeoutError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes};
+
+/// This process's runtime: `(process id, runtime)`, leaked on purpose (never dropped: a forked
+/// child must not join threads that only its parent has).
+static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+
+fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    let pid = std::process::id();
+    let mut guard = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, rt)) = *guard {
+        if p == pid {
+            return Ok(rt);
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 4);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("safetensors-spark-io")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            PyOSError::new_err(format!(
+                "the native object-store client could not start its runtime: {e}"
+            ))
+        })?;
+    let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
+    *guard = Some((pid, rt));
+    Ok(rt)
+}
+
+/// rustls's process-wide crypto provider (ring: no OpenSSL, no C toolchain beyond what `ring`
+/// needs, so the aarch64 wheel cross-builds with zig); installed once.
+fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err: another provider is installed already (by another library): it is used
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// An `object_store` error as the Python exception the package's retry rule classifies,
+/// naming `url` and what was being done.
+fn to_py(url: &str, what: &str, e: object_store::Error) -> PyErr {
+    let msg = format!("{url}: {what}: {e}");
+    match e {
+        object_store::Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => PyPermissionError::new_err(msg),
+        _ => {
+            // the chain's text: reqwest's "operation timed out", hyper's "error reading a body"
+            let mut text = msg.to_lowercase();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(&s.to_string().to_lowercase());
+                source = s.source();
+            }
+            if text.contains("timed out") || text.contains("timeout") {
+                PyTimeoutError::new_err(msg)
+            } else {
+                PyOSError::new_err(msg)
+            }
+        }
+    }
+}
+
+/// An S3 bucket (or an S3-compatible endpoint's) as the package reads it.
+#[pyclass(
+    frozen,
+    module = "safetensors_spark._native",
+    name = "ObjectStoreClient"
+)]
+pub struct Client {
+    /// `None` only while dropped
+    store: Option<Arc<dyn ObjectStore>>,
+    /// `s3://bucket`, the start of every URL an error names
+    base: String,
+    pid: u32,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            // made in the parent before a fork: its pool belongs to the parent's runtime
+            std::mem::forget(self.store.take());
+        }
+    }
+}
+
+impl Client {
+    fn url(&self, key: &str) -> String {
+        format!("{}/{key}", self.base)
+    }
+
+    /// The store, in the process that made it.
+    fn store(&self) -> PyResult<Arc<dyn ObjectStore>> {
+        self.check_process()?;
+        self.store
+            .as_ref()
+            .map(Arc::clone)
+            .ok_or_else(|| PyOSError::new_err(format!("{}: the client is closed", self.base)))
+    }
+
+    fn check_process(&self) -> PyResult<()> {
+        if self.pid != std::process::id() {
+            return Err(PyOSError::new_err(format!(
+                "{}: this object-store client was made in process {} before a fork; make a new \
+                 one in this process",
+                self.base, self.pid
+            )));
+        }
+        Ok(())
+    }
+
+    fn path(&self, key: &str) -> PyResult<ObjPath> {
+        ObjPath::parse(key).map_err(|e| {
+            PyValueError::new_err(format!("{}: not an object key: {e}", self.url(key)))
+        })
+    }
+
+    fn block<T>(
+        &self,
+        py: Python<'_>,
+        fut: impl std::future::Future<Output = PyResult<T>> + Send,
+    ) -> PyResult<T>
+    where
+        T: Send,
+    {
+        self.check_process()?;
+        let rt = runtime()?;
+        py.detach(|| rt.block_on(fut))
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// A client of `bucket` (`scheme` is `s3`, the only one built in). `options`: `(key,
+    /// value)` pairs of `object_store`'s S3 and client configuration (`access_key_id`,
+    /// `secret_access_key`, `token`, `endpoint`, `region`, `skip_signature`, `allow_http`,
+    /// `connect_timeout`, `read_timeout`, `timeout`, …), applied over the environment's
+    /// (`AWS_*` variables; then the usual chain: web identity, container and instance
+    /// credentials). A key it does not know is a `ValueError` naming it.
+    #[new]
+    fn new(scheme: &str, bucket: &str, options: Vec<(String, String)>) -> PyResult<Self> {
+        if scheme != "s3" {
+            return Err(PyValueError::new_err(format!(
+                "{scheme}://{bucket}: the native object-store client reads s3:// only"
+            )));
+        }
+        install_crypto();
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            // one attempt per call: the package's RetryPolicy retries, for this client as for fsspec
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            });
+        for (k, v) in options {
+            let key = AmazonS3ConfigKey::from_str(&k).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "s3://{bucket}: the native object-store client has no option '{k}'"
+                ))
+            })?;
+            b = b.with_config(key, v);
+        }
+        let store = b.build().map_err(|e| {
+            PyValueError::new_err(format!(
+                "s3://{bucket}: the native object-store client: {e}"
+            ))
+        })?;
+        Ok(Client {
+            store: Some(Arc::new(store)),
+            base: format!("s3://{bucket}"),
+            pid: std::process::id(),
+        })
+    }
+
+    /// The process that made this client (a forked worker makes its own).
+    #[getter]
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Bytes `[start, end)` of object `key` as a `bytearray`, with the object's whole size
+    /// (from the answer's `Content-Range`): `(data, size)`. One GET; the body is written
+    /// straight into the `bytearray` as it arrives (one copy, no buffer in between). An answer
+    /// cut short is an `OSError` (retried); an object that ends before `end` gives its bytes.
+    fn get_range<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        start: u64,
+        end: u64,
+    ) -> PyResult<(Bound<'py, PyByteArray>, u64)> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = self.store()?;
+        let what = format!("GET bytes [{start}, {end})");
+        let len = usize::try_from(end.saturating_sub(start))
+            .map_err(|_| PyValueError::new_err(format!("{url}: {what}: too large a range")))?;
+        let out = PyByteArray::new_with(py, len, |_| Ok(()))?;
+        // the bytearray is this call's alone until it returns (no Python code sees it while the
+        // GIL is released below): its buffer is written by this thread only
+        let addr = unsafe { out.as_bytes_mut() }.as_mut_ptr() as usize;
+        let (size, got) = self.block(py, async move {
+            let opts = GetOptions {
+                range: Some(GetRange::Bounded(start..end)),
+                ..GetOptions::default()
+            };
+            let r = store
+                .get_opts(&path, opts)
+                .await
+                .map_err(|e| to_py(&url, &what, e))?;
+            let size = r.meta.size;
+            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+            let mut at = 0usize;
+            let mut stream = r.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| to_py(&url, &what, e))?;
+                let Some(dst) = buf.get_mut(at..at + chunk.len()) else {
+                    return Err(PyOSError::new_err(format!(
+                        "{url}: {what}: the answer is longer than the {len} bytes asked for"
+                    )));
+                };
+                dst.copy_from_slice(&chunk);
+                at += chunk.len();
+            }
+            if at != len && size >= end {
+                return Err(PyOSError::new_err(format!(
+                    "{url}: {what}: got {at} of the {len} bytes asked for (a transfer cut short)"
+                )));
+            }
+            Ok((size, at))
+        })?;
+        if got != len {
+            out.resize(got)?; // an object shorter than the range: its bytes, and its size says so
+        }
+        Ok((out, size))
+    }
+
+    /// The whole object `key` as `bytes` (one GET).
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = self.store()?;
+        let data = self.block(py, async move {
+            let r = store.get(&path).await.map_err(|e| to_py(&url, "GET", e))?;
+            r.bytes().await.map_err(|e| to_py(&url, "GET", e))
+        })?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// The whole object `key` written into file `local` (created or truncated), streamed;
+    /// returns the bytes written. One GET. A failure leaves the file to the caller to remove.
+    fn download(&self, py: Python<'_>, key: &str, local: &str) -> PyResult<u64> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = self.store()?;
+        let local = local.to_string();
+        self.block(py, async move {
+            let what = "GET (whole object)";
+            let r = store.get(&path).await.map_err(|e| to_py(&url, what, e))?;
+            let file = std::fs::File::create(&local)?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            let mut stream = r.into_stream();
+            let mut n = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| to_py(&url, what, e))?;
+                out.write_all(&chunk)?;
+                n += chunk.len() as u64;
+            }
+            out.flush()?;
+            Ok(n)
+        })
+    }
+
+    /// The size of object `key` (one HEAD); `FileNotFoundError` when there is none.
+    fn head(&self, py: Python<'_>, key: &str) -> PyResult<u64> {
+        let path = self.path(key)?;
+        let url = self.url(key);
+        let store = self.store()?;
+        self.block(py, async move {
+            Ok(store
+                .head(&path)
+                .await
+                .map_err(|e| to_py(&url, "HEAD", e))?
+                .size)
+        })
+    }
+
+    /// The objects directly under `prefix` (a "directory"): `([(name, size, modified ms)],
+    /// [sub-directory names])`, names without the prefix. As many LIST requests as 1,000-key
+    /// pages.
+    #[allow(clippy::type_complexity)]
+    fn list(
+        &self,
+        py: Python<'_>,
+        prefix: &str,
+    ) -> PyResult<(Vec<(String, u64, i64)>, Vec<String>)> {
+        let path = self.path(prefix)?;
+        let url = self.url(prefix);
+        let store = self.store()?;
+        self.block(py, async move {
+            let r = store
+                .list_with_delimiter(Some(&path))
+                .await
+                .map_err(|e| to_py(&url, "LIST", e))?;
+            let objects = r
+                .objects
+                .into_iter()
+                .map(|o| {
+                    let name = o.location.filename().unwrap_or_default().to_string();
+                    (name, o.size, o.last_modified.timestamp_millis())
+                })
+                .collect();
+            let dirs = r
+                .common_prefixes
+                .into_iter()
+                .map(|p| p.filename().unwrap_or_default().to_string())
+                .collect();
+            Ok((objects, dirs))
+        })
+    }
+}
+
+/// Registers the client class.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()
+}

@@ -1,0 +1,228 @@
+"""The native object-store client (spec/python.md §2.1, issue 38 item 4) and the open that reads
+one object (item 3), against the real moto S3 server on loopback (tests/python/s3_server.py,
+which logs every request it answers): reads, range reads, listings and whole-object downloads
+through ``_native.ObjectStoreClient``; its errors naming the URL (404, 403, a timeout, a refused
+connection); the ``client`` option and the fsspec fallback; the requests an open makes at two
+dataset sizes; each shard's header checked against the manifest when the shard is first used,
+and shards never used never read."""
+import json
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import handmade  # noqa: E402
+
+from conftest import free_port  # noqa: E402
+from safetensors_spark import ShardError, open_dataset  # noqa: E402
+from safetensors_spark._storage import (  # noqa: E402
+    HEADER_READ_AHEAD,
+    CachedStore,
+    FsspecStore,
+    NativeStore,
+    RemoteReadError,
+    open_store,
+)
+
+import torch  # noqa: E402,F401  (a requirement: a broken import fails the run, never skips it)
+from safetensors_spark.torch import SafetensorsIterableDataset  # noqa: E402
+
+
+def upload(s3_server, shards, prefix, edit=None):
+    """A batch dataset of ``shards`` shards (4 samples each) uploaded to a new bucket; ``edit``
+    changes its manifest first. Returns ``(url, bucket, local dir, shard names)``."""
+    import tempfile
+
+    local = os.path.join(tempfile.mkdtemp(prefix="native-"), "d")
+    handmade.write_batch_dataset(local, [4] * shards, batch_size=4)
+    m = handmade.read_manifest(local)
+    if edit is not None:
+        edit(m)
+        handmade.write_manifest(local, m)
+    url, bucket = s3_server.upload_dataset(local, prefix)
+    return url, bucket, local, [s["shard_path"] for s in m["shards"]]
+
+
+def on_bucket(s3_server, mark, bucket):
+    """The reads of ``bucket`` logged since ``mark`` (the server logs a request when it has
+    answered it: an upload's last PUT may come after a mark, and is left out)."""
+    return [r for r in s3_server.requests_since(mark) if r["path"].startswith(f"/{bucket}/")
+            and r["method"] != "PUT"]
+
+
+@pytest.fixture(scope="module")
+def small(s3_server):
+    return upload(s3_server, 3, "nat")
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+def test_native_store_reads_ranges_objects_listings_and_downloads(s3_server, small, tmp_path):
+    url, bucket, local, names = small
+    store = open_store(url, s3_server.storage_options())
+    assert type(store) is NativeStore
+    raw = open(os.path.join(local, names[1]), "rb").read()
+    assert bytes(store.read_range(names[1], 10, 110)) == raw[10:110]
+    head, size = store.header_bytes(names[1], 64, len(raw))
+    assert (bytes(head), size) == (raw[:64], len(raw))
+    assert json.loads(store.read_manifest("dataset_manifest.json")) == handmade.read_manifest(local)
+    assert store.sizes(names + ["nope.safetensors"]) == {n: os.path.getsize(os.path.join(local, n)) for n in names}
+    assert store.exists(names[0]) and not store.exists("nope") and not store.isdir(names[0])
+    dest = str(tmp_path / "copy")
+    assert store.download(names[2], dest) == os.path.getsize(os.path.join(local, names[2]))
+    assert open(dest, "rb").read() == open(os.path.join(local, names[2]), "rb").read()
+    c = store.io_counters()  # the GETs: a range, a header, the manifest, a whole object
+    manifest = os.path.getsize(os.path.join(local, "dataset_manifest.json"))
+    assert (c["requests"], c["bytes_fetched"]) == (4, 100 + 64 + manifest + os.path.getsize(dest)), c
+
+
+def test_native_counts_and_cache_key_match_fsspec(s3_server, small):
+    url, bucket, local, names = small
+    native = open_store(url, s3_server.storage_options())
+    fs = open_store(url, s3_server.storage_options(), client="fsspec")
+    assert type(fs) is FsspecStore
+    assert native.cache_key == fs.cache_key  # one node cache, whichever client fills it
+    for st in (native, fs):
+        st.read_range(names[0], 0, 100)
+        st.read_range(names[0], 100, 150)
+        assert st.io_counters()["requests"] == 2 and st.io_counters()["bytes_fetched"] == 150
+
+
+def test_native_errors_name_the_url(s3_server, small):
+    url, bucket, local, names = small
+    store = open_store(url, s3_server.storage_options(), retries=0)
+    with pytest.raises(FileNotFoundError, match=rf"s3://{bucket}/ds/nope.safetensors: GET bytes \[0, 8\)"):
+        store.read_range("nope.safetensors", 0, 8)
+    mark = s3_server.mark()
+    s3_server.fail_next("GET", 1, status=403, path=f"/{bucket}/ds/{names[0]}")
+    with pytest.raises(PermissionError, match=rf"s3://{bucket}/ds/{names[0]}: GET bytes \[0, 8\)"):
+        open_store(url, s3_server.storage_options(), retries=3).read_range(names[0], 0, 8)
+    assert len([r for r in on_bucket(s3_server, mark, bucket)
+                if r["method"] == "GET" and r["path"].endswith(names[0])]) == 1, "403: not retried"
+    s3_server.fail_next("GET", 1, path=f"/{bucket}/ds/{names[0]}", delay=2.5)
+    opts = {**s3_server.storage_options(), "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 0.5}}
+    with pytest.raises(RemoteReadError, match=rf"s3://{bucket}/ds/{names[0]}: GET bytes \[0, 8\) failed 1 times"
+                                              rf".*TimeoutError"):
+        open_store(url, opts, retries=0).read_range(names[0], 0, 8)
+    dead = {**s3_server.storage_options(), "endpoint_url": f"http://127.0.0.1:{free_port()}"}
+    dead.pop("client_kwargs")
+    dead["region"] = s3_server.REGION
+    with pytest.raises(RemoteReadError, match=rf"s3://{bucket}/ds/{names[0]}: GET bytes \[0, 8\) failed 2 times"):
+        open_store(url, dead, retries=1).read_range(names[0], 0, 8)
+    s3_server.fail_next("GET", 2, status=503, path=f"/{bucket}/ds/{names[1]}")
+    raw = open(os.path.join(local, names[1]), "rb").read()
+    assert bytes(open_store(url, s3_server.storage_options(), retries=2).read_range(names[1], 0, 8)) == raw[:8]
+
+
+def test_client_option_and_the_fsspec_fallback(s3_server, small):
+    url, bucket, local, names = small
+    opts = s3_server.storage_options()
+    assert type(open_store(url, opts)) is NativeStore
+    assert type(open_store(url, opts, client="native")) is NativeStore
+    assert type(open_store(url, opts, client="fsspec")) is FsspecStore
+    assert type(open_store(url, opts, cache_dir="/tmp/x").remote) is NativeStore
+    # an option the native client does not understand: fsspec under "auto", refused by name under "native"
+    odd = {**opts, "requester_pays": False}
+    assert type(open_store(url, odd)) is FsspecStore
+    with pytest.raises(ValueError, match="storage option 'requester_pays' is not one the native client understands"):
+        open_store(url, odd, client="native")
+    with pytest.raises(ValueError, match="storage option 'client_kwargs.verify'"):
+        open_store(url, {**opts, "client_kwargs": {"verify": False}}, client="native")
+    with pytest.raises(ValueError, match="client='native' reads s3:// URLs; memory://x"):
+        open_store("memory://x", None, client="native")
+    with pytest.raises(ValueError, match="client must be one of auto, native, fsspec, got 'boto'"):
+        open_store(url, opts, client="boto")
+    with pytest.raises(ValueError, match="client must be one of"):
+        open_dataset(url, storage_options=opts, client="boto")
+    # both clients read the same samples
+    want = [b["y"].tolist() for b in SafetensorsIterableDataset(local, batch_size=4)]
+    for client in ("native", "fsspec"):
+        ds = open_dataset(url, storage_options=opts, client=client)
+        assert [b["y"].tolist() for b in SafetensorsIterableDataset(ds, batch_size=4)] == want, client
+
+
+# -- the open: one request whatever the number of shards -------------------------------------------
+
+@pytest.mark.parametrize("client", ["native", "fsspec"])
+@pytest.mark.parametrize("cached", [False, True], ids=["ranges", "node-cache"])
+def test_open_reads_one_object_at_any_size_and_a_sample_reads_its_shard_only(s3_server, tmp_path, client, cached):
+    per_size = {}
+    for shards in (4, 40):
+        url, bucket, local, names = upload(s3_server, shards, f"open{shards}")
+        mark = s3_server.mark()
+        ds = open_dataset(url, storage_options=s3_server.storage_options(), client=client,
+                          cache_dir=str(tmp_path / f"c{shards}") if cached else None)
+        i = 4 * (shards // 2) + 1  # a sample of the middle shard
+        assert int(ds[i]["y"]) == i
+        reqs = [(r["method"], r["path"].rsplit("/", 1)[-1]) for r in on_bucket(s3_server, mark, bucket)]
+        per_size[shards] = [r for r in reqs if r[1] not in names]  # the open's
+        assert {n for _, n in reqs if n in names} == {names[shards // 2]}, reqs  # the sample's
+    # native: one GET; s3fs: a HEAD and a GET of the manifest
+    want = [("GET", "dataset_manifest.json")] if client == "native" else \
+        [("HEAD", "dataset_manifest.json"), ("GET", "dataset_manifest.json")]
+    assert per_size[4] == per_size[40] == want, per_size
+
+
+# -- lazy header checks ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cached", [False, True], ids=["ranges", "node-cache"])
+def test_a_shard_disagreeing_with_the_manifest_fails_when_used_and_others_are_never_read(s3_server, tmp_path,
+                                                                                       cached):
+    def edit(m):
+        m["shards"][2]["num_tensors"] = 5
+
+    url, bucket, local, names = upload(s3_server, 6, "lazy", edit)
+    mark = s3_server.mark()
+    ds = open_dataset(url, storage_options=s3_server.storage_options(),
+                      cache_dir=str(tmp_path / "c") if cached else None)
+    assert [int(ds[i]["y"]) for i in range(8)] == list(range(8))  # shards 0 and 1
+    for _ in range(2):
+        with pytest.raises(ShardError, match=rf"/{names[2]}: the header has 2 tensors but "
+                                             rf"dataset_manifest.json says 5 \(shards\[\].num_tensors\)"):
+            ds[9]
+    for _ in range(100):  # (the server logs a request once answered: shard 2's may come late)
+        touched = {r["path"].rsplit("/", 1)[-1] for r in on_bucket(s3_server, mark, bucket)}
+        if names[2] in touched:
+            break
+        time.sleep(0.05)
+    assert touched == {"dataset_manifest.json", *names[:3]}, touched  # shards 3-5: never read
+    assert not any(r["method"] == "LIST" or "list-type" in (r.get("query") or "")
+                   for r in on_bucket(s3_server, mark, bucket)), "no listing"
+    with pytest.raises(ShardError, match=rf"{names[2]}: the header has 2 tensors"):
+        list(SafetensorsIterableDataset(ds, batch_size=4))
+
+
+def test_a_shard_missing_or_of_another_size_fails_when_used(s3_server):
+    def edit(m):
+        m["shards"][1]["bytes"] += 1
+        m["total_bytes"] += 1
+
+    url, bucket, local, names = upload(s3_server, 3, "size", edit)
+    s3_server.client().delete_object(Bucket=bucket, Key=f"ds/{names[2]}")
+    for client in ("native", "fsspec"):
+        ds = open_dataset(url, storage_options=s3_server.storage_options(), client=client)
+        assert int(ds[0]["y"]) == 0
+        with pytest.raises(ShardError, match=rf"{names[1]}: the file has \d+ bytes but dataset_manifest.json says"):
+            ds[4]
+        with pytest.raises(ShardError, match=rf"{names[2]}: listed in dataset_manifest.json but missing"):
+            ds[8]
+
+
+def test_the_first_read_of_a_shard_costs_its_header_and_its_rows(s3_server, small):
+    """Native ranges: a shard's first use is one range GET of its header (64 KiB read-ahead, or
+    the whole shard when smaller), whose answer also states the object's size, then the rows."""
+    url, bucket, local, names = small
+    ds = open_dataset(url, storage_options=s3_server.storage_options(), prefetch=0)
+    mark = s3_server.mark()
+    ds[0]
+    for _ in range(100):  # (the server logs a request once answered: the last may come late)
+        reqs = [r for r in on_bucket(s3_server, mark, bucket) if r["path"].endswith(names[0])]
+        if len(reqs) >= 3:
+            break
+        time.sleep(0.05)
+    size = os.path.getsize(os.path.join(local, names[0]))
+    assert reqs[0]["method"] == "GET" and reqs[0]["range"] == f"bytes=0-{min(size, HEADER_READ_AHEAD) - 1}", reqs[0]
+    assert all(r["method"] == "GET" for r in reqs) and len(reqs) == 3, reqs  # header, x, y
+    assert not isinstance(ds._store, CachedStore)
