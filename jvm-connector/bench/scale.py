@@ -155,6 +155,8 @@ def build_shard_sets(args, template):
     for n in args.shards:
         d = Path(args.workdir) / f"shards-{n}"
         if not (d / "dataset_manifest.json").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(f"{d}.links", ignore_errors=True)
             t0 = time.perf_counter()
             log(f"building {n} shards (1 version)")
             log_scale(template, d, 1, first_shards=n)

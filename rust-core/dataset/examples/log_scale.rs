@@ -6,8 +6,8 @@
 //!
 //! `T` is a real dataset of one version holding one shard (written by Spark). `D` gets version 1
 //! with `N` shards (default 1), then appends of one shard each until it has `V` versions. Every
-//! shard is a hard link of `T`'s shard under a new shard name (same bytes, so its size and
-//! CRC-32C in the manifest stay right), every version a real commit through the stable entry
+//! shard is a hard link of a copy of `T`'s shard (in `D.links/`) under a new shard name (same
+//! bytes, so its size and CRC-32C in the manifest stay right), every version a real commit through the stable entry
 //! points of `dataset::local` (`latest_manifest`, `commit_version`, `publish_version`): the log
 //! entry is whatever the commit layer writes. A `D` that already holds a dataset is continued.
 //!
@@ -83,17 +83,30 @@ fn parse_args() -> Res<Args> {
     Ok(a)
 }
 
-/// A new shard: a hard link of the template's shard file under a fresh shard name.
+/// A new shard: a hard link of a copy of the template's shard file under a fresh shard name.
+/// A file system bounds the links to one file (ext4: 65,000), so every [`LINKS_PER_SOURCE`]
+/// shards link to their own copy, kept in `<dir>.links/` (the `cp -al` copies of the dataset
+/// that the benchmark makes add one link each).
 struct ShardMaker {
     file: PathBuf,
+    sources: PathBuf,
     entry: ManifestShard,
 }
+
+const LINKS_PER_SOURCE: u64 = 10_000;
 
 impl ShardMaker {
     fn make(&self, dir: &Path, i: u64, write_id: &str) -> Res<ManifestShard> {
         let partition = (i % 100_000) as u32;
         let name = shard_file_name(partition, (i / 100_000) as u32, write_id);
-        fs::hard_link(&self.file, dir.join(&name))?;
+        let source = self
+            .sources
+            .join(format!("src-{}.safetensors", i / LINKS_PER_SOURCE));
+        if !source.exists() {
+            fs::create_dir_all(&self.sources)?;
+            fs::copy(&self.file, &source)?;
+        }
+        fs::hard_link(&source, dir.join(&name))?;
         Ok(ManifestShard {
             shard_path: name,
             partition: Some(partition),
@@ -151,6 +164,7 @@ fn run() -> Res<()> {
     };
     let maker = ShardMaker {
         file: a.template.join(&entry.shard_path),
+        sources: PathBuf::from(format!("{}.links", a.dir.display())),
         entry: entry.clone(),
     };
     fs::create_dir_all(&a.dir)?;
