@@ -112,7 +112,9 @@ class Heap:
         try:
             result = fn()
         except Exception as e:  # noqa: BLE001 - an OOM or a failure is a result here
-            result, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            java = getattr(e, "java_exception", None)
+            text = java.toString() if java is not None else str(e)
+            result, err = None, f"{type(e).__name__}: {text.splitlines()[0][:400] if text else ''}"
         secs = time.perf_counter() - t0
         old_peak = sum(p.getPeakUsage().getUsed() for p in self.old)
         self.jvm.java.lang.System.gc()
@@ -190,9 +192,11 @@ def part_commit(args, spark, template, results):
     if 201 <= top:
         d = Path(args.workdir) / "log200"
         shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(f"{d}.links", ignore_errors=True)
         p = log_scale(template, d, 201, samples=1)[-1]
         results["log_after_200_appends"] = {**p, "ratio": round(p["log_bytes"] / p["manifest_bytes"], 1)}
         shutil.rmtree(d)
+        shutil.rmtree(f"{d}.links")
         log(f"  after 200 appends: log {p['log_bytes']} B, manifest {p['manifest_bytes']} B, "
             f"ratio {results['log_after_200_appends']['ratio']}")
     # real Spark appends on top of the two largest version counts (and the smallest, to compare)
@@ -378,10 +382,14 @@ def part_delta(args, results):
            "--shards", ",".join(map(str, args.shards)), "--driver-memory", args.driver_memory]
     run = subprocess.run(["nice", "-n", "5", *cmd], capture_output=True, text=True)
     sys.stderr.write(run.stderr[-6000:])
+    lines = [ln for ln in run.stdout.strip().splitlines() if ln.startswith("{")]
     if run.returncode != 0:
-        results["delta"] = {"error": f"delta role failed (rc {run.returncode})"}
+        results["delta"] = {"error": f"delta role failed (rc {run.returncode}): "
+                                     f"{run.stderr.strip().splitlines()[-1][:300] if run.stderr.strip() else ''}"}
+        if lines:
+            results["delta"].update(json.loads(lines[-1]))
         return
-    results["delta"] = json.loads(run.stdout.strip().splitlines()[-1])
+    results["delta"] = json.loads(lines[-1])
 
 
 def role_delta(args):
@@ -413,6 +421,7 @@ def role_delta(args):
         out["commits"].append(p)
         log(f"delta: {p}")
     shutil.rmtree(d)
+    print(json.dumps(out), flush=True)  # the commits' figures, should a plan below fail
     # plan at the shard counts: CONVERT TO DELTA over hard links of one one-row Parquet file
     heap = Heap(spark)
     one = Path(args.workdir) / "one.parquet"
@@ -424,7 +433,11 @@ def role_delta(args):
             shutil.rmtree(t, ignore_errors=True)
             t.mkdir(parents=True)
             for i in range(n):
-                os.link(one, t / f"part-{i:06}.parquet")
+                # a file system bounds the links to one file (ext4: 65,000): a copy per 10,000
+                src = Path(args.workdir) / f"one-{i // 10000}.parquet"
+                if not src.exists():
+                    shutil.copy(one, src)
+                os.link(src, t / f"part-{i:06}.parquet")
             t0 = time.perf_counter()
             spark.sql(f"CONVERT TO DELTA parquet.`{t}` NO STATISTICS")
             log(f"delta: converted {n} files in {time.perf_counter() - t0:.1f} s")
