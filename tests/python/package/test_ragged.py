@@ -142,14 +142,14 @@ def test_bad_offsets_or_tensors_name_the_shard_column_and_row(tmp_path):
     path, shard, t, meta = fresh("short")
     _rewrite(path, shard, {**t, "tokens.offsets": t["tokens.offsets"][:-1]}, meta)
     with pytest.raises(ShardError, match=r"part-00000.*'tokens.offsets' is I64 \[3\].*I64 \[4\]"):
-        open_dataset(path)
+        open_dataset(path)[0]  # the header is checked when the shard is first used
     path, shard, t, meta = fresh("missing")
     _rewrite(path, shard, {"tokens": t["tokens"]}, meta)
     m = handmade.read_manifest(path)
     m["shards"][0]["num_tensors"] = 1
     handmade.write_manifest(path, m)
     with pytest.raises(ShardError, match=r"no tensor 'tokens.offsets'"):
-        open_dataset(path)
+        open_dataset(path)[0]
     path, shard, t, meta = fresh("end")
     _rewrite(path, shard, {**t, "tokens": t["tokens"][:-1]}, meta)
     with pytest.raises(ShardError, match=r"'tokens.offsets' ends at \d+ but tensor 'tokens' holds"):

@@ -335,11 +335,15 @@ def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retr
     reqs = since(s3_server, mark, remote)
     assert len([r for r in reqs if r.get("injected")]) == 4
     if not cached:  # the read-ahead's span of x and y, never a column or a row alone
+        # (shard GETs only: the server may log open's GET of the manifest after the mark)
+        reqs = [r for r in reqs if "/part-" in r["path"]]
         spans = {r["response_length"] for r in reqs if r["method"] == "GET" and not r.get("injected")}
         # and each shard's header, read by the worker that first uses the shard (these shards
         # are smaller than the 64 KiB read-ahead: read whole)
         headers = set(remote["sizes"].values())
-        assert PER_SHARD * (2 * 4 + 8) in spans and spans <= {PER_SHARD * (2 * 4 + 8)} | headers, spans
+        odd = [r for r in reqs if r["method"] == "GET" and not r.get("injected")
+               and r["response_length"] not in {PER_SHARD * (2 * 4 + 8)} | headers]
+        assert PER_SHARD * (2 * 4 + 8) in spans and not odd, (spans, odd)
 
 
 def test_dead_server_fails_naming_the_object_after_bounded_retries(remote, s3_server, tmp_path, no_client_retries):
