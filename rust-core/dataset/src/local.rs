@@ -153,17 +153,31 @@ pub fn start_checkpoint(dir: &Path, version: u64) -> Result<Option<Manifest>, Lo
 /// The whole manifest of `version` rebuilt from the local log (spec/dataset.md §5.10): its
 /// newest checkpoint at or below it and the entries after that.
 pub fn manifest_at(dir: &Path, version: u64) -> Result<Manifest, LocalError> {
-    let files = listing(&log_files(dir)?);
-    crate::log::rebuild(&files, version, &mut |f| {
-        let path = dir.join(MANIFEST_LOG_DIR).join(f.name());
-        crate::own::read_manifest_text(&path).map_err(|e| DatasetError::Version {
-            problem: format!("{}: {e}", path.display()),
-        })
-    })
-    .map_err(|source| LocalError::Dataset {
-        path: dir.join(MANIFEST_LOG_DIR),
-        source,
-    })
+    // a checkpoint another commit removed after the listing: list again (a newer one is there)
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let files = listing(&log_files(dir)?);
+        let result = crate::log::rebuild(&files, version, &mut |f| {
+            let path = dir.join(MANIFEST_LOG_DIR).join(f.name());
+            crate::own::read_manifest_text(&path).map_err(|e| DatasetError::Version {
+                problem: if e.kind() == io::ErrorKind::NotFound {
+                    format!("{}: {}", path.display(), crate::log::GONE)
+                } else {
+                    format!("{}: {e}", path.display())
+                },
+            })
+        });
+        match result {
+            Err(e) if attempt < 3 && crate::log::is_gone(&e) => continue,
+            other => {
+                return other.map_err(|source| LocalError::Dataset {
+                    path: dir.join(MANIFEST_LOG_DIR),
+                    source,
+                })
+            }
+        }
+    }
 }
 
 /// The latest committed manifest: `dataset_manifest.json` when it is at least as new as the

@@ -32,8 +32,8 @@ pub const LOG_FORMAT_DELTA: u64 = 2;
 /// most 99 entries of one commit each, while the log's checkpoints stay a small multiple of the
 /// manifest.
 pub const DEFAULT_CHECKPOINT_INTERVAL: u64 = 100;
-/// Checkpoints kept behind the newest beyond the oldest one (older ones are removed an hour
-/// after they were superseded, by the commit that writes a new one).
+/// Checkpoints kept behind the newest beyond the oldest one (older ones are removed by the commit
+/// that writes a new one).
 pub const KEPT_CHECKPOINTS: usize = 2;
 /// Log entries always kept behind the newest by the prune of a retention-0 commit.
 pub const KEPT_VERSIONS: u64 = 20;
@@ -205,7 +205,18 @@ pub fn log_entry_text(base: Option<&Manifest>, next: &Manifest) -> Result<String
                 .collect()
         })
         .unwrap_or_default();
-    let mut fields = match serde_json::to_value(next) {
+    // the version's own fields, without serialising its shards (the cost of an entry follows
+    // the commit, not the dataset)
+    let header = Manifest {
+        format_version: next.format_version.clone(),
+        safetensors_version: next.safetensors_version.clone(),
+        total_samples: next.total_samples,
+        total_bytes: next.total_bytes,
+        shards: Vec::new(),
+        schema: next.schema.clone(),
+        ext: next.ext.clone(),
+    };
+    let mut fields = match serde_json::to_value(&header) {
         Ok(serde_json::Value::Object(m)) => m,
         _ => return Err(log_err("a manifest did not serialise as an object".into())),
     };
@@ -551,6 +562,15 @@ pub fn plan_state_by_names(
     plan_state(&files, version, &read)
 }
 
+/// Whether an error of [`rebuild`]'s reader is a file that is gone (removed by a commit after the
+/// listing): callers list again and retry.
+pub fn is_gone(e: &DatasetError) -> bool {
+    matches!(e, DatasetError::Version { problem } if problem.contains(GONE))
+}
+
+/// The words a reader's error holds for a log file that is gone (see [`is_gone`]).
+pub const GONE: &str = "is gone (removed after the log was listed)";
+
 /// Rebuilds `version` reading files through `read_file` (the local directory's reader, tests).
 pub fn rebuild(
     files: &LogFiles,
@@ -600,9 +620,10 @@ pub struct AfterCommit {
 /// The after-commit chores of `version` given the log's listing (taken after its entry was
 /// created): a checkpoint when `version` is a multiple of the interval or the log has none yet;
 /// with `prune_entries` (retention 0: nothing is kept for time travel), the entries and
-/// checkpoints below the newest checkpoint that is [`KEPT_VERSIONS`] or more behind; and the
-/// checkpoints superseded by more than [`KEPT_CHECKPOINTS`] newer ones (the oldest is kept: it is
-/// where a replay of the oldest versions starts). Only files older than [`PRUNE_GRACE_MS`] go.
+/// checkpoints below the newest checkpoint that is [`KEPT_VERSIONS`] or more behind, once older
+/// than [`PRUNE_GRACE_MS`] (a writer's base); and, at once, the checkpoints superseded by more
+/// than [`KEPT_CHECKPOINTS`] newer ones (the oldest is kept: it is where a replay of the oldest
+/// versions starts; a reader that finds a checkpoint gone lists again).
 pub fn after_commit(
     listing: &[ListedFile],
     version: u64,
@@ -641,10 +662,12 @@ pub fn after_commit(
             }
         }
     }
+    // superseded checkpoints go at once: a reader that listed one and finds it gone lists again
+    // and replays from a newer one ([`rebuild`] and the JVM's and Python's loops retry)
     if checkpoints.len() > KEPT_CHECKPOINTS + 1 {
         let keep_from = checkpoints[checkpoints.len() - KEPT_CHECKPOINTS - 1];
         let oldest = checkpoints[0];
-        for f in listing.iter().filter(|f| old(f)) {
+        for f in listing {
             if let LogFile::Checkpoint(c) = f.file {
                 if c != oldest && c < keep_from {
                     delete.insert(f.file);

@@ -409,3 +409,41 @@ fn after_commit_writes_checkpoints_and_prunes_only_what_replays_do_not_need() {
     m7.ext.as_mut().unwrap().checkpoint_interval = Some(7);
     assert!(after_commit(&listing, 14, &m7, false, now).write_checkpoint);
 }
+
+/// A checkpoint removed between a reader's listing and its read (a commit superseded it) is
+/// "gone": the reader lists again and rebuilds from the newer one.
+#[test]
+fn a_checkpoint_removed_after_the_listing_is_gone_and_a_new_listing_rebuilds() {
+    let dir = tmp("gone");
+    for v in 1..=5 {
+        append(&dir, v, 1000 + v);
+    }
+    let listed = LogFiles::from_names(names(&dir).iter().map(String::as_str)).unwrap();
+    // a newer checkpoint appears, the one listed goes
+    let m5 = manifest_at(&dir, 5).unwrap();
+    fs::write(
+        dir.join(MANIFEST_LOG_DIR)
+            .join(LogFile::Checkpoint(5).name()),
+        m5.to_json_pretty().unwrap(),
+    )
+    .unwrap();
+    fs::remove_file(
+        dir.join(MANIFEST_LOG_DIR)
+            .join(LogFile::Checkpoint(1).name()),
+    )
+    .unwrap();
+    let e = rebuild(&listed, 5, &mut |f| {
+        let path = dir.join(MANIFEST_LOG_DIR).join(f.name());
+        fs::read_to_string(&path).map_err(|e| DatasetError::Version {
+            problem: if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{}: {GONE}", path.display())
+            } else {
+                e.to_string()
+            },
+        })
+    })
+    .unwrap_err();
+    assert!(is_gone(&e), "{e}");
+    assert_eq!(manifest_at(&dir, 5).unwrap(), m5);
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -982,18 +982,30 @@ def _rebuild_version(store: Store, dataset: str, version: int) -> str:
     """The whole manifest (JSON text) of ``version``, rebuilt from ``_manifest_log/`` by the Rust
     rule (spec/dataset.md §5.10): the newest checkpoint at or below it and the entries after it,
     read as the rule asks (a full entry written before log format 2 is read alone)."""
-    names = [name for name, _ in store.log_entries(MANIFEST_LOG_DIR)]
-    texts: dict[str, str] = {}
-    for _ in range(4):
-        _, need, manifest = _native.rebuild_version(names, version, texts, dataset)
-        if manifest is not None:
-            return manifest
-        for name in need:
-            path = f"{MANIFEST_LOG_DIR}/{name}"
-            try:
-                texts[name] = store.read_manifest(path)
-            except OSError as e:
-                raise ManifestError(f"{store.url(path)}: cannot be read: {e}") from None
+    for attempt in range(3):
+        # a checkpoint a commit removed after the listing: list again (a newer one is there)
+        names = [name for name, _ in store.log_entries(MANIFEST_LOG_DIR)]
+        texts: dict[str, str] = {}
+        gone = False
+        for _ in range(4):
+            _, need, manifest = _native.rebuild_version(names, version, texts, dataset)
+            if manifest is not None:
+                return manifest
+            for name in need:
+                path = f"{MANIFEST_LOG_DIR}/{name}"
+                try:
+                    texts[name] = store.read_manifest(path)
+                except FileNotFoundError as e:
+                    if attempt == 2:
+                        raise ManifestError(f"{store.url(path)}: cannot be read: {e}") from None
+                    gone = True
+                    break
+                except OSError as e:
+                    raise ManifestError(f"{store.url(path)}: cannot be read: {e}") from None
+            if gone:
+                break
+        if not gone:
+            break
     raise ManifestError(f"{dataset}: rebuilding version {version} from {MANIFEST_LOG_DIR}/ did not end")
 
 

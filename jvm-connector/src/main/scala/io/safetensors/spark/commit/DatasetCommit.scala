@@ -62,7 +62,7 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
 
   /** The whole manifest text of `version`, rebuilt from the log by the engine's rule
    *  (spec/dataset.md §5.10): its newest checkpoint at or below it and the entries after. */
-  def manifestAt(version: Long): String = DatasetCommit.rebuild(fs, logDir, logNames().map(_._1), version)
+  def manifestAt(version: Long): String = DatasetCommit.rebuildListing(fs, logDir, version)
 
   /** Versions in the log, ascending. A `_manifest_log` that is a symbolic link is refused naming
    *  it (spec/dataset.md §5.9): a writer, a vacuum or a compaction never reads or extends
@@ -212,6 +212,19 @@ private[spark] object DatasetCommit {
   val MaxCommitAttempts: Int = NativeNames.MAX_COMMIT_ATTEMPTS
 
   def logName(version: Long): String = NativeNames.manifestLogFileName(version)
+
+  /** [[rebuild]] on the log as listed now; a file removed after the listing (a checkpoint another
+   *  commit superseded) makes it list again, up to 3 times. */
+  def rebuildListing(fs: FileSystem, logDir: Path, version: Long): String = {
+    var attempt = 0
+    while (true) {
+      attempt += 1
+      val names = fs.listStatus(logDir).toSeq.map(_.getPath.getName)
+      try return rebuild(fs, logDir, names, version)
+      catch { case _: java.io.FileNotFoundException if attempt < 3 => }
+    }
+    throw new IllegalStateException("unreachable")
+  }
 
   /** The whole manifest text of `version` from the log in `logDir` whose file names are `names`
    *  (rebuilt by the engine: a checkpoint and the entries after it, spec/dataset.md §5.10). */

@@ -253,9 +253,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
     val version = NativeVersions.selectVersion(mapper.writeValueAsString(entries),
       options.versionAsOf.orNull, options.timestampAsOf.orNull)
     // the version's whole manifest, rebuilt from its checkpoint and entries (spec/dataset.md §5.10)
-    val names = if (DatasetFiles.ownDir(fs, dir, DatasetCommit.LogDir).isEmpty) Seq.empty[String]
-      else fs.listStatus(logDir).toSeq.map(_.getPath.getName)
-    val text = DatasetCommit.rebuild(fs, logDir, names, version)
+    val text = DatasetCommit.rebuildListing(fs, logDir, version)
     val found = mapper.createObjectNode()
     mapper.readTree(text).path("shards").elements().asScala.foreach { s =>
       val name = s.path("shard_path").asText()
