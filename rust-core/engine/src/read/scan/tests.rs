@@ -188,6 +188,7 @@ pub(crate) fn manifest(
             num_tensors: Some(columns.len() as u64),
             bytes: f.length,
             crc32c: None,
+            added_version: None,
         })
         .collect();
     listed.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
@@ -1340,6 +1341,7 @@ fn kv_dataset(
             num_tensors: Some(2 * per_shard as u64),
             bytes: f.length,
             crc32c: None,
+            added_version: None,
         });
         files.push(f);
     }
