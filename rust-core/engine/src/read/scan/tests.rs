@@ -408,6 +408,8 @@ fn describe_sample_from_a_consistent_manifest_needs_no_header() {
         json!({"type": "struct", "fields": [
             {"name": "_file", "type": "string", "nullable": false, "metadata": {}},
             {"name": "_metadata", "type": meta_json(), "nullable": true, "metadata": {}},
+            {"name": "_row_index", "type": "long", "nullable": false, "metadata": {}},
+            {"name": "_added_version", "type": "long", "nullable": true, "metadata": {}},
         ]})
     );
     assert!(d.excluded.is_empty());
