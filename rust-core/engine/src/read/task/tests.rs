@@ -865,8 +865,8 @@ fn provenance_columns_give_each_row_its_index_and_its_shards_added_version() {
         let idx = batch.column(1).as_primitive::<Int64Type>();
         let ver = i64s(batch.column(2));
         assert!(!batch.schema().field(1).is_nullable());
-        for i in 0..batch.num_rows() {
-            got.push((f.value(i).to_string(), idx.value(i), ver[i]));
+        for (i, v) in ver.iter().enumerate() {
+            got.push((f.value(i).to_string(), idx.value(i), *v));
         }
     }
     got.sort();
