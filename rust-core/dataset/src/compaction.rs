@@ -730,6 +730,10 @@ pub fn compaction_manifest(
     }
     out.shards
         .sort_by(|a, b| a.shard_path.as_bytes().cmp(b.shard_path.as_bytes()));
+    if out.shards.is_empty() {
+        // a delete of every row: an empty dataset has no columns (spec/dataset.md §5)
+        out.schema = Default::default();
+    }
     out.recompute_totals();
     if Some(out.total_samples) != current.total_samples.checked_sub(plan.rows_removed) {
         return Err(err(format!(

@@ -115,3 +115,15 @@ def test_the_cli_deletes_keys_from_a_file(tmp_path, cli):
     assert open_dataset(path).keys() == ["b"]
     r = cli("delete", path)
     assert r.returncode == 2 and "--keys FILE or --rows FILE" in r.stderr
+    # a batch dataset's rows: SHARD ROW lines, as provenance gives them
+    batch = str(tmp_path / "ds")
+    write_batch_dataset(batch, [3], batch_size=3)
+    name = open_dataset(batch).shards[0].name
+    rows = tmp_path / "rows.txt"
+    rows.write_text(f"{name} 1\n")
+    r = cli("delete", "--rows", rows, batch)
+    assert r.returncode == 0, r.stderr
+    assert [int(s["y"]) for s in open_dataset(batch)] == [0, 2]
+    rows.write_text(f"{name} one\n")
+    r = cli("delete", "--rows", rows, batch)
+    assert r.returncode == 1 and "line 1: row 'one' is not a whole number" in r.stderr

@@ -454,3 +454,27 @@ fn local_kv_delete_by_keys_and_a_dry_run_changes_nothing() {
     assert_eq!((none.version, none.rows_removed), (None, 0));
     fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn deleting_every_row_leaves_an_empty_dataset_without_columns() {
+    let (m, _, _) = pad_dataset();
+    let all: BTreeMap<String, BTreeSet<u64>> = m
+        .shards
+        .iter()
+        .map(|s| (s.shard_path.clone(), (0..s.samples_count).collect()))
+        .collect();
+    let plan = plan_delete_rows(&m, &all, &crate::compaction::tests::uuid_of(94)).unwrap();
+    assert!(plan.outputs.is_empty());
+    let next = crate::compaction::compaction_manifest(
+        &m,
+        &plan,
+        &[],
+        &crate::manifest::CommitInfo {
+            committed_at_ms: 5,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(next.shards.is_empty() && next.schema.is_empty());
+    assert_eq!(next.total_samples, 0);
+}
