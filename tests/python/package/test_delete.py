@@ -127,3 +127,26 @@ def test_the_cli_deletes_keys_from_a_file(tmp_path, cli):
     rows.write_text(f"{name} one\n")
     r = cli("delete", "--rows", rows, batch)
     assert r.returncode == 1 and "line 1: row 'one' is not a whole number" in r.stderr
+
+
+def test_the_torch_map_dataset_gives_provenance_that_deletes_the_sample(tmp_path):
+    import torch
+    from safetensors_spark.torch import SafetensorsDataset
+
+    path = str(tmp_path / "ds")
+    write_batch_dataset(path, [3, 3], batch_size=3)
+    ds = SafetensorsDataset(path, provenance=True)
+    one = ds[4]
+    assert (one["_file"], int(one["_row_index"]), int(one["_added_version"])) == (ds.dataset.shards[1].name, 1, -1)
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=4))
+    files = [f for b in batches for f in b["_file"]]
+    rows = torch.cat([b["_row_index"] for b in batches]).tolist()
+    ys = torch.cat([b["y"] for b in batches]).tolist()
+    bad = ys.index(4)
+    safetensors_spark.delete_rows(path, [(files[bad], rows[bad])])
+    again = SafetensorsDataset(path, provenance=True)
+    assert [int(again[i]["y"]) for i in range(len(again))] == [0, 1, 2, 3, 5]
+    assert int(again[3]["_added_version"]) == 2
+    with pytest.raises(ValueError, match="provenance must be True or False"):
+        SafetensorsDataset(path, provenance="yes")
+    assert "_file" not in SafetensorsDataset(path)[0]
