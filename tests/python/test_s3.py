@@ -1187,3 +1187,30 @@ def test_compaction_on_s3_batch_and_kv_with_its_index(spark, s3, bucket):
     assert m["shards"][0]["shard_path"][: -len(".safetensors")] + ".parquet" in parts
     hit = spark.read.format("safetensors").load(kv).filter(F.col("key") == "k0005__emb").collect()
     assert [list(x["decoded"]) for x in hit] == [[5.0] * 3]
+
+
+def test_delete_on_s3_rewrites_only_the_matching_shard_and_leaves_none_of_its_bytes(spark, s3, bucket):
+    """spec/dataset.md §5.11 on s3a://: SQL DELETE (copy-on-write) and PySpark delete read and
+    write shards through S3A and commit with the conditional PUT; with retention 0 and a vacuum
+    no object under the dataset holds the deleted row's bytes."""
+    from safetensors_spark.spark import delete, vacuum
+
+    url = f"s3a://{bucket}/del"
+    batch_frame(spark, 8).write.format("safetensors").option("batch_size", 4).option("retention", "0").save(url)
+    m0 = manifest(s3, bucket, "del")
+    needle = np.array([7.0, -7.0], np.float32).tobytes()
+
+    def holders():
+        return [k for k in keys(s3, bucket, "del/") if needle in get(s3, bucket, k)]
+
+    assert holders()
+    spark.sql(f"DELETE FROM safetensors.`{url}` WHERE id = 7")
+    m = manifest(s3, bucket, "del")
+    assert m["operation"] == "delete" and m["total_samples"] == 7
+    before = {s["shard_path"] for s in m0["shards"]}
+    assert len(before & {s["shard_path"] for s in m["shards"]}) == len(before) - 1
+    [r] = delete(spark, url, "id = 0").collect()
+    assert r.rows_removed == 1 and manifest(s3, bucket, "del")["total_samples"] == 6
+    assert sorted(r.id for r in spark.read.format("safetensors").load(url).collect()) == list(range(1, 7))
+    vacuum(spark, url, retention="0").collect()
+    assert holders() == []

@@ -19,11 +19,15 @@
 //!                           [--message TEXT] [--dry-run] [--quiet] DATASET
 //!                                     merge small shards into full ones as one `compaction`
 //!                                     version per dataset (spec/dataset.md §5.8.2; local paths)
+//! safetensors-spark delete (--keys FILE | --rows FILE) [--message TEXT] [--dry-run] DATASET
+//!                                     delete a KV dataset's keys or a batch dataset's rows
+//!                                     (SHARD ROW lines) as one `delete` version (§5.11)
 //! ```
 //!
 //! `report`, `validate`, `vacuum` and `compact` draw a progress bar on stderr when it is a
 //! terminal (`--quiet`: never); see [`progress`].
 
+mod delete;
 mod progress;
 mod report;
 
@@ -40,6 +44,7 @@ const USAGE: &str = "usage: safetensors-spark inspect FILE...
        safetensors-spark report [--json] [--no-hash] [--jobs N] [--quiet] PATH...
        safetensors-spark vacuum [--retention DURATION] [--allow-shorter-retention] [--dry-run] [--quiet] DATASET
        safetensors-spark compact [--batch-size N | --target-shard-size-mb M] [--partition K=V]... [--message TEXT] [--dry-run] [--quiet] DATASET
+       safetensors-spark delete (--keys FILE | --rows FILE) [--message TEXT] [--dry-run] DATASET
 --quiet: no progress bar (drawn on stderr only when it is a terminal)";
 
 fn main() -> ExitCode {
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         Some((cmd, rest)) if cmd == "report" => report::run(rest, USAGE),
         Some((cmd, rest)) if cmd == "vacuum" => vacuum(rest),
         Some((cmd, rest)) if cmd == "compact" => compact(rest),
+        Some((cmd, rest)) if cmd == "delete" => delete::run(rest, USAGE),
         Some((cmd, rest)) if cmd == "history" => history(rest),
         Some((cmd, _)) if cmd == "--help" || cmd == "-h" => {
             println!("{USAGE}");

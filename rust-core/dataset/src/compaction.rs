@@ -87,6 +87,30 @@ pub struct CompactionPlan {
     pub rows: u64,
     /// Bytes of `replaced`.
     pub replaced_bytes: u64,
+    /// What the rewrite is: a `compaction` (the same rows) or a `delete` (spec/dataset.md §5.11:
+    /// `rows_removed` rows of `replaced` are not in `outputs`).
+    #[serde(default = "compaction_operation")]
+    pub operation: Operation,
+    /// Rows (KV: keys) of `replaced` that `outputs` leave out (a delete's).
+    #[serde(default)]
+    pub rows_removed: u64,
+    /// KV delete: the keys whose tensors the outputs leave out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted_keys: Vec<String>,
+}
+
+fn compaction_operation() -> Operation {
+    Operation::Compaction
+}
+
+impl CompactionPlan {
+    /// The plan's kind as the manifest names it (`compaction`, `delete`), for messages.
+    pub fn what(&self) -> &'static str {
+        match self.operation {
+            Operation::Delete => "delete",
+            _ => "compaction",
+        }
+    }
 }
 
 fn err(problem: impl Into<String>) -> DatasetError {
@@ -125,6 +149,9 @@ pub fn plan_compaction(
         outputs: Vec::new(),
         rows: 0,
         replaced_bytes: 0,
+        operation: Operation::Compaction,
+        rows_removed: 0,
+        deleted_keys: Vec::new(),
     };
     let candidates: Vec<&ManifestShard>;
     match x.mode {
@@ -527,9 +554,28 @@ pub fn merge_output(
         DatasetMode::Kv => {
             let sep = x.kv_separator.clone().unwrap_or_default();
             meta.insert(format!("{RESERVED_METADATA_PREFIX}layout"), "kv".into());
-            meta.insert(format!("{RESERVED_METADATA_PREFIX}kv_separator"), sep);
+            meta.insert(
+                format!("{RESERVED_METADATA_PREFIX}kv_separator"),
+                sep.clone(),
+            );
+            let deleted: std::collections::BTreeSet<&str> =
+                plan.deleted_keys.iter().map(String::as_str).collect();
+            let columns = kv_columns(base);
             for ((bytes, h, _), s) in checked.iter().zip(&out.inputs) {
-                for t in &h.tensors {
+                let split = if deleted.is_empty() {
+                    None
+                } else {
+                    Some(
+                        split_kv_header(h, &columns, &sep)
+                            .map_err(|m| err(format!("shard {}: {m}", s.shard)))?,
+                    )
+                };
+                for (i, t) in h.tensors.iter().enumerate() {
+                    if let Some(split) = &split {
+                        if deleted.contains(split.tensors[i].0) {
+                            continue;
+                        }
+                    }
                     borrowed.push((
                         TensorEntry {
                             name: t.name.clone(),
@@ -574,6 +620,7 @@ pub fn merge_output(
         padded_samples: Some(out.padded),
         num_tensors: Some(tensors.len() as u64),
         crc32c: Some(crc32c_hex(crc32c::crc32c(&bytes))),
+        added_version: None,
     };
     Ok(MergedShard { bytes, entry })
 }
@@ -637,11 +684,16 @@ pub fn conflict(
             )
         },
     );
-    Some(err(format!(
-        "the compaction planned on version {} replaces shard {gone}, but {by}; nothing was \
-         committed and the compaction's own shards were deleted; run it again",
+    let what = plan.what();
+    let e = format!(
+        "the {what} planned on version {} replaces shard {gone}, but {by}; nothing was \
+         committed and the {what}'s own shards were deleted; run it again",
         plan.base_version
-    )))
+    );
+    Some(match plan.operation {
+        Operation::Delete => DatasetError::Delete { problem: e },
+        _ => err(e),
+    })
 }
 
 /// The manifest of the compaction version on top of `current`, the latest committed manifest
@@ -678,19 +730,24 @@ pub fn compaction_manifest(
     }
     out.shards
         .sort_by(|a, b| a.shard_path.as_bytes().cmp(b.shard_path.as_bytes()));
+    if out.shards.is_empty() {
+        // a delete of every row: an empty dataset has no columns (spec/dataset.md §5)
+        out.schema = Default::default();
+    }
     out.recompute_totals();
-    if out.total_samples != current.total_samples {
+    if Some(out.total_samples) != current.total_samples.checked_sub(plan.rows_removed) {
         return Err(err(format!(
-            "the merged shards hold {} rows in all, the shards they replace {}",
-            out.total_samples, current.total_samples
+            "the new shards hold {} rows in all, the shards they replace {} less {} removed",
+            out.total_samples, current.total_samples, plan.rows_removed
         )));
     }
     crate::manifest::stamp_commit(&mut out, info)?;
     if let Some(x) = &mut out.ext {
         x.manifest_version += 1;
-        x.operation = Some(Operation::Compaction);
+        x.operation = Some(plan.operation);
         x.vacuumed = None;
     }
+    crate::manifest::stamp_added_versions(Some(current), &mut out);
     out.validate()?;
     Ok(out)
 }
@@ -750,4 +807,4 @@ pub fn index_rows(
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-mod tests;
+pub(crate) mod tests;

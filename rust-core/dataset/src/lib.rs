@@ -29,6 +29,7 @@
 //!   CLI and the Python package plug in their own (a bar, log records).
 
 pub mod compaction;
+pub mod delete;
 #[cfg(feature = "index")]
 pub mod index;
 pub mod kv;
@@ -84,4 +85,8 @@ pub enum DatasetError {
     /// A compaction that cannot run or commit (spec/dataset.md §5.8.2).
     #[error("compaction: {problem}")]
     Compaction { problem: String },
+
+    /// A delete that cannot run or commit (spec/dataset.md §5.11).
+    #[error("delete: {problem}")]
+    Delete { problem: String },
 }

@@ -120,6 +120,11 @@ pub struct ManifestShard {
     /// (spec/dataset.md §5). Absent in manifests written before checksums were recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crc32c: Option<String>,
+    /// Ours: the version that first listed this shard (row provenance, spec/dataset.md §5.11):
+    /// set by the commit that adds the shard, kept by every later one. Absent for shards listed
+    /// before versions recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_version: Option<u64>,
 }
 
 impl ManifestShard {
@@ -240,6 +245,8 @@ pub enum Operation {
     Compaction,
     /// Superseded shards deleted; the same shards listed.
     Vacuum,
+    /// Rows removed (spec/dataset.md §5.11): the shards holding them rewritten without them.
+    Delete,
 }
 
 /// `vacuumed`: the files a vacuum version deleted.
@@ -716,9 +723,31 @@ pub fn next_manifest(
             }
         }
     }
+    stamp_added_versions(base, &mut out);
     out.recompute_totals();
     out.validate()?;
     Ok(out)
+}
+
+/// Row provenance (spec/dataset.md §5.11): every shard of `next` that `base` lists keeps the
+/// `added_version` `base` records for it (none for shards listed before versions recorded it);
+/// every other shard is new in `next` and gets `next`'s version.
+pub fn stamp_added_versions(base: Option<&Manifest>, next: &mut Manifest) {
+    let version = next.manifest_version();
+    let old: std::collections::HashMap<&str, Option<u64>> = base
+        .map(|b| {
+            b.shards
+                .iter()
+                .map(|s| (s.shard_path.as_str(), s.added_version))
+                .collect()
+        })
+        .unwrap_or_default();
+    for s in &mut next.shards {
+        s.added_version = match old.get(s.shard_path.as_str()) {
+            Some(v) => *v,
+            None => Some(version),
+        };
+    }
 }
 
 fn merge_append(

@@ -840,6 +840,7 @@ mod tests {
             padded_samples: Some(0),
             num_tensors: Some(1),
             crc32c: crc.map(str::to_string),
+            added_version: None,
         }
     }
 

@@ -128,6 +128,76 @@ pub fn compaction_manifest_json(
     }))
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteRequest {
+    write_id: String,
+    /// Shard name → the indices of its real rows to delete.
+    #[serde(default)]
+    delete: std::collections::BTreeMap<String, Vec<u64>>,
+    /// Shard name → the runs `[start, end)` of its real rows to keep (a copy-on-write DELETE's
+    /// rows read and not matched): every other row of the shard is deleted.
+    #[serde(default)]
+    keep: std::collections::BTreeMap<String, Vec<(u64, u64)>>,
+}
+
+/// `planDelete`: the plan of a delete (spec/dataset.md §5.11) on the latest manifest `latest`.
+pub fn plan_delete_json(latest: &str, request_json: &str) -> Result<String, JniError> {
+    let r: DeleteRequest = parse_json(request_json, "delete request")?;
+    let m = manifest(latest, "the dataset's current manifest")?;
+    let mut rows: std::collections::BTreeMap<String, std::collections::BTreeSet<u64>> = r
+        .delete
+        .into_iter()
+        .map(|(k, v)| (k, v.into_iter().collect()))
+        .collect();
+    for (shard, runs) in r.keep {
+        let samples = m
+            .shards
+            .iter()
+            .find(|s| s.shard_path == shard)
+            .map(|s| s.samples_count)
+            .ok_or_else(|| {
+                JniError::invalid_argument(format!(
+                    "delete: shard {shard} is not listed by version {} of the dataset (a \
+                     concurrent commit removed it)",
+                    m.manifest_version()
+                ))
+            })?;
+        let mut keep = vec![false; usize::try_from(samples).map_err(failed)?];
+        for (a, b) in runs {
+            if a > b || b > samples {
+                return Err(JniError::invalid_argument(format!(
+                    "delete: rows {a}..{b} of shard {shard}, which has {samples} rows"
+                )));
+            }
+            for k in &mut keep[a as usize..b as usize] {
+                *k = true;
+            }
+        }
+        let set = rows.entry(shard).or_default();
+        set.extend((0..samples).filter(|i| !keep[*i as usize]));
+    }
+    let plan = safetensors_spark_dataset::delete::plan_delete_rows(&m, &rows, &r.write_id)
+        .map_err(|e| JniError::invalid_argument(e.to_string()))?;
+    to_json(&plan)
+}
+
+/// `static native String planDelete(String latestManifestJson, String requestJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_planDelete<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    latest: JString<'local>,
+    request: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let latest = arg(env, &latest, "latestManifestJson")?;
+        let request = arg(env, &request, "requestJson")?;
+        let json = plan_delete_json(&latest, &request)?;
+        new_string(env, &json)
+    })
+}
+
 fn new_string<'local>(env: &mut Env<'local>, s: &str) -> Result<JString<'local>, JniError> {
     Ok(env.new_string(s)?)
 }

@@ -360,6 +360,51 @@ fn compact(
     serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
 }
 
+/// Deletes from the local dataset `path` (spec/dataset.md §5.11) as one `delete` version:
+/// `keys` of a KV dataset, or `rows` (shard name → row indices) of a batch dataset; returns the
+/// outcome as JSON. No index writer here: a dataset with `_tensor_index.parquet` parts is refused
+/// (the CLI deletes from it). Bad input raises `ManifestError` naming it; nothing is changed.
+#[pyfunction]
+#[pyo3(signature = (path, keys=None, rows=None, dry_run=false, commit_message=None))]
+fn delete(
+    py: Python<'_>,
+    path: &str,
+    keys: Option<Vec<String>>,
+    rows: Option<std::collections::BTreeMap<String, Vec<u64>>>,
+    dry_run: bool,
+    commit_message: Option<String>,
+) -> PyResult<String> {
+    use dataset::delete::local::{delete_keys_dir, delete_rows_dir, DeleteOptions};
+    let opts = DeleteOptions {
+        dry_run,
+        commit_message,
+    };
+    let dir = std::path::Path::new(path);
+    let out = py
+        .detach(|| match (keys, rows) {
+            (Some(k), None) => {
+                delete_keys_dir(dir, &k.into_iter().collect(), &opts, None, &mut |_| {})
+            }
+            (None, Some(r)) => delete_rows_dir(
+                dir,
+                &r.into_iter()
+                    .map(|(s, v)| (s, v.into_iter().collect()))
+                    .collect(),
+                &opts,
+                None,
+                &mut |_| {},
+            ),
+            _ => Err(dataset::local::LocalError::Dataset {
+                path: dir.to_path_buf(),
+                source: dataset::DatasetError::Delete {
+                    problem: "give keys or rows, not both".into(),
+                },
+            }),
+        })
+        .map_err(|e| ManifestError::new_err(format!("delete: {e}")))?;
+    serde_json::to_string(&out).map_err(|e| ManifestError::new_err(e.to_string()))
+}
+
 /// A rule of the dataset `dataset` (its path or URL) broken, as `ManifestError` naming it.
 fn dataset_error(dataset: &str, e: impl std::fmt::Display) -> PyErr {
     ManifestError::new_err(format!("{dataset}: {e}"))
@@ -830,6 +875,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(live_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(vacuum, m)?)?;
     m.add_function(wrap_pyfunction!(compact, m)?)?;
+    m.add_function(wrap_pyfunction!(delete, m)?)?;
     m.add_function(wrap_pyfunction!(check_ragged_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(select_version, m)?)?;
     m.add_function(wrap_pyfunction!(check_version_shards, m)?)?;

@@ -34,7 +34,7 @@ def test_the_classes_have_only_their_documented_public_names():
 
 def test_the_packages_export_what_they_document():
     assert set(safetensors_spark.__all__) == {
-        "open_dataset", "vacuum", "compact", "history", "Dataset", "Ragged", "Filter", "SafetensorsSparkError",
+        "open_dataset", "vacuum", "compact", "delete_keys", "delete_rows", "history", "Dataset", "Ragged", "Filter", "SafetensorsSparkError",
         "ManifestError", "ShardError", "IndexFileError", "KeyNotFoundError", "ColumnNotFoundError", "StateError",
         "__version__"}
     assert set(sst.__all__) == {"SafetensorsDataset", "SafetensorsIterableDataset", "SafetensorsMixture", "Source",

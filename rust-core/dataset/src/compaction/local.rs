@@ -168,19 +168,86 @@ fn compact_one(
     if opts.dry_run || outcome.plan.outputs.is_empty() {
         return Ok((outcome, work));
     }
+    let done = execute_plan(
+        dir,
+        &base,
+        &outcome.plan,
+        ExecuteOptions {
+            commit_message: opts.commit_message.clone(),
+            indexed,
+            index_writer,
+            own_index: own_index.is_some(),
+        },
+        after_write,
+        progress,
+    )?;
+    outcome.version = Some(done.version);
+    outcome.committed_on = Some(done.committed_on);
+    outcome.replaced_deleted = done.replaced_deleted;
+    Ok((outcome, work))
+}
+
+/// How [`execute_plan`] writes and commits.
+pub(crate) struct ExecuteOptions {
+    pub commit_message: Option<String>,
+    /// The dataset has a tensor index: every new shard gets its part.
+    pub indexed: bool,
+    pub index_writer: Option<IndexPartWriter>,
+    /// `_tensor_index.parquet` is the dataset's own directory (parts of replaced shards may be
+    /// deleted there).
+    pub own_index: bool,
+}
+
+/// What [`execute_plan`] committed.
+pub(crate) struct Executed {
+    pub version: u64,
+    pub committed_on: u64,
+    pub replaced_deleted: bool,
+}
+
+/// Writes the new shards of a rewrite plan (a compaction's or a delete's) next to the others,
+/// then commits them with the create-if-absent protocol of §5.3 on top of whatever version is
+/// latest by then: appends committed meanwhile are kept, a replaced shard another commit removed
+/// fails it ([`conflict`]), and it then deletes only its own new files. With the dataset's
+/// retention 0 the replaced shards (and their index parts) are deleted after the commit.
+pub(crate) fn execute_plan(
+    dir: &Path,
+    base: &Manifest,
+    plan: &CompactionPlan,
+    opts: ExecuteOptions,
+    after_write: &mut dyn FnMut(&CompactionPlan),
+    progress: &dyn Progress,
+) -> Result<Executed, LocalError> {
+    let ExecuteOptions {
+        commit_message,
+        indexed,
+        index_writer,
+        own_index,
+    } = opts;
+    let what = plan.what();
+    let index_dir = dir.join(INDEX_DIR_NAME);
+    let sizes = shard_sizes(base);
     if indexed && index_writer.is_none() {
         return Err(ds_err(
             dir,
             DatasetError::Compaction {
                 problem: format!(
                     "the dataset has a tensor index ({INDEX_DIR_NAME}/) and this build cannot \
-                     write index parts: run `safetensors-spark compact` or the Spark \
-                     Compaction instead"
+                     write index parts: run `safetensors-spark {}` or the Spark {} instead",
+                    if what == "delete" {
+                        "delete"
+                    } else {
+                        "compact"
+                    },
+                    if what == "delete" {
+                        "DELETE"
+                    } else {
+                        "Compaction"
+                    },
                 ),
             },
         ));
     }
-    let plan = &outcome.plan;
     let mut written: Vec<PathBuf> = Vec::new();
     let cleanup = |written: &[PathBuf]| {
         for p in written {
@@ -205,7 +272,7 @@ fn compact_one(
                 .iter()
                 .map(|(n, b)| (n.as_str(), b.as_slice()))
                 .collect();
-            let merged = merge_output(&base, plan, out, &refs).map_err(|e| ds_err(dir, e))?;
+            let merged = merge_output(base, plan, out, &refs).map_err(|e| ds_err(dir, e))?;
             drop(inputs);
             let path = dir.join(&out.name);
             write_new(&path, &merged.bytes).map_err(io_err(&path))?;
@@ -215,7 +282,7 @@ fn compact_one(
             {
                 fs::create_dir_all(&index_dir).map_err(io_err(&index_dir))?;
                 let part = index_dir.join(part);
-                w(&part, &base, &out.name, &merged.bytes).map_err(|m| LocalError::Io {
+                w(&part, base, &out.name, &merged.bytes).map_err(|m| LocalError::Io {
                     path: part.clone(),
                     source: io::Error::other(m),
                 })?;
@@ -231,7 +298,7 @@ fn compact_one(
         }
     }
     after_write(plan);
-    let id = format!("compaction-{}-{}", std::process::id(), now_ms());
+    let id = format!("{what}-{}-{}", std::process::id(), now_ms());
     for _ in 0..MAX_COMMIT_ATTEMPTS {
         // the versions since the plan only: what removed a shard it replaces
         let log = read_log_since(dir, plan.base_version).inspect_err(|_| cleanup(&written))?;
@@ -240,7 +307,7 @@ fn compact_one(
             return Err(ds_err(
                 dir,
                 DatasetError::Compaction {
-                    problem: "the dataset's manifest disappeared during the compaction".into(),
+                    problem: format!("the dataset's manifest disappeared during the {what}"),
                 },
             ));
         };
@@ -250,7 +317,7 @@ fn compact_one(
         }
         let info = CommitInfo {
             committed_at_ms: now_ms(),
-            commit_message: opts.commit_message.clone(),
+            commit_message: commit_message.clone(),
             app_id: None,
         };
         let next = compaction_manifest(&current, plan, &new_shards, &info).map_err(|e| {
@@ -260,25 +327,28 @@ fn compact_one(
         let version = next.manifest_version();
         if commit_version(dir, Some(&current), &next, &id).inspect_err(|_| cleanup(&written))? {
             publish_version(dir, &next, &id)?;
-            outcome.version = Some(version);
-            outcome.committed_on = Some(current.manifest_version());
+            let mut done = Executed {
+                version,
+                committed_on: current.manifest_version(),
+                replaced_deleted: false,
+            };
             if deletes_at_commit(Some(&current), &next) {
-                for r in &outcome.plan.replaced {
+                for r in &plan.replaced {
                     let _ = remove_own_file(dir, r);
-                    if let (Some(p), Some(_)) = (shard_index_part_file_name(r), &own_index) {
+                    if let (Some(p), true) = (shard_index_part_file_name(r), own_index) {
                         let _ = remove_own_file(&index_dir, &p);
                     }
                 }
-                outcome.replaced_deleted = true;
+                done.replaced_deleted = true;
             }
-            return Ok((outcome, work));
+            return Ok(done);
         }
     }
     cleanup(&written);
     Err(LocalError::Io {
         path: dir.to_path_buf(),
         source: io::Error::other(format!(
-            "{MAX_COMMIT_ATTEMPTS} attempts to commit the compaction each found a newer version \
+            "{MAX_COMMIT_ATTEMPTS} attempts to commit the {what} each found a newer version \
              committed by another writer; nothing was committed and its shards were deleted"
         )),
     })

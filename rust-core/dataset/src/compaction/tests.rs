@@ -8,30 +8,30 @@ use crate::names::{manifest_log_file_name, MANIFEST_LOG_DIR};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-const B: u64 = 4;
+pub(crate) const B: u64 = 4;
 
 /// Files by name, with their bytes.
-type Files = Vec<(String, Vec<u8>)>;
+pub(crate) type Files = Vec<(String, Vec<u8>)>;
 
-fn uuid_of(i: u32) -> String {
+pub(crate) fn uuid_of(i: u32) -> String {
     format!("00000000-0000-4000-8000-{i:012}")
 }
 
 /// One batch row: a fixed F32 [2] column `x` and a ragged I32 column `tok`.
 #[derive(Clone, Debug, PartialEq)]
-struct Row {
-    x: [f32; 2],
-    tok: Vec<i32>,
+pub(crate) struct Row {
+    pub x: [f32; 2],
+    pub tok: Vec<i32>,
 }
 
-fn row(i: u32) -> Row {
+pub(crate) fn row(i: u32) -> Row {
     Row {
         x: [i as f32 + 0.25, -(i as f32)],
         tok: (0..(i % 4)).map(|k| (i * 100 + k) as i32).collect(),
     }
 }
 
-fn batch_schema() -> ColumnMap {
+pub(crate) fn batch_schema() -> ColumnMap {
     ColumnMap(vec![
         (
             "x".into(),
@@ -55,7 +55,11 @@ fn batch_schema() -> ColumnMap {
     ])
 }
 
-fn ext(mode: DatasetMode, tail: Option<TailStrategy>, retention: Option<u64>) -> ManifestExt {
+pub(crate) fn ext(
+    mode: DatasetMode,
+    tail: Option<TailStrategy>,
+    retention: Option<u64>,
+) -> ManifestExt {
     ManifestExt {
         format: MANIFEST_FORMAT.into(),
         created_by: "test".into(),
@@ -77,7 +81,7 @@ fn ext(mode: DatasetMode, tail: Option<TailStrategy>, retention: Option<u64>) ->
     }
 }
 
-fn entry(
+pub(crate) fn entry(
     name: String,
     partition: u32,
     samples: u64,
@@ -93,11 +97,12 @@ fn entry(
         padded_samples: Some(padded),
         num_tensors: Some(n),
         crc32c: Some(crc32c_hex(crc32c::crc32c(bytes))),
+        added_version: None,
     }
 }
 
 /// A batch shard as the writer lays it out (spec/dataset.md §2, §2.1), with user metadata.
-fn batch_shard(p: u32, rows: &[Row], padded: u64) -> (ManifestShard, Vec<u8>) {
+pub(crate) fn batch_shard(p: u32, rows: &[Row], padded: u64) -> (ManifestShard, Vec<u8>) {
     let n = rows.len() as u64 + padded;
     let mut x: Vec<u8> = rows
         .iter()
@@ -148,7 +153,11 @@ fn batch_shard(p: u32, rows: &[Row], padded: u64) -> (ManifestShard, Vec<u8>) {
     (entry(name, p, rows.len() as u64, padded, &bytes, 3), bytes)
 }
 
-fn manifest_of(x: ManifestExt, schema: ColumnMap, shards: Vec<ManifestShard>) -> Manifest {
+pub(crate) fn manifest_of(
+    x: ManifestExt,
+    schema: ColumnMap,
+    shards: Vec<ManifestShard>,
+) -> Manifest {
     let mut m = Manifest::empty(x);
     m.schema = schema;
     m.shards = shards;
@@ -159,7 +168,7 @@ fn manifest_of(x: ManifestExt, schema: ColumnMap, shards: Vec<ManifestShard>) ->
 }
 
 /// The real rows of a batch shard, read back from its bytes alone.
-fn rows_of(bytes: &[u8]) -> (Vec<Row>, u64) {
+pub(crate) fn rows_of(bytes: &[u8]) -> (Vec<Row>, u64) {
     let h = parse_file_bytes(bytes).unwrap();
     let meta = h.metadata.clone().unwrap();
     let samples: usize = meta["safetensors_spark.samples"].parse().unwrap();
@@ -197,7 +206,7 @@ fn rows_of(bytes: &[u8]) -> (Vec<Row>, u64) {
 
 /// Full shard p=0 (4 rows), then three pad tails (3, 1, 2 real rows), as a partitioned write
 /// with `tail_strategy=pad` leaves them.
-fn pad_dataset() -> (Manifest, Files, Vec<Row>) {
+pub(crate) fn pad_dataset() -> (Manifest, Files, Vec<Row>) {
     let mut all = Vec::new();
     let mut files = Vec::new();
     let mut shards = Vec::new();
@@ -350,7 +359,7 @@ fn batch_write_tails_cut_at_batch_size_keep_rows_and_order() {
     assert!(merged.iter().all(|s| s.entry.padded() == 0));
 }
 
-fn kv_shard(p: u32, keys: &[u32]) -> (ManifestShard, Vec<u8>, Files) {
+pub(crate) fn kv_shard(p: u32, keys: &[u32]) -> (ManifestShard, Vec<u8>, Files) {
     let mut tensors = Vec::new();
     for k in keys {
         let emb: Vec<u8> = (0..(*k % 3 + 1))
@@ -403,7 +412,7 @@ fn kv_shard(p: u32, keys: &[u32]) -> (ManifestShard, Vec<u8>, Files) {
     )
 }
 
-fn kv_schema() -> ColumnMap {
+pub(crate) fn kv_schema() -> ColumnMap {
     ColumnMap(vec![
         (
             "emb".into(),
@@ -424,7 +433,7 @@ fn kv_schema() -> ColumnMap {
     ])
 }
 
-fn tensors_of(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn tensors_of(bytes: &[u8]) -> BTreeMap<String, Vec<u8>> {
     let h = parse_file_bytes(bytes).unwrap();
     h.tensors
         .iter()
@@ -603,27 +612,27 @@ fn bad_requests_and_changed_inputs_are_refused() {
 
 // ---- the local run: real files, the commit protocol, a forced race
 
-fn tmp(name: &str) -> PathBuf {
+pub(crate) fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cmp-{name}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
     d
 }
 
-fn write_dataset(dir: &Path, m: &Manifest, files: &[(String, Vec<u8>)]) {
+pub(crate) fn write_dataset(dir: &Path, m: &Manifest, files: &[(String, Vec<u8>)]) {
     for (n, b) in files {
         fs::write(dir.join(n), b).unwrap();
     }
     commit(dir, m);
 }
 
-fn commit(dir: &Path, m: &Manifest) {
+pub(crate) fn commit(dir: &Path, m: &Manifest) {
     let base = latest_manifest(dir).unwrap();
     assert!(commit_version(dir, base.as_ref(), m, "t").unwrap());
     publish_version(dir, m, "t").unwrap();
 }
 
-fn read_rows(dir: &Path) -> Vec<Row> {
+pub(crate) fn read_rows(dir: &Path) -> Vec<Row> {
     let m = latest(dir, &read_log(dir).unwrap()).unwrap().unwrap();
     m.shards
         .iter()

@@ -48,7 +48,7 @@ use super::scan::{
     UnitPart,
 };
 use super::TensorSource;
-use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions, StringArray};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchOptions, StringArray};
 use arrow_schema::{Schema, SchemaRef};
 use safetensors_spark_dataset::manifest::ragged_offsets_name;
 use safetensors_spark_format::file::{crc32c_append, crc32c_hex, SafetensorsFile};
@@ -415,6 +415,13 @@ impl ReadTask {
                         ColumnSource::Metadata => {
                             metadata_column(std::iter::repeat_n(h.metadata.as_ref(), n as usize))
                                 .map_err(|e| e.in_file(uri))?
+                        }
+                        ColumnSource::RowIndex => Arc::new(Int64Array::from_iter_values(
+                            (step.from..step.to).map(|r| r as i64),
+                        )),
+                        ColumnSource::AddedVersion => {
+                            let v = self.spec.added_versions.get(uri).map(|v| *v as i64);
+                            Arc::new(Int64Array::from(vec![v; n as usize]))
                         }
                         _ => return Err(not_for(&c.name)),
                     });

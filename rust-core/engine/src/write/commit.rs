@@ -642,6 +642,7 @@ pub fn commit_manifest(
             padded_samples: Some(s.padded_samples),
             num_tensors: Some(s.tensor_count()),
             crc32c: s.crc32c.clone(),
+            added_version: None,
         })
         .collect();
     manifest.recompute_totals();

@@ -348,7 +348,7 @@ pub const MAX_BATCH_SIZE: u64 = i32::MAX as u64;
 /// hidden columns (`_file`, `_metadata`) or with the header's metadata key. (`file` and
 /// `metadata` are ordinary names: per file, a tensor of such a name takes the column's place and
 /// the layout's column becomes hidden, spec/reading.md §2.3.)
-const RESERVED_BATCH_COLUMNS: [(&str, &str); 3] = [
+const RESERVED_BATCH_COLUMNS: [(&str, &str); 5] = [
     (
         "__metadata__",
         "it is the safetensors header's metadata key",
@@ -360,6 +360,14 @@ const RESERVED_BATCH_COLUMNS: [(&str, &str); 3] = [
     (
         "_metadata",
         "the per-sample read layout adds a column of that name (the shard's __metadata__)",
+    ),
+    (
+        "_row_index",
+        "the per-sample read layout adds a column of that name (the row's index in its shard)",
+    ),
+    (
+        "_added_version",
+        "the per-sample read layout adds a column of that name (the version that added the shard)",
     ),
 ];
 

@@ -32,13 +32,15 @@ from ._native import VERSION as __version__
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from types import ModuleType
 
 __all__ = [
     "open_dataset",
     "vacuum",
     "compact",
+    "delete_keys",
+    "delete_rows",
     "history",
     "Dataset",
     "Ragged",
@@ -137,6 +139,63 @@ def compact(path: str | os.PathLike[str], batch_size: int | None = None, target_
     return json.loads(_native.compact(os.fspath(path), batch_size, target_shard_size_mb, list(partitions),
                                       dry_run, commit_message,
                                       _progress.native_callback(f"compact {os.fspath(path)}", "shards written")))
+
+
+def delete_keys(path: str | os.PathLike[str], keys: Iterable[str], dry_run: bool = False,
+                commit_message: str | None = None) -> dict[str, Any]:
+    """Deletes ``keys`` from the local KV dataset at ``path`` as one ``delete`` version
+    (spec/dataset.md §5.11, copy-on-write): each shard holding one of them is rewritten without
+    it; keys the dataset does not hold are ignored. Returns ``{"dataset", "plan", "dry_run",
+    "version", "committed_on", "rows_removed", "replaced_deleted"}`` (``version`` None when
+    nothing matched or dry). The replaced shards stay for the retention period; a vacuum then
+    removes their bytes. A dataset with a tensor index is refused (use ``safetensors-spark
+    delete --keys``)."""
+    import json
+    import os
+
+    from . import _native
+
+    path = _local("delete_keys", path)
+    if isinstance(keys, (str, bytes)):
+        raise ValueError("delete_keys: keys must be an iterable of strings, not one string")
+    key_list = list(keys)
+    bad = [k for k in key_list if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"delete_keys: keys must be strings; got {bad[0]!r}")
+    dry_run = _flag("delete_keys", "dry_run", dry_run)
+    if commit_message is not None and not isinstance(commit_message, str):
+        raise ValueError(f"delete_keys: commit_message={commit_message!r}: expected a string or None")
+    out: dict[str, Any] = json.loads(_native.delete(os.fspath(path), keys=key_list, dry_run=dry_run,
+                                                    commit_message=commit_message))
+    return out
+
+
+def delete_rows(path: str | os.PathLike[str], rows: Iterable[tuple[str, int]], dry_run: bool = False,
+                commit_message: str | None = None) -> dict[str, Any]:
+    """Deletes rows of the local batch dataset at ``path`` as one ``delete`` version
+    (spec/dataset.md §5.11): ``rows`` are ``(shard, row_index)`` pairs, as provenance gives them
+    (``open_dataset(path, provenance=True)``: ``_file`` — a shard name or path, its last
+    component is used — and ``_row_index``). The shards holding them are rewritten without them
+    (kept rows cut again at ``batch_size``). Returns the outcome as :func:`delete_keys` does."""
+    import json
+    import os
+
+    from . import _native
+
+    path = _local("delete_rows", path)
+    by_shard: dict[str, list[int]] = {}
+    for item in rows:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 0):
+            raise ValueError(f"delete_rows: each row is a (shard, row_index) pair with row_index >= 0; "
+                             f"got {item!r}")
+        by_shard.setdefault(item[0].replace("\\", "/").rsplit("/", 1)[-1], []).append(item[1])
+    dry_run = _flag("delete_rows", "dry_run", dry_run)
+    if commit_message is not None and not isinstance(commit_message, str):
+        raise ValueError(f"delete_rows: commit_message={commit_message!r}: expected a string or None")
+    out: dict[str, Any] = json.loads(_native.delete(os.fspath(path), rows=by_shard, dry_run=dry_run,
+                                                    commit_message=commit_message))
+    return out
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -135,8 +135,10 @@ class Shard:
     kept in Rust), read when first needed; ``tensors`` (name -> Tensor) and the KV split
     (``keys``, ``kv``) are built from it only when asked for."""
 
-    def __init__(self, index: int, name: str, samples: int, padded: int, size: int, offset: int) -> None:
+    def __init__(self, index: int, name: str, samples: int, padded: int, size: int, offset: int,
+                 added_version: int | None = None) -> None:
         self.index = index
+        self.added_version = added_version  # the version that first listed it (provenance), if recorded
         self.name = name
         self.samples = samples
         self.padded = padded
@@ -194,8 +196,13 @@ class Dataset:
                  cache_dir: str | os.PathLike[str] | None = None, check_headers: bool = True,
                  version: int | None = None, timestamp: datetime.datetime | str | None = None,
                  verify_checksums: bool = False, cache_limit: int | None = None, prefetch: int = 4,
-                 max_in_flight: int = 4, retries: int = 5, client: str = "auto") -> None:
+                 max_in_flight: int = 4, retries: int = 5, client: str = "auto",
+                 provenance: bool = False) -> None:
         self.path = os.fspath(path)
+        if not isinstance(provenance, bool):
+            raise ValueError(f"provenance must be True or False, got {provenance!r}")
+        #: ``ds[i]`` also gives ``_file``, ``_row_index`` and ``_added_version`` (spec/python.md).
+        self.provenance = provenance
         self.storage_options = storage_options
         self.cache_dir = cache_dir
         for name, v, low in (("prefetch", prefetch, 0), ("max_in_flight", max_in_flight, 1), ("retries", retries, 0)):
@@ -227,7 +234,7 @@ class Dataset:
         offset = 0
         for i, s in enumerate(m["shards"]):
             self.shards.append(Shard(i, s["shard_path"], s["samples_count"], s.get("padded_samples") or 0,
-                                     s["bytes"], offset))
+                                     s["bytes"], offset, s.get("added_version")))
             offset += s["samples_count"]
         self._starts = [s.offset for s in self.shards]
         # A local directory's shard sizes are checked here (one stat each, no request); a remote
@@ -760,7 +767,13 @@ class Dataset:
 
     def __getitem__(self, i: int) -> Arrays:
         shard, row = self._locate(i)
-        return self._sample(shard, row, self.columns)
+        out = self._sample(shard, row, self.columns)
+        if self.provenance:
+            # spec/python.md §2: where the sample is stored, as Spark's hidden columns say it
+            out["_file"] = shard.name
+            out["_row_index"] = row
+            out["_added_version"] = shard.added_version
+        return out
 
     def __iter__(self) -> Iterator[Arrays]:
         for i in range(self.total_samples):
@@ -920,7 +933,8 @@ def open_dataset(path: str | os.PathLike[str], *, storage_options: Mapping[str, 
                  cache_dir: str | os.PathLike[str] | None = None, check_headers: bool = True,
                  version: int | None = None, timestamp: datetime.datetime | str | None = None,
                  verify_checksums: bool = False, cache_limit: int | None = None, prefetch: int = 4,
-                 max_in_flight: int = 4, retries: int = 5, client: str = "auto") -> Dataset:
+                 max_in_flight: int = 4, retries: int = 5, client: str = "auto",
+                 provenance: bool = False) -> Dataset:
     """Opens a dataset directory (local path or fsspec URL such as ``s3://bucket/data``).
 
     Reads the manifest only (one GET for a remote dataset, whatever its number of shards; a
@@ -944,11 +958,17 @@ def open_dataset(path: str | os.PathLike[str], *, storage_options: Mapping[str, 
 
     Remote reading (spec/python.md §2.1): ``prefetch`` shards ahead of the iterators' order are
     fetched on ``max_in_flight`` threads per process; ``cache_limit`` bounds ``cache_dir`` in
-    bytes; a failed GET is retried up to ``retries`` times with exponential backoff."""
+    bytes; a failed GET is retried up to ``retries`` times with exponential backoff.
+
+    ``provenance=True``: each sample ``ds[i]`` also has ``_file`` (its shard's name), ``_row_index``
+    (its row in the shard; KV: the key's position among the shard's sorted keys) and
+    ``_added_version`` (the version that added the shard; None when the manifest does not record
+    it), the values of Spark's hidden columns: a bad sample is deleted with
+    :func:`safetensors_spark.delete_rows` (spec/dataset.md §5.11)."""
     ds = Dataset(path, storage_options=storage_options, cache_dir=cache_dir, check_headers=check_headers,
                  version=version, timestamp=timestamp, verify_checksums=verify_checksums,
                  cache_limit=cache_limit, prefetch=prefetch, max_in_flight=max_in_flight, retries=retries,
-                 client=client)
+                 client=client, provenance=provenance)
     if verify_checksums and not isinstance(ds._store, CachedStore):
         ds.verify_checksums()
     return ds

@@ -2,7 +2,7 @@
 the gathers and the block builder. Every public name of the module is here;
 tests/python/package/test_native_stub.py fails when the module and this stub part."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any
 
@@ -74,6 +74,8 @@ def vacuum(path: str, retention: str | None = None, dry_run: bool = False,
 def compact(path: str, batch_size: int | None = None, target_shard_size_mb: int | None = None,
             partitions: Sequence[str] = ..., dry_run: bool = False, commit_message: str | None = None,
             progress: _ProgressCallback | None = None) -> str: ...
+def delete(path: str, keys: Sequence[str] | None = None, rows: Mapping[str, Sequence[int]] | None = None,
+           dry_run: bool = False, commit_message: str | None = None) -> str: ...
 def check_ragged_offsets(column: str, offsets: bytes, elements: int, file: str) -> None: ...
 def select_version(entries_json: str, dataset: str, version: str | None = None,
                    timestamp: str | None = None) -> int: ...

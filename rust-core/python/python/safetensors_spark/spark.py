@@ -175,6 +175,29 @@ def compact(spark: SparkSession, path: str | os.PathLike[str], **options: Any) -
     return DataFrame(jdf, spark)
 
 
+def delete(spark: SparkSession, path: str | os.PathLike[str], condition: str,
+           commit_message: str | None = None) -> DataFrame:
+    """Deletes the rows of the dataset at ``path`` (any path Spark reads: local, HDFS, ``s3a://``; a
+    dataset or a ``partitionBy`` root) for which ``condition`` (a SQL expression over its columns,
+    partition columns and the hidden provenance columns ``_file``, ``_row_index``,
+    ``_added_version``) is true: copy-on-write, one ``delete`` version per dataset directory
+    changed (spec/dataset.md §5.11); the connector's ``SafetensorsDataset.delete``, the same as SQL
+    ``DELETE FROM``. Returns one row per directory (``version``, ``rows_removed``,
+    ``shards_replaced``, ``shards_written``). Classic sessions."""
+    if _session_is_connect(spark):
+        raise SafetensorsSparkError("delete(spark, path, condition) needs a classic SparkSession; with Spark "
+                                    "Connect run spark.sql(\"DELETE FROM safetensors.`path` WHERE ...\")")
+    if not isinstance(condition, str) or not condition.strip():
+        raise ValueError(f"delete: condition={condition!r}: expected a non-empty SQL expression")
+    if commit_message is not None and not isinstance(commit_message, str):
+        raise ValueError(f"delete: commit_message={commit_message!r}: expected a string or None")
+    from pyspark.sql import DataFrame
+    jvm: Any = spark._jvm
+    jdf = jvm.io.safetensors.spark.SafetensorsDataset.delete(spark._jsparkSession, str(path), condition,
+                                                             commit_message)
+    return DataFrame(jdf, spark)
+
+
 def vacuum(spark: SparkSession, path: str | os.PathLike[str], retention: str | None = None, dry_run: bool = False,
            allow_shorter_retention: bool = False) -> DataFrame:
     """Vacuums the dataset at ``path`` through the session's file systems (local, HDFS,

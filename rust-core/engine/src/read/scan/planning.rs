@@ -409,9 +409,27 @@ pub fn plan(req: &PlanRequest) -> Result<Answer<Vec<PartitionSpec>>, ReadError> 
             }
         }
     }
+    // row provenance: the version that added each shard, where its manifest records it
+    let mut added: HashMap<String, u64> = HashMap::new();
+    if columns
+        .iter()
+        .any(|c| c.source == ColumnSource::AddedVersion)
+    {
+        for m in &cat.manifests {
+            for s in &m.manifest.shards {
+                if let Some(v) = s.added_version {
+                    added.insert(format!("{}/{}", m.dir, s.shard_path), v);
+                }
+            }
+        }
+    }
     let specs = pack(planned, split, req.open_cost_bytes)
         .into_iter()
         .map(|units| PartitionSpec {
+            added_versions: units
+                .iter()
+                .filter_map(|u| added.get(&u.file).map(|v| (u.file.clone(), *v)))
+                .collect(),
             checksums: units
                 .iter()
                 .filter_map(|u| recorded.get(&u.file).map(|c| (u.file.clone(), c.clone())))

@@ -170,6 +170,10 @@ pub(super) fn sample_file<'a>(
     }))
 }
 
+/// The per-sample layout's hidden metadata columns (spec/reading.md §2.1): a tensor may not
+/// have one of these names.
+pub const SAMPLE_HIDDEN_COLUMNS: [&str; 4] = ["_file", "_metadata", "_row_index", "_added_version"];
+
 pub(super) fn sample_columns(files: &[SampleFile]) -> Result<Vec<SampleColumn>, ReadError> {
     let mut order: Vec<&str> = Vec::new();
     let mut seen: HashMap<&str, Vec<(&str, &TensorAssumption)>> = HashMap::new();
@@ -186,7 +190,7 @@ pub(super) fn sample_columns(files: &[SampleFile]) -> Result<Vec<SampleColumn>, 
     for name in order {
         let all = seen.get(name).map(Vec::as_slice).unwrap_or_default();
         let Some(&first) = all.first() else { continue };
-        if name == "_file" || name == "_metadata" {
+        if SAMPLE_HIDDEN_COLUMNS.contains(&name) {
             return Err(ReadErrorKind::Invalid(format!(
                 "tensor `{name}` has the name of a hidden metadata column"
             ))
@@ -439,6 +443,8 @@ impl ScanSchema<'_> {
                     .collect();
                 out.push(col("_file", ColumnSource::File));
                 out.push(col("_metadata", ColumnSource::Metadata));
+                out.push(col("_row_index", ColumnSource::RowIndex));
+                out.push(col("_added_version", ColumnSource::AddedVersion));
                 out
             }
             ScanSchema::Tensor { decoded, .. } => {

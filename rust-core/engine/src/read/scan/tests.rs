@@ -188,6 +188,7 @@ pub(crate) fn manifest(
             num_tensors: Some(columns.len() as u64),
             bytes: f.length,
             crc32c: None,
+            added_version: None,
         })
         .collect();
     listed.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
@@ -407,6 +408,8 @@ fn describe_sample_from_a_consistent_manifest_needs_no_header() {
         json!({"type": "struct", "fields": [
             {"name": "_file", "type": "string", "nullable": false, "metadata": {}},
             {"name": "_metadata", "type": meta_json(), "nullable": true, "metadata": {}},
+            {"name": "_row_index", "type": "long", "nullable": false, "metadata": {}},
+            {"name": "_added_version", "type": "long", "nullable": true, "metadata": {}},
         ]})
     );
     assert!(d.excluded.is_empty());
@@ -1340,6 +1343,7 @@ fn kv_dataset(
             num_tensors: Some(2 * per_shard as u64),
             bytes: f.length,
             crc32c: None,
+            added_version: None,
         });
         files.push(f);
     }

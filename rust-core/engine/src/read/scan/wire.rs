@@ -309,6 +309,10 @@ pub struct PartitionSpec {
     /// with it; each is read whole and checked before its rows are read.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub checksums: BTreeMap<String, ShardChecksum>,
+    /// With `_added_version` required: the units' files (URI) whose manifest records the
+    /// version that added them, with it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub added_versions: BTreeMap<String, u64>,
 }
 
 /// One output column of a partition: its Spark name and how to fill it.
@@ -329,6 +333,13 @@ pub enum ColumnSource {
     File,
     /// The file's `__metadata__` (`_metadata` / `metadata`): `Map<Utf8, Utf8>`, nullable.
     Metadata,
+    /// Per sample (`_row_index`, row provenance): the row's index among its shard's real rows,
+    /// from 0: Int64, non-null.
+    RowIndex,
+    /// Per sample (`_added_version`, row provenance): the dataset version that first listed the
+    /// row's shard (`shards[].added_version`): Int64, null when the manifest does not record it
+    /// or the file is not a dataset's shard.
+    AddedVersion,
     /// `flags` (per tensor and per file): the file's forensic flags, cut to `fields`.
     Flags { fields: Vec<String> },
     /// `model_info` (per tensor and per file): the file's model information, cut to `fields`.
@@ -442,6 +453,8 @@ impl OutputColumn {
         match &self.source {
             ColumnSource::File => Field::new(self.name.clone(), DataType::Utf8, false),
             ColumnSource::Metadata => Field::new(self.name.clone(), metadata_type(), true),
+            ColumnSource::RowIndex => Field::new(self.name.clone(), DataType::Int64, false),
+            ColumnSource::AddedVersion => Field::new(self.name.clone(), DataType::Int64, true),
             ColumnSource::Sample { element, rank, .. } => Field::new(
                 self.name.clone(),
                 sample_target_type(&element.target(), *rank),
@@ -477,7 +490,10 @@ impl ColumnSource {
             ColumnSource::Flags { fields } => TensorColumn::Flags(fields.clone()),
             ColumnSource::ModelInfo { fields } => TensorColumn::ModelInfo(fields.clone()),
             ColumnSource::Sha256 => TensorColumn::Sha256,
-            ColumnSource::Sample { .. } | ColumnSource::Tensor { .. } => return None,
+            ColumnSource::Sample { .. }
+            | ColumnSource::Tensor { .. }
+            | ColumnSource::RowIndex
+            | ColumnSource::AddedVersion => return None,
         })
     }
 

@@ -835,3 +835,45 @@ fn two_shards_manifest_without_crc(m: &ManifestInput) -> ManifestInput {
         ..m.clone()
     }
 }
+
+#[test]
+fn provenance_columns_give_each_row_its_index_and_its_shards_added_version() {
+    let dir = Dir::new("t-provenance");
+    let (a, b, m) = two_shards(&dir);
+    // the manifest records the version that added shard a, not b's (an older dataset's entry)
+    let mut v: serde_json::Value = serde_json::from_str(&m.text).unwrap();
+    for s in v["shards"].as_array_mut().unwrap() {
+        if a.file.ends_with(s["shard_path"].as_str().unwrap()) {
+            s["added_version"] = 7.into();
+        }
+    }
+    let m = ManifestInput {
+        text: v.to_string(),
+        ..m
+    };
+    let mut r = plan_req(
+        RowLayout::Sample,
+        input(&[a.clone(), b.clone()], &[m]),
+        &["_file", "_row_index", "_added_version"],
+    );
+    r.batch_rows = 3;
+    let (batches, bytes) = run(&only(plan_ok(&r)));
+    assert_eq!(bytes, header_total(&[&a, &b]), "provenance reads no data");
+    let mut got: Vec<(String, i64, Option<i64>)> = Vec::new();
+    for batch in &batches {
+        let f = batch.column(0).as_string::<i32>();
+        let idx = batch.column(1).as_primitive::<Int64Type>();
+        let ver = i64s(batch.column(2));
+        assert!(!batch.schema().field(1).is_nullable());
+        for (i, v) in ver.iter().enumerate() {
+            got.push((f.value(i).to_string(), idx.value(i), *v));
+        }
+    }
+    got.sort();
+    let mut want: Vec<(String, i64, Option<i64>)> = (0..4)
+        .map(|i| (a.file.clone(), i, Some(7)))
+        .chain((0..3).map(|i| (b.file.clone(), i, None)))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+}

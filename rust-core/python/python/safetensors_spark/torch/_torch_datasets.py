@@ -52,10 +52,15 @@ class SafetensorsDataset(torch.utils.data.Dataset):
                  ragged: str | Mapping[str, str] | None = None, pad_value: float = 0,
                  transform: Callable[[dict[str, Any]], Any] | None = None, filter: Filter | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 version: int | None = None, timestamp: datetime.datetime | str | None = None) -> None:
+                 version: int | None = None, timestamp: datetime.datetime | str | None = None,
+                 provenance: bool = False) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
+        if not isinstance(provenance, bool):
+            raise ValueError(f"provenance must be True or False, got {provenance!r}")
+        # each sample also gives _file, _row_index, _added_version (spec/python.md §2)
+        self.provenance = provenance
         self.columns = self.dataset._check_columns(columns)
         # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
@@ -93,7 +98,20 @@ class SafetensorsDataset(torch.utils.data.Dataset):
             i = int(self._kept(i))
         shard, row = ds._locate(i)
         sample = ds._sample(shard, row, self.columns)
-        return {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
+        out = {c: to_torch(a, ds.schema[c]["dtype"]) for c, a in sample.items()}
+        return self._with_provenance(out, shard.index, row)
+
+    def _with_provenance(self, sample: dict[str, Any], shard_index: int, row: int) -> dict[str, Any]:
+        """``sample`` with its provenance when asked for: the shard's name, the row in it, and the
+        version that added the shard (-1 when the manifest does not record it: a batch of
+        samples collates into tensors, which hold no None)."""
+        if self.provenance:
+            shard = self.dataset.shards[shard_index]
+            sample["_file"] = shard.name
+            sample["_row_index"] = torch.tensor(row, dtype=torch.int64)
+            v = shard.added_version
+            sample["_added_version"] = torch.tensor(-1 if v is None else v, dtype=torch.int64)
+        return sample
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
         """The samples of a DataLoader batch, ``[ds[i] for i in indices]`` in value: torch's
@@ -111,7 +129,8 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         # shared block it sends, so a shared block here would be a second fresh one per batch
         batch = self._reader.batch(shards, rows, shared=False)
         views = [_rows(batch, c) if c in ds.ragged else batch[c].unbind(0) for c in self.columns]
-        return [dict(zip(self.columns, v)) for v in zip(*views)]
+        return [self._with_provenance(dict(zip(self.columns, v)), int(s), int(r))
+                for v, s, r in zip(zip(*views), shards, rows)]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -83,6 +83,27 @@ object Compaction {
       plan.get("replaced").size().toLong, outputs.toLong, plan.get("rows").asLong(), planJson)).asJava,
       ResultSchema)
     if (dryRun || outputs == 0) return result(null)
+    val version = runPlan(spark, fs, dest, conf, commits, baseText, planJson, opts.get("commit_message"),
+      Option(beforeCommit))
+    result(java.lang.Long.valueOf(version))
+  }
+
+  /**
+   * Runs a rewrite plan (a compaction's, or a delete's: spec/dataset.md §5.11) of the dataset at
+   * `dest` whose latest manifest was `baseText`: one task per new shard copies its inputs to
+   * local disk, merges them through JNI and uploads the result; the driver then commits the
+   * version with the writers' protocol, rebased on appends committed meanwhile (a replaced shard
+   * another commit removed fails it naming that version, and its own new shards are deleted).
+   * With the dataset's retention 0 the replaced shards and their index parts are deleted after
+   * the commit. Returns the version committed.
+   */
+  private[spark] def runPlan(spark: SparkSession, fs: FileSystem, dest: Path,
+      conf: org.apache.hadoop.conf.Configuration, commits: DatasetCommit, baseText: String,
+      planJson: String, commitMessage: Option[String], hook: Option[() => Unit]): Long = {
+    val mapper = new ObjectMapper()
+    val plan = mapper.readTree(planJson)
+    val outputs = plan.get("outputs").size()
+    val what = Option(plan.get("operation")).map(_.asText()).getOrElse("compaction")
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
     val indexed = plan.get("replaced").elements().asScala.exists { s =>
       fs.exists(new Path(indexDir, NativeReader.indexPartName(s.asText())))
@@ -93,7 +114,8 @@ object Compaction {
     }
     val sconf = new SerializableConf(conf)
     val destString = dest.toString
-    val written = spark.sparkContext.parallelize(0 until outputs, outputs).map { i =>
+    val written = if (outputs == 0) Array.empty[String]
+      else spark.sparkContext.parallelize(0 until outputs, outputs).map { i =>
       NativeLib.ensureLoaded()
       val m = Json.mapper
       val out = m.readTree(planJson).get("outputs").get(i)
@@ -123,9 +145,9 @@ object Compaction {
       fs.delete(new Path(dest, name), false)
       fs.delete(new Path(indexDir, NativeReader.indexPartName(name)), false)
     }
-    Option(beforeCommit).foreach(_())
+    hook.foreach(_())
     val newShards = "[" + written.mkString(",") + "]"
-    val id = s"compaction-${UUID.randomUUID()}"
+    val id = s"$what-${UUID.randomUUID()}"
     val baseVersion = plan.get("base_version").asLong()
     var attempts = 0
     while (attempts < DatasetCommit.MaxCommitAttempts) {
@@ -139,7 +161,7 @@ object Compaction {
       }
       val info = mapper.createObjectNode().put("committed_at_ms", System.currentTimeMillis())
         .put("app_id", spark.sparkContext.applicationId)
-      opts.get("commit_message").foreach(m => info.put("commit_message", m))
+      commitMessage.foreach(m => info.put("commit_message", m))
       val next = try mapper.readTree(NativeCompaction.compactionManifest(currentText, planJson, newShards,
         mapper.writeValueAsString(info), mapper.writeValueAsString(log)))
       catch { case e: Throwable => cleanup(); throw e }
@@ -154,11 +176,11 @@ object Compaction {
             fs.delete(new Path(indexDir, NativeReader.indexPartName(name)), false)
           }
         }
-        return result(version)
+        return version
       }
     }
     cleanup()
-    throw new java.io.IOException(s"safetensors: compaction of $dest: ${DatasetCommit.MaxCommitAttempts} attempts " +
+    throw new java.io.IOException(s"safetensors: $what of $dest: ${DatasetCommit.MaxCommitAttempts} attempts " +
       "to commit each found a newer version committed by another writer; nothing was committed")
   }
 }

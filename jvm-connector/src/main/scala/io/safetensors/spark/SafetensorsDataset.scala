@@ -64,6 +64,18 @@ object SafetensorsDataset {
     spark.createDataFrame(rows.asJava, HistorySchema)
   }
 
+  /**
+   * Deletes the rows for which `condition` (SQL) is true, copy-on-write (spec/dataset.md §5.11):
+   * one `delete` version per dataset directory changed; one result row each (`version`,
+   * `rows_removed`, `shards_replaced`, `shards_written`). The same as SQL `DELETE FROM`, on every
+   * Spark line built (SQL DELETE needs Spark 4.0).
+   */
+  def delete(spark: SparkSession, path: String, condition: String): DataFrame =
+    io.safetensors.spark.write.Deletes.delete(spark, path, condition, None)
+
+  def delete(spark: SparkSession, path: String, condition: String, commitMessage: String): DataFrame =
+    io.safetensors.spark.write.Deletes.delete(spark, path, condition, Option(commitMessage))
+
   private def toRow(r: JsonNode): Row = {
     def str(k: String): String = if (r.path(k).isTextual) r.get(k).asText() else null
     def long(k: String): Long = r.path(k).asLong()

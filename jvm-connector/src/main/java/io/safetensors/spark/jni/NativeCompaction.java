@@ -29,4 +29,11 @@ public final class NativeCompaction {
    *  ({@code logJson}: [{"version", "text"}] of the log entries after the plan's base). */
   public static native String compactionManifest(String currentManifestJson, String planJson,
       String newShardsJson, String commitInfoJson, String logJson);
+
+  /** Driver: the plan of a delete (spec/dataset.md §5.11) of the latest manifest, in the form of
+   *  a compaction plan with {@code "operation": "delete"} (run with {@link #compactShard} and
+   *  committed with {@link #compactionManifest} like a compaction's). {@code requestJson}:
+   *  {"write_id": uuid, "delete": {shard: [row, ...]}, "keep": {shard: [[start, end], ...]}}:
+   *  rows to delete, or (a copy-on-write DELETE) the runs of rows to keep of each shard read. */
+  public static native String planDelete(String latestManifestJson, String requestJson);
 }

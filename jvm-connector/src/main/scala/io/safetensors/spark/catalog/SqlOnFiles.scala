@@ -67,8 +67,10 @@ object SqlOnFiles {
       if (path.isEmpty) {
         throw new IllegalArgumentException("safetensors: SQL on files needs a path: safetensors.`/path`")
       }
-      SparkInternals.logicalPlan(spark.read.format(Prefix)
-        .options(u.options.asCaseSensitiveMap().asScala).options(travel).load(path))
+      // a write target's relation (DELETE FROM) carries Spark's own marker option (4.0:
+      // UnresolvedRelation.REQUIRED_WRITE_PRIVILEGES), which is no read option
+      val options = u.options.asCaseSensitiveMap().asScala.filterNot(_._1 == "__required_write_privileges__")
+      SparkInternals.logicalPlan(spark.read.format(Prefix).options(options).options(travel).load(path))
     }
 
     private def isFile(u: UnresolvedRelation): Boolean = u.multipartIdentifier match {

@@ -14,7 +14,9 @@ import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.connector.catalog.{MetadataColumn, SupportsMetadataColumns, SupportsRead, Table, TableCapability}
+import org.apache.spark.sql.connector.catalog.{MetadataColumn, SupportsMetadataColumns, SupportsRead,
+  SupportsRowLevelOperations, Table, TableCapability}
+import org.apache.spark.sql.connector.write.{RowLevelOperationBuilder, RowLevelOperationInfo}
 import org.apache.spark.sql.connector.metric.{CustomMetric, CustomSumMetric, CustomTaskMetric}
 import org.apache.spark.sql.execution.vectorized.{ColumnVectorUtils, ConstantColumnVector}
 import org.apache.spark.sql.connector.read.{Batch, InputPartition, PartitionReader, PartitionReaderFactory, Scan, ScanBuilder, SupportsPushDownFilters, SupportsPushDownRequiredColumns}
@@ -32,7 +34,8 @@ import io.safetensors.spark.internal.{ArrowMemory, SerializableConf, TaskMetric}
  * ([[SafetensorsDataSource.createRelation]]). `source` is `None` for a write (nothing is listed).
  */
 private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boolean,
-    source: => TableSource) extends Table with SupportsRead with SupportsMetadataColumns {
+    source: => TableSource) extends Table with SupportsRead with SupportsMetadataColumns
+    with SupportsRowLevelOperations {
   private lazy val src = source
 
   override def name(): String = "safetensors"
@@ -54,6 +57,10 @@ private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boole
     if (userSchema) SafetensorsTable.checkUserSchema(tableSchema, src)
     new SafetensorsScanBuilder(src, tableSchema)
   }
+
+  /** `DELETE FROM` (copy-on-write, spec/dataset.md §5.11). */
+  override def newRowLevelOperationBuilder(info: RowLevelOperationInfo): RowLevelOperationBuilder =
+    io.safetensors.spark.write.Deletes.operationBuilder(info, src, tableSchema)
 }
 
 private[spark] object SafetensorsTable {
@@ -132,12 +139,21 @@ private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema:
 
   override def pushedFilters(): Array[Filter] = pushed
 
+  /** The header-column predicates [[pushFilters]] translated (a DELETE's scan reuses them). */
+  def readPredicates: Seq[ReadPredicate] = predicates
+
+  /** The pushed filters on partition columns alone. */
+  def partitionFilterList: Seq[Filter] = partitionFilters
+
   override def build(): Scan = new SafetensorsScan(src, required, predicates, partitionFilters, pushed)
 }
 
-private[spark] final class SafetensorsScan(src: TableSource, required: StructType,
+private[spark] class SafetensorsScan(src: TableSource, required: StructType,
     predicates: Seq[ReadPredicate], partitionFilters: Seq[Filter], pushed: Array[Filter])
     extends Scan with Batch {
+  /** Predicates added after the scan was built (a DELETE's runtime group filter on `_file`). */
+  protected def extraPredicates: Seq[ReadPredicate] = Seq.empty
+
   override def readSchema(): StructType = required
   override def toBatch: Batch = this
 
@@ -149,7 +165,8 @@ private[spark] final class SafetensorsScan(src: TableSource, required: StructTyp
     val spark = SparkSession.active
     val (maxBytes, openCost, _) = SparkInternals.filesConf(spark)
     val minPartitions = SparkInternals.filesMinPartitionNum(spark)
-    src.plan(required, predicates, partitionFilters, maxBytes, openCost, minPartitions).toArray
+    src.plan(required, predicates ++ extraPredicates, partitionFilters, maxBytes, openCost, minPartitions)
+      .toArray
   }
 
   /**

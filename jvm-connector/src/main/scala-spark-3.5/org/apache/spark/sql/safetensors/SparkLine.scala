@@ -33,6 +33,23 @@ object SparkLine {
     def driverMetrics(): Array[org.apache.spark.sql.connector.metric.CustomTaskMetric]
   }
 
+  /**
+   * The writer of a copy-on-write DELETE, which needs each kept row's metadata columns (`_file`,
+   * `_row_index`): Spark 4.0 passes them to `DataWriter.write(metadata, record)`. Spark 3.5's
+   * `ReplaceData` passes only the row (`DataWriter` has no `write(metadata, record)`), so SQL
+   * DELETE cannot name the rows it keeps and fails saying so; `SafetensorsDataset.delete` works.
+   */
+  trait MetadataDataWriter extends org.apache.spark.sql.connector.write.DataWriter[
+      org.apache.spark.sql.catalyst.InternalRow] {
+    def writeWithMetadata(metadata: org.apache.spark.sql.catalyst.InternalRow,
+        record: org.apache.spark.sql.catalyst.InternalRow): Unit
+    override def write(record: org.apache.spark.sql.catalyst.InternalRow): Unit =
+      throw new UnsupportedOperationException("safetensors: SQL DELETE needs Spark 4.0 or later: " +
+        "Spark 3.5 does not pass a row's metadata columns (_file, _row_index) to the writer of a " +
+        "copy-on-write DELETE; use io.safetensors.spark.SafetensorsDataset.delete(spark, path, " +
+        "condition) (PySpark: safetensors_spark.spark.delete)")
+  }
+
   /** The line this build is for (shown in errors and checked by the smoke run). */
   val name: String = "3.5"
 }

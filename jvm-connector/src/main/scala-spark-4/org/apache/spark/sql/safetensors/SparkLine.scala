@@ -39,6 +39,22 @@ object SparkLine {
       driverMetrics()
   }
 
+  /**
+   * The writer of a copy-on-write DELETE, which needs each kept row's metadata columns (`_file`,
+   * `_row_index`): Spark 4.0 passes them to `DataWriter.write(metadata, record)`. Here that call
+   * goes to [[writeWithMetadata]].
+   */
+  trait MetadataDataWriter extends org.apache.spark.sql.connector.write.DataWriter[
+      org.apache.spark.sql.catalyst.InternalRow] {
+    def writeWithMetadata(metadata: org.apache.spark.sql.catalyst.InternalRow,
+        record: org.apache.spark.sql.catalyst.InternalRow): Unit
+    override def write(metadata: org.apache.spark.sql.catalyst.InternalRow,
+        record: org.apache.spark.sql.catalyst.InternalRow): Unit = writeWithMetadata(metadata, record)
+    override def write(record: org.apache.spark.sql.catalyst.InternalRow): Unit =
+      throw new UnsupportedOperationException("safetensors: DELETE got a row without its metadata " +
+        "columns (_file, _row_index)")
+  }
+
   /** The line this build is for (shown in errors and checked by the smoke run). */
   val name: String = "4.x"
 }
