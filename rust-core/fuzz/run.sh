@@ -21,7 +21,7 @@ if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
   export TMPDIR=/dev/shm/safetensors-spark-fuzz
   mkdir -p "$TMPDIR"
 fi
-cargo +nightly fuzz build -O || exit 1
+cargo +nightly fuzz build -O --fuzz-dir "$PWD" || exit 1
 bin_dir=$PWD/target/$(rustc +nightly -vV | sed -n 's/^host: //p')/release
 for t in "${TARGETS[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t" "logs/$t"
