@@ -100,7 +100,7 @@ object Compaction {
   private[spark] def runPlan(spark: SparkSession, fs: FileSystem, dest: Path,
       conf: org.apache.hadoop.conf.Configuration, commits: DatasetCommit, baseText: String,
       planJson: String, commitMessage: Option[String], hook: Option[() => Unit]): Long = {
-    val mapper = new ObjectMapper()
+    val mapper = Json.mapper
     val plan = mapper.readTree(planJson)
     val outputs = plan.get("outputs").size()
     val what = Option(plan.get("operation")).map(_.asText()).getOrElse("compaction")

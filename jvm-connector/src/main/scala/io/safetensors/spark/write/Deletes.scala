@@ -1,12 +1,12 @@
 package io.safetensors.spark.write
 
+import io.safetensors.spark.internal.Json
 import java.util
 import java.util.UUID
 
 import scala.collection.mutable
 import scala.jdk.CollectionConverters._
 
-import com.fasterxml.jackson.databind.ObjectMapper
 import io.safetensors.spark.Compaction
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.DatasetFiles
@@ -35,7 +35,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap
  * rewrite copies the kept rows' bytes, never values converted through Spark.
  */
 object Deletes {
-  private val mapper = new ObjectMapper()
+  private val mapper = Json.mapper
 
   /** Tests only: runs after the new shards are in place, before the commit. */
   @volatile private[spark] var beforeCommit: () => Unit = null
@@ -197,7 +197,7 @@ private[spark] final class RowLevelScan(src: TableSource, required: StructType,
 
   override def planInputPartitions(): Array[InputPartition] = {
     val parts = super.planInputPartitions()
-    val m = new ObjectMapper()
+    val m = Json.mapper
     planned = parts.toSeq.flatMap { p =>
       m.readTree(p.asInstanceOf[SafetensorsInputPartition].specJson).get("units").elements().asScala
         .map(_.get("file").asText())
@@ -228,7 +228,7 @@ private[spark] final class DeleteBatchWrite(op: DeleteOperation, info: LogicalWr
       case _ =>
     }
     val spark = SparkSession.active
-    val mapper = new ObjectMapper()
+    val mapper = Json.mapper
     scan.planned.map(u => new Path(u)).groupBy(_.getParent).toSeq.sortBy(_._1.toString).foreach {
       case (dir, shards) =>
         val request = mapper.createObjectNode()
