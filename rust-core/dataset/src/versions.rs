@@ -3,7 +3,7 @@
 //! still there as written, lists the history and validates every version in the log.
 //!
 //! The selection and check rules are pure functions ([`select_version`], [`check_shard`],
-//! [`history_rows`]) so a reader that lists files through another file system (the Spark side,
+//! [`history_of`]) so a reader that lists files through another file system (the Spark side,
 //! through Hadoop) applies the same rules; the `*_dir` functions apply them to a local
 //! directory (the CLI, the Python package).
 
@@ -355,55 +355,6 @@ pub struct HistoryRow {
     pub commit_message: Option<String>,
 }
 
-/// History rows of `versions` (ascending: version, commit time, manifest): each compared with
-/// the previous entry (the first with an empty dataset).
-pub fn history_rows(versions: &[(u64, i64, &Manifest)]) -> Vec<HistoryRow> {
-    let mut out = Vec::with_capacity(versions.len());
-    let mut prev: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for (v, t, m) in versions {
-        let now: BTreeMap<&str, (u64, u64)> = m
-            .shards
-            .iter()
-            .map(|s| (s.shard_path.as_str(), (s.samples_count, s.bytes)))
-            .collect();
-        let (mut ra, mut ba, mut sa) = (0u64, 0u64, 0u64);
-        for (name, (r, b)) in &now {
-            if !prev.contains_key(name) {
-                ra += r;
-                ba += b;
-                sa += 1;
-            }
-        }
-        let (mut rr, mut br, mut sr) = (0u64, 0u64, 0u64);
-        for (name, (r, b)) in &prev {
-            if !now.contains_key(name) {
-                rr += r;
-                br += b;
-                sr += 1;
-            }
-        }
-        let x = m.ext.as_ref();
-        out.push(HistoryRow {
-            version: *v,
-            committed_at_ms: *t,
-            operation: x.and_then(|x| x.operation),
-            rows_added: ra,
-            rows_removed: rr,
-            bytes_added: ba,
-            bytes_removed: br,
-            shards_added: sa,
-            shards_removed: sr,
-            total_rows: m.total_samples,
-            total_bytes: m.total_bytes,
-            created_by: x.map(|x| x.created_by.clone()),
-            app_id: x.and_then(|x| x.app_id.clone()),
-            commit_message: x.and_then(|x| x.commit_message.clone()),
-        });
-        prev = now;
-    }
-    out
-}
-
 /// The history of a local dataset: one row per version in its log, oldest first.
 pub fn history_dir(dir: &Path) -> Result<Vec<HistoryRow>, DatasetError> {
     let versions = log_versions_dir(dir)?;
@@ -742,7 +693,7 @@ pub fn check_listed_shards(
     Ok(())
 }
 
-/// [`history_rows`] of listed entries (every text given), oldest first.
+/// [`history_of`] listed entries (every text given), oldest first.
 pub fn history_listed(entries: &[ListedLogEntry]) -> Result<Vec<HistoryRow>, DatasetError> {
     let mut sorted: Vec<&ListedLogEntry> = entries.iter().collect();
     sorted.sort_by_key(|e| e.version);
