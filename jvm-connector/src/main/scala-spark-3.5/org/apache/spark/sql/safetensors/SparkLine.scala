@@ -46,8 +46,8 @@ object SparkLine {
     override def write(record: org.apache.spark.sql.catalyst.InternalRow): Unit =
       throw new UnsupportedOperationException("safetensors: SQL DELETE needs Spark 4.0 or later: " +
         "Spark 3.5 does not pass a row's metadata columns (_file, _row_index) to the writer of a " +
-        "copy-on-write DELETE; use io.safetensors.spark.SafetensorsDataset.delete(spark, path, " +
-        "condition) (PySpark: safetensors_spark.spark.delete)")
+        "copy-on-write DELETE; use SafetensorsDataset.delete(spark, path, condition) from Scala, " +
+        "or safetensors_spark.spark.delete from PySpark")
   }
 
   /** The line this build is for (shown in errors and checked by the smoke run). */
