@@ -1149,7 +1149,11 @@ def test_a_tampered_dataset_on_s3_fails_as_on_local_disk(spark, s3, bucket, tmp_
         assert named in msg and re.search(spark_msg, msg), f"{where}: {msg[:3000]}"
     for where, url, opts in (("local", str(local), None), ("s3", f"s3://{bucket}/ds", s3.storage_options())):
         with pytest.raises(SafetensorsSparkError, match=py_msg) as e:
-            open_dataset(url, storage_options=opts)
+            # the open reads the manifest (and stats local shards); every shard is checked when
+            # it is first used (spec/python.md §2.1)
+            ds = open_dataset(url, storage_options=opts)
+            for i in range(len(ds)):
+                ds[i]
         assert named in str(e.value), f"{where}: {e.value}"
 
 
