@@ -119,7 +119,9 @@ fn err(problem: impl Into<String>) -> DatasetError {
     }
 }
 
-fn partition_of(s: &ManifestShard) -> u32 {
+/// The partition of a listed shard: its recorded `partition`, else the one in its file name, else
+/// 0 (compaction and delete group shards by it).
+pub(crate) fn partition_of(s: &ManifestShard) -> u32 {
     s.partition
         .or_else(|| parse_shard_file_name(&s.shard_path).map(|(p, _, _)| p))
         .unwrap_or(0)

@@ -15,10 +15,11 @@
 //!   a shard left with no key is dropped.
 //! * A shard all of whose rows are deleted is dropped without being read.
 
+use crate::compaction::partition_of;
 use crate::compaction::{CompactionPlan, InputSlice, PlannedShard};
 use crate::kv::{split_kv_header, KvColumn};
-use crate::manifest::{DatasetMode, Manifest, ManifestShard, Operation, TailStrategy};
-use crate::names::{parse_shard_file_name, shard_file_name};
+use crate::manifest::{DatasetMode, Manifest, Operation, TailStrategy};
+use crate::names::shard_file_name;
 use crate::DatasetError;
 use safetensors_spark_format::header::Header;
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,12 +30,6 @@ fn err(problem: impl Into<String>) -> DatasetError {
     DatasetError::Delete {
         problem: problem.into(),
     }
-}
-
-fn partition_of(s: &ManifestShard) -> u32 {
-    s.partition
-        .or_else(|| parse_shard_file_name(&s.shard_path).map(|(p, _, _)| p))
-        .unwrap_or(0)
 }
 
 fn ext_of(base: &Manifest) -> Result<&crate::manifest::ManifestExt, DatasetError> {

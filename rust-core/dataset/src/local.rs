@@ -364,17 +364,12 @@ pub fn vacuum_dir(
         None => BTreeMap::new(),
     };
     // the oldest checkpoint at or below the first entry is where the replay starts
-    let files = log_files(dir)?;
-    let checkpoint_versions = listing(&files).checkpoints;
+    let checkpoint_versions = listing(&log_files(dir)?).checkpoints;
     let first = log.first().map_or(0, |l| l.version);
-    let start: Vec<LogEntry> = match checkpoint_versions.iter().rev().find(|c| **c <= first) {
-        Some(c) => {
-            let f = LogFile::Checkpoint(*c);
-            let mtime = files.iter().find(|x| x.0 == f).map_or(0, |x| x.2);
-            vec![LogEntry::from_record(read_log_file(dir, f)?, mtime)]
-        }
-        None => Vec::new(),
-    };
+    let start: Vec<LogEntry> = start_checkpoint(dir, first)?
+        .map(|m| LogEntry::full(m, 0))
+        .into_iter()
+        .collect();
     let plan = plan_vacuum(
         &log,
         &start,

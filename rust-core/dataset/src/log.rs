@@ -145,6 +145,12 @@ impl LogRecord {
         matches!(self.change, Change::Full)
     }
 
+    /// The shards this record names as listed by its version: all of them for a whole manifest,
+    /// the added ones for a delta.
+    pub fn listed_or_added(&self) -> &[ManifestShard] {
+        listed_or_added(&self.manifest, &self.change)
+    }
+
     /// `committed_at_ms`, else `file_mtime_ms` (entries written before it was recorded).
     pub fn committed_at_ms(&self, file_mtime_ms: u64) -> u64 {
         self.manifest
@@ -152,6 +158,17 @@ impl LogRecord {
             .as_ref()
             .and_then(|x| x.committed_at_ms)
             .unwrap_or(file_mtime_ms)
+    }
+}
+
+/// What a version names as listed: the whole manifest's shards, or a delta's added ones.
+pub(crate) fn listed_or_added<'a>(
+    manifest: &'a Manifest,
+    change: &'a Change,
+) -> &'a [ManifestShard] {
+    match change {
+        Change::Full => &manifest.shards,
+        Change::Delta { add, .. } => add,
     }
 }
 

@@ -127,11 +127,8 @@ impl LogEntry {
 
     /// The shards this entry names as listed by its version: all of them for a whole manifest,
     /// the added ones for a delta.
-    pub fn listed_or_added(&self) -> Box<dyn Iterator<Item = &ManifestShard> + '_> {
-        match &self.change {
-            Change::Full => Box::new(self.manifest.shards.iter()),
-            Change::Delta { add, .. } => Box::new(add.iter()),
-        }
+    pub fn listed_or_added(&self) -> &[ManifestShard] {
+        crate::log::listed_or_added(&self.manifest, &self.change)
     }
 }
 
@@ -290,9 +287,9 @@ pub fn plan_vacuum(
             }
         }
         if l.version < oldest_retained {
-            old_listed.extend(l.listed_or_added().map(|s| s.shard_path.as_str()));
+            old_listed.extend(l.listed_or_added().iter().map(|s| s.shard_path.as_str()));
         } else {
-            keep.extend(l.listed_or_added().map(|s| s.shard_path.clone()));
+            keep.extend(l.listed_or_added().iter().map(|s| s.shard_path.clone()));
         }
         if l.version == oldest_retained && replayable {
             state_at_oldest = Some(replay.manifest().map_err(|e| vacuum_err(e.to_string()))?);

@@ -528,11 +528,7 @@ pub fn validate_dir(
         distinct.entry(s.shard_path.clone()).or_insert(s.bytes);
     }
     for r in &records {
-        let named: Box<dyn Iterator<Item = &crate::ManifestShard>> = match &r.change {
-            Change::Full => Box::new(r.manifest.shards.iter()),
-            Change::Delta { add, .. } => Box::new(add.iter()),
-        };
-        for s in named {
+        for s in r.listed_or_added() {
             distinct.entry(s.shard_path.clone()).or_insert(s.bytes);
         }
     }

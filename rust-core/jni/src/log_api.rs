@@ -2,10 +2,11 @@
 //! and reads `_manifest_log/` through Hadoop: the entry a commit writes, what rebuilding a version
 //! reads next, and the chores after a commit. The rules are [`safetensors_spark_dataset::log`].
 
+use crate::versions_api::opt;
 use crate::{arg, guard, parse_json, to_json, JniError};
 use ::jni::objects::{JClass, JString};
 use ::jni::sys::{jboolean, jlong};
-use ::jni::{Env, EnvUnowned};
+use ::jni::EnvUnowned;
 use safetensors_spark_dataset::log::{
     after_commit, log_entry_text, plan_state_by_names, ListedFile, LogFile, StatePlan,
 };
@@ -71,14 +72,6 @@ pub fn after_commit_json(
         "write_checkpoint": chores.write_checkpoint,
         "delete": chores.delete.iter().map(|f| f.name()).collect::<Vec<_>>(),
     }))
-}
-
-fn opt(env: &Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
-    if s.is_null() {
-        Ok(None)
-    } else {
-        Ok(Some(s.try_to_string(env)?))
-    }
 }
 
 fn version(v: jlong, what: &str) -> Result<u64, JniError> {

@@ -48,7 +48,8 @@ pub fn history_json(entries_json: &str) -> Result<String, JniError> {
     to_json(&history_listed(&entries)?)
 }
 
-fn opt(env: &::jni::Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
+/// An optional (nullable) Java string argument.
+pub(crate) fn opt(env: &::jni::Env<'_>, s: &JString<'_>) -> Result<Option<String>, JniError> {
     if s.is_null() {
         Ok(None)
     } else {
