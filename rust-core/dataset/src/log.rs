@@ -25,6 +25,8 @@ use crate::DatasetError;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
+pub mod follow;
+
 /// `log_format` of a delta entry.
 pub const LOG_FORMAT_DELTA: u64 = 2;
 /// Versions between checkpoints when the dataset does not set `checkpoint_interval`.
@@ -369,6 +371,11 @@ impl Replay {
     /// The shards listed now, by name.
     pub fn shards(&self) -> &BTreeMap<String, ManifestShard> {
         &self.shards
+    }
+
+    /// The columns of the version reached (`None` before any record).
+    pub fn schema(&self) -> Option<&crate::manifest::ColumnMap> {
+        self.header.as_ref().map(|h| &h.schema)
     }
 
     /// Applies the next version's record: a full one replaces the state, a delta one must follow

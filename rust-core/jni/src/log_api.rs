@@ -7,6 +7,7 @@ use crate::{arg, guard, parse_json, to_json, JniError};
 use ::jni::objects::{JClass, JString};
 use ::jni::sys::{jboolean, jlong};
 use ::jni::EnvUnowned;
+use safetensors_spark_dataset::log::follow::{plan_follow_by_names, FollowPlan, OnChange};
 use safetensors_spark_dataset::log::{
     after_commit, log_entry_text, plan_state_by_names, ListedFile, LogFile, StatePlan,
 };
@@ -38,6 +39,32 @@ pub fn rebuild_json(names_json: &str, version: u64, read_json: &str) -> Result<S
         StatePlan::Done(m) => to_json(&serde_json::json!({
             "manifest": m.to_json_pretty()?
         })),
+    }
+}
+
+/// `follow`: what a reader at version `after` reads to reach `upto` (spec/dataset.md §5.12),
+/// given the log's file names and the texts read so far: `{"read": [names]}` or
+/// `{"versions": [{version, operation, committed_at_ms, followed, add}]}`.
+pub fn follow_json(
+    names_json: &str,
+    after: u64,
+    upto: u64,
+    read_json: &str,
+    skip_changes: bool,
+    skip_option: &str,
+) -> Result<String, JniError> {
+    let names: Vec<String> = parse_json(names_json, "manifest log names")?;
+    let texts: BTreeMap<String, String> = parse_json(read_json, "manifest log texts")?;
+    let on = if skip_changes {
+        OnChange::Skip
+    } else {
+        OnChange::Fail
+    };
+    match plan_follow_by_names(&names, after, upto, texts, on, skip_option)? {
+        FollowPlan::Read(need) => to_json(&serde_json::json!({
+            "read": need.iter().map(|f| f.name()).collect::<Vec<_>>()
+        })),
+        FollowPlan::Done(v) => to_json(&serde_json::json!({ "versions": v })),
     }
 }
 
@@ -131,6 +158,34 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_afterCommit<'loca
             &next,
             prune,
             version(now, "nowMs")?,
+        )?;
+        Ok(env.new_string(text)?)
+    })
+}
+
+/// `static native String follow(String namesJson, long after, long upto, String readJson, boolean skipChanges, String skipOption)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_follow<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    names: JString<'local>,
+    after: jlong,
+    upto: jlong,
+    read: JString<'local>,
+    skip_changes: jboolean,
+    skip_option: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let names = arg(env, &names, "namesJson")?;
+        let read = arg(env, &read, "readJson")?;
+        let skip_option = arg(env, &skip_option, "skipOption")?;
+        let text = follow_json(
+            &names,
+            version(after, "after")?,
+            version(upto, "upto")?,
+            &read,
+            skip_changes,
+            &skip_option,
         )?;
         Ok(env.new_string(text)?)
     })

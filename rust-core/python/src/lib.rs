@@ -514,6 +514,46 @@ fn rebuild_version(
     .map_err(|e| dataset_error(dataset, e))
 }
 
+/// One step of following `dataset` from version `after` to `upto` (spec/dataset.md §5.12):
+/// `names` as listed, `texts` the files read so far by name. Returns `("read", [names], None)`
+/// to read next or `("versions", [], json_text)`: a JSON array of `{version, operation,
+/// committed_at_ms, followed, add}`. `ManifestError` naming the dataset for a version that
+/// removes rows (unless `skip_changes`; the error names `skip_option`), one that changes the
+/// columns, or one no longer in the log.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn follow_versions(
+    py: Python<'_>,
+    names: Vec<String>,
+    after: u64,
+    upto: u64,
+    texts: std::collections::BTreeMap<String, String>,
+    skip_changes: bool,
+    skip_option: &str,
+    dataset: &str,
+) -> PyResult<(String, Vec<String>, Option<String>)> {
+    use dataset::log::follow::{plan_follow_by_names, FollowPlan, OnChange};
+    let on = if skip_changes {
+        OnChange::Skip
+    } else {
+        OnChange::Fail
+    };
+    py.detach(
+        || match plan_follow_by_names(&names, after, upto, texts, on, skip_option) {
+            Ok(FollowPlan::Read(need)) => Ok((
+                "read".to_string(),
+                need.iter().map(|f| f.name()).collect(),
+                None,
+            )),
+            Ok(FollowPlan::Done(v)) => serde_json::to_string(&v)
+                .map(|t| ("versions".to_string(), Vec::new(), Some(t)))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+    .map_err(|e| dataset_error(dataset, e))
+}
+
 /// Whether the local dataset `root` has its own directory `name` (`_manifest_log`,
 /// `_tensor_index.parquet`): False when absent; `ManifestError` naming it when it is a
 /// symbolic link or not a directory (spec/dataset.md §5.9).
@@ -882,6 +922,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_manifest_file, m)?)?;
     m.add_function(wrap_pyfunction!(parse_log_entry, m)?)?;
     m.add_function(wrap_pyfunction!(rebuild_version, m)?)?;
+    m.add_function(wrap_pyfunction!(follow_versions, m)?)?;
     m.add_function(wrap_pyfunction!(check_regular_file, m)?)?;
     m.add_function(wrap_pyfunction!(own_dir, m)?)?;
     m.add_function(wrap_pyfunction!(log_entry_version, m)?)?;

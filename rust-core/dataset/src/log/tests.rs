@@ -447,3 +447,185 @@ fn a_checkpoint_removed_after_the_listing_is_gone_and_a_new_listing_rebuilds() {
     assert_eq!(manifest_at(&dir, 5).unwrap(), m5);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// [`follow::plan_follow`] over a local dataset, reading what it asks for.
+fn follow_dir(
+    dir: &Path,
+    after: u64,
+    upto: u64,
+    on: follow::OnChange,
+) -> Result<Vec<follow::FollowedVersion>, DatasetError> {
+    let files = LogFiles::from_names(names(dir).iter().map(String::as_str)).unwrap();
+    let mut read = BTreeMap::new();
+    for _ in 0..4 {
+        match follow::plan_follow(&files, after, upto, &read, on, "skip_change_commits")? {
+            follow::FollowPlan::Done(v) => return Ok(v),
+            follow::FollowPlan::Read(need) => {
+                for f in need {
+                    let t = fs::read_to_string(dir.join(MANIFEST_LOG_DIR).join(f.name())).unwrap();
+                    read.insert(f, t);
+                }
+            }
+        }
+    }
+    panic!("plan_follow did not end");
+}
+
+/// Commits `next` (its operation set) on the latest version.
+fn commit_op(dir: &Path, mut next: Manifest, op: crate::manifest::Operation) {
+    let base = latest_manifest(dir).unwrap();
+    next.ext.as_mut().unwrap().operation = Some(op);
+    for s in &next.shards {
+        fs::write(dir.join(&s.shard_path), b"abcd").unwrap();
+    }
+    assert!(commit_version(dir, base.as_ref(), &next, "t").unwrap());
+    publish_version(dir, &next, "t").unwrap();
+}
+
+fn added(v: &follow::FollowedVersion) -> Vec<String> {
+    v.add.iter().map(|s| s.shard_path.clone()).collect()
+}
+
+#[test]
+fn a_follower_reads_added_shards_passes_over_compaction_and_stops_at_a_delete() {
+    use crate::manifest::Operation;
+    use follow::{Followed, OnChange};
+    let dir = tmp("follow");
+    for v in 1..=4 {
+        append(&dir, v, 1000 + v);
+    }
+    // 5: a compaction merges shards 1 and 2 into 10; 6: a delete rewrites 3 as 11; 7: an append
+    commit_op(
+        &dir,
+        manifest(5, &[3, 4, 10], 1005, None),
+        Operation::Compaction,
+    );
+    commit_op(
+        &dir,
+        manifest(6, &[4, 10, 11], 1006, None),
+        Operation::Delete,
+    );
+    commit_op(
+        &dir,
+        manifest(7, &[4, 10, 11, 12], 1007, None),
+        Operation::Append,
+    );
+
+    let v = follow_dir(&dir, 0, 4, OnChange::Fail).unwrap();
+    assert_eq!(v.len(), 4);
+    for (i, f) in v.iter().enumerate() {
+        assert_eq!(f.version, i as u64 + 1);
+        assert_eq!(f.followed, Followed::Rows);
+        assert_eq!(added(f), vec![shard(i as u64 + 1)]);
+        assert_eq!(f.committed_at_ms, Some(1001 + i as u64));
+    }
+    let v = follow_dir(&dir, 4, 5, OnChange::Fail).unwrap();
+    assert_eq!(v[0].followed, Followed::Nothing);
+    assert!(v[0].add.is_empty());
+    let e = follow_dir(&dir, 4, 7, OnChange::Fail)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "version 6 is a version of operation delete that removes 1 shard(s) holding 1 row(s)"
+        ) && e.contains("skip_change_commits=true"),
+        "{e}"
+    );
+    let v = follow_dir(&dir, 4, 7, OnChange::Skip).unwrap();
+    let kinds: Vec<_> = v.iter().map(|f| f.followed.clone()).collect();
+    assert_eq!(
+        kinds,
+        vec![Followed::Nothing, Followed::Skipped, Followed::Rows]
+    );
+    assert!(
+        v[1].add.is_empty(),
+        "a skipped version's adds are passed over"
+    );
+    assert_eq!(added(&v[2]), vec![shard(12)]);
+    assert!(follow_dir(&dir, 7, 7, OnChange::Fail).unwrap().is_empty());
+    let e = follow_dir(&dir, 7, 8, OnChange::Fail)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("version 8 was never committed; the latest version is 7"),
+        "{e}"
+    );
+    // an entry gone (pruned) between the follower's version and the target
+    fs::remove_file(dir.join(MANIFEST_LOG_DIR).join(LogFile::Entry(2).name())).unwrap();
+    let e = follow_dir(&dir, 1, 3, OnChange::Fail)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("version 2 is no longer in _manifest_log/"),
+        "{e}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_follower_compares_whole_manifest_entries_with_the_version_before() {
+    use follow::{Followed, OnChange};
+    let dir = tmp("follow-legacy");
+    let log = dir.join(MANIFEST_LOG_DIR);
+    fs::create_dir_all(&log).unwrap();
+    // versions 1..=3 in the full-copy format; 3 overwrites with shard 7
+    for (v, shards) in [(1, vec![1]), (2, vec![1, 2]), (3, vec![7])] {
+        let mut m = manifest(v, &shards, 1000 + v, None);
+        if v == 3 {
+            m.ext.as_mut().unwrap().operation = Some(crate::manifest::Operation::Overwrite);
+        }
+        fs::write(
+            log.join(LogFile::Entry(v).name()),
+            m.to_json_pretty().unwrap(),
+        )
+        .unwrap();
+        fs::write(dir.join(MANIFEST_FILE_NAME), m.to_json_pretty().unwrap()).unwrap();
+    }
+    append_on(&dir, &latest_manifest(&dir).unwrap().unwrap(), 4, 1004);
+    let v = follow_dir(&dir, 1, 2, OnChange::Fail).unwrap();
+    assert_eq!(added(&v[0]), vec![shard(2)]);
+    let e = follow_dir(&dir, 1, 4, OnChange::Fail)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("version 3 is a version of operation overwrite that removes 2 shard(s)"),
+        "{e}"
+    );
+    let v = follow_dir(&dir, 2, 4, OnChange::Skip).unwrap();
+    assert_eq!(v[0].followed, Followed::Skipped);
+    assert_eq!(added(&v[1]), vec![shard(104)]);
+    // from the start: version 1's entry is whole, compared with nothing
+    let v = follow_dir(&dir, 0, 1, OnChange::Fail).unwrap();
+    assert_eq!(added(&v[0]), vec![shard(1)]);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_follower_refuses_a_version_that_changes_the_columns() {
+    use follow::OnChange;
+    let dir = tmp("follow-schema");
+    append(&dir, 1, 1001);
+    let mut next = manifest(2, &[1, 2], 1002, None);
+    next.schema = crate::manifest::parse_manifest(
+        &manifest(2, &[1, 2], 1002, None)
+            .to_json_pretty()
+            .unwrap()
+            .replace(r#""dtype": "F32""#, r#""dtype": "F16""#),
+    )
+    .unwrap()
+    .schema;
+    assert_ne!(
+        next.schema,
+        manifest(2, &[1, 2], 1002, None).schema,
+        "the test changes the columns"
+    );
+    commit_op(&dir, next, crate::manifest::Operation::Append);
+    let e = follow_dir(&dir, 1, 2, OnChange::Skip)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("version 2 is a version of operation append that changes the dataset's columns"),
+        "{e}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}

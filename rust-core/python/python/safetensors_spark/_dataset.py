@@ -1002,15 +1002,37 @@ def _rebuild_version(store: Store, dataset: str, version: int) -> str:
     """The whole manifest (JSON text) of ``version``, rebuilt from ``_manifest_log/`` by the Rust
     rule (spec/dataset.md §5.10): the newest checkpoint at or below it and the entries after it,
     read as the rule asks (a full entry written before log format 2 is read alone)."""
+    return _run_log_plan(store, dataset, f"rebuilding version {version}",
+                         lambda names, texts: _native.rebuild_version(names, version, texts, dataset))
+
+
+def _follow_versions(store: Store, dataset: str, after: int, upto: int, skip_changes: bool,
+                     skip_option: str) -> list[dict[str, Any]]:
+    """The versions after ``after`` up to ``upto`` as a reader following the dataset takes them,
+    by the Rust rule (spec/dataset.md §5.12): ``{version, operation, committed_at_ms, followed,
+    add}`` each, ``followed`` one of ``rows`` (read ``add``), ``nothing``, ``skipped``. A version
+    that removes rows is a :class:`ManifestError` naming it and ``skip_option`` unless
+    ``skip_changes``."""
+    text = _run_log_plan(store, dataset, f"following versions {after + 1}…{upto}",
+                         lambda names, texts: _native.follow_versions(names, after, upto, texts, skip_changes,
+                                                                      skip_option, dataset))
+    versions: list[dict[str, Any]] = json.loads(text)
+    return versions
+
+
+def _run_log_plan(store: Store, dataset: str, what: str,
+                  step: Callable[[list[str], dict[str, str]], tuple[str, list[str], str | None]]) -> str:
+    """Runs a native plan over ``_manifest_log/`` (``step(names, texts)`` says what to read next
+    or gives its result) reading what it asks; a file a commit removed after the listing (a
+    superseded checkpoint) makes it list again, up to three times."""
     for attempt in range(3):
-        # a checkpoint a commit removed after the listing: list again (a newer one is there)
         names = [name for name, _ in store.log_entries(MANIFEST_LOG_DIR)]
         texts: dict[str, str] = {}
         gone = False
-        for _ in range(4):
-            _, need, manifest = _native.rebuild_version(names, version, texts, dataset)
-            if manifest is not None:
-                return manifest
+        for _ in range(6):
+            _, need, result = step(names, texts)
+            if result is not None:
+                return result
             for name in need:
                 path = f"{MANIFEST_LOG_DIR}/{name}"
                 try:
@@ -1026,7 +1048,7 @@ def _rebuild_version(store: Store, dataset: str, version: int) -> str:
                 break
         if not gone:
             break
-    raise ManifestError(f"{dataset}: rebuilding version {version} from {MANIFEST_LOG_DIR}/ did not end")
+    raise ManifestError(f"{dataset}: {what} from {MANIFEST_LOG_DIR}/ did not end")
 
 
 def _log_entries(store: Store, dataset: str, with_text: bool) -> list[dict[str, Any]]:

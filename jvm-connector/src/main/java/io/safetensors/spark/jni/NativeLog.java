@@ -26,4 +26,15 @@ public final class NativeLog {
    *  with retention 0 (nothing is kept for time travel). */
   public static native String afterCommit(String listingJson, long version, String next,
       boolean pruneEntries, long nowMs);
+
+  /** Following the dataset (spec/dataset.md §5.12): what a reader that has read version
+   *  {@code after} reads to reach version {@code upto}, from the log whose file names are
+   *  {@code namesJson}, given the texts read so far ({@code readJson}: {name: text}):
+   *  {@code {"read": [names]}} to read next, or {@code {"versions": [{"version", "operation",
+   *  "committed_at_ms", "followed": "rows"|"nothing"|"skipped", "add": [shard records]}]}}. A
+   *  version that removes rows throws SafetensorsDatasetException naming it and
+   *  {@code skipOption}, unless {@code skipChanges}; a version that changes the columns, or one
+   *  no longer in the log, throws too. */
+  public static native String follow(String namesJson, long after, long upto, String readJson,
+      boolean skipChanges, String skipOption);
 }

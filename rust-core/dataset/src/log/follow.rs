@@ -1,0 +1,294 @@
+//! Following a dataset's versions (spec/dataset.md §5.12): what a reader that has read every
+//! row of version `after` reads next to reach version `upto` — the shards the versions between
+//! added — and which versions it cannot follow. The one home of these rules: Spark's
+//! `readStream` source calls them through `NativeLog.follow`, the Python package's `follow=True`
+//! through `_native.follow_versions`.
+//!
+//! What each kind of version means to a follower:
+//! * `create`, `append`, `stream_batch` (and versions of other tools' manifests with no
+//!   `operation`) add shards: the follower reads them.
+//! * `compaction` removes shards and adds their rows again in fewer: nothing new to read.
+//! * `vacuum` lists the same shards: nothing to read.
+//! * `overwrite` and `delete` remove rows the follower has read (or is reading): a **change
+//!   version**. A follower fails on it naming the version, unless it asked to skip change
+//!   versions ([`OnChange::Skip`]); then the version is passed over whole, its added shards too
+//!   (as Delta Lake's `skipChangeCommits`).
+//! * A version that changes the columns cannot be read with the columns the follower started
+//!   with: an error, unless it is a skipped change version.
+//!
+//! Costs: the entries after `after` up to `upto` are read, each once (a delta entry is its
+//! changes). An entry written before log format 2 (a whole manifest) is compared with the version
+//! before it, rebuilt once by [`super::plan_state`]; after that the replay carries on in memory.
+
+use super::{parse_log_file, plan_state, Change, LogFile, LogFiles, LogRecord, Replay, StatePlan};
+use crate::manifest::{Manifest, ManifestShard, Operation};
+use crate::names::MANIFEST_LOG_DIR;
+use crate::DatasetError;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What a follower does on a version that removes rows (an overwrite, a delete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChange {
+    /// An error naming the version and the option that skips it.
+    Fail,
+    /// The version is passed over whole: its added shards are not read either.
+    Skip,
+}
+
+/// What a version gives a follower.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Followed {
+    /// New rows: the shards to read.
+    Rows,
+    /// Nothing new (a compaction, a vacuum, a commit of no shards).
+    Nothing,
+    /// A change version passed over ([`OnChange::Skip`]).
+    Skipped,
+}
+
+/// One version after the follower's, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FollowedVersion {
+    pub version: u64,
+    /// The version's `operation`; `None` for manifests that do not record it.
+    pub operation: Option<Operation>,
+    /// `committed_at_ms` of the version (`None` when it was not recorded).
+    pub committed_at_ms: Option<u64>,
+    pub followed: Followed,
+    /// The shards to read, sorted by name (empty unless [`Followed::Rows`]).
+    pub add: Vec<ManifestShard>,
+}
+
+/// What following needs next: log files to read, or the versions.
+#[derive(Debug)]
+pub enum FollowPlan {
+    Read(Vec<LogFile>),
+    Done(Vec<FollowedVersion>),
+}
+
+fn follow_err(problem: String) -> DatasetError {
+    DatasetError::Version { problem }
+}
+
+/// The shards `after` lists that `before` does not (or lists with other facts), and the reverse:
+/// what a version changed, from two whole shard lists.
+pub(crate) fn shard_diff(
+    before: &[ManifestShard],
+    after: &[ManifestShard],
+) -> (Vec<ManifestShard>, Vec<ManifestShard>) {
+    let by_name = |list: &[ManifestShard]| -> BTreeMap<String, ManifestShard> {
+        list.iter()
+            .map(|s| (s.shard_path.clone(), s.clone()))
+            .collect()
+    };
+    let (b, a) = (by_name(before), by_name(after));
+    let add = a
+        .values()
+        .filter(|s| b.get(&s.shard_path) != Some(s))
+        .cloned()
+        .collect();
+    let remove = b
+        .values()
+        .filter(|s| a.get(&s.shard_path) != Some(s))
+        .cloned()
+        .collect();
+    (add, remove)
+}
+
+fn operation(m: &Manifest) -> Option<Operation> {
+    m.ext.as_ref().and_then(|x| x.operation)
+}
+
+/// Classifies one version for a follower (the rules of the module's documentation).
+fn classify(
+    r: &LogRecord,
+    add: Vec<ManifestShard>,
+    remove: &[ManifestShard],
+    schema_changed: bool,
+    on_change: OnChange,
+    skip_option: &str,
+) -> Result<FollowedVersion, DatasetError> {
+    let op = operation(&r.manifest);
+    let mut out = FollowedVersion {
+        version: r.version,
+        operation: op,
+        committed_at_ms: r.manifest.ext.as_ref().and_then(|x| x.committed_at_ms),
+        followed: Followed::Nothing,
+        add: Vec::new(),
+    };
+    let what = op.map_or_else(
+        || "a version".to_string(),
+        |o| {
+            let s = serde_json::to_value(o).ok();
+            format!(
+                "a version of operation {}",
+                s.as_ref().and_then(|v| v.as_str()).unwrap_or("?")
+            )
+        },
+    );
+    let rewrite = matches!(op, Some(Operation::Compaction | Operation::Vacuum));
+    if !remove.is_empty() && !rewrite {
+        if on_change == OnChange::Skip {
+            out.followed = Followed::Skipped;
+            return Ok(out);
+        }
+        let rows: u64 = remove.iter().map(|s| s.samples_count).sum();
+        return Err(follow_err(format!(
+            "version {} is {what} that removes {} shard(s) holding {rows} row(s), which a reader \
+             following the dataset read or is reading: it cannot be followed. Set {skip_option}=true \
+             to pass over versions that change existing rows (their added shards are passed over \
+             too), or start again from version {} or later",
+            r.version,
+            remove.len(),
+            r.version
+        )));
+    }
+    if schema_changed {
+        return Err(follow_err(format!(
+            "version {} is {what} that changes the dataset's columns; a reader following it with \
+             the columns it started with cannot read it: start again from version {} or later",
+            r.version, r.version
+        )));
+    }
+    if !add.is_empty() && !rewrite {
+        out.followed = Followed::Rows;
+        out.add = add;
+    }
+    Ok(out)
+}
+
+/// What a reader at version `after` reads to reach version `upto` (`after` < `upto`; `after` 0:
+/// from the start), from the log `files` lists and the texts `read` so far: every version
+/// between, classified. Callers read what [`FollowPlan::Read`] names and call again. `skip_option`
+/// is the name of the caller's option that asks for [`OnChange::Skip`] (errors name it).
+pub fn plan_follow(
+    files: &LogFiles,
+    after: u64,
+    upto: u64,
+    read: &BTreeMap<LogFile, String>,
+    on_change: OnChange,
+    skip_option: &str,
+) -> Result<FollowPlan, DatasetError> {
+    if upto <= after {
+        return Ok(FollowPlan::Done(Vec::new()));
+    }
+    if let Some(latest) = files.latest() {
+        if upto > latest {
+            return Err(follow_err(format!(
+                "version {upto} was never committed; the latest version is {latest}"
+            )));
+        }
+    }
+    let wanted: Vec<LogFile> = (after + 1..=upto).map(LogFile::Entry).collect();
+    let kept: std::collections::BTreeSet<u64> = files.entries.iter().copied().collect();
+    if let Some(gone) = wanted.iter().find(|f| !kept.contains(&f.version())) {
+        return Err(follow_err(format!(
+            "version {} is no longer in {MANIFEST_LOG_DIR}/ (kept: {}): it was vacuumed or pruned \
+             before a reader following the dataset from version {after} read it; start again \
+             from a kept version",
+            gone.version(),
+            match (files.entries.first(), files.entries.last()) {
+                (Some(a), Some(b)) => format!("versions {a}…{b}"),
+                _ => "nothing".into(),
+            }
+        )));
+    }
+    let unread: Vec<LogFile> = wanted
+        .iter()
+        .filter(|f| !read.contains_key(f))
+        .copied()
+        .collect();
+    if !unread.is_empty() {
+        return Ok(FollowPlan::Read(unread));
+    }
+    let records = wanted
+        .iter()
+        .map(|f| parse_log_file(*f, &read[f]))
+        .collect::<Result<Vec<_>, _>>()?;
+    // the state before the first whole-manifest entry, when there is one: its changes are
+    // its difference from the version before
+    let mut state: Option<Replay> = None;
+    if let Some(first_full) = records.iter().find(|r| r.is_full()) {
+        let before = first_full.version - 1;
+        let before_state = if before == 0 {
+            Replay::default()
+        } else {
+            match plan_state(files, before, read)? {
+                StatePlan::Read(need) => return Ok(FollowPlan::Read(need)),
+                StatePlan::Done(m) => Replay::from_manifest(&m),
+            }
+        };
+        // the replay starts there; delta entries before it need no state
+        state = Some(before_state);
+    }
+    let mut out = Vec::with_capacity(records.len());
+    for r in &records {
+        let tracked = state.as_ref().filter(|s| s.version() + 1 == r.version);
+        let (add, remove, schema_changed) = match &r.change {
+            Change::Delta { add, remove } => {
+                let changed = !r.schema_from_base && r.base_version != 0;
+                let mut add = add.clone();
+                add.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
+                (add, remove.clone(), changed)
+            }
+            Change::Full => {
+                let Some(s) = tracked else {
+                    return Err(follow_err(format!(
+                        "version {}'s entry ({MANIFEST_LOG_DIR}/{}) holds a whole manifest, and \
+                         the version before it could not be rebuilt to compare it with",
+                        r.version,
+                        LogFile::Entry(r.version).name()
+                    )));
+                };
+                let before: Vec<ManifestShard> = s.shards().values().cloned().collect();
+                let (add, remove) = shard_diff(&before, &r.manifest.shards);
+                let changed = s.version() > 0 && s.schema() != Some(&r.manifest.schema);
+                (add, remove, changed)
+            }
+        };
+        // a delta entry that writes its schema may write the same one (a first entry of a
+        // continued log): compare with the state when there is one
+        let schema_changed = match (&r.change, tracked) {
+            (Change::Delta { .. }, Some(s)) if schema_changed => {
+                s.schema() != Some(&r.manifest.schema)
+            }
+            _ => schema_changed,
+        };
+        out.push(classify(
+            r,
+            add,
+            &remove,
+            schema_changed,
+            on_change,
+            skip_option,
+        )?);
+        if let Some(s) = state.as_mut() {
+            if s.version() + 1 == r.version || r.is_full() {
+                s.apply(r)?;
+            }
+        }
+    }
+    Ok(FollowPlan::Done(out))
+}
+
+/// [`plan_follow`] for callers that list and read through their own file systems (the JVM, the
+/// Python package): the log's file `names` as listed and the texts read so far by name.
+pub fn plan_follow_by_names(
+    names: &[String],
+    after: u64,
+    upto: u64,
+    texts: BTreeMap<String, String>,
+    on_change: OnChange,
+    skip_option: &str,
+) -> Result<FollowPlan, DatasetError> {
+    let files = LogFiles::from_names(names.iter().map(String::as_str))?;
+    let mut read = BTreeMap::new();
+    for (name, text) in texts {
+        if let Some(f) = LogFile::parse(&name)? {
+            read.insert(f, text);
+        }
+    }
+    plan_follow(&files, after, upto, &read, on_change, skip_option)
+}
