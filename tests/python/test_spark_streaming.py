@@ -223,3 +223,37 @@ def test_stream_sink_refusals(spark, tmp_path, case):
     e = error_text(start)
     assert expected in e, e
     assert not out.exists() or shard_files(out) == []
+
+
+def test_a_python_follower_reads_the_batches_a_streaming_query_commits_after_it_started(spark, tmp_path):
+    """Continuous training (spec/python.md §3.6): a ``SafetensorsIterableDataset(follow=...)``
+    opened on the sink's first version reads that epoch, then each micro-batch the query commits
+    (delta log entries of operation ``stream_batch``), and a compaction in between adds nothing."""
+    import threading
+
+    from safetensors_spark.torch import Follow, SafetensorsIterableDataset
+
+    inp, out, ck = tmp_path / "in", tmp_path / "out", tmp_path / "ck"
+    schema = "id long, x array<float>"
+    add_input(spark, inp, "b0", [(i, [float(i)] * 2) for i in range(0, 6)], schema)
+    run(spark, inp, out, ck, schema, batch_size=4)
+    ds = SafetensorsIterableDataset(str(out), batch_size=2, follow=Follow(poll_interval=0.05, until_version=4))
+    assert ds.dataset.version == 1
+
+    def more():
+        add_input(spark, inp, "b1", [(i, [float(i)] * 2) for i in range(6, 11)], schema)
+        add_input(spark, inp, "b2", [(i, [float(i)] * 2) for i in range(11, 13)], schema)
+        run(spark, inp, out, ck, schema, batch_size=4)  # versions 2 and 3
+        safetensors_spark.compact(str(out), batch_size=4)  # version 4: the same rows
+        add_input(spark, inp, "b3", [(i, [float(i)] * 2) for i in range(13, 14)], schema)
+        run(spark, inp, out, ck, schema, batch_size=4)  # version 5: beyond until_version
+
+    writer = threading.Thread(target=more)
+    writer.start()
+    got = [int(i) for b in ds for i in b["id"]]
+    writer.join()
+    assert sorted(got[:6]) == list(range(6)) and sorted(got[6:]) == list(range(6, 13))
+    ops = [h["operation"] for h in safetensors_spark.history(str(out))]
+    assert ops[1:] == ["stream_batch", "stream_batch", "compaction", "stream_batch"]
+    log = sorted(p.name for p in (out / "_manifest_log").iterdir())
+    assert json.loads((out / "_manifest_log" / log[1]).read_text())["log_format"] == 2

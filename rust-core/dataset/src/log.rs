@@ -576,6 +576,15 @@ pub fn plan_state_by_names(
     version: u64,
     texts: BTreeMap<String, String>,
 ) -> Result<StatePlan, DatasetError> {
+    let (files, read) = files_and_texts(names, texts)?;
+    plan_state(&files, version, &read)
+}
+
+/// A listing's names and the texts read so far by name, as the plans take them.
+pub(crate) fn files_and_texts(
+    names: &[String],
+    texts: BTreeMap<String, String>,
+) -> Result<(LogFiles, BTreeMap<LogFile, String>), DatasetError> {
     let files = LogFiles::from_names(names.iter().map(String::as_str))?;
     let mut read = BTreeMap::new();
     for (name, text) in texts {
@@ -583,7 +592,7 @@ pub fn plan_state_by_names(
             read.insert(f, text);
         }
     }
-    plan_state(&files, version, &read)
+    Ok((files, read))
 }
 
 /// Whether an error of [`rebuild`]'s reader is a file that is gone (removed by a commit after the

@@ -265,3 +265,46 @@ def stateful_resumed(make_dataset, stop_after, *, num_workers, snapshot_every):
     same = new()
     same.load_state_dict(state)
     return head, state, same
+
+
+def _commit_full_entry(path, manifest):
+    """Writes ``manifest`` as the dataset's manifest and as its version's log entry in the
+    whole-manifest form of logs written before log format 2 (still read, spec/dataset.md §5.10)."""
+    import time
+
+    manifest["committed_at_ms"] = int(time.time() * 1000)
+    write_manifest(path, manifest)
+    log = os.path.join(path, "_manifest_log")
+    os.makedirs(log, exist_ok=True)
+    with open(os.path.join(log, f"{manifest['manifest_version']:020d}.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def start_log(path):
+    """Gives a :func:`write_batch_dataset` dataset its version 1 in ``_manifest_log/``."""
+    m = read_manifest(path)
+    m.update(manifest_version=1, operation="create")
+    _commit_full_entry(path, m)
+
+
+def append_shard(path, n, width=2):
+    """Appends one shard of ``n`` samples (ids continuing the dataset's, columns as
+    :func:`write_batch_dataset` writes them) as a new version; returns the new ids."""
+    m = read_manifest(path)
+    offset = m["total_samples"]
+    ids = np.arange(offset, offset + n)
+    tensors = {"x": np.stack([ids * 10**j for j in range(width)], axis=1).astype(np.float32),
+               "y": ids.astype(np.int64)}
+    k = len(m["shards"])
+    name = shard_name(k, m["manifest_version"])
+    meta = {"safetensors_spark.layout": "batch", "safetensors_spark.samples": str(n),
+            "safetensors_spark.padded_samples": "0"}
+    save_file(tensors, os.path.join(path, name), metadata=meta)
+    m["shards"].append({"shard_path": name, "samples_count": n, "bytes": os.path.getsize(os.path.join(path, name)),
+                        "partition": k, "padded_samples": 0, "num_tensors": 2})
+    m["shards"].sort(key=lambda s: s["shard_path"])
+    m["total_samples"] += n
+    m["total_bytes"] = sum(s["bytes"] for s in m["shards"])
+    m.update(manifest_version=m["manifest_version"] + 1, operation="append")
+    _commit_full_entry(path, m)
+    return ids.tolist()

@@ -15,6 +15,7 @@ DOCUMENTED = {
     Filter: {"length", "mask", "where"},
     sst.Packing: set(),
     sst.Source: set(),
+    sst.Follow: set(),
     sst.SafetensorsDataset: {"get"},
     sst.SafetensorsIterableDataset: {"epoch", "load_state_dict", "set_epoch", "state_dict"},
     sst.SafetensorsMixture: {"epoch", "load_state_dict", "set_epoch", "source_counts", "state_dict"},
@@ -38,6 +39,6 @@ def test_the_packages_export_what_they_document():
         "ManifestError", "ShardError", "IndexFileError", "KeyNotFoundError", "ColumnNotFoundError", "StateError",
         "__version__"}
     assert set(sst.__all__) == {"SafetensorsDataset", "SafetensorsIterableDataset", "SafetensorsMixture", "Source",
-                                "Filter", "Packing", "loader"}
+                                "Filter", "Follow", "Packing", "loader"}
     for module in (safetensors_spark, sst):
         assert all(hasattr(module, n) for n in module.__all__)

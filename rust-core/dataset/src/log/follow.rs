@@ -189,10 +189,7 @@ pub fn plan_follow(
              before a reader following the dataset from version {after} read it; start again \
              from a kept version",
             gone.version(),
-            match (files.entries.first(), files.entries.last()) {
-                (Some(a), Some(b)) => format!("versions {a}…{b}"),
-                _ => "nothing".into(),
-            }
+            super::kept(files)
         )));
     }
     let unread: Vec<LogFile> = wanted
@@ -283,12 +280,6 @@ pub fn plan_follow_by_names(
     on_change: OnChange,
     skip_option: &str,
 ) -> Result<FollowPlan, DatasetError> {
-    let files = LogFiles::from_names(names.iter().map(String::as_str))?;
-    let mut read = BTreeMap::new();
-    for (name, text) in texts {
-        if let Some(f) = LogFile::parse(&name)? {
-            read.insert(f, text);
-        }
-    }
+    let (files, read) = super::files_and_texts(names, texts)?;
     plan_follow(&files, after, upto, &read, on_change, skip_option)
 }

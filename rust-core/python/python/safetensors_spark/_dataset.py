@@ -8,6 +8,7 @@ and cuts numpy arrays out of shard memory.
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import os
 import threading
@@ -229,14 +230,7 @@ class Dataset:
         # ragged column -> inner shape (spec/dataset.md §2.1)
         self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
         self._checked_offsets: dict[tuple[int, str], NDArray[np.int64]] = {}  # (shard index, column) -> checked offsets array (this process)
-        self.total_samples = m["total_samples"]
-        self.shards = []
-        offset = 0
-        for i, s in enumerate(m["shards"]):
-            self.shards.append(Shard(i, s["shard_path"], s["samples_count"], s.get("padded_samples") or 0,
-                                     s["bytes"], offset, s.get("added_version")))
-            offset += s["samples_count"]
-        self._starts = [s.offset for s in self.shards]
+        self._list_shards(m)
         # A local directory's shard sizes are checked here (one stat each, no request); a remote
         # store's with each shard's first read (spec/python.md §2: open costs the manifest's GET)
         if self._store.is_local and not isinstance(self._store, CachedStore):
@@ -274,6 +268,33 @@ class Dataset:
         # open reads no shard, whatever the number of shards)
         self._check_headers = bool(check_headers)
         self._parts: dict[str, tuple[str, Any]] | None = None  # KV: {shard name: (part url, pyarrow ParquetFile)}, opened on first get
+
+    def _list_shards(self, m: dict[str, Any]) -> None:
+        """``shards`` (with each one's first sample) and ``total_samples`` from manifest ``m``."""
+        self.total_samples = m["total_samples"]
+        self.shards = []
+        offset = 0
+        for i, s in enumerate(m["shards"]):
+            self.shards.append(Shard(i, s["shard_path"], s["samples_count"], s.get("padded_samples") or 0,
+                                     s["bytes"], offset, s.get("added_version")))
+            offset += s["samples_count"]
+        self._starts = [s.offset for s in self.shards]
+
+    def _following(self, version: int, shards: list[dict[str, Any]]) -> Dataset:
+        """This dataset as a follower reads version ``version`` (spec/dataset.md §5.12): the same
+        store, columns and layout, listing only ``shards``, the version's added ones (their files
+        checked as at open, their headers on first use)."""
+        child = copy.copy(self)
+        m = dict(self.manifest)
+        m.update(shards=shards, manifest_version=version, total_samples=sum(s["samples_count"] for s in shards),
+                 total_bytes=sum(s["bytes"] for s in shards))
+        child.manifest, child.version = m, version
+        child._list_shards(m)
+        child._checked_offsets, child._parts = {}, None
+        child.__dict__.pop("_header_locks", None)
+        if child._store.is_local and not isinstance(child._store, CachedStore):
+            child._check_shard_files()
+        return child
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -17,6 +17,7 @@ Inside (one module per concern; the numpy-only rules they use are the package's 
 * ``_torch_datasets`` — the two torch datasets; the iterable one's epochs, rank plan and resume state.
 * ``_torch_mixture`` — ``SafetensorsMixture`` and ``Source``: the mixture order dealt to ranks and
   workers as ``_torch_datasets`` deals its positions.
+* ``_follow`` — ``follow=``: after the epoch, the rows of newer versions, segment by segment.
 * ``_reader`` — batches cut out of shard memory as tensors.
 * ``_forms`` — what a batch of ragged rows looks like (nested, padded, offsets) and ``transform``.
 * ``_handoff`` — several batches per worker message, in pooled shared-memory blocks.
@@ -30,6 +31,7 @@ from .._packing import Packing
 from ._loader import loader
 from ._torch_mixture import SafetensorsMixture, Source
 from .._filter import Filter
+from ._follow import Follow
 
-__all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "SafetensorsMixture", "Source", "Filter", "Packing",
+__all__ = ["SafetensorsDataset", "SafetensorsIterableDataset", "SafetensorsMixture", "Source", "Filter", "Follow", "Packing",
            "loader"]

@@ -55,15 +55,30 @@ class BlockPool:
         return len(self.blocks) - 1, block, True
 
 
-def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, nested=()):
+def worker_pool(release_flags, worker, pools=None):
+    """The worker's :class:`BlockPool` (None without flags). ``pools``: a dict the caller keeps
+    for several plans of one iterator (a follow's segments), so they share one pool — two pools
+    on one row of flags would each hand out slot 0 while a tensor of the other's still lives."""
+    if release_flags is None:
+        return None
+    if pools is None:
+        return BlockPool(release_flags, worker)
+    pool = pools.get("pool")
+    if pool is None:
+        pool = pools["pool"] = BlockPool(release_flags, worker)
+    return pool
+
+
+def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, nested=(), first=None, pools=None):
     """A DataLoader worker's messages of ``k`` batches: batches [b·k, (b+1)·k) for every b ≡
-    ``worker`` (mod ``workers``); ``rows_of(j0, j1)`` gives the (shards, rows, lengths) of batches
-    [j0, j1). Ragged columns travel as values + offsets of all the message's rows; ``nested``
-    names those the training process turns into nested tensors."""
+    ``first`` (default ``worker``; mod ``workers``); ``rows_of(j0, j1)`` gives the (shards, rows,
+    lengths) of batches [j0, j1). Ragged columns travel as values + offsets of all the message's
+    rows; ``nested`` names those the training process turns into nested tensors; ``pools``: see
+    :func:`worker_pool`."""
     if release_flags is not None:
-        reader.pool = BlockPool(release_flags, worker)
+        reader.pool = worker_pool(release_flags, worker, pools)
     ragged = tuple(c for c in reader.columns if c in reader.ds.ragged)
-    for b in range(worker, -(-num_batches // k), workers):
+    for b in range(worker if first is None else first, -(-num_batches // k), workers):
         shards, rows, lengths = rows_of(b * k, min((b + 1) * k, num_batches))
         tensors = reader.batch(shards, rows)
         slot, reader.slot = reader.slot, None
@@ -73,24 +88,24 @@ def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, ne
             yield Handoff(lengths, slot=slot, ragged=ragged, nested=nested)
 
 
-def item_messages(batches_of, num_batches, worker, workers, k, release_flags):
+def item_messages(batches_of, num_batches, worker, workers, k, release_flags, first=None, pools=None):
     """A DataLoader worker's messages of ``k`` finished batches (each any ``{name: tensor}``:
-    padded, transformed, packed), batches [b·k, (b+1)·k) for every b ≡ ``worker`` (mod
-    ``workers``); ``batches_of(j0, j1)`` makes batches [j0, j1). Each message's tensors are
-    copied into one pooled block, each batch with its own layout."""
-    pool = BlockPool(release_flags, worker) if release_flags is not None else None
-    for b in range(worker, -(-num_batches // k), workers):
+    padded, transformed, packed), batches [b·k, (b+1)·k) for every b ≡ ``first`` (default
+    ``worker``; mod ``workers``); ``batches_of(j0, j1)`` makes batches [j0, j1). Each message's
+    tensors are copied into one pooled block, each batch with its own layout."""
+    pool = worker_pool(release_flags, worker, pools)
+    for b in range(worker if first is None else first, -(-num_batches // k), workers):
         yield pack(batches_of(b * k, min((b + 1) * k, num_batches)), pool)
 
 
-def block_messages(epoch, spans, num_batches, worker, workers, k, release_flags):
+def block_messages(epoch, spans, num_batches, worker, workers, k, release_flags, first=None, pools=None):
     """A DataLoader worker's messages of ``k`` batches of packed blocks (spec/python.md §3.3),
     as :func:`item_messages` sends them, the batches written straight into the message's pooled
     block by the Rust block builder (``epoch``: a local :class:`PackedEpoch`; ``spans(j)``: the
     blocks ``(first, count)`` of batch ``j``) — no copy in between."""
-    pool = BlockPool(release_flags, worker) if release_flags is not None else None
+    pool = worker_pool(release_flags, worker, pools)
     seq = epoch.packing.seq_len
-    for b in range(worker, -(-num_batches // k), workers):
+    for b in range(worker if first is None else first, -(-num_batches // k), workers):
         firsts, counts = zip(*(spans(j) for j in range(b * k, min((b + 1) * k, num_batches))))
         parts, offsets, nbytes, total = epoch.layout(firsts, counts)
         if pool is not None:

@@ -23,18 +23,22 @@ WORKER_RUN_FIELDS = ("rank", "world_size", "batch_size", "drop_last")
 
 
 class LiveEpoch:
-    """``[epoch, start position]`` in shared memory: written by the training process before an
-    iterator's workers start or resume, read by each worker when its iterator starts."""
+    """``[epoch, start position, start segment]`` in shared memory: written by the training
+    process before an iterator's workers start or resume, read by each worker when its iterator
+    starts (the segment: a following dataset's, spec/python.md §3.6; 0 otherwise)."""
 
     def __init__(self):
-        self.values = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.values = torch.zeros(3, dtype=torch.int64).share_memory_()
 
-    def publish(self, epoch, start):
-        self.values[0], self.values[1] = int(epoch), int(start)
+    def publish(self, epoch, start, segment=0):
+        self.values[0], self.values[1], self.values[2] = int(epoch), int(start), int(segment)
 
     def read(self):
-        epoch, start = self.values.tolist()
+        epoch, start, _ = self.values.tolist()
         return epoch, start
+
+    def segment(self):
+        return int(self.values[2])
 
 
 def worker_state(ds, common, progress):

@@ -25,6 +25,9 @@ from .._filter import Filter, FilteredOrder, Selection
 from .._prefetch import batch_groups
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
+from ._follow import Follow, Segments, segment_dataset
+from ._follow import generate as follow_generate
+from ._follow import position as follow_position
 from ._forms import Finish, resolve_forms
 from ._handoff import block_messages, item_messages, messages
 from ._reader import BatchReader, to_torch
@@ -162,7 +165,13 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialised (else 0/1).
     Every rank gets the same number of batches: without ``drop_last`` the epoch is padded to a
     multiple of ``world_size`` with samples from the start of its order; with ``drop_last`` it is
-    cut to whole rounds of ``world_size × batch_size``. See spec/python.md §3."""
+    cut to whole rounds of ``world_size × batch_size``. See spec/python.md §3.
+
+    ``follow`` (True or a :class:`Follow`): after the epoch, the rows of newer versions as they
+    are committed (spec/python.md §3.6)."""
+
+    _follow: Follow | None = None  # (a mixture does not follow)
+    _resume_segment = 0
 
     def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | None = None,
                  batch_size: int | None = None, shuffle: bool = False, seed: int = 0, rank: int | None = None,
@@ -171,11 +180,19 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                  transform: Callable[[dict[str, Any]], Any] | None = None, pack: Packing | None = None,
                  filter: Filter | None = None, shuffle_block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 cache_shards: int = 8, version: int | None = None, timestamp: datetime.datetime | str | None = None) -> None:
+                 cache_shards: int = 8, version: int | None = None, timestamp: datetime.datetime | str | None = None,
+                 follow: Follow | bool | None = None) -> None:
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
         ds = self.dataset
+        # after the epoch, the shards of newer versions (spec/python.md §3.6): the settings each
+        # version's segment is read with are this dataset's
+        self._follow = Follow._resolve(follow)
+        self._segments = Segments(ds, self._follow) if self._follow is not None else None
+        # (kept only when following: a filter's function, like transform, then pickles to spawned workers)
+        self._user_args = {"ragged": ragged, "pad_value": pad_value, "transform": transform, "pack": pack,
+                           "filter": filter, "shuffle_block_size": shuffle_block_size} if self._follow else None
         if pack is not None:
             if not isinstance(pack, Packing):
                 raise ValueError(f"pack must be a safetensors_spark.torch.Packing, got {pack!r}")
@@ -227,6 +244,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         self.cache_shards = cache_shards
         self._epoch = 0
         self._resume = None  # (epoch, position) for the next iterator of that epoch
+        self._resume_segment = 0  # follow: the segment (0: the opened version) the next iterator starts in
         self._progress: dict[str, int] | None = None  # {"epoch", "start", "consumed"} counted in the training process
         # the next iterator's (epoch, start) for workers that outlive an iterator (_stateful.py)
         self._live = LiveEpoch()
@@ -274,7 +292,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     def _publish(self):
         """The next iterator's epoch and start, for the workers (read when their iterator starts)."""
-        self._live.publish(self._epoch, self._start_position())
+        self._live.publish(self._epoch, self._start_position(), self._start_segment())
 
     def _worker_start(self, peek=False):
         """In a worker: ``(epoch, start, batches of this worker to skip)`` of the iterator that
@@ -296,6 +314,18 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             return self._resume[1]
         return 0
 
+    def _start_segment(self):
+        """follow: the segment the next iterator starts in (0: the opened version)."""
+        if self._resume is not None and self._resume[0] == self._epoch:
+            return self._resume_segment
+        return 0
+
+    def _segment_args(self):
+        """The settings a follow segment's dataset is made with (_follow.segment_dataset)."""
+        return {"columns": self.columns, "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
+                "rank": self.rank, "world_size": self.world_size, "drop_last": self.drop_last,
+                "cache_shards": self.cache_shards, **self._user_args}
+
     def _units(self):
         """The positions of an epoch: samples (those a filter keeps), or blocks when packing."""
         if self.pack is not None:
@@ -316,6 +346,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         """Batches (or samples, without ``batch_size``) this rank yields in the next iterator."""
+        if self._follow is not None:
+            raise TypeError("len() of a following SafetensorsIterableDataset (follow=...): it yields its epoch and "
+                            "then the rows of new versions as they come, so it has no length")
         self._refresh_rank()
         return self._plan(self._start_position()).num_batches
 
@@ -345,6 +378,15 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             batches_consumed = progress["consumed"] if progress is not None else 0
         elif not isinstance(batches_consumed, int) or batches_consumed < 0:
             raise ValueError(f"batches_consumed must be an integer >= 0, got {batches_consumed!r}")
+        if self._follow is not None:
+            segment = progress.get("segment", 0) if progress is not None else self._start_segment()
+            segment, at = follow_position(self, segment, start, batches_consumed)
+            return {
+                **self._common_state(),
+                "epoch": self._epoch,
+                "position": at,
+                "follow": {"version": self._segment_version(segment)},
+            }
         plan = self._plan(start)
         if batches_consumed > plan.num_batches:
             raise StateError(f"batches_consumed={batches_consumed} but rank {self.rank} has only "
@@ -378,6 +420,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         batches taken, dealt from the iterator's start: then any worker count and world size
         resume from it too) and, inside a worker, that worker's own state (spec/python.md §5.1)."""
         if isinstance(state, dict) and ("_snapshot" in state or "dataset_state" in state):
+            if self._follow is not None:
+                raise StateError("a following dataset (follow=...) resumes from its own state_dict() (or loader()'s), "
+                                 "which records the version reached; a StatefulDataLoader state does not")
             state = from_loader_state(self, state)
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise StateError(f"not a SafetensorsIterableDataset state (version {STATE_VERSION}): {state!r}")
@@ -393,6 +438,14 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                     else "the filter keeps other samples" if field == "filter" else "the global order would differ"
                 raise StateError(f"cannot resume: state has {field}={state.get(field)!r}, this dataset "
                                  f"iterator has {mine!r} ({what})")
+        if self._follow is not None and "worker" in state:
+            raise StateError("a following dataset (follow=...) resumes from its own state_dict() (or loader()'s) in "
+                             "the training process, not from a DataLoader worker's state")
+        if (self._follow is None) != ("follow" not in state):
+            raise StateError("cannot resume: " + ("the state was taken of a following dataset (follow=...); "
+                                                  "this one does not follow" if self._follow is None else
+                                                  "this dataset follows new versions (follow=...); the state was "
+                                                  "taken without follow"))
         if "worker" in state:
             self._worker_resume = load_worker_state(self, state)
             self._epoch = self._worker_resume[0]
@@ -414,11 +467,18 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             return isinstance(v, int) and not isinstance(v, bool) and v >= 0
         if not whole(epoch) or not whole(position):
             raise StateError(f"state epoch/position must be integers >= 0, got {epoch!r}/{position!r}")
-        total = self._units()
+        segment = 0
+        if self._follow is not None:
+            version = (state.get("follow") or {}).get("version") if isinstance(state.get("follow"), dict) else None
+            if not whole(version):
+                raise StateError(f"state follow.version must be an integer >= 0, got {state.get('follow')!r}")
+            segment = self._segments.index_of(version, self.dataset.version, self.dataset)
+        total = segment_dataset(self, self._segments, segment)._units() if segment else self._units()
         if position > total:
             raise StateError(f"cannot resume: state has position={position}, beyond {self._beyond(total)}")
         self._epoch = epoch
         self._resume = (epoch, position)
+        self._resume_segment = segment
         self._progress = None
         self._publish()
 
@@ -428,7 +488,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         start, progress, skip = self._iterator_start(info)
-        items = self._generate(self._plan(start), self._order(), worker, workers, progress, skip)
+        if self._follow is not None:
+            segment = progress["segment"] if progress is not None else 0
+            items = follow_generate(self, worker, workers, segment, start, progress, info is not None)
+        else:
+            items = self._generate(self._plan(start), self._order(), worker, workers, progress, skip)
         if info is not None and self._worker_counters is not None:
             return timed(items, self._worker_counters, worker, [self.dataset])
         return items
@@ -443,7 +507,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             start = self._start_position()
             return start, self._count_from(start), 0
         self._epoch, start, skip = self._worker_start()
-        progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip}
+        progress = self._worker_progress = {"epoch": self._epoch, "start": start, "consumed": skip,
+                                            "segment": self._live.segment()}
         return start, progress, skip
 
     def _order(self):
@@ -458,14 +523,22 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         """A new count, read by state_dict(), of the batches the training loop takes from an
         iterator that starts at position ``start``; a pending resume state is used up. Called
         by this iterator, or by loader() once its workers have started."""
-        progress = {"epoch": self._epoch, "start": start, "consumed": 0}
+        progress = {"epoch": self._epoch, "start": start, "consumed": 0, "segment": self._start_segment()}
         self._progress = progress
         self._resume = None
+        self._resume_segment = 0
         return progress
 
-    def _generate(self, plan, order, worker, workers, progress, skip=0):
+    def _segment_version(self, segment):
+        """The version a follow segment reads (0: the opened one)."""
+        return self.dataset.version if segment == 0 else self._segments.versions[segment - 1]
+
+    def _generate(self, plan, order, worker, workers, progress, skip=0, phase=0, pool=None):
+        """This worker's batches of ``plan``: the messages (or batches) ``b ≡ worker − phase (mod
+        workers)`` — ``phase``: items of the rank's sequence dealt before this plan (a follow's
+        earlier segments); ``pool``: the worker's shared-memory blocks kept across plans."""
         if self.pack is not None:
-            yield from self._generate_packed(plan, order, worker, workers, progress, skip)
+            yield from self._generate_packed(plan, order, worker, workers, progress, skip, phase, pool)
             return
         reader = BatchReader(self.dataset, self.columns, self.cache_shards)
         total = self._units()
@@ -474,7 +547,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         in_worker = torch.utils.data.get_worker_info() is not None
         # the store reads ahead in this worker's order (spec/python.md §2.1)
         # (its own instance of the epoch's order, filtered or not; from the batch this worker resumes at)
-        self.dataset.prefetch(batch_groups(plan, self._order(), worker, workers,
+        first = (worker - phase) % workers  # this worker's first item of the plan
+        self.dataset.prefetch(batch_groups(plan, self._order(), first, workers,
                                            max(k, 1) if in_worker and self.batch_size is not None else 1, skip),
                               self.columns)
 
@@ -491,12 +565,14 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                 def batches_of(j0, j1):
                     return [finish(reader.batch(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
 
-                yield from item_messages(batches_of, plan.num_batches, worker, workers, k, release_flags)
+                yield from item_messages(batches_of, plan.num_batches, worker, workers, k, release_flags,
+                                         first, pool)
                 return
             nested = tuple(c for c, f in finish.forms.items() if f == "nested")
-            yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags, nested)
+            yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags, nested,
+                                first, pool)
             return
-        for j in range(worker + skip * workers, plan.num_batches, workers):
+        for j in range(first + skip * workers, plan.num_batches, workers):
             shards, rows, _ = rows_of(j, j + 1)
             if self.batch_size is None:
                 out = reader.single(shards[0], rows[0])
@@ -509,9 +585,10 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                 progress["consumed"] += 1
             yield out
 
-    def _generate_packed(self, plan, order, worker, workers, progress, skip=0):
+    def _generate_packed(self, plan, order, worker, workers, progress, skip=0, phase=0, pool=None):
         if plan.num_batches == 0:  # (a filter may keep no document: no stream to build)
             return
+        first = (worker - phase) % workers  # this worker's first item of the plan
         epoch = PackedEpoch(self.dataset, self.pack, order, self._lengths)
         transform = self.finish.transform
         single = self.batch_size is None
@@ -528,12 +605,13 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         k, release_flags = self._handoff
         if k >= 1 and torch.utils.data.get_worker_info() is not None:
             if transform is None and self.dataset._store.is_local:  # built into the pooled blocks
-                yield from block_messages(epoch, plan.batch, plan.num_batches, worker, workers, k, release_flags)
+                yield from block_messages(epoch, plan.batch, plan.num_batches, worker, workers, k, release_flags,
+                                          first, pool)
                 return
             yield from item_messages(lambda j0, j1: [block_batch(j) for j in range(j0, j1)], plan.num_batches,
-                                     worker, workers, k, release_flags)
+                                     worker, workers, k, release_flags, first, pool)
             return
-        for j in range(worker + skip * workers, plan.num_batches, workers):
+        for j in range(first + skip * workers, plan.num_batches, workers):
             out = block_batch(j)
             if progress is not None:
                 progress["consumed"] += 1
