@@ -1218,3 +1218,28 @@ def test_delete_on_s3_rewrites_only_the_matching_shard_and_leaves_none_of_its_by
     assert sorted(r.id for r in spark.read.format("safetensors").load(url).collect()) == list(range(1, 7))
     vacuum(spark, url, retention="0").collect()
     assert holders() == []
+
+
+def test_a_python_follower_reads_new_versions_from_s3(spark, s3, bucket):
+    """spec/python.md §3.6 on S3: a following dataset opened on version 1 lists `_manifest_log/`
+    and reads the new entries and shards through the remote store (native client), picks up the
+    Spark appends, passes over a compaction and fails on a delete naming it."""
+    from safetensors_spark.spark import compact, delete
+    from safetensors_spark.torch import Follow, SafetensorsIterableDataset
+
+    url = f"s3a://{bucket}/follow"
+    batch_frame(spark, 6).write.format("safetensors").option("batch_size", 4).save(url)
+    batch_frame(spark, 3, start=6, parts=1).write.format("safetensors").mode("append").save(url)  # 2
+    compact(spark, url, batch_size=4).collect()  # 3: the same rows
+    batch_frame(spark, 2, start=9, parts=1).write.format("safetensors").mode("append").save(url)  # 4
+
+    def follower(until, **kw):
+        return SafetensorsIterableDataset(f"s3://{bucket}/follow", batch_size=2, version=1,
+                                          storage_options=s3.storage_options(),
+                                          follow=Follow(poll_interval=0.05, until_version=until, **kw))
+    got = [int(i) for b in follower(4) for i in b["id"]]
+    assert sorted(got[:6]) == list(range(6)) and sorted(got[6:9]) == [6, 7, 8] and sorted(got[9:]) == [9, 10]
+    delete(spark, url, "id = 1").collect()  # 5
+    with pytest.raises(Exception, match="version 5 is a version of operation delete"):
+        list(follower(5))
+    assert len([i for b in follower(5, skip_change_commits=True) for i in b["id"]]) == 11
