@@ -104,6 +104,24 @@ fn compaction_operation() -> Operation {
 }
 
 impl CompactionPlan {
+    /// The plan without its lists (`replaced`, `outputs`, `deleted_keys`).
+    fn clone_without_lists(&self) -> CompactionPlan {
+        CompactionPlan {
+            base_version: self.base_version,
+            layout: self.layout,
+            write_id: self.write_id.clone(),
+            batch_size: self.batch_size,
+            target_bytes: self.target_bytes,
+            replaced: Vec::new(),
+            outputs: Vec::new(),
+            rows: self.rows,
+            replaced_bytes: self.replaced_bytes,
+            operation: self.operation,
+            rows_removed: self.rows_removed,
+            deleted_keys: Vec::new(),
+        }
+    }
+
     /// The plan's kind as the manifest names it (`compaction`, `delete`), for messages.
     pub fn what(&self) -> &'static str {
         match self.operation {
@@ -379,6 +397,47 @@ fn data<'a>(
             "shard {shard}: tensor '{name}' lies beyond the file"
         ))
     })
+}
+
+/// What the task that writes each output of `plan` needs, and no more: `base` with only the
+/// output's input shards listed (its totals theirs) and `plan` with only that output (its
+/// `replaced`: those inputs), so that a task parses what it merges, not the whole dataset (a
+/// plan of `n` outputs over `s` shards costs O(s) on the driver, not O(n·s) in the tasks).
+/// [`merge_output`] gives the same shard from a slice as from the whole.
+pub fn task_slices(
+    base: &Manifest,
+    plan: &CompactionPlan,
+) -> Result<Vec<(Manifest, CompactionPlan)>, DatasetError> {
+    let by_name: BTreeMap<&str, &ManifestShard> = base
+        .shards
+        .iter()
+        .map(|s| (s.shard_path.as_str(), s))
+        .collect();
+    let mut out = Vec::with_capacity(plan.outputs.len());
+    for o in &plan.outputs {
+        let mut names: Vec<&str> = o.inputs.iter().map(|i| i.shard.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut m = Manifest {
+            shards: Vec::with_capacity(names.len()),
+            ..base.clone_without_shards()
+        };
+        for n in &names {
+            let s = by_name
+                .get(n)
+                .ok_or_else(|| err(format!("shard {n} is not listed by the dataset's manifest")))?;
+            m.shards.push((*s).clone());
+        }
+        m.recompute_totals();
+        let p = CompactionPlan {
+            replaced: names.iter().map(|n| n.to_string()).collect(),
+            outputs: vec![o.clone()],
+            deleted_keys: plan.deleted_keys.clone(),
+            ..plan.clone_without_lists()
+        };
+        out.push((m, p));
+    }
+    Ok(out)
 }
 
 fn read_offsets(raw: &[u8]) -> Vec<i64> {

@@ -609,6 +609,19 @@ impl Manifest {
         Ok(())
     }
 
+    /// A copy of the manifest's own fields, its shard list empty (the totals kept as they are).
+    pub fn clone_without_shards(&self) -> Manifest {
+        Manifest {
+            format_version: self.format_version.clone(),
+            safetensors_version: self.safetensors_version.clone(),
+            total_samples: self.total_samples,
+            total_bytes: self.total_bytes,
+            shards: Vec::new(),
+            schema: self.schema.clone(),
+            ext: self.ext.clone(),
+        }
+    }
+
     /// Sets the totals from the shards.
     pub fn recompute_totals(&mut self) {
         self.total_samples = self.shards.iter().map(|s| s.samples_count).sum();

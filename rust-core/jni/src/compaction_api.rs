@@ -7,7 +7,8 @@ use ::jni::objects::{JClass, JString};
 use ::jni::sys::jint;
 use ::jni::{Env, EnvUnowned};
 use safetensors_spark_dataset::compaction::{
-    compaction_manifest, conflict, merge_output, plan_compaction, CompactionPlan, CompactionRequest,
+    compaction_manifest, conflict, merge_output, plan_compaction, task_slices, CompactionPlan,
+    CompactionRequest,
 };
 use safetensors_spark_dataset::manifest::{CommitInfo, ManifestShard};
 use safetensors_spark_dataset::names::shard_index_part_file_name;
@@ -85,6 +86,22 @@ pub fn compact_shard_json(
         }
     }
     to_json(&merged.entry)
+}
+
+/// `compactionTasks`: for each output of `plan`, what its task is given (`[{"base", "plan"}]`):
+/// the base manifest listing only the output's inputs and the plan of that output alone
+/// ([`task_slices`]); a task runs [`compact_shard_json`] on them with output 0.
+pub fn compaction_tasks_json(latest: &str, plan_json: &str) -> Result<String, JniError> {
+    let m = manifest(latest, "the compaction's base manifest")?;
+    let plan: CompactionPlan = parse_json(plan_json, "compaction plan")?;
+    let mut out = Vec::with_capacity(plan.outputs.len());
+    for (base, p) in task_slices(&m, &plan)? {
+        out.push(json!({
+            "base": serde_json::to_string(&base).map_err(failed)?,
+            "plan": serde_json::to_string(&p).map_err(failed)?,
+        }));
+    }
+    to_json(&out)
 }
 
 /// A log entry as the compaction's caller passes it: a `ListedLogEntry` whose text was read and
@@ -260,6 +277,22 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_compaction
         let info = arg(env, &info, "commitInfoJson")?;
         let log = arg(env, &log, "logJson")?;
         let json = compaction_manifest_json(&current, &plan, &new, &info, &log)?;
+        new_string(env, &json)
+    })
+}
+
+/// `static native String compactionTasks(String baseManifestJson, String planJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_compactionTasks<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    plan: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = arg(env, &base, "baseManifestJson")?;
+        let plan = arg(env, &plan, "planJson")?;
+        let json = compaction_tasks_json(&base, &plan)?;
         new_string(env, &json)
     })
 }

@@ -238,9 +238,23 @@ fn merge_all(m: &Manifest, plan: &CompactionPlan, files: &[(String, Vec<u8>)]) -
         .iter()
         .map(|(n, b)| (n.as_str(), b.as_slice()))
         .collect();
+    // every output also merges from its task slice (what a Spark task is given), through the
+    // JSON the JVM passes, to the same shard
+    let slices = task_slices(m, plan).unwrap();
+    assert_eq!(slices.len(), plan.outputs.len());
     plan.outputs
         .iter()
-        .map(|o| merge_output(m, plan, o, &refs).unwrap())
+        .zip(&slices)
+        .map(|(o, (sm, sp))| {
+            let whole = merge_output(m, plan, o, &refs).unwrap();
+            let sm = crate::parse_manifest(&sm.to_json_pretty().unwrap()).unwrap();
+            let sp: CompactionPlan =
+                serde_json::from_str(&serde_json::to_string(sp).unwrap()).unwrap();
+            assert!(sm.shards.len() <= o.inputs.len() && sp.outputs == vec![o.clone()]);
+            let sliced = merge_output(&sm, &sp, &sp.outputs[0], &refs).unwrap();
+            assert_eq!((&sliced.bytes, &sliced.entry), (&whole.bytes, &whole.entry));
+            whole
+        })
         .collect()
 }
 

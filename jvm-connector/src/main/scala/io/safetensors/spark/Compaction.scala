@@ -105,20 +105,23 @@ object Compaction {
     val outputs = plan.get("outputs").size()
     val what = Option(plan.get("operation")).map(_.asText()).getOrElse("compaction")
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
-    val indexed = plan.get("replaced").elements().asScala.exists { s =>
-      fs.exists(new Path(indexDir, NativeReader.indexPartName(s.asText())))
-    } || {
-      val m = mapper.readTree(baseText)
-      m.get("shards").elements().asScala.exists(s => fs.exists(
-        new Path(indexDir, NativeReader.indexPartName(s.get("shard_path").asText()))))
-    }
+    // the dataset has an index when a part of any of its shards is there: one listing, not a
+    // request per shard
+    val parts: Set[String] = try fs.listStatus(indexDir).map(_.getPath.getName).toSet
+      catch { case _: java.io.FileNotFoundException => Set.empty }
+    val indexed = parts.nonEmpty && mapper.readTree(baseText).get("shards").elements().asScala.exists(s =>
+      parts.contains(NativeReader.indexPartName(s.get("shard_path").asText())))
     val sconf = new SerializableConf(conf)
     val destString = dest.toString
+    // each task gets its output's slice of the base and the plan (parsed once here): a task's
+    // work follows its inputs, not the dataset (the whole plan in every task was O(outputs × shards))
+    val tasks = mapper.readTree(NativeCompaction.compactionTasks(baseText, planJson)).elements().asScala
+      .map(t => (t.get("base").asText(), t.get("plan").asText())).toSeq
     val written = if (outputs == 0) Array.empty[String]
-      else spark.sparkContext.parallelize(0 until outputs, outputs).map { i =>
+      else spark.sparkContext.parallelize(tasks, outputs).map { case (sliceBase, slicePlan) =>
       NativeLib.ensureLoaded()
       val m = Json.mapper
-      val out = m.readTree(planJson).get("outputs").get(i)
+      val out = m.readTree(slicePlan).get("outputs").get(0)
       val d = new Path(destString)
       val tfs = d.getFileSystem(sconf.value)
       val work = Files.createTempDirectory("safetensors-compact-").toFile
@@ -126,7 +129,7 @@ object Compaction {
         out.get("inputs").elements().asScala.map(_.get("shard").asText()).toSeq.distinct.foreach { s =>
           tfs.copyToLocalFile(false, new Path(d, s), new Path(new File(work, s).toURI), true)
         }
-        val entry = NativeCompaction.compactShard(baseText, planJson, i, work.getPath, indexed)
+        val entry = NativeCompaction.compactShard(sliceBase, slicePlan, 0, work.getPath, indexed)
         val name = out.get("name").asText()
         tfs.copyFromLocalFile(false, true, new Path(new File(work, name).toURI), new Path(d, name))
         if (indexed) {

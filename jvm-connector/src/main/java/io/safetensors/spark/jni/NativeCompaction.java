@@ -23,6 +23,12 @@ public final class NativeCompaction {
   public static native String compactShard(String baseManifestJson, String planJson, int output,
       String workDir, boolean indexed);
 
+  /** Driver: what each output's task is given, [{"base", "plan"}]: the base manifest listing
+   *  only that output's input shards and the plan of that output alone, so that a task parses
+   *  what it merges, not the whole dataset; the task calls {@link #compactShard} on them with
+   *  output 0. */
+  public static native String compactionTasks(String baseManifestJson, String planJson);
+
   /** Driver, each commit attempt: the compaction version on top of the latest manifest:
    *  {"manifest", "version", "retain"} (retain: the replaced shards stay for vacuum). Throws
    *  SafetensorsException naming the version that removed a shard the plan replaces
