@@ -156,6 +156,10 @@ struct DeleteRequest {
     /// rows read and not matched): every other row of the shard is deleted.
     #[serde(default)]
     keep: std::collections::BTreeMap<String, Vec<(u64, u64)>>,
+    /// Every row of every shard (a DELETE whose condition selects whole partitions: no shard is
+    /// read).
+    #[serde(default)]
+    all: bool,
 }
 
 /// `planDelete`: the plan of a delete (spec/dataset.md §5.11) on the latest manifest `latest`.
@@ -193,6 +197,13 @@ pub fn plan_delete_json(latest: &str, request_json: &str) -> Result<String, JniE
         }
         let set = rows.entry(shard).or_default();
         set.extend((0..samples).filter(|i| !keep[*i as usize]));
+    }
+    if r.all {
+        for s in &m.shards {
+            rows.entry(s.shard_path.clone())
+                .or_default()
+                .extend(0..s.samples_count);
+        }
     }
     let plan = safetensors_spark_dataset::delete::plan_delete_rows(&m, &rows, &r.write_id)
         .map_err(|e| JniError::invalid_argument(e.to_string()))?;

@@ -134,6 +134,9 @@ private[spark] object HivePartitions {
   def mayMatch(filter: Filter, dir: Dir, schema: StructType): Boolean =
     eval(filter, dir, schema).getOrElse(true)
 
+  /** Whether `filter` holds for the rows of `dir`, when its partition values decide it. */
+  def decide(filter: Filter, dir: Dir, schema: StructType): Option[Boolean] = eval(filter, dir, schema)
+
   /** Three-valued: Some(result) when decidable from partition values, None otherwise. */
   private def eval(f: Filter, dir: Dir, schema: StructType): Option[Boolean] = {
     def value(c: String): Option[Option[Any]] = schema.fieldNames.indexOf(c) match {

@@ -53,6 +53,20 @@ private[spark] final class PartitionedSource(val options: ReadOptions, val conf:
 
   override def summary: String = s"partitionDirs=${dirs.size}"
 
+  /**
+   * The partition directories whose rows all satisfy every one of `filters`, when the partition
+   * values alone decide each filter for every directory; None when a filter needs the rows, or
+   * when a directory has a null partition value (SQL's NULL is not decided here: the caller reads
+   * the rows).
+   */
+  def wholeDirsWhere(filters: Seq[Filter]): Option[Seq[Path]] =
+    if (filters.isEmpty || dirs.exists(_.values.exists(_._2.isEmpty))) None
+    else {
+      val decided = dirs.map(d => d -> filters.map(HivePartitions.decide(_, d, partitionSchema)))
+      if (decided.exists(_._2.exists(_.isEmpty))) None
+      else Some(decided.collect { case (d, r) if r.forall(_.contains(true)) => d.path })
+    }
+
   override def plan(required: StructType, predicates: Seq[ReadPredicate],
       partitionFilters: Seq[Filter], maxPartitionBytes: Long, openCostBytes: Long,
       minPartitions: Int): Seq[SafetensorsInputPartition] = {

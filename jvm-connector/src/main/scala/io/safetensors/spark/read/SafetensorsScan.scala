@@ -14,8 +14,8 @@ import org.apache.spark.broadcast.Broadcast
 import org.apache.spark.internal.Logging
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.connector.catalog.{MetadataColumn, SupportsMetadataColumns, SupportsRead,
-  SupportsRowLevelOperations, Table, TableCapability}
+import org.apache.spark.sql.connector.catalog.{MetadataColumn, SupportsDelete, SupportsMetadataColumns,
+  SupportsRead, SupportsRowLevelOperations, Table, TableCapability}
 import org.apache.spark.sql.connector.write.{RowLevelOperationBuilder, RowLevelOperationInfo}
 import org.apache.spark.sql.connector.metric.{CustomMetric, CustomSumMetric, CustomTaskMetric}
 import org.apache.spark.sql.execution.vectorized.{ColumnVectorUtils, ConstantColumnVector}
@@ -35,7 +35,7 @@ import io.safetensors.spark.internal.{ArrowMemory, SerializableConf, TaskMetric}
  */
 private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boolean,
     source: => TableSource) extends Table with SupportsRead with SupportsMetadataColumns
-    with SupportsRowLevelOperations {
+    with SupportsRowLevelOperations with SupportsDelete {
   private lazy val src = source
 
   override def name(): String = "safetensors"
@@ -61,6 +61,14 @@ private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boole
   /** `DELETE FROM` (copy-on-write, spec/dataset.md §5.11). */
   override def newRowLevelOperationBuilder(info: RowLevelOperationInfo): RowLevelOperationBuilder =
     io.safetensors.spark.write.Deletes.operationBuilder(info, src, tableSchema)
+
+  /** A `DELETE FROM` whose condition selects whole partitions: Spark asks here first, and then
+   *  runs [[deleteWhere]] instead of reading rows (spec/dataset.md §5.11). */
+  override def canDeleteWhere(filters: Array[Filter]): Boolean =
+    io.safetensors.spark.write.Deletes.wholeDirs(src, filters).isDefined
+
+  override def deleteWhere(filters: Array[Filter]): Unit =
+    io.safetensors.spark.write.Deletes.deleteWholeDirs(src, filters)
 }
 
 private[spark] object SafetensorsTable {

@@ -11,7 +11,8 @@ import io.safetensors.spark.Compaction
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.jni.{NativeCompaction, NativeLib}
-import io.safetensors.spark.read.{ReadPredicate, SafetensorsInputPartition, SafetensorsScan, TableSource}
+import io.safetensors.spark.read.{PartitionedSource, ReadPredicate, SafetensorsInputPartition, SafetensorsScan,
+  TableSource}
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
 import org.apache.spark.sql.catalyst.InternalRow
@@ -110,6 +111,25 @@ object Deletes {
       else java.lang.Long.valueOf(Compaction.runPlan(spark, fs, dest, conf, commits, baseText, planJson,
         commitMessage, Option(beforeCommit)))
     Row(version, plan.get("rows_removed").asLong(), replaced, plan.get("outputs").size().toLong)
+  }
+
+  /** The partition directories a DELETE condition (`filters`, all of it) empties whole, when the
+   *  partition values alone decide it for every directory of a batch-layout partitioned root. */
+  private[spark] def wholeDirs(src: TableSource, filters: Array[Filter]): Option[Seq[Path]] = src match {
+    case p: PartitionedSource if p.description.layout == "sample" => p.wholeDirsWhere(filters.toSeq)
+    case _ => None
+  }
+
+  /** Deletes every row of the directories [[wholeDirs]] selects, one `delete` version each,
+   *  from their manifests alone: no shard is read. */
+  private[spark] def deleteWholeDirs(src: TableSource, filters: Array[Filter]): Unit = {
+    val dirs = wholeDirs(src, filters).getOrElse(throw new IllegalStateException(
+      "safetensors: DELETE: the condition does not select whole partitions"))
+    val spark = SparkSession.active
+    dirs.foreach { d =>
+      val request = mapper.createObjectNode().put("all", true)
+      run(spark, d, request, None)
+    }
   }
 
   // ---- SQL DELETE: Spark's row-level operations (DataSource V2, copy-on-write)
