@@ -50,7 +50,7 @@ private[spark] final class DatasetStream(table: ReadSource, required: StructType
    */
   private lazy val start: StreamOffset = {
     val file = new Path(checkpoint, InitialOffsetFile)
-    val cfs = file.getFileSystem(SparkInternals.hadoopConf(SparkSession.active, Map.empty))
+    val cfs = file.getFileSystem(SparkInternals.hadoopConf(SparkSession.active, Map.empty[String, String]))
     if (cfs.exists(file)) StreamOffset.parse(DatasetFiles.readText(cfs, file))
     else {
       val o = firstStart()
