@@ -1,4 +1,4 @@
-"""spark.readStream.format("safetensors") (spec/reading.md §7) where the Scala suite
+"""spark.readStream.format("safetensors") (spec/reading.md §8) where the Scala suite
 (ReadStreamSuite: local[2], local files) does not reach: executors in their own JVMs
 (local-cluster) and a dataset on S3 (moto, through S3A), each chained into our own sink and
 restarted from its checkpoint: every row exactly once."""

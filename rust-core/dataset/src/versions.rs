@@ -133,7 +133,7 @@ pub fn select_version(entries: &[LogEntryTime], spec: VersionSpec) -> Result<u64
 }
 
 /// Where a follower given a start time begins (Spark's `readStream` option `startingTimestamp`,
-/// spec/reading.md §7): the oldest kept version committed at or after `ts` (as Delta Lake's);
+/// spec/reading.md §8): the oldest kept version committed at or after `ts` (as Delta Lake's);
 /// one past the latest version when every version was committed before `ts`, so the follower
 /// reads only versions committed later. A time before the first kept commit starts there.
 pub fn first_version_at_or_after(entries: &[LogEntryTime], ts: i64) -> Result<u64, DatasetError> {

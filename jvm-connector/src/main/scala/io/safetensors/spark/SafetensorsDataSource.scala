@@ -50,7 +50,7 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
     val conf = SparkInternals.hadoopConf(spark, options)
     val inferTypes =
       spark.conf.get("spark.sql.sources.partitionColumnTypeInference.enabled", "true").toBoolean
-    // a readStream with a start option has the columns of the version it starts at (reading.md §7)
+    // a readStream with a start option has the columns of the version it starts at (reading.md §8)
     val read = try DatasetStream.schemaOptions(given, conf) catch {
       case e: SafetensorsException => throw startError(given, e)
     }

@@ -17,7 +17,7 @@ public final class NativeVersions {
       String timestampAsOfOrNull);
 
   /** Where a follower given {@code startingTimestamp} begins (Spark's readStream,
-   *  spec/reading.md §7): the oldest version committed at or after it, or one past the latest
+   *  spec/reading.md §8): the oldest version committed at or after it, or one past the latest
    *  when every version is older; every entry's text given. A value that is not a time throws
    *  SafetensorsOptionsException naming the option. */
   public static native long startingVersion(String entriesJson, String startingTimestamp);

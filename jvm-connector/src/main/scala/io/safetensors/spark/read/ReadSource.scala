@@ -112,7 +112,7 @@ private[spark] object ReadOptions {
       // every shard a task reads is checked whole against its manifest's crc32c
       // (spec/reading.md §5, "Checksums")
       bool(o, "verify_checksums", default = false),
-      // readStream's own options (spec/reading.md §7), checked here so a bad value fails load()
+      // readStream's own options (spec/reading.md §8), checked here so a bad value fails load()
       StreamOptions.parse(o))
   }
 }
@@ -469,7 +469,7 @@ private[spark] object ReadSource {
 
   /** What a read covers when the caller has chosen it rather than listed the paths: a
    *  micro-batch of readStream reads `files` through `manifests` (dir → text) listing only them
-   *  (spec/reading.md §7); no index is used (the planner reads the shards' headers). */
+   *  (spec/reading.md §8); no index is used (the planner reads the shards' headers). */
   final case class Listing(files: Seq[ListedFile], manifests: Seq[(String, String)])
 
   /**

@@ -169,7 +169,7 @@ private[spark] class SafetensorsScan(src: TableSource, required: StructType,
     this
   }
 
-  /** `spark.readStream` (spec/reading.md §7). */
+  /** `spark.readStream` (spec/reading.md §8). */
   override def toMicroBatchStream(checkpointLocation: String): MicroBatchStream =
     DatasetStream(src, required, predicates, checkpointLocation)
 

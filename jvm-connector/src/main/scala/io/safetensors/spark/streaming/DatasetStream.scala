@@ -19,7 +19,7 @@ import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types.StructType
 
 /**
- * `spark.readStream.format("safetensors").load(path)` (spec/reading.md §7): a micro-batch
+ * `spark.readStream.format("safetensors").load(path)` (spec/reading.md §8): a micro-batch
  * source over the versions of one dataset. Its offsets ([[StreamOffset]]) are positions in the
  * stream's shards: the snapshot it started from, then what each later version added
  * ([[FollowedLog]]: the engine's rule, spec/dataset.md §5.12). Each micro-batch reads its shards

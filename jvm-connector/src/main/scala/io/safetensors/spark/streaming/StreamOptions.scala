@@ -7,7 +7,7 @@ import org.apache.spark.network.util.JavaUtils
 import org.apache.spark.sql.connector.read.streaming.Offset
 
 /**
- * The options of `spark.readStream.format("safetensors")` (spec/reading.md §7), checked when the
+ * The options of `spark.readStream.format("safetensors")` (spec/reading.md §8), checked when the
  * stream is defined: a bad value is an error naming the option and what it takes.
  *
  * @param startingVersion `Some(None)`: `latest` (only versions committed after the query

@@ -13,7 +13,7 @@ import org.apache.spark.sql.functions.{col, udf}
 import org.apache.spark.sql.streaming.{StreamingQuery, StreamingQueryException, Trigger}
 
 /**
- * `spark.readStream.format("safetensors")` (spec/reading.md §7) with real queries on local
+ * `spark.readStream.format("safetensors")` (spec/reading.md §8) with real queries on local
  * files, most of them chained into our own sink: the snapshot and then every append or stream
  * batch, each row exactly once across a query that fails mid-way and restarts, the start options,
  * the admission limits, versions that compact, delete or were vacuumed away, and bad options.
