@@ -5,7 +5,7 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.JsonNode
 import io.safetensors.spark.commit.DatasetCommit
-import io.safetensors.spark.files.{DatasetFiles, LogReads}
+import io.safetensors.spark.files.LogReads
 import io.safetensors.spark.internal.Json
 import io.safetensors.spark.jni.{NativeLib, NativeLog, NativeVersions, SafetensorsDatasetException}
 import org.apache.hadoop.conf.Configuration
@@ -118,7 +118,4 @@ private[spark] object FollowedLog {
     val fs = p.getFileSystem(conf)
     new FollowedLog(fs, fs.makeQualified(p), conf, skipChanges)
   }
-
-  /** Whether `dir` has a log of its own (a linked one is refused, spec/dataset.md §5.9). */
-  def hasLog(fs: FileSystem, dir: Path): Boolean = DatasetFiles.ownDir(fs, dir, DatasetCommit.LogDir).nonEmpty
 }
