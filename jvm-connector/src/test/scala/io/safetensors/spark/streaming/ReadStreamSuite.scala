@@ -217,6 +217,33 @@ class ReadStreamSuite extends SparkSuiteBase {
     assert(ids(fresh) == range(108, 116))
   }
 
+  test("a KV dataset streams its tensors (per-tensor rows), appends included") {
+    val a = freshPath()
+    def kv(keys: Seq[String], mode: String): Unit =
+      spark.createDataFrame(keys.map(k => (k, Seq(k.length.toFloat)))).toDF("k", "v")
+        .write.format("safetensors").option("name_col", "k").mode(mode).save(a)
+    kv(Seq("a", "bb"), "errorifexists")
+    val q = stream(a).writeStream.format("memory").queryName("kv_stream")
+      .option("checkpointLocation", freshPath()).trigger(Trigger.ProcessingTime("100 milliseconds")).start()
+    try {
+      q.processAllAvailable()
+      kv(Seq("ccc"), "append")
+      q.processAllAvailable()
+      val keys = spark.table("kv_stream").select("key").collect().map(_.getString(0)).toSeq.sorted
+      assert(keys == Seq("a__v", "bb__v", "ccc__v"), keys)
+    } finally q.stop()
+  }
+
+  test("an offset the source did not write is refused, naming what it expects") {
+    val o = StreamOffset(7, 3, snapshot = false)
+    assert(StreamOffset.parse(o.json()) == o)
+    Seq("""{"version":7}""", """{"sourceVersion":2,"version":7,"index":0,"snapshot":false}""", "[1]", "x")
+      .foreach { bad =>
+        val e = intercept[IllegalArgumentException](StreamOffset.parse(bad))
+        assert(e.getMessage.contains("readStream offset"), e.getMessage)
+      }
+  }
+
   test("bad options, paths and uses fail naming the option and what is allowed") {
     val a = freshPath()
     append(a, 0, 8)
