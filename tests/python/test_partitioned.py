@@ -1,4 +1,4 @@
-"""partitionBy (spec/dataset.md §9, spec/reading.md §8): one complete dataset per Hive-style
+"""partitionBy (spec/dataset.md §9, spec/reading.md §7): one complete dataset per Hive-style
 directory, each opened alone by every reader (the safetensors package, our Python package), and a
 root read that restores the partition columns and lists only the directories a filter can match."""
 import json
