@@ -217,6 +217,27 @@ class ReadStreamSuite extends SparkSuiteBase {
     assert(ids(fresh) == range(108, 116))
   }
 
+  test("Trigger.AvailableNow reads up to the version latest when it started: an append committed " +
+      "during its run (forced, from its first batch) is read by the next run") {
+    val (a, ck) = (freshPath(), freshPath())
+    append(a, 0, 8) // version 1: two shards, two micro-batches of one
+    val seen = new java.util.concurrent.ConcurrentLinkedQueue[Long]()
+    @volatile var appended = false
+    val record: (DataFrame, Long) => Unit = (df, _) => {
+      df.select("id").collect().foreach(r => seen.add(r.getLong(0)))
+      if (!appended) { appended = true; append(a, 8, 16) }
+    }
+    def run(): Unit = {
+      val q = stream(a, Map("maxFilesPerTrigger" -> "1")).writeStream.option("checkpointLocation", ck)
+        .trigger(Trigger.AvailableNow()).foreachBatch(record).start()
+      try q.awaitTermination() finally q.stop()
+    }
+    run()
+    assert(appended && seen.asScala.toSeq.sorted == range(0, 8), seen)
+    run()
+    assert(seen.asScala.toSeq.sorted == range(0, 16), seen)
+  }
+
   test("a KV dataset streams its tensors (per-tensor rows), appends included") {
     val a = freshPath()
     def kv(keys: Seq[String], mode: String): Unit =
