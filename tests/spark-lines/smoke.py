@@ -86,6 +86,25 @@ def batch_mode(spark, df, out):
     return len(files)
 
 
+def read_stream(spark, src, out, ck):
+    """readStream of the batch dataset into a second one (one shard per micro-batch), then an append
+    followed after a restart from the checkpoint: every row once (spec/reading.md §8)."""
+    def drain():
+        q = (spark.readStream.format("safetensors").option("maxFilesPerTrigger", 1).load(str(src))
+             .writeStream.format("safetensors").option("checkpointLocation", str(ck))
+             .option("batch_size", 4).trigger(availableNow=True).start(str(out)))
+        q.awaitTermination()
+        return sum(1 for p in q.recentProgress if p["numInputRows"] > 0)
+    first = drain()
+    spark.createDataFrame([(100, [1.0, 2.0, 3.0], 7)], "id long, x array<float>, y int").write \
+        .format("safetensors").option("batch_size", 4).mode("append").save(str(src))
+    second = drain()
+    got = sorted(r.id for r in spark.read.format("safetensors").load(str(out)).collect())
+    want = sorted([i for i, _, _, _ in expected_rows()] + [100])
+    check(got == want and second == 1, f"readStream: {first}+{second} batches, ids {got}, want {want}")
+    return first
+
+
 def ragged_read(spark, out):
     """A ragged dataset built by hand (tests/python/ragged_data.py) reads back per sample."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
@@ -158,12 +177,14 @@ def main():
         shown = sql_tab_values(spark, "safetensors rows written")
         check(shown == [str(ROWS)], f"SQL tab: 'safetensors rows written' of the batch write: {shown}")
         n_kv = kv_mode(spark, df, work / "kv")
+        n_stream = read_stream(spark, work / "batch", work / "stream", work / "stream-ck")
         ragged_read(spark, work / "ragged")
         # the extensions class's functions
         (v,) = spark.sql("SELECT st_to_array(arr_to_st(array(array(1.5f, -2.0f), array(0.25f, 8.0f)), 'BF16')) AS v").first()
         check(v == [[1.5, -2.0], [0.25, 8.0]], f"arr_to_st/st_to_array: {v}")
         print(f"spark-lines smoke: Spark {version}, jar {Path(jar).name}: "
-              f"batch write+read ({n_batch} shards), KV write+read ({n_kv} shards) and a ragged read OK")
+              f"batch write+read ({n_batch} shards), KV write+read ({n_kv} shards), readStream "
+              f"({n_stream} micro-batches) and a ragged read OK")
     finally:
         spark.stop()
 

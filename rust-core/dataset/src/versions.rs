@@ -42,6 +42,12 @@ fn version_err(problem: String) -> DatasetError {
 /// read as UTC, or RFC 3339 with an offset (`2026-11-26T12:00:00Z`, `…+01:00`). Returns ms
 /// since the Unix epoch.
 pub fn parse_timestamp(text: &str) -> Result<i64, DatasetError> {
+    parse_time_option(text, "timestampAsOf")
+}
+
+/// [`parse_timestamp`] for the option `option` (errors name it): `startingTimestamp` of Spark's
+/// `readStream` takes the same values.
+pub fn parse_time_option(text: &str, option: &str) -> Result<i64, DatasetError> {
     use chrono::{DateTime, NaiveDate, NaiveDateTime};
     let t = text.trim();
     if let Ok(d) = DateTime::parse_from_rfc3339(t) {
@@ -63,7 +69,7 @@ pub fn parse_timestamp(text: &str) -> Result<i64, DatasetError> {
         }
     }
     Err(version_err(format!(
-        "timestampAsOf '{text}' is not a time; expected 'YYYY-MM-DD HH:MM:SS' (UTC) or ISO 8601 \
+        "{option} '{text}' is not a time; expected 'YYYY-MM-DD HH:MM:SS' (UTC) or ISO 8601 \
          such as '2026-11-26T12:00:00Z'"
     )))
 }
@@ -124,6 +130,25 @@ pub fn select_version(entries: &[LogEntryTime], spec: VersionSpec) -> Result<u64
             })
         }
     }
+}
+
+/// Where a follower given a start time begins (Spark's `readStream` option `startingTimestamp`,
+/// spec/reading.md §8): the oldest kept version committed at or after `ts` (as Delta Lake's);
+/// one past the latest version when every version was committed before `ts`, so the follower
+/// reads only versions committed later. A time before the first kept commit starts there.
+pub fn first_version_at_or_after(entries: &[LogEntryTime], ts: i64) -> Result<u64, DatasetError> {
+    let Some(last) = entries.iter().map(|e| e.version).max() else {
+        return Err(version_err(
+            "the dataset has no manifest log (_manifest_log/), so no version can be chosen"
+                .to_string(),
+        ));
+    };
+    Ok(entries
+        .iter()
+        .filter(|e| e.time_ms >= ts)
+        .map(|e| e.version)
+        .min()
+        .unwrap_or(last + 1))
 }
 
 fn kept_list(sorted: &[LogEntryTime]) -> String {
@@ -645,6 +670,11 @@ fn listed_time(e: &ListedLogEntry, m: Option<&Manifest>) -> i64 {
 
 /// [`select_version`] over listed entries (their texts are needed for a timestamp).
 pub fn select_listed(entries: &[ListedLogEntry], spec: VersionSpec) -> Result<u64, DatasetError> {
+    select_version(&listed_times(entries)?, spec)
+}
+
+/// The commit times of listed entries ([`listed_time`]).
+fn listed_times(entries: &[ListedLogEntry]) -> Result<Vec<LogEntryTime>, DatasetError> {
     let mut times = Vec::with_capacity(entries.len());
     for e in entries {
         let r = parse_listed(e)?;
@@ -653,7 +683,18 @@ pub fn select_listed(entries: &[ListedLogEntry], spec: VersionSpec) -> Result<u6
             time_ms: listed_time(e, r.as_ref().map(|r| &r.manifest)),
         });
     }
-    select_version(&times, spec)
+    Ok(times)
+}
+
+/// [`first_version_at_or_after`] over listed entries (every text given) for the value of the
+/// option `option` (errors name it).
+pub fn starting_listed(
+    entries: &[ListedLogEntry],
+    timestamp: &str,
+    option: &str,
+) -> Result<u64, DatasetError> {
+    let ts = parse_time_option(timestamp, option)?;
+    first_version_at_or_after(&listed_times(entries)?, ts)
 }
 
 /// The values of the options `versionAsOf` / `timestampAsOf` (Python: `version=` /
@@ -776,6 +817,25 @@ mod tests {
             .to_string()
             .contains("'yesterday' is not a time"));
         assert!(version_spec(Some("1"), Some("2026-11-26")).is_err());
+        assert!(parse_time_option("soon", "startingTimestamp")
+            .unwrap_err()
+            .to_string()
+            .contains("startingTimestamp 'soon' is not a time"));
+    }
+
+    #[test]
+    fn a_follower_starts_at_the_first_version_at_or_after_a_time() {
+        let log = [e(2, 200), e(3, 300), e(4, 400)];
+        // a commit exactly at the time is included; between commits: the next one
+        assert_eq!(first_version_at_or_after(&log, 300).unwrap(), 3);
+        assert_eq!(first_version_at_or_after(&log, 301).unwrap(), 4);
+        // before the first kept commit: from it; after the latest: only later versions
+        assert_eq!(first_version_at_or_after(&log, 5).unwrap(), 2);
+        assert_eq!(first_version_at_or_after(&log, 401).unwrap(), 5);
+        assert!(first_version_at_or_after(&[], 1)
+            .unwrap_err()
+            .to_string()
+            .contains("no manifest log"));
     }
 
     fn shard(name: &str, bytes: u64, crc: Option<&str>) -> ManifestShard {

@@ -7,10 +7,13 @@ use crate::{arg, guard, parse_json, to_json, JniError};
 use ::jni::objects::{JClass, JString};
 use ::jni::sys::{jboolean, jlong};
 use ::jni::EnvUnowned;
-use safetensors_spark_dataset::log::follow::{plan_follow_by_names, FollowPlan, OnChange};
+use safetensors_spark_dataset::log::follow::{
+    manifest_listing, plan_follow_by_names, FollowPlan, OnChange,
+};
 use safetensors_spark_dataset::log::{
     after_commit, log_entry_text, plan_state_by_names, ListedFile, LogFile, StatePlan,
 };
+use safetensors_spark_dataset::manifest::ManifestShard;
 use safetensors_spark_dataset::parse_manifest;
 use std::collections::BTreeMap;
 
@@ -187,6 +190,23 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_follow<'local>(
             skip_changes,
             &skip_option,
         )?;
+        Ok(env.new_string(text)?)
+    })
+}
+
+/// `static native String followManifest(String baseManifest, String shardsJson)`: `base` listing
+/// only the shard records `shardsJson` (a JSON array), totals recomputed (spec/dataset.md §5.12).
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_followManifest<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    shards: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = arg(env, &base, "baseManifest")?;
+        let shards: Vec<ManifestShard> = parse_json(&arg(env, &shards, "shardsJson")?, "shards")?;
+        let text = manifest_listing(&base, shards)?;
         Ok(env.new_string(text)?)
     })
 }

@@ -8,7 +8,8 @@ use ::jni::objects::{JClass, JString};
 use ::jni::sys::jlong;
 use ::jni::EnvUnowned;
 use safetensors_spark_dataset::versions::{
-    check_entry_shards, history_listed, select_listed, version_spec, ListedLogEntry,
+    check_entry_shards, history_listed, select_listed, starting_listed, version_spec,
+    ListedLogEntry,
 };
 use safetensors_spark_dataset::DatasetError;
 use std::collections::BTreeMap;
@@ -71,6 +72,28 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_selectVersio
         let v = opt(env, &version_as_of)?;
         let t = opt(env, &timestamp_as_of)?;
         let version = select_version_json(&entries, v.as_deref(), t.as_deref())?;
+        Ok(i64::try_from(version).unwrap_or(i64::MAX))
+    })
+}
+
+/// `static native long startingVersion(String entriesJson, String startingTimestamp)`: where a
+/// follower given a start time begins (the oldest version committed at or after it; one past the
+/// latest when none was), every entry's text given. A bad time is the user's options error.
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeVersions_startingVersion<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    entries: JString<'local>,
+    timestamp: JString<'local>,
+) -> jlong {
+    guard(&mut env, |env| {
+        let entries: Vec<ListedLogEntry> =
+            parse_json(&arg(env, &entries, "entriesJson")?, "manifest log entries")?;
+        let t = arg(env, &timestamp, "startingTimestamp")?;
+        // a time that does not parse is the option's error; a log that cannot be read, the data's
+        safetensors_spark_dataset::versions::parse_time_option(&t, "startingTimestamp")
+            .map_err(options)?;
+        let version = starting_listed(&entries, &t, "startingTimestamp")?;
         Ok(i64::try_from(version).unwrap_or(i64::MAX))
     })
 }

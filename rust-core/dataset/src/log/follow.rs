@@ -21,7 +21,7 @@
 //! before it, rebuilt once by [`super::plan_state`]; after that the replay carries on in memory.
 
 use super::{parse_log_file, plan_state, Change, LogFile, LogFiles, LogRecord, Replay, StatePlan};
-use crate::manifest::{Manifest, ManifestShard, Operation};
+use crate::manifest::{parse_manifest, Manifest, ManifestShard, Operation};
 use crate::names::MANIFEST_LOG_DIR;
 use crate::DatasetError;
 use serde::Serialize;
@@ -282,4 +282,33 @@ pub fn plan_follow_by_names(
 ) -> Result<FollowPlan, DatasetError> {
     let (files, read) = super::files_and_texts(names, texts)?;
     plan_follow(&files, after, upto, &read, on_change, skip_option)
+}
+
+/// The manifest a follower reads a batch of followed shards with: `base` (a version's whole
+/// manifest: the dataset's columns, mode and settings) listing only `shards` (records as
+/// [`FollowedVersion::add`] or a version's own list gives them), sorted by name, its totals
+/// those of the shards. Spark's `readStream` reads each micro-batch through the batch read path
+/// with it. No shards, or a shard listed twice, is an error: a batch reads each shard once.
+pub fn manifest_listing(base: &str, shards: Vec<ManifestShard>) -> Result<String, DatasetError> {
+    let mut m = parse_manifest(base)?;
+    let mut shards = shards;
+    shards.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
+    if shards.is_empty() {
+        return Err(follow_err(
+            "a batch of followed shards lists no shard".into(),
+        ));
+    }
+    if let Some(w) = shards
+        .windows(2)
+        .find(|w| w[0].shard_path == w[1].shard_path)
+    {
+        return Err(follow_err(format!(
+            "a batch of followed shards lists {} twice",
+            w[0].shard_path
+        )));
+    }
+    m.shards = shards;
+    m.recompute_totals();
+    m.validate()?;
+    m.to_json_pretty()
 }

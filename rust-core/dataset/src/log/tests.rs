@@ -629,3 +629,27 @@ fn a_follower_refuses_a_version_that_changes_the_columns() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_batch_of_followed_shards_reads_through_a_manifest_listing_only_them() {
+    let base = manifest(4, &[1, 2, 3], 10, None).to_json_pretty().unwrap();
+    let mut picked: Vec<ManifestShard> = manifest(9, &[2, 7], 20, None).shards;
+    picked.reverse();
+    let text = follow::manifest_listing(&base, picked).unwrap();
+    let m = parse_manifest(&text).unwrap();
+    // the batch's shards, sorted, with their totals; the base's columns and version kept
+    let names: Vec<&str> = m.shards.iter().map(|s| s.shard_path.as_str()).collect();
+    assert_eq!(names, vec![shard(2), shard(7)]);
+    assert_eq!((m.total_samples, m.total_bytes), (2, 8));
+    assert_eq!(m.manifest_version(), 4);
+    let one = manifest(9, &[2], 20, None).shards;
+    let twice = vec![one[0].clone(), one[0].clone()];
+    assert!(follow::manifest_listing(&base, twice)
+        .unwrap_err()
+        .to_string()
+        .contains("twice"));
+    assert!(follow::manifest_listing(&base, Vec::new())
+        .unwrap_err()
+        .to_string()
+        .contains("no shard"));
+}

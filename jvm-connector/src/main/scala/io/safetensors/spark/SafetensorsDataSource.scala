@@ -16,7 +16,8 @@ import org.apache.spark.sql.types.StructType
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import io.safetensors.spark.catalog.{SafetensorsCatalogTable, TableOptions}
 import io.safetensors.spark.read.{PartitionedSource, ReadOptions, ReadSource, SafetensorsTable, TableSource}
-import io.safetensors.spark.streaming.SafetensorsStreamSink
+import io.safetensors.spark.jni.SafetensorsException
+import io.safetensors.spark.streaming.{DatasetStream, SafetensorsStreamSink, StreamOptions}
 import io.safetensors.spark.write.{PartitionedWriter, SafetensorsWriter}
 
 /**
@@ -45,11 +46,27 @@ class SafetensorsDataSource extends TableProvider with DataSourceRegister
   private def readSource(options: Map[String, String]): TableSource = {
     val spark = SparkSession.active
     val (_, _, ignoreCorrupt) = SparkInternals.filesConf(spark)
-    val read = ReadOptions.parse(options, ignoreCorrupt, SparkInternals.ignoreMissingFiles(spark))
+    val given = ReadOptions.parse(options, ignoreCorrupt, SparkInternals.ignoreMissingFiles(spark))
     val conf = SparkInternals.hadoopConf(spark, options)
     val inferTypes =
       spark.conf.get("spark.sql.sources.partitionColumnTypeInference.enabled", "true").toBoolean
-    PartitionedSource.discover(read, conf, inferTypes).getOrElse(new ReadSource(read, conf))
+    // a readStream with a start option has the columns of the version it starts at (reading.md §8)
+    val read = try DatasetStream.schemaOptions(given, conf) catch {
+      case e: SafetensorsException => throw startError(given, e)
+    }
+    PartitionedSource.discover(read, conf, inferTypes).getOrElse {
+      try new ReadSource(read, conf)
+      catch { case e: SafetensorsException if given.stream.startGiven => throw startError(given, e) }
+    }
+  }
+
+  /** An error finding the version a readStream starts at, naming the option that chose it. */
+  private def startError(read: ReadOptions, e: SafetensorsException): Throwable = {
+    val s = read.stream
+    val what = s.startingVersion.flatten.map(v => s"option '${StreamOptions.StartingVersion}' = $v")
+      .orElse(s.startingTimestamp.map(t => s"option '${StreamOptions.StartingTimestamp}' = '$t'"))
+      .getOrElse("readStream")
+    new IllegalArgumentException(s"safetensors: $what: ${e.getMessage}", e)
   }
 
   override def inferSchema(options: CaseInsensitiveStringMap): StructType = synchronized {

@@ -5,7 +5,7 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.JsonNode
 import io.safetensors.spark.commit.DatasetCommit
-import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.files.{DatasetFiles, LogReads}
 import io.safetensors.spark.jni.{NativeLib, NativeVersions}
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.{DataFrame, Row, SparkSession}
@@ -52,13 +52,7 @@ object SafetensorsDataset {
       throw new IllegalArgumentException(s"safetensors: $dir has no manifest log " +
         s"(${DatasetCommit.LogDir}/): not a dataset written by this connector")
     }
-    val entries = mapper.createArrayNode()
-    fs.listStatus(logDir).foreach { s =>
-      DatasetCommit.parseLogName(s.getPath.getName).foreach { v =>
-        entries.addObject().put("version", v).put("modified_ms", s.getModificationTime)
-          .put("text", DatasetFiles.readText(fs, s.getPath))
-      }
-    }
+    val entries = LogReads.entries(fs, logDir, withTexts = true)
     val rows = mapper.readTree(NativeVersions.history(mapper.writeValueAsString(entries)))
       .elements().asScala.map(toRow).toList
     spark.createDataFrame(rows.asJava, HistorySchema)

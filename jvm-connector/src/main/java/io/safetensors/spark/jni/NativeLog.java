@@ -37,4 +37,10 @@ public final class NativeLog {
    *  no longer in the log, throws too. */
   public static native String follow(String namesJson, long after, long upto, String readJson,
       boolean skipChanges, String skipOption);
+
+  /** The manifest a follower reads a batch of followed shards with (spec/dataset.md §5.12):
+   *  {@code baseManifest} (a version's whole manifest) listing only {@code shardsJson} (a JSON
+   *  array of shard records as {@link #follow} gives them), sorted, totals recomputed. No shard,
+   *  or one listed twice, throws SafetensorsDatasetException. */
+  public static native String followManifest(String baseManifest, String shardsJson);
 }

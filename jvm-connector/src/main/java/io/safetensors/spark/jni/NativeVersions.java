@@ -16,6 +16,12 @@ public final class NativeVersions {
   public static native long selectVersion(String entriesJson, String versionAsOfOrNull,
       String timestampAsOfOrNull);
 
+  /** Where a follower given {@code startingTimestamp} begins (Spark's readStream,
+   *  spec/reading.md §8): the oldest version committed at or after it, or one past the latest
+   *  when every version is older; every entry's text given. A value that is not a time throws
+   *  SafetensorsOptionsException naming the option. */
+  public static native long startingVersion(String entriesJson, String startingTimestamp);
+
   /** Checks the shards a version lists against {@code foundJson} ({shard name: file size}, a
    *  missing shard absent): throws SafetensorsDatasetException naming the version and shard. */
   public static native void checkVersionShards(String manifestJson, long version,

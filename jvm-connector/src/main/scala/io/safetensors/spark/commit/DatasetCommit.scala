@@ -8,7 +8,7 @@ import java.nio.file.{FileAlreadyExistsException, Files}
 import java.nio.file.StandardCopyOption.ATOMIC_MOVE
 import java.nio.file.StandardOpenOption.{CREATE, READ, TRUNCATE_EXISTING, WRITE}
 
-import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.files.{DatasetFiles, LogReads}
 import io.safetensors.spark.files.DatasetFiles.{ManifestName, readText}
 import io.safetensors.spark.jni.{NativeLog, NativeNames}
 import org.apache.hadoop.conf.Configuration
@@ -213,35 +213,18 @@ private[spark] object DatasetCommit {
 
   def logName(version: Long): String = NativeNames.manifestLogFileName(version)
 
-  /** [[rebuild]] on the log as listed now; a file removed after the listing (a checkpoint another
-   *  commit superseded) makes it list again, up to 3 times. */
-  def rebuildListing(fs: FileSystem, logDir: Path, version: Long): String = {
-    var attempt = 0
-    while (true) {
-      attempt += 1
-      val names = fs.listStatus(logDir).toSeq.map(_.getPath.getName)
-      try return rebuild(fs, logDir, names, version)
-      catch { case _: java.io.FileNotFoundException if attempt < 3 => }
-    }
-    throw new IllegalStateException("unreachable")
-  }
+  /** [[rebuild]] on the log as listed now ([[LogReads.withListing]]: listed again when a file is
+   *  removed after the listing). */
+  def rebuildListing(fs: FileSystem, logDir: Path, version: Long): String =
+    LogReads.withListing(fs, logDir)(names => rebuild(fs, logDir, names, version))
 
   /** The whole manifest text of `version` from the log in `logDir` whose file names are `names`
    *  (rebuilt by the engine: a checkpoint and the entries after it, spec/dataset.md §5.10). */
   def rebuild(fs: FileSystem, logDir: Path, names: Seq[String], version: Long): String = {
     val namesJson = mapper.writeValueAsString(names.toArray)
-    val read = mapper.createObjectNode()
-    var answer = mapper.readTree(NativeLog.rebuild(namesJson, version, "{}"))
-    var rounds = 0
-    while (answer.has("read")) {
-      rounds += 1
-      if (rounds > 3) throw new IllegalStateException(s"safetensors: rebuilding version $version did not end")
-      answer.get("read").elements().forEachRemaining { n =>
-        read.put(n.asText(), readText(fs, new Path(logDir, n.asText())))
-      }
-      answer = mapper.readTree(NativeLog.rebuild(namesJson, version, mapper.writeValueAsString(read)))
-    }
-    answer.get("manifest").asText()
+    LogReads.converse(fs, logDir, s"rebuilding version $version") { read =>
+      NativeLog.rebuild(namesJson, version, read)
+    }.get("manifest").asText()
   }
 
   /** The version of a `_manifest_log/` entry's name, None for another name. A name of 20 digits

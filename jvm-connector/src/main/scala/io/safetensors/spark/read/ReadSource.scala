@@ -14,7 +14,8 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
 import org.apache.spark.sql.sources.Filter
 import org.apache.spark.sql.types.{ArrayType, DataType, StructType}
-import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
+import io.safetensors.spark.files.{DatasetFiles, LogReads, ShardHeaders}
+import io.safetensors.spark.streaming.StreamOptions
 
 /** The read options (spec/options.md, "Read options"). */
 private[spark] final case class ReadOptions(
@@ -27,7 +28,8 @@ private[spark] final case class ReadOptions(
     fileLayoutMaxTensors: Option[Long] = None,
     versionAsOf: Option[String] = None,
     timestampAsOf: Option[String] = None,
-    verifyChecksums: Boolean = false)
+    verifyChecksums: Boolean = false,
+    stream: StreamOptions = StreamOptions())
 
 private[spark] object ReadOptions {
   val Keys: Seq[String] =
@@ -45,11 +47,13 @@ private[spark] object ReadOptions {
   def parse(options: Map[String, String], ignoreCorruptDefault: Boolean,
       ignoreMissingDefault: Boolean = false): ReadOptions = {
     val o = options.map { case (k, v) => k.toLowerCase -> v }
-    val unknown = o.keySet -- Keys.map(_.toLowerCase) -- Set("path", "paths")
+    val unknown = o.keySet -- Keys.map(_.toLowerCase) -- StreamOptions.Keys.map(_.toLowerCase) --
+      Set("path", "paths")
     if (unknown.nonEmpty) {
       throw new IllegalArgumentException(
         s"safetensors: unknown read option(s) ${unknown.toSeq.sorted.map(k => s"'$k'").mkString(", ")}; " +
-          s"valid read options: ${Keys.mkString(", ")}")
+          s"valid read options: ${Keys.mkString(", ")}; readStream options: " +
+          StreamOptions.Keys.mkString(", "))
     }
     val paths = o.get("paths").toSeq.flatMap { json =>
       mapper.readTree(json).elements().asScala.map(_.asText()).toSeq
@@ -107,7 +111,9 @@ private[spark] object ReadOptions {
       bool(o, "ignoremissingfiles", ignoreMissingDefault), maxTensors, versionAsOf, timestampAsOf,
       // every shard a task reads is checked whole against its manifest's crc32c
       // (spec/reading.md §5, "Checksums")
-      bool(o, "verify_checksums", default = false))
+      bool(o, "verify_checksums", default = false),
+      // readStream's own options (spec/reading.md §8), checked here so a bad value fails load()
+      StreamOptions.parse(o))
   }
 }
 
@@ -137,8 +143,8 @@ private[spark] final case class ListedFile(uri: String, length: Long)
  * (which answers `need_headers` until it has every header it wants, and `need_index` when a
  * dataset's `_tensor_index.parquet` can serve a key lookup instead of its headers).
  */
-private[spark] final class ReadSource(val options: ReadOptions, val conf: Configuration)
-    extends TableSource {
+private[spark] final class ReadSource(val options: ReadOptions, val conf: Configuration,
+    chosen: Option[ReadSource.Listing] = None) extends TableSource {
   import ReadSource._
 
   override def summary: String = s"files=${files.size}"
@@ -151,7 +157,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
     }
 
   val (files: Seq[ListedFile], manifests: Seq[(String, String)], indexes: Map[String, String]) =
-    list()
+    chosen.map(l => (l.files, l.manifests, Map.empty[String, String])).getOrElse(list())
 
   /** Header JSON text (or the error that stopped reading it) per file URI. */
   private val headers = mutable.Map[String, Either[String, String]]()
@@ -241,15 +247,8 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
     NativeLib.ensureLoaded()
     val logDir = new Path(dir, DatasetCommit.LogDir)
     // a linked _manifest_log is refused naming it (spec/dataset.md §5.9)
-    val logged = if (DatasetFiles.ownDir(fs, dir, DatasetCommit.LogDir).isEmpty) Seq.empty
-    else fs.listStatus(logDir).toSeq.flatMap { s =>
-      DatasetCommit.parseLogName(s.getPath.getName).map(v => (v, s))
-    }
-    val entries = mapper.createArrayNode()
-    logged.foreach { case (v, s) =>
-      val e = entries.addObject().put("version", v).put("modified_ms", s.getModificationTime)
-      if (options.timestampAsOf.isDefined) e.put("text", DatasetFiles.readText(fs, s.getPath))
-    }
+    val entries = if (DatasetFiles.ownDir(fs, dir, DatasetCommit.LogDir).isEmpty) mapper.createArrayNode()
+    else LogReads.entries(fs, logDir, withTexts = options.timestampAsOf.isDefined)
     val version = NativeVersions.selectVersion(mapper.writeValueAsString(entries),
       options.versionAsOf.orNull, options.timestampAsOf.orNull)
     // the version's whole manifest, rebuilt from its checkpoint and entries (spec/dataset.md §5.10)
@@ -467,6 +466,11 @@ private[spark] final case class ReadPredicate(column: String, op: String, values
 
 private[spark] object ReadSource {
   private val mapper = Json.mapper
+
+  /** What a read covers when the caller has chosen it rather than listed the paths: a
+   *  micro-batch of readStream reads `files` through `manifests` (dir → text) listing only them
+   *  (spec/reading.md §8); no index is used (the planner reads the shards' headers). */
+  final case class Listing(files: Seq[ListedFile], manifests: Seq[(String, String)])
 
   /**
    * What makes two names of one file or directory the same: on the local file system its real

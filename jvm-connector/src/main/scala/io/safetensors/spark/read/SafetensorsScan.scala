@@ -27,6 +27,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap
 import org.apache.spark.sql.vectorized.{ColumnVector, ColumnarBatch}
 import io.safetensors.spark.files.{DatasetFiles, ShardHeaders}
 import io.safetensors.spark.internal.{ArrowMemory, SerializableConf, TaskMetric}
+import io.safetensors.spark.streaming.{DatasetStream, StreamOptions}
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream
 
 /**
  * The table behind `format("safetensors")`. Reads: BATCH_READ through [[SafetensorsScanBuilder]].
@@ -41,7 +43,7 @@ private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boole
   override def name(): String = "safetensors"
   override def schema(): StructType = tableSchema
   override def capabilities(): util.Set[TableCapability] =
-    util.EnumSet.of(TableCapability.BATCH_READ)
+    util.EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ)
 
   override def metadataColumns(): Array[MetadataColumn] =
     src.description.metadataColumns.fields.map { f =>
@@ -163,7 +165,21 @@ private[spark] class SafetensorsScan(src: TableSource, required: StructType,
   protected def extraPredicates: Seq[ReadPredicate] = Seq.empty
 
   override def readSchema(): StructType = required
-  override def toBatch: Batch = this
+
+  override def toBatch: Batch = {
+    // readStream's start options would otherwise be silently ignored by a batch read
+    if (src.options.stream.startGiven) {
+      throw new IllegalArgumentException(
+        s"safetensors: options '${StreamOptions.StartingVersion}' and " +
+          s"'${StreamOptions.StartingTimestamp}' start a readStream; a batch read of a version " +
+          "takes 'versionAsOf' or 'timestampAsOf'")
+    }
+    this
+  }
+
+  /** `spark.readStream` (spec/reading.md §8). */
+  override def toMicroBatchStream(checkpointLocation: String): MicroBatchStream =
+    DatasetStream(src, required, predicates, checkpointLocation)
 
   override def description(): String =
     s"SafetensorsScan[layout=${src.description.layout}, ${src.summary}, " +
