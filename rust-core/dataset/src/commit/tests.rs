@@ -4,45 +4,22 @@ use crate::local::{
     publish_version,
 };
 use crate::log::{parse_log_file, LogFile};
-use crate::manifest::parse_manifest;
 use crate::names::MANIFEST_LOG_DIR;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn shard(i: u64) -> String {
-    format!("part-{i:05}-0000-00000000-0000-0000-0000-{i:012}.safetensors")
-}
-
 /// A batch manifest of version `v` listing `shards` (1 row, 4 bytes each), checkpoint interval
-/// `interval`.
+/// `interval` (the log's tests' manifest).
 fn manifest(v: u64, shards: &[u64], interval: u64) -> Manifest {
-    let entries: Vec<String> = shards
-        .iter()
-        .map(|i| {
-            format!(
-                r#"{{"shard_path":"{}","samples_count":1,"bytes":4,"partition":{i},"padded_samples":0,"num_tensors":1}}"#,
-                shard(*i)
-            )
-        })
-        .collect();
-    parse_manifest(&format!(
-        r#"{{"format_version":"1.0","safetensors_version":"1.0","total_samples":{n},"total_bytes":{b},"shards":[{s}],"schema":{{"x":{{"dtype":"F32","shape":[1]}}}},"format":"safetensors-spark-dataset","created_by":"t","manifest_version":{v},"layout":"batch","batch_size":1,"tail_strategy":"write","kv_separator":null,"padded_samples":0,"dropped_samples":0,"operation":"append","committed_at_ms":{v},"checkpoint_interval":{interval}}}"#,
-        n = shards.len(),
-        b = 4 * shards.len(),
-        s = entries.join(",")
-    ))
-    .unwrap()
+    let mut m = crate::log::tests::manifest(v, shards, v, None);
+    if let Some(x) = &mut m.ext {
+        x.checkpoint_interval = Some(interval);
+    }
+    m
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "sts-commit-{name}-{}-{}",
-        std::process::id(),
-        crate::local::now_ms()
-    ));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
+    crate::log::tests::tmp(&format!("commit-{name}"))
 }
 
 fn log_names(dir: &Path) -> Vec<String> {

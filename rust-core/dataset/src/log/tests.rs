@@ -8,12 +8,12 @@ use crate::vacuum::VacuumRequest;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn shard(i: u64) -> String {
+pub(crate) fn shard(i: u64) -> String {
     format!("part-{i:05}-0000-00000000-0000-0000-0000-{i:012}.safetensors")
 }
 
 /// A batch manifest of version `v` listing `shards` (1 row, 4 bytes each), committed at `at`.
-fn manifest(v: u64, shards: &[u64], at: u64, retention: Option<u64>) -> Manifest {
+pub(crate) fn manifest(v: u64, shards: &[u64], at: u64, retention: Option<u64>) -> Manifest {
     let entries: Vec<String> = shards
         .iter()
         .map(|i| {
@@ -33,7 +33,7 @@ fn manifest(v: u64, shards: &[u64], at: u64, retention: Option<u64>) -> Manifest
     .unwrap()
 }
 
-fn tmp(name: &str) -> PathBuf {
+pub(crate) fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "sts-log-{name}-{}-{}",
         std::process::id(),
