@@ -143,7 +143,16 @@ struct Entry<'a> {
     shards_count: u64,
     add: &'a [ManifestShard],
     remove: &'a [ManifestShard],
-    manifest: serde_json::Map<String, serde_json::Value>,
+    manifest: Fields<'a>,
+}
+
+/// A version's own fields as an entry writes them: `schema` through its own serialiser, which
+/// keeps the columns in their written order (a JSON map value would sort them).
+#[derive(Serialize)]
+struct Fields<'a> {
+    schema: &'a crate::manifest::ColumnMap,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The text of the log entry of version `next` committed on `base` with `changes` (spec/dataset.md
@@ -201,6 +210,7 @@ pub fn entry_text(
         }
     };
     fields.remove("shards");
+    fields.remove("schema");
     let entry = Entry {
         log_format: LOG_FORMAT_DELTA,
         manifest_version: version,
@@ -208,7 +218,10 @@ pub fn entry_text(
         shards_count: shards_count.unwrap_or(0),
         add: &changes.add,
         remove: &changes.remove,
-        manifest: fields,
+        manifest: Fields {
+            schema: &next.schema,
+            rest: fields,
+        },
     };
     let mut s = serde_json::to_string(&entry).map_err(|e| commit_err(e.to_string()))?;
     s.push('\n');

@@ -172,6 +172,17 @@ pub(crate) fn listed_or_added<'a>(
     }
 }
 
+/// A delta entry's `schema`, read from its text in column order.
+#[derive(Deserialize)]
+struct OrderedSchema {
+    manifest: SchemaOnly,
+}
+
+#[derive(Deserialize)]
+struct SchemaOnly {
+    schema: crate::manifest::ColumnMap,
+}
+
 /// The delta entry as read (written by [`crate::commit::entry_text`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -242,8 +253,14 @@ pub fn parse_log_file(file: LogFile, text: &str) -> Result<LogRecord, DatasetErr
             ));
         }
         fields.insert("shards".into(), serde_json::Value::Array(Vec::new()));
-        let text = serde_json::Value::Object(fields).to_string();
-        let manifest = parse_manifest_fields(&text).map_err(|e| entry_err(file, e))?;
+        let own = serde_json::Value::Object(fields).to_string();
+        let mut manifest = parse_manifest_fields(&own).map_err(|e| entry_err(file, e))?;
+        if !schema_from_base {
+            // the columns in their written order, from the text (the map above sorts them)
+            let ordered: OrderedSchema =
+                serde_json::from_str(text).map_err(|e| entry_err(file, e))?;
+            manifest.schema = ordered.manifest.schema;
+        }
         if manifest.manifest_version() != d.manifest_version {
             return Err(entry_err(
                 file,

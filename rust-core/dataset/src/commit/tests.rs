@@ -258,3 +258,18 @@ fn a_log_of_an_older_kind_continues_from_its_whole_base() {
     assert!(append_by_head(&dir, Some(2), 4, 100));
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_entry_keeps_the_columns_in_their_written_order() {
+    // a JSON map value sorts its keys: the entry writes and reads the schema in column order
+    let mut base = manifest(3, &[1], 100);
+    let x = base.schema.0[0].1.clone();
+    base.schema.0 = vec![("zeta".into(), x.clone()), ("alpha".into(), x)];
+    let mut next = manifest(4, &[1, 2], 100);
+    next.schema = base.schema.clone();
+    let text = crate::log::log_entry_text(Some(&base), &next).unwrap();
+    assert!(text.find("zeta") < text.find("alpha"), "{text}");
+    let r = parse_log_file(LogFile::Entry(4), &text).unwrap();
+    assert_eq!(r.manifest.schema, next.schema);
+    assert_eq!(Head::of_record(r).unwrap().manifest.schema, next.schema);
+}
