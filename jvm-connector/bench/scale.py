@@ -4,13 +4,14 @@ spec/performance.md §14). Run it through scale.sh, which builds what it needs.
 Datasets are synthetic and built fast: a real one-row dataset written by Spark is the template,
 and `rust-core/dataset/examples/log_scale.rs` makes versions and shards from it (every shard a
 hard link of the template's shard under its own name; every version a real commit through
-`dataset::local`'s `latest_manifest` / `commit_version` / `publish_version`, so the log holds
+`dataset::local`'s `latest_head` / `commit_changes` / `publish_changes`, so the log holds
 whatever the commit code writes).
 
 Parts (--parts, default all):
-  commit  versions V (one shard added per version): per commit (a) read the base + create the log
-          entry, (b) publish dataset_manifest.json; `_manifest_log/` bytes, manifest bytes; then
-          real Spark appends on top of the largest datasets
+  commit  versions V (one shard added per version): per commit (a) find the newest version and
+          read its head (probes from the version committed before, its entry) + create the log
+          entry, (b) publish dataset_manifest.json (the base's, changed); `_manifest_log/` bytes,
+          manifest bytes; then real Spark appends on top of the largest datasets
   open    open_dataset(path) and the loader's first batch, local, at the shard counts and
           version counts (a fresh Python process each)
   remote  the same on the shaped S3 server of remote.sh (25 ms per request, its tc shaping, in

@@ -11,16 +11,22 @@
 //! points of `dataset::local` (`latest_manifest`, `commit_version`, `publish_version`): the log
 //! entry is whatever the commit layer writes. A `D` that already holds a dataset is continued.
 //!
-//! The commits in between are made from the previous manifest kept in memory and not published
-//! (that is what makes 10,000 versions quick to build); the last `K` commits before each point of
-//! `--measure-at` are timed as a writer makes them: (a) `latest_manifest` (reading the base),
-//! building the next manifest and `commit_version`; (b) `publish_version`. After each point one
-//! JSON object per line on stdout: the times, the bytes and files in `_manifest_log/`, the size
-//! of `dataset_manifest.json`. `--snapshot` keeps a copy of `D` at each point as `D.v<point>`
-//! (`cp -al`: hard links; log entries and shards are never rewritten in place and the manifest
-//! is replaced by rename, so the copies stay as they were).
+//! The commits in between are not published (that is what makes 10,000 versions quick to build);
+//! the last `K` commits before each point of `--measure-at` are timed as a writer that knows what
+//! it adds makes them: (a) `latest_head` (the newest version found by probing from the version
+//! the writer committed before, and its own fields read from its log entry), the next version's
+//! fields and `commit_changes` (the entry, and the chores when due); (b) `publish_changes` (the
+//! whole manifest: `dataset_manifest.json` of the base with the change applied, replaced). After
+//! each point one JSON object per line on stdout: the times, the bytes and files in
+//! `_manifest_log/`, the size of `dataset_manifest.json`. `--snapshot` keeps a copy of `D` at
+//! each point as `D.v<point>` (`cp -al`: hard links; log entries and shards are never rewritten in
+//! place and the manifest is replaced by rename, so the copies stay as they were).
 
-use safetensors_spark_dataset::local::{commit_version, latest_manifest, now_ms, publish_version};
+use safetensors_spark_dataset::commit::{Changes, Head};
+use safetensors_spark_dataset::local::{
+    commit_changes, commit_version, latest_head, latest_manifest, now_ms, publish_changes,
+    publish_version,
+};
 use safetensors_spark_dataset::manifest::{Manifest, ManifestShard, Operation};
 use safetensors_spark_dataset::names::{shard_file_name, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
 use std::error::Error;
@@ -115,19 +121,16 @@ impl ShardMaker {
     }
 }
 
-/// The next version on top of `base`: `shards` added, as an append stamps it (the version one
-/// more, operation append, the commit time; the writer's message and app id cleared).
-fn next_of(base: &Manifest, shards: Vec<ManifestShard>) -> Res<Manifest> {
-    let mut next = base.clone();
-    next.shards.extend(shards);
-    next.shards
-        .sort_by(|a, b| a.shard_path.as_bytes().cmp(b.shard_path.as_bytes()));
-    next.recompute_totals();
+/// The next version's own fields on top of `base`: `changes` applied, as an append stamps it
+/// (operation append, the commit time; the writer's message and app id cleared).
+fn next_of(base: &Head, changes: &Changes) -> Res<Manifest> {
+    let mut next = base
+        .next_fields(changes)
+        .ok_or("the change removes more than the base holds")?;
     let x = next
         .ext
         .as_mut()
         .ok_or("the template is not this connector's dataset")?;
-    x.manifest_version += 1;
     x.operation = Some(Operation::Append);
     x.committed_at_ms = Some(now_ms());
     x.commit_message = None;
@@ -170,11 +173,8 @@ fn run() -> Res<()> {
     fs::create_dir_all(&a.dir)?;
     let id = format!("bench-{}", std::process::id());
     let start = Instant::now();
-    let (mut current, mut next_shard) = match latest_manifest(&a.dir)? {
-        Some(m) => {
-            let n = m.shards.len() as u64;
-            (m, n)
-        }
+    let (mut version, mut next_shard) = match latest_manifest(&a.dir)? {
+        Some(m) => (m.manifest_version(), m.shards.len() as u64),
         None => {
             let write_id = uuid::Uuid::new_v4().to_string();
             let mut first = template.clone();
@@ -196,53 +196,57 @@ fn run() -> Res<()> {
                 return Err("version 1 exists already".into());
             }
             publish_version(&a.dir, &first, &id)?;
-            (first, a.first_shards)
+            (1, a.first_shards)
         }
     };
     let mut timed: Vec<(f64, f64, f64)> = Vec::new();
-    while current.manifest_version() < a.versions {
-        let v = current.manifest_version() + 1;
+    while version < a.versions {
+        let v = version + 1;
         let point = a.measure_at.iter().copied().find(|p| *p >= v);
         let measured = point.is_some_and(|p| p - v < a.samples);
         let write_id = uuid::Uuid::new_v4().to_string();
-        if measured {
-            if timed.is_empty() {
-                // the window starts from a published dataset, as a writer finds it
-                publish_version(&a.dir, &current, &id)?;
-            }
-            let t0 = Instant::now();
-            let base = latest_manifest(&a.dir)?.ok_or("the dataset vanished")?;
-            let t_read = t0.elapsed().as_secs_f64();
-            let next = next_of(&base, vec![maker.make(&a.dir, next_shard, &write_id)?])?;
-            if !commit_version(&a.dir, Some(&base), &next, &id)? {
-                return Err(format!("version {v} exists already").into());
-            }
-            let t_commit = t0.elapsed().as_secs_f64();
-            let t1 = Instant::now();
-            publish_version(&a.dir, &next, &id)?;
-            timed.push((t_read, t_commit, t1.elapsed().as_secs_f64()));
-            current = next;
-        } else {
-            let next = next_of(&current, vec![maker.make(&a.dir, next_shard, &write_id)?])?;
-            if !commit_version(&a.dir, Some(&current), &next, &id)? {
-                return Err(format!("version {v} exists already").into());
-            }
-            current = next;
+        let changes = Changes {
+            add: vec![maker.make(&a.dir, next_shard, &write_id)?],
+            remove: Vec::new(),
+        };
+        if measured && timed.is_empty() {
+            // the window starts from a published dataset, as a writer finds it
+            publish_version(
+                &a.dir,
+                &latest_manifest(&a.dir)?.ok_or("the dataset vanished")?,
+                &id,
+            )?;
         }
+        let t0 = Instant::now();
+        let base = latest_head(&a.dir, Some(version))?.ok_or("the dataset vanished")?;
+        let t_read = t0.elapsed().as_secs_f64();
+        let next = next_of(&base, &changes)?;
+        if !commit_changes(&a.dir, Some(&base), &next, &changes, &id)? {
+            return Err(format!("version {v} exists already").into());
+        }
+        let t_commit = t0.elapsed().as_secs_f64();
+        if measured {
+            let t1 = Instant::now();
+            publish_changes(&a.dir, version, &next, &changes, &id)?;
+            timed.push((t_read, t_commit, t1.elapsed().as_secs_f64()));
+        }
+        version = v;
         next_shard += 1;
         if point == Some(v) {
-            report(&a, &current, &mut timed, start.elapsed().as_secs_f64())?;
+            report(&a, &mut timed, start.elapsed().as_secs_f64())?;
             timed.clear();
         }
     }
-    publish_version(&a.dir, &current, &id)?;
-    if !a.measure_at.contains(&current.manifest_version()) {
-        report(&a, &current, &mut timed, start.elapsed().as_secs_f64())?;
+    let last = latest_manifest(&a.dir)?.ok_or("the dataset vanished")?;
+    publish_version(&a.dir, &last, &id)?;
+    if !a.measure_at.contains(&version) {
+        report(&a, &mut timed, start.elapsed().as_secs_f64())?;
     }
     Ok(())
 }
 
-fn report(a: &Args, m: &Manifest, timed: &mut [(f64, f64, f64)], build_s: f64) -> Res<()> {
+fn report(a: &Args, timed: &mut [(f64, f64, f64)], build_s: f64) -> Res<()> {
+    let m = latest_manifest(&a.dir)?.ok_or("the dataset vanished")?;
     let (log_bytes, log_files) = dir_bytes(&a.dir.join(MANIFEST_LOG_DIR));
     let manifest_bytes = fs::metadata(a.dir.join(MANIFEST_FILE_NAME))
         .map(|m| m.len())

@@ -15,6 +15,8 @@
 //!   [`compaction::local`] runs it on a local directory.
 //! * [`log`] — `_manifest_log/`: delta entries, checkpoints, rebuilding a version, the chores
 //!   after a commit (checkpoint, prune).
+//! * [`commit`] — what a commit writes at the cost of its change: the base's head (own fields,
+//!   shard count), the entry from the shards added and removed, when the chores list the log.
 //! * [`versions`] — the versions in `_manifest_log/`: reading one by number or time, checking
 //!   its shards (size, CRC-32C), the history, validating every version.
 //! * [`own`] — the one rule for a local dataset's own files: its directories are never followed
@@ -28,6 +30,7 @@
 //!   [`local::vacuum_dir`], [`compaction::local::compact_path`]) tell how far they are; the
 //!   CLI and the Python package plug in their own (a bar, log records).
 
+pub mod commit;
 pub mod compaction;
 pub mod delete;
 #[cfg(feature = "index")]

@@ -4,8 +4,9 @@
 //! it ([`vacuum_dir`]) — what the CLI and the Python package use. The Spark connector runs the
 //! same steps through Hadoop's file systems.
 
+use crate::commit::{chores_need_listing, diff, entry_text, Changes, Head};
 use crate::log::{
-    after_commit, log_entry_text, parse_log_file, ListedFile, LogFile, LogFiles, LogRecord,
+    after_commit, parse_log_file, Change, ListedFile, LogFile, LogFiles, LogRecord, Replay,
 };
 use crate::manifest::{parse_manifest, Manifest};
 use crate::names::{INDEX_DIR_NAME, MANIFEST_FILE_NAME, MANIFEST_LOG_DIR};
@@ -94,16 +95,60 @@ fn log_files(dir: &Path) -> Result<Vec<(LogFile, PathBuf, u64)>, LocalError> {
     Ok(out)
 }
 
-/// The log's files as the rules of [`crate::log`] take them.
-fn listing(files: &[(LogFile, PathBuf, u64)]) -> LogFiles {
-    let mut out = LogFiles::default();
-    for (f, _, _) in files {
-        match f {
-            LogFile::Entry(v) => out.entries.push(*v),
-            LogFile::Checkpoint(v) => out.checkpoints.push(*v),
+/// The log's file names as listed, without their modification times (no `stat` per name): what
+/// a rebuild and the lookup of the newest version take.
+fn log_names(dir: &Path) -> Result<LogFiles, LocalError> {
+    let Some(log_dir) = log_dir_of(dir)? else {
+        return Ok(LogFiles::default());
+    };
+    let mut names = Vec::new();
+    for e in fs::read_dir(&log_dir).map_err(io_err(&log_dir))? {
+        let e = e.map_err(io_err(&log_dir))?;
+        if let Some(name) = e.file_name().to_str() {
+            names.push(name.to_string());
         }
     }
-    out
+    LogFiles::from_names(names.iter().map(String::as_str)).map_err(|source| LocalError::Dataset {
+        path: log_dir,
+        source,
+    })
+}
+
+/// Whether `_manifest_log/` holds the entry of `version` (one `stat`).
+fn entry_exists(log_dir: &Path, version: u64) -> bool {
+    fs::symlink_metadata(log_dir.join(LogFile::Entry(version).name())).is_ok()
+}
+
+/// The log's newest version. From `known` (a version the caller read, whose entry is still
+/// there) it probes `{v+1}.json`, `{v+2}.json`, `{v+4}.json`… and bisects (entries are created in
+/// version order and pruned from the oldest, so the kept ones follow each other): a few `stat`s
+/// however long the log. Without `known`, or when its entry is gone, the log is listed (names
+/// only). `None`: no entry.
+pub fn newest_version(dir: &Path, known: Option<u64>) -> Result<Option<u64>, LocalError> {
+    let Some(log_dir) = log_dir_of(dir)? else {
+        return Ok(None);
+    };
+    if let Some(k) = known.filter(|k| *k > 0 && entry_exists(&log_dir, *k)) {
+        let (mut lo, mut step) = (k, 1u64);
+        let mut hi = loop {
+            let probe = lo.saturating_add(step);
+            if probe == lo || !entry_exists(&log_dir, probe) {
+                break probe;
+            }
+            lo = probe;
+            step = step.saturating_mul(2);
+        };
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if entry_exists(&log_dir, mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        return Ok(Some(lo));
+    }
+    Ok(log_names(dir)?.latest())
 }
 
 fn read_log_file(dir: &Path, file: LogFile) -> Result<LogRecord, LocalError> {
@@ -143,7 +188,7 @@ pub fn read_log_since(dir: &Path, after: u64) -> Result<Vec<LogEntry>, LocalErro
 /// The newest checkpoint at or below `version` (whole manifest), where a replay of the entries
 /// from `version` on starts; `None` when the log has none there.
 pub fn start_checkpoint(dir: &Path, version: u64) -> Result<Option<Manifest>, LocalError> {
-    let files = listing(&log_files(dir)?);
+    let files = log_names(dir)?;
     match files.checkpoints.iter().rev().find(|c| **c <= version) {
         Some(c) => Ok(Some(read_log_file(dir, LogFile::Checkpoint(*c))?.manifest)),
         None => Ok(None),
@@ -157,7 +202,7 @@ pub fn manifest_at(dir: &Path, version: u64) -> Result<Manifest, LocalError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let files = listing(&log_files(dir)?);
+        let files = log_names(dir)?;
         let result = crate::log::rebuild(&files, version, &mut |f| {
             let path = dir.join(MANIFEST_LOG_DIR).join(f.name());
             crate::own::read_manifest_text(&path).map_err(|e| DatasetError::Version {
@@ -184,15 +229,15 @@ pub fn manifest_at(dir: &Path, version: u64) -> Result<Manifest, LocalError> {
 /// log's newest entry, else that entry's version rebuilt (§5.3 step 1). `None` when the
 /// directory has neither. `log` is the parsed log when the caller has it (saves a listing).
 pub fn latest(dir: &Path, log: &[LogEntry]) -> Result<Option<Manifest>, LocalError> {
-    let newest = match log.last() {
-        Some(l) => Some(l.version),
-        None => listing(&log_files(dir)?).latest(),
-    };
     let published = dir.join(MANIFEST_FILE_NAME);
     let pub_manifest = if published.exists() {
         Some(read_manifest(&published)?)
     } else {
         None
+    };
+    let newest = match log.last() {
+        Some(l) => Some(l.version),
+        None => newest_version(dir, pub_manifest.as_ref().map(Manifest::manifest_version))?,
     };
     match (newest, pub_manifest) {
         (Some(v), p) if p.as_ref().is_none_or(|p| p.manifest_version() < v) => {
@@ -278,17 +323,69 @@ pub fn latest_manifest(dir: &Path) -> Result<Option<Manifest>, LocalError> {
 /// `base` (spec/dataset.md §5.10) — only if that version is free. False when another writer
 /// committed that version first. Once created, the version's checkpoint is written when due and
 /// superseded checkpoints are removed ([`after_commit`]); `dataset_manifest.json` is not
-/// touched: see [`publish_version`].
+/// touched: see [`publish_version`]. A writer that knows what it adds and removes commits with
+/// [`commit_changes`] instead, without the whole manifests.
 pub fn commit_version(
     dir: &Path,
     base: Option<&Manifest>,
     next: &Manifest,
     id: &str,
 ) -> Result<bool, LocalError> {
+    let head = base.map(Head::of);
+    commit_entry(dir, head.as_ref(), next, &diff(base, next), Some(next), id)
+}
+
+/// The newest committed version's [`Head`]: what a commit on top of it needs, read from its own
+/// log entry (found from `known`, a version the caller read: [`newest_version`]) — a cost that
+/// follows that version's change, not the dataset. A version whose entry is an older kind (a
+/// whole manifest, or a delta that keeps its base's schema) is read whole ([`latest`]). `None`
+/// when the directory holds no dataset.
+pub fn latest_head(dir: &Path, known: Option<u64>) -> Result<Option<Head>, LocalError> {
+    if let Some(v) = newest_version(dir, known)? {
+        match read_log_file(dir, LogFile::Entry(v)) {
+            Ok(r) => {
+                if let Some(h) = Head::of_record(r) {
+                    return Ok(Some(h));
+                }
+            }
+            // pruned since (a writer far behind): read the latest whole
+            Err(LocalError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(latest(dir, &[])?.as_ref().map(Head::of))
+}
+
+/// Commits version `next` (its own fields; its `shards` are not read) on top of `base` with the
+/// shards it adds and removes, as [`commit_version`] does: the entry, and the checks and chores of
+/// the commit, cost what the commit changes; `_manifest_log/` is listed only when the chores may
+/// have work ([`chores_need_listing`]: a checkpoint version, or a base not read from a delta
+/// entry). A checkpoint due is the version rebuilt from the log. Publish with [`publish_changes`].
+pub fn commit_changes(
+    dir: &Path,
+    base: Option<&Head>,
+    next: &Manifest,
+    changes: &Changes,
+    id: &str,
+) -> Result<bool, LocalError> {
+    commit_entry(dir, base, next, changes, None, id)
+}
+
+fn commit_entry(
+    dir: &Path,
+    base: Option<&Head>,
+    next: &Manifest,
+    changes: &Changes,
+    whole: Option<&Manifest>,
+    id: &str,
+) -> Result<bool, LocalError> {
     let version = next.manifest_version();
-    let text = log_entry_text(base, next).map_err(dataset_err(dir))?;
+    let text = entry_text(base, next, changes).map_err(dataset_err(dir))?;
     if !create_log_file(dir, LogFile::Entry(version), &text, id)? {
         return Ok(false);
+    }
+    if !chores_need_listing(version, next, base, false) {
+        return Ok(true);
     }
     let listed: Vec<ListedFile> = log_files(dir)?
         .into_iter()
@@ -296,7 +393,15 @@ pub fn commit_version(
         .collect();
     let chores = after_commit(&listed, version, next, false, now_ms());
     if chores.write_checkpoint {
-        let text = next.to_json_pretty().map_err(dataset_err(dir))?;
+        let rebuilt;
+        let whole = match whole {
+            Some(w) => w,
+            None => {
+                rebuilt = manifest_at(dir, version)?;
+                &rebuilt
+            }
+        };
+        let text = whole.to_json_pretty().map_err(dataset_err(dir))?;
         // another process may have written it already: the same version's same manifest
         create_log_file(dir, LogFile::Checkpoint(version), &text, id)?;
     }
@@ -307,6 +412,49 @@ pub fn commit_version(
         }
     }
     Ok(true)
+}
+
+/// Publishes version `next` committed by [`commit_changes`] on `base_version`: its whole
+/// manifest is `dataset_manifest.json` (when that is `base_version`) with `changes` applied, else
+/// the version rebuilt from the log; then [`publish_version`]. Returns the whole manifest. Costs
+/// the dataset's shards, outside the commit's critical section.
+pub fn publish_changes(
+    dir: &Path,
+    base_version: u64,
+    next: &Manifest,
+    changes: &Changes,
+    id: &str,
+) -> Result<Manifest, LocalError> {
+    let published = dir.join(MANIFEST_FILE_NAME);
+    let base = match published.exists() {
+        true => Some(read_manifest(&published)?),
+        false => None,
+    };
+    let whole = match base.filter(|b| b.manifest_version() == base_version && base_version > 0) {
+        Some(b) => {
+            let mut replay = Replay::from_manifest(&b);
+            let mut fields = next.clone();
+            fields.shards.clear();
+            let record = LogRecord {
+                version: next.manifest_version(),
+                manifest: fields,
+                change: Change::Delta {
+                    add: changes.add.clone(),
+                    remove: changes.remove.clone(),
+                },
+                shards_count: 0,
+                base_version,
+                schema_from_base: false,
+            };
+            replay
+                .apply(&record)
+                .and_then(|()| replay.manifest())
+                .map_err(dataset_err(dir))?
+        }
+        None => manifest_at(dir, next.manifest_version())?,
+    };
+    publish_version(dir, &whole, id)?;
+    Ok(whole)
 }
 
 /// Replaces `dataset_manifest.json` with the committed `next`, then with the newest version while
@@ -321,7 +469,7 @@ pub fn publish_version(dir: &Path, next: &Manifest, id: &str) -> Result<(), Loca
             .and_then(|()| fs::rename(&tmp, &target))
             .and_then(|()| sync_dir(dir))
             .map_err(io_err(&target))?;
-        match listing(&log_files(dir)?).latest() {
+        match newest_version(dir, Some(current.manifest_version()))? {
             Some(n) if n > current.manifest_version() => current = manifest_at(dir, n)?,
             _ => return Ok(()),
         }
@@ -364,7 +512,7 @@ pub fn vacuum_dir(
         None => BTreeMap::new(),
     };
     // the oldest checkpoint at or below the first entry is where the replay starts
-    let checkpoint_versions = listing(&log_files(dir)?).checkpoints;
+    let checkpoint_versions = log_names(dir)?.checkpoints;
     let first = log.first().map_or(0, |l| l.version);
     let start: Vec<LogEntry> = start_checkpoint(dir, first)?
         .map(|m| LogEntry::full(m, 0))

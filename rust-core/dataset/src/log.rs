@@ -174,8 +174,19 @@ pub(crate) fn listed_or_added<'a>(
     }
 }
 
-/// The delta entry as written.
-#[derive(Serialize, Deserialize)]
+/// A delta entry's `schema`, read from its text in column order.
+#[derive(Deserialize)]
+struct OrderedSchema {
+    manifest: SchemaOnly,
+}
+
+#[derive(Deserialize)]
+struct SchemaOnly {
+    schema: crate::manifest::ColumnMap,
+}
+
+/// The delta entry as read (written by [`crate::commit::entry_text`]).
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeltaEntry {
     log_format: u64,
@@ -190,71 +201,11 @@ struct DeltaEntry {
 
 /// The text of the log entry of `next` committed on top of `base` (`None`: nothing before it;
 /// a base written by another tool counts as nothing, its shards are added): a delta entry
-/// (spec/dataset.md §5.10).
+/// (spec/dataset.md §5.10) of what `next` lists that `base` does not and the reverse. A writer
+/// that knows its changes commits them without the whole manifests: [`crate::commit`].
 pub fn log_entry_text(base: Option<&Manifest>, next: &Manifest) -> Result<String, DatasetError> {
-    // a manifest of another tool (version 0) is no version of the log: the entry starts it
-    let base = base.filter(|b| b.manifest_version() > 0);
-    let before: BTreeMap<&str, &ManifestShard> = base
-        .map(|b| {
-            b.shards
-                .iter()
-                .map(|s| (s.shard_path.as_str(), s))
-                .collect()
-        })
-        .unwrap_or_default();
-    let after: BTreeMap<&str, &ManifestShard> = next
-        .shards
-        .iter()
-        .map(|s| (s.shard_path.as_str(), s))
-        .collect();
-    // a shard listed by both with other facts (never written by this connector: names are
-    // unique per write) is removed and added again
-    let add: Vec<ManifestShard> = next
-        .shards
-        .iter()
-        .filter(|s| before.get(s.shard_path.as_str()) != Some(s))
-        .cloned()
-        .collect();
-    let remove: Vec<ManifestShard> = base
-        .map(|b| {
-            b.shards
-                .iter()
-                .filter(|s| after.get(s.shard_path.as_str()) != Some(s))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    // the version's own fields, without serialising its shards (the cost of an entry follows
-    // the commit, not the dataset)
-    let header = Manifest {
-        format_version: next.format_version.clone(),
-        safetensors_version: next.safetensors_version.clone(),
-        total_samples: next.total_samples,
-        total_bytes: next.total_bytes,
-        shards: Vec::new(),
-        schema: next.schema.clone(),
-        ext: next.ext.clone(),
-    };
-    let mut fields = match serde_json::to_value(&header) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => return Err(log_err("a manifest did not serialise as an object".into())),
-    };
-    fields.remove("shards");
-    if base.is_some_and(|b| b.schema == next.schema) {
-        fields.remove("schema");
-    }
-    let entry = DeltaEntry {
-        log_format: LOG_FORMAT_DELTA,
-        manifest_version: next.manifest_version(),
-        base_version: base.map_or(0, Manifest::manifest_version),
-        shards_count: next.shards.len() as u64,
-        add,
-        remove,
-        manifest: fields,
-    };
-    let mut s = serde_json::to_string(&entry).map_err(|e| log_err(e.to_string()))?;
-    s.push('\n');
-    Ok(s)
+    let head = base.map(crate::commit::Head::of);
+    crate::commit::entry_text(head.as_ref(), next, &crate::commit::diff(base, next))
 }
 
 fn entry_err(file: LogFile, e: impl std::fmt::Display) -> DatasetError {
@@ -304,8 +255,14 @@ pub fn parse_log_file(file: LogFile, text: &str) -> Result<LogRecord, DatasetErr
             ));
         }
         fields.insert("shards".into(), serde_json::Value::Array(Vec::new()));
-        let text = serde_json::Value::Object(fields).to_string();
-        let manifest = parse_manifest_fields(&text).map_err(|e| entry_err(file, e))?;
+        let own = serde_json::Value::Object(fields).to_string();
+        let mut manifest = parse_manifest_fields(&own).map_err(|e| entry_err(file, e))?;
+        if !schema_from_base {
+            // the columns in their written order, from the text (the map above sorts them)
+            let ordered: OrderedSchema =
+                serde_json::from_str(text).map_err(|e| entry_err(file, e))?;
+            manifest.schema = ordered.manifest.schema;
+        }
         if manifest.manifest_version() != d.manifest_version {
             return Err(entry_err(
                 file,
@@ -716,4 +673,4 @@ pub fn after_commit(
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-mod tests;
+pub(crate) mod tests;

@@ -7,11 +7,13 @@ use crate::{arg, guard, parse_json, to_json, JniError};
 use ::jni::objects::{JClass, JString};
 use ::jni::sys::{jboolean, jlong};
 use ::jni::EnvUnowned;
+use safetensors_spark_dataset::commit::{chores_need_listing, Head};
 use safetensors_spark_dataset::log::follow::{
     manifest_listing, plan_follow_by_names, FollowPlan, OnChange,
 };
 use safetensors_spark_dataset::log::{
-    after_commit, log_entry_text, plan_state_by_names, ListedFile, LogFile, StatePlan,
+    after_commit, log_entry_text, parse_log_file, plan_state_by_names, ListedFile, LogFile,
+    StatePlan,
 };
 use safetensors_spark_dataset::manifest::ManifestShard;
 use safetensors_spark_dataset::parse_manifest;
@@ -28,6 +30,36 @@ pub fn log_entry_json(base: Option<&str>, next: &str) -> Result<String, JniError
         .transpose()?;
     let next = manifest(next, "the committed manifest")?;
     Ok(log_entry_text(base.as_ref(), &next)?)
+}
+
+/// `choresNeedListing`: whether the committer of the version whose entry is `entry` lists the log
+/// for its chores ([`chores_need_listing`]), given the text of its base's own entry (`None`: no
+/// base, or not read). A base entry that does not parse counts as an older log (listed).
+pub fn chores_need_listing_json(
+    entry: &str,
+    base_entry: Option<&str>,
+    prune_entries: bool,
+) -> Result<bool, JniError> {
+    let file = |text: &str| -> Option<LogFile> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        Some(LogFile::Entry(v.get("manifest_version")?.as_u64()?))
+    };
+    let Some(own) = file(entry) else {
+        return Err(JniError::invalid_argument(
+            "the commit's entry has no manifest_version",
+        ));
+    };
+    let next = parse_log_file(own, entry)?;
+    let base = base_entry
+        .filter(|_| next.base_version > 0)
+        .and_then(|t| parse_log_file(LogFile::Entry(next.base_version), t).ok())
+        .and_then(Head::of_record);
+    Ok(chores_need_listing(
+        next.version,
+        &next.manifest,
+        base.as_ref(),
+        prune_entries,
+    ))
 }
 
 /// `rebuild`: given the log's file names and the texts read so far (`{name: text}`), either
@@ -124,6 +156,22 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_logEntry<'local>(
     })
 }
 
+/// `static native boolean choresNeedListing(String entry, String baseEntryOrNull, boolean pruneEntries)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_choresNeedListing<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    entry: JString<'local>,
+    base_entry: JString<'local>,
+    prune: jboolean,
+) -> jboolean {
+    guard(&mut env, |env| {
+        let entry = arg(env, &entry, "entry")?;
+        let base_entry = opt(env, &base_entry)?;
+        chores_need_listing_json(&entry, base_entry.as_deref(), prune)
+    })
+}
+
 /// `static native String rebuild(String namesJson, long version, String readJson)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_rebuild<'local>(
@@ -209,4 +257,48 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_followManifest<'l
         let text = manifest_listing(&base, shards)?;
         Ok(env.new_string(text)?)
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn manifest(v: u64, shards: u64) -> safetensors_spark_dataset::Manifest {
+        let list: Vec<String> = (1..=shards)
+            .map(|i| {
+                format!(
+                    r#"{{"shard_path":"part-{i:05}-0000-00000000-0000-0000-0000-{i:012}.safetensors","samples_count":1,"bytes":4,"partition":{i},"padded_samples":0,"num_tensors":1}}"#
+                )
+            })
+            .collect();
+        parse_manifest(&format!(
+            r#"{{"format_version":"1.0","safetensors_version":"1.0","total_samples":{shards},"total_bytes":{b},"shards":[{s}],"schema":{{"x":{{"dtype":"F32","shape":[1]}}}},"format":"safetensors-spark-dataset","created_by":"t","manifest_version":{v},"layout":"batch","batch_size":1,"tail_strategy":"write","kv_separator":null,"padded_samples":0,"dropped_samples":0,"checkpoint_interval":10}}"#,
+            b = 4 * shards,
+            s = list.join(",")
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_chores_list_the_log_only_when_the_rule_says_so() {
+        let entry = |v: u64| {
+            let base = (v > 1).then(|| manifest(v - 1, v - 1));
+            log_entry_text(base.as_ref(), &manifest(v, v)).unwrap()
+        };
+        let (six, seven) = (entry(6), entry(7));
+        // a delta base between checkpoints: nothing to list
+        assert!(!chores_need_listing_json(&seven, Some(&six), false).unwrap());
+        // a checkpoint version, retention 0, a base not read, a base that does not parse, a
+        // whole base (an older log), the first commit
+        assert!(chores_need_listing_json(&entry(10), Some(&entry(9)), false).unwrap());
+        assert!(chores_need_listing_json(&seven, Some(&six), true).unwrap());
+        assert!(chores_need_listing_json(&seven, None, false).unwrap());
+        assert!(chores_need_listing_json(&seven, Some("{not json"), false).unwrap());
+        let whole = manifest(6, 6).to_json_pretty().unwrap();
+        assert!(chores_need_listing_json(&seven, Some(&whole), false).unwrap());
+        assert!(chores_need_listing_json(&entry(1), None, false).unwrap());
+        // an entry that is not one is an error, not a guess
+        assert!(chores_need_listing_json("{}", None, false).is_err());
+    }
 }

@@ -21,7 +21,7 @@
 //! before it, rebuilt once by [`super::plan_state`]; after that the replay carries on in memory.
 
 use super::{parse_log_file, plan_state, Change, LogFile, LogFiles, LogRecord, Replay, StatePlan};
-use crate::manifest::{parse_manifest, Manifest, ManifestShard, Operation};
+use crate::manifest::{parse_manifest, ColumnMap, Manifest, ManifestShard, Operation};
 use crate::names::MANIFEST_LOG_DIR;
 use crate::DatasetError;
 use serde::Serialize;
@@ -192,8 +192,13 @@ pub fn plan_follow(
             super::kept(files)
         )));
     }
+    // the columns of version `after`, which the follower reads with: from its own entry when
+    // that gives them (a whole manifest, or a delta entry that writes its schema), else rebuilt
+    let own = LogFile::Entry(after);
+    let own_kept = after > 0 && kept.contains(&after);
     let unread: Vec<LogFile> = wanted
         .iter()
+        .chain(own_kept.then_some(&own))
         .filter(|f| !read.contains_key(f))
         .copied()
         .collect();
@@ -204,6 +209,24 @@ pub fn plan_follow(
         .iter()
         .map(|f| parse_log_file(*f, &read[f]))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut columns: Option<ColumnMap> = None;
+    if after > 0 {
+        if own_kept {
+            let r = parse_log_file(own, &read[&own])?;
+            if !r.schema_from_base {
+                columns = Some(r.manifest.schema);
+            }
+        }
+        if columns.is_none() {
+            // (a version no longer rebuildable: its columns are not known, the first entry's
+            // are taken as the follower's)
+            match plan_state(files, after, read) {
+                Ok(StatePlan::Read(need)) => return Ok(FollowPlan::Read(need)),
+                Ok(StatePlan::Done(m)) => columns = Some(m.schema),
+                Err(_) => {}
+            }
+        }
+    }
     // the state before the first whole-manifest entry, when there is one: its changes are
     // its difference from the version before
     let mut state: Option<Replay> = None;
@@ -220,15 +243,15 @@ pub fn plan_follow(
         // the replay starts there; delta entries before it need no state
         state = Some(before_state);
     }
+    let mut previous = columns.clone();
     let mut out = Vec::with_capacity(records.len());
     for r in &records {
         let tracked = state.as_ref().filter(|s| s.version() + 1 == r.version);
-        let (add, remove, schema_changed) = match &r.change {
+        let (add, remove) = match &r.change {
             Change::Delta { add, remove } => {
-                let changed = !r.schema_from_base && r.base_version != 0;
                 let mut add = add.clone();
                 add.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
-                (add, remove.clone(), changed)
+                (add, remove.clone())
             }
             Change::Full => {
                 let Some(s) = tracked else {
@@ -240,19 +263,21 @@ pub fn plan_follow(
                     )));
                 };
                 let before: Vec<ManifestShard> = s.shards().values().cloned().collect();
-                let (add, remove) = shard_diff(&before, &r.manifest.shards);
-                let changed = s.version() > 0 && s.schema() != Some(&r.manifest.schema);
-                (add, remove, changed)
+                shard_diff(&before, &r.manifest.shards)
             }
         };
-        // a delta entry that writes its schema may write the same one (a first entry of a
-        // continued log): compare with the state when there is one
-        let schema_changed = match (&r.change, tracked) {
-            (Change::Delta { .. }, Some(s)) if schema_changed => {
-                s.schema() != Some(&r.manifest.schema)
-            }
-            _ => schema_changed,
+        // an entry that leaves its schema to its base keeps its base's columns; the follower
+        // reads with the columns of its version (from the start: the first version's)
+        let now = if r.schema_from_base {
+            previous.clone()
+        } else {
+            Some(r.manifest.schema.clone())
         };
+        if columns.is_none() {
+            columns = now.clone();
+        }
+        let schema_changed = matches!((&columns, &now), (Some(a), Some(b)) if a != b);
+        previous = now;
         out.push(classify(
             r,
             add,

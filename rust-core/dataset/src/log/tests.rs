@@ -8,12 +8,12 @@ use crate::vacuum::VacuumRequest;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-fn shard(i: u64) -> String {
+pub(crate) fn shard(i: u64) -> String {
     format!("part-{i:05}-0000-00000000-0000-0000-0000-{i:012}.safetensors")
 }
 
 /// A batch manifest of version `v` listing `shards` (1 row, 4 bytes each), committed at `at`.
-fn manifest(v: u64, shards: &[u64], at: u64, retention: Option<u64>) -> Manifest {
+pub(crate) fn manifest(v: u64, shards: &[u64], at: u64, retention: Option<u64>) -> Manifest {
     let entries: Vec<String> = shards
         .iter()
         .map(|i| {
@@ -33,7 +33,7 @@ fn manifest(v: u64, shards: &[u64], at: u64, retention: Option<u64>) -> Manifest
     .unwrap()
 }
 
-fn tmp(name: &str) -> PathBuf {
+pub(crate) fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "sts-log-{name}-{}-{}",
         std::process::id(),
@@ -93,9 +93,10 @@ fn an_entry_records_what_its_version_changed_and_replays_to_it() {
     let mut replay = Replay::from_manifest(&base);
     replay.apply(&r).unwrap();
     assert_eq!(replay.manifest().unwrap(), next);
-    // the entry holds neither the shards it keeps nor the unchanged schema
+    // the entry holds not the shards it keeps; it gives the schema (a commit on it reads its
+    // base from this entry alone)
     assert!(!text.contains(&shard(2)), "{text}");
-    assert!(r.schema_from_base && !text.contains("\"schema\""), "{text}");
+    assert!(!r.schema_from_base && text.contains("\"schema\""), "{text}");
     // a first entry gives it
     let first = log_entry_text(None, &base).unwrap();
     assert!(first.contains("\"schema\""), "{first}");
@@ -619,6 +620,7 @@ fn a_follower_refuses_a_version_that_changes_the_columns() {
         manifest(2, &[1, 2], 1002, None).schema,
         "the test changes the columns"
     );
+    let columns = next.schema.clone();
     commit_op(&dir, next, crate::manifest::Operation::Append);
     let e = follow_dir(&dir, 1, 2, OnChange::Skip)
         .unwrap_err()
@@ -627,6 +629,23 @@ fn a_follower_refuses_a_version_that_changes_the_columns() {
         e.contains("version 2 is a version of operation append that changes the dataset's columns"),
         "{e}"
     );
+    // versions 3 (an overwrite back to the first columns, skipped) and 4 (an append with them):
+    // a follower of version 2 passes over 3 and refuses 4, whose columns are not version 2's
+    let mut over = manifest(3, &[9], 1003, None);
+    commit_op(&dir, over.clone(), crate::manifest::Operation::Overwrite);
+    over = manifest(4, &[9, 10], 1004, None);
+    commit_op(&dir, over, crate::manifest::Operation::Append);
+    let e = follow_dir(&dir, 2, 4, OnChange::Skip)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("version 4 is a version of operation append that changes the dataset's columns"),
+        "{e}"
+    );
+    // a follower of version 3 reads version 4 (its own columns)
+    let v = follow_dir(&dir, 3, 4, OnChange::Fail).unwrap();
+    assert_eq!(added(&v[0]), vec![shard(10)]);
+    assert_ne!(columns, manifest(4, &[1], 1, None).schema);
     let _ = fs::remove_dir_all(&dir);
 }
 

@@ -14,6 +14,13 @@ public final class NativeLog {
    *  {@code baseOrNull}: what the version adds and removes, and its own fields. */
   public static native String logEntry(String baseOrNull, String next);
 
+  /** Whether the committer of the version whose log entry is {@code entry} lists the log for
+   *  its chores ({@link #afterCommit}): only when they may have work (a checkpoint version, a
+   *  first commit, a base not read from a delta entry, {@code pruneEntries}).
+   *  {@code baseEntryOrNull}: the text of the base version's own entry, when read. */
+  public static native boolean choresNeedListing(String entry, String baseEntryOrNull,
+      boolean pruneEntries);
+
   /** Rebuilding {@code version} from the log whose file names are {@code namesJson} (a JSON
    *  array), given the texts read so far ({@code readJson}: {name: text}): {@code {"read":
    *  [names]}} to read next, or {@code {"manifest": text}}, the version's whole manifest. A

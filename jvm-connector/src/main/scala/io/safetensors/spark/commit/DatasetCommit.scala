@@ -49,11 +49,21 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         val text = readText(fs, published)
         Some((versionOf(text), text, published))
       } else None
-    logVersions().lastOption match {
+    newestVersion(pub.map(_._1)) match {
       case Some(v) if pub.forall(_._1 < v) => Some((v, manifestAt(v), new Path(logDir, logName(v))))
       case _ => pub
     }
   }
+
+  /** The log's newest version, `known` being the version of `dataset_manifest.json`: two probes
+   *  when that is the newest (its entry there, the next one not: entries are created in version
+   *  order and pruned from the oldest), else the log is listed (spec/dataset.md §5.10). */
+  private def newestVersion(known: Option[Long]): Option[Long] = known match {
+    case Some(k) if k > 0 && !hasEntry(k + 1) && hasEntry(k) => Some(k)
+    case _ => logVersions().lastOption
+  }
+
+  private def hasEntry(version: Long): Boolean = fs.exists(new Path(logDir, logName(version)))
 
   /** Names of the log's files (entries, checkpoints, others), as listed now. */
   private def logNames(): Seq[(String, Long)] =
@@ -80,17 +90,29 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
   def tryCommit(version: Long, base: Option[(Long, String)], text: String, writeId: String): Boolean = {
     DatasetFiles.ownDir(fs, dest, LogDir) // a linked log is refused (§5.9), never written through
     val baseVersion = base.map(_._1).getOrElse(0L)
-    if (baseVersion > 0 && logVersions().nonEmpty && !fs.exists(new Path(logDir, logName(baseVersion)))) {
-      return false
-    }
+    // the base's own entry (small: what it changed); gone means pruned, so read the latest again
+    val baseEntry: Option[String] =
+      if (baseVersion <= 0) None
+      else {
+        try Some(readText(fs, new Path(logDir, logName(baseVersion))))
+        catch {
+          case _: java.io.FileNotFoundException =>
+            if (logVersions().nonEmpty) return false
+            None
+        }
+      }
     // the entry records what the version changes (spec/dataset.md §5.10), not the whole manifest
     val entry = NativeLog.logEntry(base.map(_._2).orNull, text)
     val created = createLogFile(logName(version), entry, writeId)
     // the chores are best effort: the version is committed whatever they meet (a checkpoint not
-    // written is written by a later commit; a reader then replays more entries)
+    // written is written by a later commit; a reader then replays more entries). They list the
+    // log only when they may have work (the engine's rule: a checkpoint version, an older log)
     if (created) {
-      try afterCommit(version, text, pruneEntries = false, writeId)
-      catch { case scala.util.control.NonFatal(_) => }
+      try {
+        if (NativeLog.choresNeedListing(entry, baseEntry.orNull, false)) {
+          afterCommit(version, text, pruneEntries = false, writeId)
+        }
+      } catch { case scala.util.control.NonFatal(_) => }
     }
     created
   }
@@ -158,7 +180,8 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     var done = false
     while (!done) {
       replaceManifest(t, writeId)
-      logVersions().lastOption match {
+      // a newer version committed meanwhile: one probe, a listing only then
+      (if (hasEntry(v + 1)) logVersions().lastOption else None) match {
         case Some(newer) if newer > v =>
           v = newer
           t = manifestAt(newer)
