@@ -78,6 +78,36 @@ def test_native_store_reads_ranges_objects_listings_and_downloads(s3_server, sma
     assert (c["requests"], c["bytes_fetched"]) == (4, 100 + 64 + manifest + os.path.getsize(dest)), c
 
 
+def test_range_buffers_are_reused_only_when_nothing_holds_them(s3_server, small):
+    """The client's range buffers (spec/performance.md §13.7): a buffer is handed out again only
+    once nothing holds it or a view of it — an array, a memoryview, a read-only slice — so no byte
+    anyone can still see is overwritten; a free one is reused (the same object), resized to a
+    smaller range in place, and a range longer than any free buffer gets a fresh one."""
+    import numpy as np
+
+    url, bucket, local, names = small
+    raw = open(os.path.join(local, names[1]), "rb").read()
+    client = open_store(url, s3_server.storage_options()).fs  # a client of its own: an empty pool
+    a, size = client.get_range(f"ds/{names[1]}", 0, 100)
+    first, arr = id(a), np.frombuffer(a, np.uint8)
+    del a
+    b, _ = client.get_range(f"ds/{names[1]}", 100, 200)  # `a` is held by the array: not reused
+    assert id(b) != first and bytes(b) == raw[100:200] and arr.tobytes() == raw[:100]
+    view = memoryview(b).toreadonly()[10:20]
+    del b, arr
+    c, _ = client.get_range(f"ds/{names[1]}", 200, 300)  # `a` is free again, `b` is viewed
+    assert id(c) == first and bytes(c) == raw[200:300] and bytes(view) == raw[110:120]
+    del c
+    d, _ = client.get_range(f"ds/{names[1]}", 300, 360)  # shorter: the free one, resized
+    assert id(d) == first and bytes(d) == raw[300:360] and bytes(view) == raw[110:120]
+    e, _ = client.get_range(f"ds/{names[1]}", 0, 150)  # longer than any free one: fresh
+    assert id(e) != first and bytes(e) == raw[:150] and size == len(raw)
+    # an object shorter than the range: its bytes only, from a reused buffer too
+    del d, e, view
+    f, got = client.get_range(f"ds/{names[1]}", len(raw) - 40, len(raw) + 60)
+    assert bytes(f) == raw[-40:] and got == len(raw)
+
+
 def test_native_counts_and_cache_key_match_fsspec(s3_server, small):
     url, bucket, local, names = small
     native = open_store(url, s3_server.storage_options())
