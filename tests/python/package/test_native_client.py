@@ -108,6 +108,32 @@ def test_range_buffers_are_reused_only_when_nothing_holds_them(s3_server, small)
     assert bytes(f) == raw[-40:] and got == len(raw)
 
 
+@pytest.mark.parametrize("client", ["native", "fsspec"])
+def test_batches_gathered_from_the_read_ahead_are_the_users_own(s3_server, small, client):
+    """A batch reader gathers from read-only views of the read-ahead's buffers (no copy of its
+    own; spec/performance.md §13.7): every batch it hands out — one run as it is, runs across
+    shards, shuffled rows — is a writable tensor of its own, so writing into it changes no later
+    read, and no read-only array reaches the user (torch would warn)."""
+    import warnings
+
+    url, bucket, local, names = small
+    want = sorted(y for b in SafetensorsIterableDataset(local, batch_size=4) for y in b["y"].tolist())
+    ds = open_dataset(url, storage_options=s3_server.storage_options(), client=client)
+    for batch_size, shuffle in ((4, False), (3, False), (5, True)):
+        it = SafetensorsIterableDataset(ds, batch_size=batch_size, shuffle=shuffle, seed=0)
+        first = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "The given NumPy array is not writable" would fail here
+            for b in it:
+                first.append((b["x"].clone(), b["y"].clone()))
+                b["x"] += 1000
+                b["y"] += 1000
+        again = [(b["x"], b["y"]) for b in it]
+        assert len(again) == len(first) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                                for a, b in zip(first, again)), (batch_size, shuffle)
+        assert sorted(y for _, ys in first for y in ys.tolist()) == want
+
+
 def test_native_counts_and_cache_key_match_fsspec(s3_server, small):
     url, bucket, local, names = small
     native = open_store(url, s3_server.storage_options())
