@@ -115,6 +115,9 @@ fn fresh_buffer(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyByteArray>> 
 /// all (about a read-ahead window and a reader's recent shards: 4 + 8 shards of 16 MiB).
 const POOL_BUFFERS: usize = 32;
 const POOL_BYTES: usize = 256 << 20;
+/// Smaller ranges (a shard's header, a manifest's) get a fresh buffer, never pooled: they would
+/// push a shard's buffer out of the pool, and their page faults are few.
+const POOL_MIN: usize = 1 << 20;
 
 /// The range GETs' buffers of one client, reused (spec/performance.md §13.7). A range of a shard
 /// is megabytes: landing in fresh memory it costs a page fault per 4 KiB (the kernel allocates
@@ -130,6 +133,9 @@ impl Buffers {
     /// anyone sees them): a free pooled one whose memory holds `len` bytes without moving, else
     /// a fresh one (pooled while the pool has room or a free buffer of another size to replace).
     fn take<'py>(&self, py: Python<'py>, len: usize) -> PyResult<Bound<'py, PyByteArray>> {
+        if len < POOL_MIN {
+            return fresh_buffer(py, len);
+        }
         let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let mut spare = None; // a free buffer of the wrong size: replaced by the new one
         for (i, (b, made)) in pool.iter().enumerate() {

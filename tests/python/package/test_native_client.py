@@ -82,30 +82,38 @@ def test_range_buffers_are_reused_only_when_nothing_holds_them(s3_server, small)
     """The client's range buffers (spec/performance.md §13.7): a buffer is handed out again only
     once nothing holds it or a view of it — an array, a memoryview, a read-only slice — so no byte
     anyone can still see is overwritten; a free one is reused (the same object), resized to a
-    smaller range in place, and a range longer than any free buffer gets a fresh one."""
+    smaller range in place, a range longer than any free buffer gets a fresh one, and a range
+    under 1 MiB (a header) never takes a pooled one."""
     import numpy as np
 
     url, bucket, local, names = small
-    raw = open(os.path.join(local, names[1]), "rb").read()
+    mb = 1 << 20
+    raw = os.urandom(3 * mb)
+    s3_server.client().put_object(Bucket=bucket, Key="ds/big.bin", Body=raw)
     client = open_store(url, s3_server.storage_options()).fs  # a client of its own: an empty pool
-    a, size = client.get_range(f"ds/{names[1]}", 0, 100)
+    a, size = client.get_range("ds/big.bin", 0, 3 * mb // 2)
     first, arr = id(a), np.frombuffer(a, np.uint8)
     del a
-    b, _ = client.get_range(f"ds/{names[1]}", 100, 200)  # `a` is held by the array: not reused
-    assert id(b) != first and bytes(b) == raw[100:200] and arr.tobytes() == raw[:100]
+    b, _ = client.get_range("ds/big.bin", 3 * mb // 2, 3 * mb)  # `a` is held by the array: not reused
+    assert id(b) != first and bytes(b) == raw[3 * mb // 2:] and arr.tobytes() == raw[:3 * mb // 2]
     view = memoryview(b).toreadonly()[10:20]
     del b, arr
-    c, _ = client.get_range(f"ds/{names[1]}", 200, 300)  # `a` is free again, `b` is viewed
-    assert id(c) == first and bytes(c) == raw[200:300] and bytes(view) == raw[110:120]
+    small_range, _ = client.get_range("ds/big.bin", 0, 100)  # a header's size: never a pooled buffer
+    assert id(small_range) != first and bytes(small_range) == raw[:100]
+    c, _ = client.get_range("ds/big.bin", mb // 5, mb // 5 + 3 * mb // 2)  # `a` is free again, `b` is viewed
+    assert id(c) == first and bytes(c) == raw[mb // 5: mb // 5 + 3 * mb // 2]
+    assert bytes(view) == raw[3 * mb // 2 + 10: 3 * mb // 2 + 20]
     del c
-    d, _ = client.get_range(f"ds/{names[1]}", 300, 360)  # shorter: the free one, resized
-    assert id(d) == first and bytes(d) == raw[300:360] and bytes(view) == raw[110:120]
-    e, _ = client.get_range(f"ds/{names[1]}", 0, 150)  # longer than any free one: fresh
-    assert id(e) != first and bytes(e) == raw[:150] and size == len(raw)
+    d, _ = client.get_range("ds/big.bin", mb, mb + 6 * mb // 5)  # shorter: the free one, resized
+    assert id(d) == first and bytes(d) == raw[mb: mb + 6 * mb // 5]
+    assert bytes(view) == raw[3 * mb // 2 + 10: 3 * mb // 2 + 20]
+    e, _ = client.get_range("ds/big.bin", 0, 2 * mb)  # longer than any free one: fresh
+    assert id(e) != first and bytes(e) == raw[:2 * mb] and size == len(raw)
     # an object shorter than the range: its bytes only, from a reused buffer too
     del d, e, view
-    f, got = client.get_range(f"ds/{names[1]}", len(raw) - 40, len(raw) + 60)
-    assert bytes(f) == raw[-40:] and got == len(raw)
+    tail = 6 * mb // 5
+    f, got = client.get_range("ds/big.bin", len(raw) - tail, len(raw) + 3 * mb // 10)
+    assert bytes(f) == raw[len(raw) - tail:] and got == len(raw)
 
 
 @pytest.mark.parametrize("client", ["native", "fsspec"])
