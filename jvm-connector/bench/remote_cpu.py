@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,7 @@ def main():
 
     import handmade
 
+    tmp = None
     srv = subprocess.Popen([a.server, "-bucket", "data"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         endpoint = "http://" + json.loads(srv.stdout.readline())["addr"]
@@ -125,6 +127,8 @@ def main():
     finally:
         srv.terminate()
         srv.wait(10)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)  # the dataset's copy (0.2–0.8 GB)
 
 
 if __name__ == "__main__":

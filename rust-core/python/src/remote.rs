@@ -95,6 +95,75 @@ fn to_py(url: &str, what: &str, e: object_store::Error) -> PyErr {
     }
 }
 
+/// A `bytearray` of `len` bytes, not initialised (the caller fills every byte it keeps before
+/// any Python code sees it).
+fn fresh_buffer(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyByteArray>> {
+    let n = pyo3::ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| PyValueError::new_err(format!("a range of {len} bytes is too large")))?;
+    // SAFETY: a null source makes CPython allocate `n` bytes it does not initialise; the result
+    // is a new reference (or null with the error set)
+    let out = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyByteArray_FromStringAndSize(std::ptr::null(), n),
+        )?
+    };
+    Ok(out.cast_into::<PyByteArray>()?)
+}
+
+/// Buffers a client keeps for its range GETs: at most this many, of at most this many bytes in
+/// all (about a read-ahead window and a reader's recent shards: 4 + 8 shards of 16 MiB).
+const POOL_BUFFERS: usize = 32;
+const POOL_BYTES: usize = 256 << 20;
+/// Smaller ranges (a shard's header, a manifest's) get a fresh buffer, never pooled: they would
+/// push a shard's buffer out of the pool, and their page faults are few.
+const POOL_MIN: usize = 1 << 20;
+
+/// The range GETs' buffers of one client, reused (spec/performance.md §13.7). A range of a shard
+/// is megabytes: landing in fresh memory it costs a page fault per 4 KiB (the kernel allocates
+/// and zeroes each page), the largest CPU cost of a remote epoch once the bytes stopped being
+/// copied in Python. A pooled `bytearray` is handed out again only when the pool holds its only
+/// reference — no array, view, `memoryview` or read-ahead slot of it is left — so no byte anyone
+/// can still see is ever overwritten; `(buffer, the size it was made with)`.
+#[derive(Default)]
+struct Buffers(Mutex<Vec<(Py<PyByteArray>, usize)>>);
+
+impl Buffers {
+    /// A `bytearray` of `len` bytes, contents unspecified (the caller overwrites them all before
+    /// anyone sees them): a free pooled one whose memory holds `len` bytes without moving, else
+    /// a fresh one (pooled while the pool has room or a free buffer of another size to replace).
+    fn take<'py>(&self, py: Python<'py>, len: usize) -> PyResult<Bound<'py, PyByteArray>> {
+        if len < POOL_MIN {
+            return fresh_buffer(py, len);
+        }
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = None; // a free buffer of the wrong size: replaced by the new one
+        for (i, (b, made)) in pool.iter().enumerate() {
+            // SAFETY: the GIL is held; the count of a live object is read
+            if unsafe { pyo3::ffi::Py_REFCNT(b.as_ptr()) } != 1 {
+                continue; // someone still holds it (or a view of it)
+            }
+            // CPython resizes a bytearray in place down to half its allocation
+            if len <= *made && len * 2 > *made + 1 {
+                let b = b.bind(py).clone();
+                b.resize(len)?;
+                return Ok(b);
+            }
+            spare.get_or_insert(i);
+        }
+        let b = fresh_buffer(py, len)?;
+        let pooled: usize = pool.iter().map(|(_, made)| made).sum();
+        if let Some(i) = spare {
+            if pooled - pool[i].1 + len <= POOL_BYTES {
+                pool[i] = (b.clone().unbind(), len);
+            }
+        } else if pool.len() < POOL_BUFFERS && pooled + len <= POOL_BYTES {
+            pool.push((b.clone().unbind(), len));
+        }
+        Ok(b)
+    }
+}
+
 /// An S3 bucket (or an S3-compatible endpoint's) as the package reads it.
 #[pyclass(
     frozen,
@@ -107,6 +176,7 @@ pub struct Client {
     /// `s3://bucket`, the start of every URL an error names
     base: String,
     pid: u32,
+    buffers: Buffers,
 }
 
 impl Drop for Client {
@@ -203,6 +273,7 @@ impl Client {
             store: Some(Arc::new(store)),
             base: format!("s3://{bucket}"),
             pid: std::process::id(),
+            buffers: Buffers::default(),
         })
     }
 
@@ -229,11 +300,13 @@ impl Client {
         let what = format!("GET bytes [{start}, {end})");
         let len = usize::try_from(end.saturating_sub(start))
             .map_err(|_| PyValueError::new_err(format!("{url}: {what}: too large a range")))?;
-        let out = PyByteArray::new_with(py, len, |_| Ok(()))?;
-        // the bytearray is this call's alone until it returns (no Python code sees it while the
-        // GIL is released below): its buffer is written by this thread only
+        let out = self.buffers.take(py, len)?;
+        // the bytearray is this call's (and the pool's) alone until it returns (no Python code
+        // sees it while the GIL is released below): its buffer is written by the request's task
+        // only, while this thread waits for the task to end
         let addr = unsafe { out.as_bytes_mut() }.as_mut_ptr() as usize;
-        let (size, got) = self.block(py, async move {
+        let failed = format!("{url}: {what}");
+        let request = async move {
             let opts = GetOptions {
                 range: Some(GetRange::Bounded(start..end)),
                 ..GetOptions::default()
@@ -262,6 +335,14 @@ impl Client {
                 )));
             }
             Ok((size, at))
+        };
+        // the request runs as a task of the runtime, next to its connection's task: the body's
+        // chunks go from one to the other without waking this thread per chunk (a third of the
+        // runtime's CPU went to those wake-ups; spec/performance.md §13.7)
+        let (size, got) = self.block(py, async move {
+            tokio::spawn(request).await.map_err(|e| {
+                PyOSError::new_err(format!("{failed}: the request's task failed: {e}"))
+            })?
         })?;
         if got != len {
             out.resize(got)?; // an object shorter than the range: its bytes, and its size says so

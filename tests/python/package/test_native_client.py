@@ -78,6 +78,70 @@ def test_native_store_reads_ranges_objects_listings_and_downloads(s3_server, sma
     assert (c["requests"], c["bytes_fetched"]) == (4, 100 + 64 + manifest + os.path.getsize(dest)), c
 
 
+def test_range_buffers_are_reused_only_when_nothing_holds_them(s3_server, small):
+    """The client's range buffers (spec/performance.md §13.7): a buffer is handed out again only
+    once nothing holds it or a view of it — an array, a memoryview, a read-only slice — so no byte
+    anyone can still see is overwritten; a free one is reused (the same object), resized to a
+    smaller range in place, a range longer than any free buffer gets a fresh one, and a range
+    under 1 MiB (a header) never takes a pooled one."""
+    import numpy as np
+
+    url, bucket, local, names = small
+    mb = 1 << 20
+    raw = os.urandom(3 * mb)
+    s3_server.client().put_object(Bucket=bucket, Key="ds/big.bin", Body=raw)
+    client = open_store(url, s3_server.storage_options()).fs  # a client of its own: an empty pool
+    a, size = client.get_range("ds/big.bin", 0, 3 * mb // 2)
+    first, arr = id(a), np.frombuffer(a, np.uint8)
+    del a
+    b, _ = client.get_range("ds/big.bin", 3 * mb // 2, 3 * mb)  # `a` is held by the array: not reused
+    assert id(b) != first and bytes(b) == raw[3 * mb // 2:] and arr.tobytes() == raw[:3 * mb // 2]
+    view = memoryview(b).toreadonly()[10:20]
+    del b, arr
+    small_range, _ = client.get_range("ds/big.bin", 0, 100)  # a header's size: never a pooled buffer
+    assert id(small_range) != first and bytes(small_range) == raw[:100]
+    c, _ = client.get_range("ds/big.bin", mb // 5, mb // 5 + 3 * mb // 2)  # `a` is free again, `b` is viewed
+    assert id(c) == first and bytes(c) == raw[mb // 5: mb // 5 + 3 * mb // 2]
+    assert bytes(view) == raw[3 * mb // 2 + 10: 3 * mb // 2 + 20]
+    del c
+    d, _ = client.get_range("ds/big.bin", mb, mb + 6 * mb // 5)  # shorter: the free one, resized
+    assert id(d) == first and bytes(d) == raw[mb: mb + 6 * mb // 5]
+    assert bytes(view) == raw[3 * mb // 2 + 10: 3 * mb // 2 + 20]
+    e, _ = client.get_range("ds/big.bin", 0, 2 * mb)  # longer than any free one: fresh
+    assert id(e) != first and bytes(e) == raw[:2 * mb] and size == len(raw)
+    # an object shorter than the range: its bytes only, from a reused buffer too
+    del d, e, view
+    tail = 6 * mb // 5
+    f, got = client.get_range("ds/big.bin", len(raw) - tail, len(raw) + 3 * mb // 10)
+    assert bytes(f) == raw[len(raw) - tail:] and got == len(raw)
+
+
+@pytest.mark.parametrize("client", ["native", "fsspec"])
+def test_batches_gathered_from_the_read_ahead_are_the_users_own(s3_server, small, client):
+    """A batch reader gathers from read-only views of the read-ahead's buffers (no copy of its
+    own; spec/performance.md §13.7): every batch it hands out — one run as it is, runs across
+    shards, shuffled rows — is a writable tensor of its own, so writing into it changes no later
+    read, and no read-only array reaches the user (torch would warn)."""
+    import warnings
+
+    url, bucket, local, names = small
+    want = sorted(y for b in SafetensorsIterableDataset(local, batch_size=4) for y in b["y"].tolist())
+    ds = open_dataset(url, storage_options=s3_server.storage_options(), client=client)
+    for batch_size, shuffle in ((4, False), (3, False), (5, True)):
+        it = SafetensorsIterableDataset(ds, batch_size=batch_size, shuffle=shuffle, seed=0)
+        first = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "The given NumPy array is not writable" would fail here
+            for b in it:
+                first.append((b["x"].clone(), b["y"].clone()))
+                b["x"] += 1000
+                b["y"] += 1000
+        again = [(b["x"], b["y"]) for b in it]
+        assert len(again) == len(first) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                                for a, b in zip(first, again)), (batch_size, shuffle)
+        assert sorted(y for _, ys in first for y in ys.tolist()) == want
+
+
 def test_native_counts_and_cache_key_match_fsspec(s3_server, small):
     url, bucket, local, names = small
     native = open_store(url, s3_server.storage_options())

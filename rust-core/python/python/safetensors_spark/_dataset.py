@@ -710,28 +710,30 @@ class Dataset:
         if self._store.is_local:
             self._store.check(shard.name, shard.size)
 
-    def _tensor_array(self, shard: Shard, tensor: Tensor) -> NDArray[Any]:
-        """The whole tensor as an array: a memory-map view (local) or a fresh read (remote)."""
+    def _tensor_array(self, shard: Shard, tensor: Tensor, view: bool = False) -> NDArray[Any]:
+        """The whole tensor as an array: a memory-map view (local) or a fresh read (remote; with
+        ``view``, for a caller that only copies out of it, a read-only view of the read-ahead's
+        buffer when it holds the tensor)."""
         store = self._store
         if isinstance(store, CachedStore):
             store.fetch(shard.name, shard.size,
                         self.manifest["shards"][shard.index].get("crc32c") if self._verify else None)
         dtype = self._dtype_of(shard, tensor)
-        return store.array(shard.name, tensor.start, tensor.end, dtype, tensor.shape)
+        return store.array(shard.name, tensor.start, tensor.end, dtype, tensor.shape, view)
 
     def _dtype_of(self, shard: Shard, tensor: Tensor) -> np.dtype[Any]:
         return numpy_dtype(tensor.dtype, f"{self._store.url(shard.name)}: tensor '{tensor.name}'")
 
-    def _rows(self, shard: Shard, column: str, start: int, stop: int) -> NDArray[Any]:
+    def _rows(self, shard: Shard, column: str, start: int, stop: int, view: bool = False) -> NDArray[Any]:
         """Rows ``[start, stop)`` of a batch-layout column: a view for local files, a range read
-        of exactly those rows otherwise."""
+        of exactly those rows otherwise (``view``: as :meth:`_tensor_array`)."""
         t = self._header(shard)[column]
         store = self._store
         if store.is_local:
             return self._tensor_array(shard, t)[start:stop]
         row_bytes = (t.end - t.start) // t.shape[0] if t.shape[0] else 0
         return store.array(shard.name, t.start + start * row_bytes, t.start + stop * row_bytes,
-                           self._dtype_of(shard, t), (stop - start, *t.shape[1:]))
+                           self._dtype_of(shard, t), (stop - start, *t.shape[1:]), view)
 
     def _offsets(self, shard: Shard, column: str) -> NDArray[np.int64]:
         """The offsets of ragged column ``column`` in ``shard`` (int64 ``[rows + 1]``; a view of

@@ -191,9 +191,9 @@ class LocalStore:
                              f"{now} bytes, but its header (checked when it was opened) needs "
                              f"{end}; a shard must not be modified while it is read")
 
-    def array(self, name, start, end, dtype, shape):
+    def array(self, name, start, end, dtype, shape, view=False):
         """A zero-copy view of bytes ``[start, end)`` of file ``name``, after checking the file
-        still holds them (:meth:`check`)."""
+        still holds them (:meth:`check`). (``view``: see :meth:`FsspecStore.array`.)"""
         buf = self.buffer(name)
         self.check(name, end)
         count = (end - start) // np.dtype(dtype).itemsize
@@ -331,7 +331,9 @@ class FsspecStore:
             out.append((e["name"].rstrip("/").rsplit("/", 1)[-1], int(float(t) * 1000)))
         return out
 
-    def read(self, name, start, end):
+    def read(self, name, start, end, view=False):
+        """Bytes ``[start, end)`` of object ``name``: from the read-ahead when it holds them (a
+        copy, or with ``view`` a read-only ``memoryview`` of its buffer), else one range GET."""
         if end <= start:
             return b""
         p = self.prefetcher
@@ -339,6 +341,8 @@ class FsspecStore:
             ranges = p.want(name)
             for s0, e0, data in ranges or ():
                 if s0 <= start and end <= e0:
+                    if view:
+                        return memoryview(data).toreadonly()[start - s0: end - s0]
                     return data[start - s0: end - s0]
         return self.read_range(name, start, end)
 
@@ -405,9 +409,14 @@ class FsspecStore:
 
         return self.retry.call(get, url, "GET (whole object)")
 
-    def array(self, name, start, end, dtype, shape):
-        """Bytes ``[start, end)`` read into a fresh writable array."""
-        data = bytearray(self.read(name, start, end))
+    def array(self, name, start, end, dtype, shape, view=False):
+        """Bytes ``[start, end)`` read into a fresh writable array; with ``view`` a read-only
+        array that may share the read-ahead's buffer (no copy: for a caller that only copies out
+        of it, as a batch's gather does; spec/performance.md §13.7)."""
+        data = self.read(name, start, end, view=True) if view else bytearray(self.read(name, start, end))
+        return self._frombuffer(name, data, start, end, dtype, shape)
+
+    def _frombuffer(self, name, data, start, end, dtype, shape):
         if len(data) != end - start:
             raise OSError(f"{self.url(name)}: asked for bytes [{start}, {end}), got {len(data)}")
         count = (end - start) // np.dtype(dtype).itemsize
@@ -569,14 +578,13 @@ class NativeStore(FsspecStore):
 
         return self.retry.call(get, url, "GET (whole object)")
 
-    def array(self, name, start, end, dtype, shape):
+    def array(self, name, start, end, dtype, shape, view=False):
         """Bytes ``[start, end)`` read into a fresh writable array (the ``bytearray`` the client
-        filled: no copy in Python)."""
-        data = self.read(name, start, end)
-        if not isinstance(data, bytearray):
+        filled: no copy in Python); ``view``: as :meth:`FsspecStore.array`."""
+        data = self.read(name, start, end, view)
+        if not view and not isinstance(data, bytearray):
             data = bytearray(data)
-        count = (end - start) // np.dtype(dtype).itemsize
-        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+        return self._frombuffer(name, data, start, end, dtype, shape)
 
     def parquet_source(self, name):
         """A KV index part for pyarrow: read whole (one GET; a part indexes one shard)."""

@@ -85,9 +85,11 @@ class BatchReader:
         key = (shard.index, column)
         a = self._full.get(key)
         if a is None:
-            a = self.ds._tensor_array(shard, self.ds._header(shard)[column])
+            # only gathered from (never handed out): remote, a read-only view of the read-ahead's
+            # buffer, no copy of its own (spec/performance.md §13.7)
+            a = self.ds._tensor_array(shard, self.ds._header(shard)[column], view=True)
             # local: a view of the process's map of the shard, kept (costs no memory of its own);
-            # remote: a fresh read, kept for the last `cache_shards` shards
+            # remote: kept for the last `cache_shards` shards
             if not self.ds._store.is_local and len(self._full) >= self.cache_shards * len(self.columns):
                 self._full.pop(next(iter(self._full)))
             self._full[key] = a
@@ -134,10 +136,13 @@ class BatchReader:
         ragged = [c for c in self.columns if c in ds.ragged]
         if len(bounds) - 1 <= 4:  # a few contiguous runs: slices
             runs = []
+            # copied into the batch's buffers unless one run is handed out as it is: then views
+            # of the read-ahead's buffer would do (no copy of their own)
+            copied = shared or len(bounds) > 2
             for a, b in zip(bounds[:-1], bounds[1:]):
                 shard = ds.shards[int(shards[a])]
                 r0 = int(rows[a])
-                cols = {c: ds._rows(shard, c, r0, r0 + (b - a)) for c in fixed}
+                cols = {c: ds._rows(shard, c, r0, r0 + (b - a), copied) for c in fixed}
                 cols.update({c: ds.ragged_rows(shard, c, r0, r0 + (b - a)) for c in ragged})
                 runs.append((a, b, cols))
             if len(runs) == 1 and not shared:
