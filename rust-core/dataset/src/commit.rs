@@ -32,7 +32,7 @@ impl Head {
     /// The head of a whole manifest.
     pub fn of(m: &Manifest) -> Head {
         Head {
-            manifest: fields_of(m),
+            manifest: Manifest::clone_without_shards(m),
             shards_count: m.shards.len() as u64,
             from_delta_entry: false,
         }
@@ -76,19 +76,6 @@ impl Head {
     }
 }
 
-/// `m` without its shards.
-fn fields_of(m: &Manifest) -> Manifest {
-    Manifest {
-        format_version: m.format_version.clone(),
-        safetensors_version: m.safetensors_version.clone(),
-        total_samples: m.total_samples,
-        total_bytes: m.total_bytes,
-        shards: Vec::new(),
-        schema: m.schema.clone(),
-        ext: m.ext.clone(),
-    }
-}
-
 /// The shards a version adds and removes (whole records: a removed one as its base lists it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
@@ -107,30 +94,30 @@ fn log_base<T>(base: Option<T>, version: impl Fn(&T) -> u64) -> Option<T> {
 /// facts (never written by this connector: names are unique per write) is removed and added.
 pub fn diff(base: Option<&Manifest>, next: &Manifest) -> Changes {
     let base = log_base(base, |b| b.manifest_version());
-    let by_name = |m: &Manifest| -> BTreeMap<String, ManifestShard> {
-        m.shards
-            .iter()
+    shard_changes(base.map_or(&[][..], |b| &b.shards), &next.shards)
+}
+
+/// What a list of shards `after` changes against `before`: the shards `after` lists and
+/// `before` does not (or lists with other facts), in `after`'s order, and the reverse, in
+/// `before`'s.
+pub fn shard_changes(before: &[ManifestShard], after: &[ManifestShard]) -> Changes {
+    let by_name = |list: &[ManifestShard]| -> BTreeMap<String, ManifestShard> {
+        list.iter()
             .map(|s| (s.shard_path.clone(), s.clone()))
             .collect()
     };
-    let before = base.map(by_name).unwrap_or_default();
-    let after = by_name(next);
+    let (b, a) = (by_name(before), by_name(after));
     Changes {
-        add: next
-            .shards
+        add: after
             .iter()
-            .filter(|s| before.get(&s.shard_path) != Some(*s))
+            .filter(|s| b.get(&s.shard_path) != Some(*s))
             .cloned()
             .collect(),
-        remove: base
-            .map(|b| {
-                b.shards
-                    .iter()
-                    .filter(|s| after.get(&s.shard_path) != Some(*s))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default(),
+        remove: before
+            .iter()
+            .filter(|s| a.get(&s.shard_path) != Some(*s))
+            .cloned()
+            .collect(),
     }
 }
 
@@ -201,7 +188,7 @@ pub fn entry_text(
     }
     // the version's own fields, schema included (a commit on this version reads them from this
     // entry alone), without its shards
-    let mut fields = match serde_json::to_value(fields_of(next)) {
+    let mut fields = match serde_json::to_value(Manifest::clone_without_shards(next)) {
         Ok(serde_json::Value::Object(m)) => m,
         _ => {
             return Err(commit_err(

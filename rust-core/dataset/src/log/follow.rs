@@ -72,31 +72,6 @@ fn follow_err(problem: String) -> DatasetError {
     DatasetError::Version { problem }
 }
 
-/// The shards `after` lists that `before` does not (or lists with other facts), and the reverse:
-/// what a version changed, from two whole shard lists.
-pub(crate) fn shard_diff(
-    before: &[ManifestShard],
-    after: &[ManifestShard],
-) -> (Vec<ManifestShard>, Vec<ManifestShard>) {
-    let by_name = |list: &[ManifestShard]| -> BTreeMap<String, ManifestShard> {
-        list.iter()
-            .map(|s| (s.shard_path.clone(), s.clone()))
-            .collect()
-    };
-    let (b, a) = (by_name(before), by_name(after));
-    let add = a
-        .values()
-        .filter(|s| b.get(&s.shard_path) != Some(s))
-        .cloned()
-        .collect();
-    let remove = b
-        .values()
-        .filter(|s| a.get(&s.shard_path) != Some(s))
-        .cloned()
-        .collect();
-    (add, remove)
-}
-
 fn operation(m: &Manifest) -> Option<Operation> {
     m.ext.as_ref().and_then(|x| x.operation)
 }
@@ -263,7 +238,10 @@ pub fn plan_follow(
                     )));
                 };
                 let before: Vec<ManifestShard> = s.shards().values().cloned().collect();
-                shard_diff(&before, &r.manifest.shards)
+                let c = crate::commit::shard_changes(&before, &r.manifest.shards);
+                let mut add = c.add;
+                add.sort_by(|a, b| a.shard_path.cmp(&b.shard_path));
+                (add, c.remove)
             }
         };
         // an entry that leaves its schema to its base keeps its base's columns; the follower
