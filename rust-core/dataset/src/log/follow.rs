@@ -189,7 +189,7 @@ pub fn plan_follow(
         if own_kept {
             let r = parse_log_file(own, &read[&own])?;
             if !r.schema_from_base {
-                columns = Some(r.manifest.schema);
+                columns = known(r.manifest.schema);
             }
         }
         if columns.is_none() {
@@ -197,7 +197,7 @@ pub fn plan_follow(
             // are taken as the follower's)
             match plan_state(files, after, read) {
                 Ok(StatePlan::Read(need)) => return Ok(FollowPlan::Read(need)),
-                Ok(StatePlan::Done(m)) => columns = Some(m.schema),
+                Ok(StatePlan::Done(m)) => columns = known(m.schema),
                 Err(_) => {}
             }
         }
@@ -245,11 +245,12 @@ pub fn plan_follow(
             }
         };
         // an entry that leaves its schema to its base keeps its base's columns; the follower
-        // reads with the columns of its version (from the start: the first version's)
+        // reads with the columns of its version (from the start, or from an empty version: the
+        // first version's that has any)
         let now = if r.schema_from_base {
             previous.clone()
         } else {
-            Some(r.manifest.schema.clone())
+            known(r.manifest.schema.clone())
         };
         if columns.is_none() {
             columns = now.clone();
@@ -271,6 +272,12 @@ pub fn plan_follow(
         }
     }
     Ok(FollowPlan::Done(out))
+}
+
+/// A version's columns as the follower compares them: none for an empty dataset (`schema: {}`,
+/// an overwrite or delete that left no shard), whose next rows may bring any columns.
+fn known(schema: ColumnMap) -> Option<ColumnMap> {
+    (!schema.0.is_empty()).then_some(schema)
 }
 
 /// [`plan_follow`] for callers that list and read through their own file systems (the JVM, the

@@ -650,6 +650,40 @@ fn a_follower_refuses_a_version_that_changes_the_columns() {
 }
 
 #[test]
+fn a_follower_of_an_emptied_dataset_takes_the_columns_of_the_next_rows() {
+    use follow::{Followed, OnChange};
+    let dir = tmp("follow-empty");
+    append(&dir, 1, 1001);
+    append(&dir, 2, 1002);
+    // 3: an overwrite that leaves nothing (no shard, no columns); 4: an append
+    let mut text: serde_json::Value =
+        serde_json::from_str(&manifest(3, &[1], 1003, None).to_json_pretty().unwrap()).unwrap();
+    text["shards"] = serde_json::json!([]);
+    text["schema"] = serde_json::json!({});
+    text["total_samples"] = serde_json::json!(0);
+    text["total_bytes"] = serde_json::json!(0);
+    let empty = parse_manifest(&text.to_string()).unwrap();
+    commit_op(&dir, empty, crate::manifest::Operation::Overwrite);
+    commit_op(
+        &dir,
+        manifest(4, &[4], 1004, None),
+        crate::manifest::Operation::Append,
+    );
+    // a follower of version 1 passes over the skipped overwrite and reads the append
+    let v = follow_dir(&dir, 1, 4, OnChange::Skip).unwrap();
+    let kinds: Vec<_> = v.iter().map(|f| f.followed.clone()).collect();
+    assert_eq!(
+        kinds,
+        vec![Followed::Rows, Followed::Skipped, Followed::Rows]
+    );
+    assert_eq!(added(&v[2]), vec![shard(4)]);
+    // a follower of the empty version itself has no columns yet: the append's are its own
+    let v = follow_dir(&dir, 3, 4, OnChange::Fail).unwrap();
+    assert_eq!(added(&v[0]), vec![shard(4)]);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_batch_of_followed_shards_reads_through_a_manifest_listing_only_them() {
     let base = manifest(4, &[1, 2, 3], 10, None).to_json_pretty().unwrap();
     let mut picked: Vec<ManifestShard> = manifest(9, &[2, 7], 20, None).shards;

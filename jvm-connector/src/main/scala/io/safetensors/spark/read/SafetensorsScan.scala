@@ -3,6 +3,7 @@ package io.safetensors.spark.read
 import java.util
 
 import scala.collection.mutable
+import scala.jdk.CollectionConverters._
 
 import io.safetensors.spark.jni.{NativeLib, NativeReader, SafetensorsException}
 import org.apache.arrow.c.{ArrowArray, ArrowSchema, Data}
@@ -57,7 +58,10 @@ private[spark] class SafetensorsTable(tableSchema: StructType, userSchema: Boole
 
   override def newScanBuilder(options: CaseInsensitiveStringMap): ScanBuilder = {
     if (userSchema) SafetensorsTable.checkUserSchema(tableSchema, src)
-    new SafetensorsScanBuilder(src, tableSchema)
+    // a readStream of a catalog table (`readStream.option(...).table(t)`) gives its stream
+    // options here, not to the table's source
+    val given = options.asCaseSensitiveMap().asScala.map { case (k, v) => k.toLowerCase -> v }.toMap
+    new SafetensorsScanBuilder(src, tableSchema, StreamOptions.overlay(src.options.stream, given))
   }
 
   /** `DELETE FROM` (copy-on-write, spec/dataset.md §5.11). */
@@ -106,7 +110,8 @@ private[spark] object SafetensorsTable {
   }
 }
 
-private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema: StructType)
+private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema: StructType,
+    stream: StreamOptions = StreamOptions())
     extends ScanBuilder with SupportsPushDownRequiredColumns with SupportsPushDownFilters {
   private var required: StructType = tableSchema
   private var pushed: Array[Filter] = Array.empty
@@ -155,11 +160,12 @@ private[spark] final class SafetensorsScanBuilder(src: TableSource, tableSchema:
   /** The pushed filters on partition columns alone. */
   def partitionFilterList: Seq[Filter] = partitionFilters
 
-  override def build(): Scan = new SafetensorsScan(src, required, predicates, partitionFilters, pushed)
+  override def build(): Scan = new SafetensorsScan(src, required, predicates, partitionFilters, pushed, stream)
 }
 
 private[spark] class SafetensorsScan(src: TableSource, required: StructType,
-    predicates: Seq[ReadPredicate], partitionFilters: Seq[Filter], pushed: Array[Filter])
+    predicates: Seq[ReadPredicate], partitionFilters: Seq[Filter], pushed: Array[Filter],
+    stream: StreamOptions = StreamOptions())
     extends Scan with Batch {
   /** Predicates added after the scan was built (a DELETE's runtime group filter on `_file`). */
   protected def extraPredicates: Seq[ReadPredicate] = Seq.empty
@@ -168,7 +174,7 @@ private[spark] class SafetensorsScan(src: TableSource, required: StructType,
 
   override def toBatch: Batch = {
     // readStream's start options would otherwise be silently ignored by a batch read
-    if (src.options.stream.startGiven) {
+    if (stream.startGiven) {
       throw new IllegalArgumentException(
         s"safetensors: options '${StreamOptions.StartingVersion}' and " +
           s"'${StreamOptions.StartingTimestamp}' start a readStream; a batch read of a version " +
@@ -179,7 +185,7 @@ private[spark] class SafetensorsScan(src: TableSource, required: StructType,
 
   /** `spark.readStream` (spec/reading.md §8). */
   override def toMicroBatchStream(checkpointLocation: String): MicroBatchStream =
-    DatasetStream(src, required, predicates, checkpointLocation)
+    DatasetStream(src, required, predicates, checkpointLocation, stream)
 
   override def description(): String =
     s"SafetensorsScan[layout=${src.description.layout}, ${src.summary}, " +

@@ -14,7 +14,7 @@ import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.SparkSession
 import org.apache.spark.sql.connector.read.{InputPartition, PartitionReaderFactory}
 import org.apache.spark.sql.connector.read.streaming.{MicroBatchStream, Offset, ReadAllAvailable,
-  ReadLimit, SupportsAdmissionControl, SupportsTriggerAvailableNow}
+  ReadLimit, ReportsSourceMetrics, SupportsAdmissionControl, SupportsTriggerAvailableNow}
 import org.apache.spark.sql.safetensors.SparkInternals
 import org.apache.spark.sql.types.StructType
 
@@ -32,16 +32,17 @@ import org.apache.spark.sql.types.StructType
  *                   position is kept
  */
 private[spark] final class DatasetStream(table: ReadSource, required: StructType,
-    predicates: Seq[ReadPredicate], checkpoint: String) extends MicroBatchStream
-    with SupportsAdmissionControl with SupportsTriggerAvailableNow {
+    predicates: Seq[ReadPredicate], checkpoint: String, opts: StreamOptions) extends MicroBatchStream
+    with SupportsAdmissionControl with SupportsTriggerAvailableNow with ReportsSourceMetrics {
   import DatasetStream._
 
-  private val opts = table.options.stream
   private val (dirKey, _) = table.manifests.head
   private val versions = FollowedLog(dirKey, table.conf, opts.skipChangeCommits)
   private val dir = versions.dir
   /** Trigger.AvailableNow: the latest version when the query started. */
   private var availableNow: Option[Long] = None
+  /** The dataset's latest version when the last micro-batch was sized (for [[metrics]]). */
+  @volatile private var latestSeen: Option[Long] = None
 
   /**
    * Where the stream starts, decided once and kept in the checkpoint: a restart before the
@@ -97,7 +98,9 @@ private[spark] final class DatasetStream(table: ReadSource, required: StructType
     val unlimited = limit.isInstanceOf[ReadAllAvailable]
     var files = 0
     var bytes = 0L
-    val end = walk(from, availableNow.getOrElse(versions.latestVersion()), strict = false) { s =>
+    val latest = versions.latestVersion()
+    latestSeen = Some(latest)
+    val end = walk(from, availableNow.getOrElse(latest), strict = false) { s =>
       val b = s.shard.path("bytes").asLong()
       val full = files > 0 && (files >= opts.maxFilesPerTrigger || opts.maxBytesPerTrigger.exists(bytes + b > _))
       if (full && !unlimited) false
@@ -117,16 +120,19 @@ private[spark] final class DatasetStream(table: ReadSource, required: StructType
     val src = batchSource(picked.toSeq)
     val spark = SparkSession.active
     val (maxBytes, openCost, _) = SparkInternals.filesConf(spark)
-    src.plan(required, predicates, Seq.empty, maxBytes, openCost, SparkInternals.filesMinPartitionNum(spark))
-      .toArray
+    val parts = src.plan(required, predicates, Seq.empty, maxBytes, openCost,
+      SparkInternals.filesMinPartitionNum(spark)).toArray[InputPartition]
+    Option(afterPlan).foreach(_(picked.map(_.shard.path("shard_path").asText()).toSeq))
+    parts
   }
 
-  /** The batch read of `shards`: their files and the latest manifest listing only them; its
-   *  columns must be the stream's. */
+  /** The batch read of `shards`: their files and the latest manifest (or, when the latest has
+   *  no columns, their newest version's) listing only them; its columns must be the stream's. */
   private def batchSource(shards: Seq[Shard]): ReadSource = {
     val records = Json.mapper.createArrayNode()
     shards.foreach(s => records.add(s.shard))
-    val text = NativeLog.followManifest(versions.latestManifest(), Json.mapper.writeValueAsString(records))
+    val text = NativeLog.followManifest(versions.batchManifest(shards.last.at.version),
+      Json.mapper.writeValueAsString(records))
     val files = shards.map { s =>
       val name = s.shard.path("shard_path").asText()
       val status = try versions.fs.getFileStatus(new Path(dir, name)) catch {
@@ -197,6 +203,36 @@ private[spark] final class DatasetStream(table: ReadSource, required: StructType
       SparkSession.active.sparkContext.broadcast(new SerializableConf(table.conf)), required,
       new StructType(), table.options.ignoreCorruptFiles)
 
+  /**
+   * The query progress's source metrics (`StreamingQueryProgress.sources(i).metrics`):
+   * `latestVersion` (the dataset's, when the last micro-batch was sized), `versionsBehind` (how
+   * many versions after the last one the stream consumed whole), and `numFilesOutstanding` /
+   * `numBytesOutstanding`: the shards after the consumed offset that the stream would read, over
+   * at most [[FollowedLog.Chunk]] versions (`outstandingThroughVersion`: the last version
+   * counted; the count stops before a version the stream refuses). Never fails the query: what
+   * cannot be counted is left out.
+   */
+  override def metrics(latestConsumedOffset: java.util.Optional[Offset]): java.util.Map[String, String] = {
+    val out = new java.util.LinkedHashMap[String, String]()
+    for (latest <- latestSeen; consumed <- Option(latestConsumedOffset.orElse(null)).map(offset)) {
+      out.put("latestVersion", latest.toString)
+      // the versions after the last one consumed whole (a snapshot in progress is its version's)
+      out.put("versionsBehind", math.max(0L, latest - (consumed.version - 1)).toString)
+      val through = math.min(latest, consumed.version + FollowedLog.Chunk - 1)
+      var files = 0L
+      var bytes = 0L
+      try {
+        walk(consumed, through, strict = false) { s =>
+          files += 1; bytes += s.shard.path("bytes").asLong(); true
+        }
+        out.put("numFilesOutstanding", files.toString)
+        out.put("numBytesOutstanding", bytes.toString)
+        out.put("outstandingThroughVersion", through.toString)
+      } catch { case scala.util.control.NonFatal(_) => () }
+    }
+    out
+  }
+
   override def commit(end: Offset): Unit = versions.forget(offset(end).version)
 
   override def stop(): Unit = ()
@@ -208,19 +244,22 @@ private[spark] object DatasetStream {
   /** The file in the source's checkpoint directory holding where the stream started. */
   val InitialOffsetFile = "safetensors-initial-offset.json"
 
+  /** Tests only: runs with a micro-batch's shard names once it is planned, before its tasks. */
+  @volatile private[spark] var afterPlan: Seq[String] => Unit = null
+
   /** A shard of the stream at its position. */
   private final case class Shard(at: StreamOffset, shard: JsonNode)
 
   /** The stream over `src` (a table's source): one dataset, not a partitioned root. */
   def apply(src: TableSource, required: StructType, predicates: Seq[ReadPredicate],
-      checkpoint: String): DatasetStream = src match {
+      checkpoint: String, opts: StreamOptions): DatasetStream = src match {
     case _: PartitionedSource => throw new UnsupportedOperationException(
       s"safetensors: readStream follows one dataset's versions; ${src.options.paths.mkString(", ")} " +
         "is a partitionBy root (one dataset per partition directory, spec/dataset.md §7): " +
         "read each partition directory as its own stream (and union them), or read the root " +
         "with spark.read")
     case r: ReadSource =>
-      if (!r.options.stream.startGiven &&
+      if (!opts.startGiven &&
           (r.options.versionAsOf.isDefined || r.options.timestampAsOf.isDefined)) {
         throw new IllegalArgumentException(
           "safetensors: options 'versionAsOf' and 'timestampAsOf' choose the version of a batch " +
@@ -233,7 +272,18 @@ private[spark] object DatasetStream {
             s"(holding ${DatasetFiles.ManifestName}); got ${r.options.paths.mkString(", ")}, " +
             s"holding ${r.manifests.size} dataset(s)")
       }
-      new DatasetStream(r, required, predicates, checkpoint)
+      if (r.description.schema.isEmpty) {
+        // an overwrite or delete that left no shard has no columns (spec/dataset.md §5): a
+        // stream of no columns would hand its sink rows of nothing
+        val (dir, _) = r.manifests.head
+        throw new IllegalArgumentException(
+          s"safetensors: readStream of $dir: the version its columns come from has none (the " +
+            "dataset is empty: an overwrite or a delete left no shard). Give the stream the " +
+            s"columns of a version that has rows with option '${StreamOptions.StartingVersion}' " +
+            "(a query restarted from its checkpoint reads on from its offsets; the option then " +
+            "only chooses the columns), or start it once a version with rows is committed")
+      }
+      new DatasetStream(r, required, predicates, checkpoint, opts)
   }
 
   /**

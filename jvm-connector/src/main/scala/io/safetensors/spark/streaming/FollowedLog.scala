@@ -32,7 +32,8 @@ private[spark] final class FollowedLog(val fs: FileSystem, val dir: Path, conf: 
   private val followed = mutable.TreeMap[Long, FollowedVersion]()
   private var refused: Option[(Long, Exception)] = None
   private val snapshots = mutable.Map[Long, Vector[JsonNode]]()
-  private var base: Option[(Long, String)] = None
+  private var base: Option[(Long, String, Boolean)] = None
+  private val ownManifests = mutable.Map[Long, String]()
 
   /** The latest committed version; a dataset with no log (written by another tool) is refused:
    *  there are no versions to follow. */
@@ -43,12 +44,25 @@ private[spark] final class FollowedLog(val fs: FileSystem, val dir: Path, conf: 
         s"$dir has none (no dataset, or one written by another tool): read it with spark.read"))
   }
 
-  /** The latest version's whole manifest (the columns and settings a micro-batch reads with). */
-  def latestManifest(): String = {
+  /** The latest version's whole manifest, and whether it has no columns (an empty dataset). */
+  private def latestManifest(): (String, Boolean) = {
     val latest = commit.latest().getOrElse(throw new IllegalStateException(
       s"safetensors: readStream of $dir: the dataset's manifest is gone"))
-    if (!base.exists(_._1 == latest._1)) base = Some(latest)
-    base.get._2
+    if (!base.exists(_._1 == latest._1)) {
+      base = Some((latest._1, latest._2, Json.mapper.readTree(latest._2).path("schema").isEmpty))
+    }
+    (base.get._2, base.get._3)
+  }
+
+  /**
+   * The whole manifest a micro-batch of shards up to version `version` is read with (the
+   * columns and settings; `NativeLog.followManifest` makes it list only the batch's shards): the
+   * latest version's, unless that one has no columns (an overwrite or delete left no shard),
+   * then version `version`'s own.
+   */
+  def batchManifest(version: Long): String = latestManifest() match {
+    case (text, false) => text
+    case _ => ownManifests.getOrElseUpdate(version, DatasetCommit.rebuildListing(fs, logDir, version))
   }
 
   /** The shard records of version `version`'s whole manifest, sorted by name (a snapshot). */
@@ -105,6 +119,7 @@ private[spark] final class FollowedLog(val fs: FileSystem, val dir: Path, conf: 
   def forget(version: Long): Unit = {
     followed.keys.takeWhile(_ < version).toList.foreach(followed.remove)
     snapshots.keys.filter(_ < version).toList.foreach(snapshots.remove)
+    ownManifests.keys.filter(_ < version).toList.foreach(ownManifests.remove)
   }
 }
 

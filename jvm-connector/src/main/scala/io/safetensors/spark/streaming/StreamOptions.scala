@@ -42,6 +42,23 @@ private[spark] object StreamOptions {
   /** Shards per micro-batch when `maxFilesPerTrigger` is not given (Delta Lake's default). */
   val DefaultMaxFiles: Int = 1000
 
+  /** `base` with the readStream options `o` gives (keys lower-cased) in place of its own: a
+   *  catalog table's options, then those of the `readStream.option(...).table(...)` reading it. */
+  def overlay(base: StreamOptions, o: Map[String, String]): StreamOptions = {
+    def has(key: String): Boolean = o.contains(key.toLowerCase)
+    if (!Keys.exists(has)) base
+    else {
+      val p = parse(o)
+      val start = has(StartingVersion) || has(StartingTimestamp)
+      StreamOptions(
+        if (start) p.startingVersion else base.startingVersion,
+        if (start) p.startingTimestamp else base.startingTimestamp,
+        if (has(MaxFiles)) p.maxFilesPerTrigger else base.maxFilesPerTrigger,
+        if (has(MaxBytes)) p.maxBytesPerTrigger else base.maxBytesPerTrigger,
+        if (has(SkipChangeCommits)) p.skipChangeCommits else base.skipChangeCommits)
+    }
+  }
+
   /** The readStream options among `o` (keys lower-cased, as ReadOptions.parse has them). */
   def parse(o: Map[String, String]): StreamOptions = {
     def get(key: String): Option[String] = o.get(key.toLowerCase)

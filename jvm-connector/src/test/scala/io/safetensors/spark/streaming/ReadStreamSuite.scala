@@ -24,6 +24,11 @@ class ReadStreamSuite extends SparkSuiteBase {
 
   override protected def appName: String = "safetensors-read-stream"
 
+  override protected def sparkConf: Seq[(String, String)] = Seq(
+    "spark.sql.extensions" -> classOf[io.safetensors.spark.SafetensorsExtensions].getName,
+    "spark.sql.warehouse.dir" -> new File(base, "warehouse").getAbsolutePath,
+    "spark.sql.catalogImplementation" -> "in-memory")
+
   /** Rows `lo until hi` (`id`, `x` = [id, -id]) in `parts` partitions: one shard of 4 rows each
    *  when `hi - lo` = 4 × `parts`. */
   private def rows(lo: Long, hi: Long, parts: Int = 2): DataFrame =
@@ -253,6 +258,76 @@ class ReadStreamSuite extends SparkSuiteBase {
       val keys = spark.table("kv_stream").select("key").collect().map(_.getString(0)).toSeq.sorted
       assert(keys == Seq("a__v", "bb__v", "ccc__v"), keys)
     } finally q.stop()
+  }
+
+  test("readStream.table over a catalog table; each progress reports the versions and shards " +
+      "still to read") {
+    val (a, b) = (freshPath(), freshPath())
+    (0 until 3).foreach(i => append(a, 8 * i, 8 * i + 8)) // versions 1-3, two shards each
+    spark.sql(s"CREATE TABLE streamed USING safetensors LOCATION '$a'")
+    try {
+      val q = drain(spark.readStream.option("maxFilesPerTrigger", "2").table("streamed"), b, freshPath())
+      assert(ids(b) == range(0, 24))
+      val progress = q.recentProgress.filter(_.numInputRows > 0)
+      val metrics = progress.map(p => p.sources.head.metrics.asScala.toMap)
+      // the snapshot of version 3 (six shards), two a batch
+      assert(metrics.map(_.get("numFilesOutstanding")).toSeq == Seq(Some("4"), Some("2"), Some("0")), metrics)
+      assert(metrics.forall(_.get("latestVersion").contains("3")), metrics)
+      assert(metrics.map(_("versionsBehind")).toSeq == Seq("1", "1", "0"), metrics)
+      val shardBytes = manifest(a).get("shards").elements().asScala.map(_.get("bytes").asLong()).toSeq
+      assert(metrics.head.get("numBytesOutstanding").contains(shardBytes.drop(2).sum.toString), metrics)
+    } finally spark.sql("DROP TABLE IF EXISTS streamed")
+  }
+
+  test("a shard vacuumed away before its micro-batch, or between the batch's planning and its read, " +
+      "fails the query naming the shard") {
+    for (whenPlanned <- Seq(false, true)) {
+      val a = freshPath()
+      append(a, 0, 8) // version 1: two shards
+      val second = manifest(a).get("shards").get(1).get("shard_path").asText()
+      def removeAll(): Unit = {
+        rows(100, 104).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(a)
+        Vacuum.vacuum(spark, a, "0", false, true).collect()
+        assert(!new File(a, second).exists())
+      }
+      @volatile var batches = 0
+      val record: (DataFrame, Long) => Unit = (df, _) => {
+        df.collect()
+        batches += 1
+        if (!whenPlanned && batches == 1) removeAll()
+      }
+      if (whenPlanned) {
+        DatasetStream.afterPlan = (planned: Seq[String]) =>
+          if (planned.contains(second) && new File(a, second).exists()) removeAll()
+      }
+      try {
+        val q = stream(a, Map("maxFilesPerTrigger" -> "1", "skipChangeCommits" -> "true")).writeStream
+          .option("checkpointLocation", freshPath()).trigger(Trigger.AvailableNow()).foreachBatch(record).start()
+        val e = intercept[StreamingQueryException](try q.awaitTermination() finally q.stop())
+        assert(batches == 1 && messages(e).contains(second), messages(e))
+        if (!whenPlanned) assert(messages(e).contains("is gone (vacuumed before the stream read it?)"), messages(e))
+      } finally DatasetStream.afterPlan = null
+    }
+  }
+
+  test("a skipped overwrite that empties the dataset: a restarted stream is told where to take its " +
+      "columns from, then reads the version before it and what is appended after it") {
+    val (a, b, ck) = (freshPath(), freshPath(), freshPath())
+    append(a, 0, 8)
+    drain(stream(a), b, ck)
+    append(a, 8, 16) // version 2, not read yet
+    rows(0, 0).write.format("safetensors").option("batch_size", "4").mode("overwrite").save(a) // version 3
+    assert(manifest(a).get("shards").size() == 0)
+    val empty = messages(intercept[Exception](drain(stream(a), b, ck)))
+    assert(empty.contains("the dataset is empty") && empty.contains("option 'startingVersion'"), empty)
+    // the restarted query reads on from its checkpoint; startingVersion gives it version 2's columns
+    val e = intercept[StreamingQueryException](drain(stream(a, Map("startingVersion" -> "2")), b, ck))
+    assert(messages(e).contains("version 3 is a version of operation overwrite"), messages(e))
+    assert(ids(b) == range(0, 16)) // version 2 was read before the refusal
+    drain(stream(a, Map("startingVersion" -> "2", "skipChangeCommits" -> "true")), b, ck)
+    append(a, 100, 108)
+    drain(stream(a, Map("skipChangeCommits" -> "true")), b, ck)
+    assert(ids(b) == range(0, 16) ++ range(100, 108))
   }
 
   test("an offset the source did not write is refused, naming what it expects") {
