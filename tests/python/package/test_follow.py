@@ -59,6 +59,25 @@ def test_a_delete_stops_the_follow_naming_the_version_unless_change_versions_are
     assert ids_of(ds) == ids + [8, 9] + later
 
 
+def test_an_overwrite_that_empties_the_dataset_is_skipped_and_the_rows_after_it_are_read(tmp_path):
+    from handmade import _commit_full_entry
+
+    path, ids = dataset(tmp_path, (4, 4))
+    m = read_manifest(path)
+    schema = m["schema"]
+    # version 2: an overwrite that leaves nothing (no shard, so no columns: schema {})
+    m.update(shards=[], schema={}, total_samples=0, total_bytes=0, manifest_version=2, operation="overwrite")
+    _commit_full_entry(path, m)
+    write_manifest(path, dict(m, schema=schema))  # (so append_shard writes version 3 with columns)
+    later = append_shard(path, 3)  # version 3
+    ds = SafetensorsIterableDataset(path, batch_size=4, version=1,
+                                    follow=Follow(poll_interval=0.01, until_version=3, skip_change_commits=True))
+    assert ids_of(ds) == ids + later
+    # a follower opened on the empty version itself reads the rows after it
+    ds = SafetensorsIterableDataset(path, batch_size=4, version=2, follow=Follow(poll_interval=0.01, until_version=3))
+    assert ids_of(ds) == later
+
+
 def test_workers_and_handoff_yield_the_batches_of_one_process_in_its_order(tmp_path):
     path, ids = dataset(tmp_path, (4, 4, 4))
     for n in (3, 1, 4, 2):  # segments of odd batch counts: the round robin goes on across them

@@ -225,10 +225,7 @@ class Dataset:
         #: The manifest version read (``manifest_version``; 0 for a manifest of another tool).
         self.version = self.manifest.get("manifest_version") or 0
         m = self.manifest
-        self.schema = m["schema"]
-        self.columns = list(self.schema)
-        # ragged column -> inner shape (spec/dataset.md §2.1)
-        self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
+        self._take_columns(m["schema"])
         self._checked_offsets: dict[tuple[int, str], NDArray[np.int64]] = {}  # (shard index, column) -> checked offsets array (this process)
         self._list_shards(m)
         # A local directory's shard sizes are checked here (one stat each, no request); a remote
@@ -280,12 +277,25 @@ class Dataset:
             offset += s["samples_count"]
         self._starts = [s.offset for s in self.shards]
 
+    def _take_columns(self, schema: dict[str, Any]) -> None:
+        """The columns (and ragged columns) of manifest schema ``schema``."""
+        self.schema = schema
+        self.columns = list(self.schema)
+        # ragged column -> inner shape (spec/dataset.md §2.1)
+        self.ragged = {c: list(t["ragged"]["inner_shape"]) for c, t in self.schema.items() if t.get("ragged")}
+
     def _following(self, version: int, shards: list[dict[str, Any]]) -> Dataset:
         """This dataset as a follower reads version ``version`` (spec/dataset.md §5.12): the same
         store, columns and layout, listing only ``shards``, the version's added ones (their files
-        checked as at open, their headers on first use)."""
+        checked as at open, their headers on first use). An empty version (no shard, no columns)
+        follows with the columns of ``version``'s own manifest."""
         child = copy.copy(self)
         m = dict(self.manifest)
+        if not self.schema:
+            own = json.loads(_native.parse_log_entry(version, _rebuild_version(self._store, self.path, version),
+                                                     self.path))
+            m.update(schema=own["schema"])
+            child._take_columns(own["schema"])
         m.update(shards=shards, manifest_version=version, total_samples=sum(s["samples_count"] for s in shards),
                  total_bytes=sum(s["bytes"] for s in shards))
         child.manifest, child.version = m, version

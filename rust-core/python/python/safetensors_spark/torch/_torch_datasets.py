@@ -322,7 +322,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     def _segment_args(self):
         """The settings a follow segment's dataset is made with (_follow.segment_dataset)."""
-        return {"columns": self.columns, "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
+        # (an empty version has no columns: a segment then reads all of its own)
+        return {"columns": self.columns or None, "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
                 "rank": self.rank, "world_size": self.world_size, "drop_last": self.drop_last,
                 "cache_shards": self.cache_shards, **self._user_args}
 
