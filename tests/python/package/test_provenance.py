@@ -284,6 +284,22 @@ def test_bad_provenance_settings_are_refused(data, tmp_path):
         SafetensorsMixture([data], source_column="_source", provenance=True)
 
 
+def test_kv_samples_name_the_keys_position_as_open_dataset_does(tmp_path):
+    path = str(tmp_path / "kv")
+    values = handmade.write_kv_dataset(path, [["c", "a", "b"], ["e", "d"]])
+    ref = safetensors_spark.open_dataset(path, provenance=True)
+    where = {(s["_file"], s["_row_index"]): s for s in ref}
+    ds = SafetensorsIterableDataset(path, batch_size=2, shuffle=True, seed=1, provenance=True)
+    found = samples(loader(ds, num_workers=2))
+    assert sorted((s["_file"], s["_row_index"]) for s in found) == sorted(where)
+    for s in found:
+        want = where[(s["_file"], s["_row_index"])]
+        assert s["_added_version"] == -1 and want["_added_version"] is None
+        np.testing.assert_array_equal(s["emb"], want["emb"])
+        np.testing.assert_array_equal(s["label"], want["label"])
+    assert sorted(int(s["label"]) for s in found) == sorted(int(v["label"]) for v in values.values())
+
+
 def test_loader_over_the_map_style_dataset_keeps_its_provenance(data):
     ds = SafetensorsDataset(data, provenance=True)
     for workers in (0, 2):
