@@ -174,7 +174,6 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
 
     _follow: Follow | None = None  # (a mixture does not follow)
     _resume_segment = 0
-    provenance = False
 
     def __init__(self, path: str | os.PathLike[str] | Dataset, columns: str | Sequence[str] | None = None,
                  batch_size: int | None = None, shuffle: bool = False, seed: int = 0, rank: int | None = None,
