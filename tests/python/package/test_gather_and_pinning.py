@@ -131,10 +131,11 @@ class FakeCuda:
 
     def copy(self, batch, device, stream):
         i, self.copies = self.copies, self.copies + 1
-        for v in batch.values():
+        tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]  # (provenance's _file: a list)
+        for v in tensors:
             weakref.finalize(v, self.log.append, ("host dropped", i))
         self.log.append(("copy", i))
-        return {k: v.clone() for k, v in batch.items()}, FakeEvent(self, i)
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, FakeEvent(self, i)
 
     def wait(self, event, batch, device):
         self.log.append(("wait", event.i))
@@ -272,3 +273,18 @@ def test_the_gpu_benchmark_runs_end_to_end_as_a_cpu_rehearsal_and_refuses_to_mea
                              timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert refused.returncode == 1 and "needs torch with CUDA and a GPU" in refused.stderr
     assert "--rehearse checks the script without one" in refused.stderr
+
+
+@pytest.mark.parametrize("options", [dict(pin_memory=True), dict(device="cuda:0")])
+def test_provenance_travels_with_its_batch_through_pinning_and_the_device_copy(big, monkeypatch, options):
+    monkeypatch.setattr(_device, "BACKEND", FakeCuda())
+    kw = dict(batch_size=8, shuffle=True, seed=4, provenance=True)
+    want = [(b["y"].clone(), b["_file"], b["_row_index"].clone())
+            for b in loader(SafetensorsIterableDataset(big, **kw), num_workers=2)]
+    got = [(b["y"].clone(), b["_file"], b["_row_index"].clone())
+           for b in loader(SafetensorsIterableDataset(big, **kw), num_workers=2, **options)]
+    assert len(got) == len(want) == 50
+    for (y, files, rows), (wy, wfiles, wrows) in zip(got, want):
+        assert torch.equal(y, wy) and files == wfiles and torch.equal(rows, wrows)
+        # y is the sample's id; shard k of `big` holds ids 150·k … (rows from 0)
+        assert [int(f.split("-")[1]) * 150 + r for f, r in zip(files, rows.tolist())] == y.tolist()

@@ -18,7 +18,8 @@ DOCUMENTED = {
     sst.Follow: set(),
     sst.SafetensorsDataset: {"get"},
     sst.SafetensorsIterableDataset: {"epoch", "load_state_dict", "set_epoch", "state_dict"},
-    sst.SafetensorsMixture: {"epoch", "load_state_dict", "set_epoch", "source_counts", "state_dict"},
+    sst.SafetensorsMixture: {"epoch", "load_state_dict", "set_epoch", "source_counts", "source_paths",
+                                 "state_dict"},
 }
 
 

@@ -21,6 +21,7 @@ Inside (one module per concern; the numpy-only rules they use are the package's 
 * ``_reader`` — batches cut out of shard memory as tensors.
 * ``_forms`` — what a batch of ragged rows looks like (nested, padded, offsets) and ``transform``.
 * ``_handoff`` — several batches per worker message, in pooled shared-memory blocks.
+* ``_provenance`` — ``provenance=True``: each batch's ``_file``/``_row_index``/``_added_version``.
 * ``_loader`` — ``loader()``; ``_device`` its pinned memory and copies to the GPU; ``_stats`` its
   ``stats()``; ``_stateful`` resume under ``StatefulDataLoader`` and live workers.
 """

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .._dataset import offsets_name
+from ._provenance import sliced
 
 
 def new_shared_block(nbytes):
@@ -69,12 +70,14 @@ def worker_pool(release_flags, worker, pools=None):
     return pool
 
 
-def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, nested=(), first=None, pools=None):
+def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, nested=(), first=None, pools=None,
+             provenance=None):
     """A DataLoader worker's messages of ``k`` batches: batches [b·k, (b+1)·k) for every b ≡
     ``first`` (default ``worker``; mod ``workers``); ``rows_of(j0, j1)`` gives the (shards, rows,
     lengths) of batches [j0, j1). Ragged columns travel as values + offsets of all the message's
     rows; ``nested`` names those the training process turns into nested tensors; ``pools``: see
-    :func:`worker_pool`."""
+    :func:`worker_pool`; ``provenance`` (a :class:`_provenance.Provenance`): the message carries
+    its rows' provenance, taken from the same (shards, rows)."""
     if release_flags is not None:
         reader.pool = worker_pool(release_flags, worker, pools)
     ragged = tuple(c for c in reader.columns if c in reader.ds.ragged)
@@ -82,10 +85,11 @@ def messages(reader, rows_of, num_batches, worker, workers, k, release_flags, ne
         shards, rows, lengths = rows_of(b * k, min((b + 1) * k, num_batches))
         tensors = reader.batch(shards, rows)
         slot, reader.slot = reader.slot, None
+        prov = provenance.arrays(shards, rows) if provenance is not None else None
         if slot is None:
-            yield Handoff(lengths, tensors=tensors, ragged=ragged, nested=nested)
+            yield Handoff(lengths, tensors=tensors, ragged=ragged, nested=nested, provenance=prov)
         else:  # in a pooled block: only the slot travels (and the block on its first use)
-            yield Handoff(lengths, slot=slot, ragged=ragged, nested=nested)
+            yield Handoff(lengths, slot=slot, ragged=ragged, nested=nested, provenance=prov)
 
 
 def item_messages(batches_of, num_batches, worker, workers, k, release_flags, first=None, pools=None):
@@ -137,14 +141,19 @@ def _torch_dtype(dtype):
 def pack(batches, pool):
     """One :class:`Handoff` holding ``batches`` in one block (a pooled one when ``pool``): per
     batch a layout ``[(name, parts)]``, ``parts`` ``[(torch dtype, shape, byte offset, bytes)]``
-    (one for a tensor, values + offsets for a jagged nested tensor)."""
+    (one for a tensor, values + offsets for a jagged nested tensor), or a :class:`Listed` (a list
+    of str, as provenance's ``_file``: pickled with the message)."""
     layouts, total, copies = [], 0, []
     for batch in batches:
         layout = []
         for name, t in batch.items():
+            if isinstance(t, list) and all(isinstance(v, str) for v in t):
+                layout.append((name, Listed(t)))
+                continue
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"batch entry '{name}' is a {type(t).__name__}; a worker sends tensors only "
-                                f"(a transform must return a dict of tensors)")
+                raise TypeError(f"batch entry '{name}' is a {type(t).__name__}; a worker sends tensors (and "
+                                f"lists of str, as provenance's _file) only (a transform must return a dict "
+                                f"of those)")
             pieces = (t.values(), t.offsets()) if t.is_nested else (t,)
             parts = []
             for p in pieces:
@@ -166,29 +175,41 @@ def pack(batches, pool):
     return Handoff(None, slot=(pool.worker, slot, block if new else None, None), items=layouts)
 
 
+class Listed:
+    """A list of str in a :func:`pack` layout (pickled with the message, not in the block)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values):
+        self.values = values
+
+
 class Handoff:
     """Consecutive batches of one worker sent to the training process as one message, their
     rows one after the other, with each batch's row count (``lengths``). Either ``tensors``
     (column → tensor, one shared-memory block) or ``slot``: ``(worker, slot, block, layout)`` of
     a pooled block, ``block`` only on the slot's first use (the training process keeps it),
-    ``layout`` the columns' ``(name, torch dtype, shape, byte offset, bytes)`` in it."""
+    ``layout`` the columns' ``(name, torch dtype, shape, byte offset, bytes)`` in it.
+    ``provenance``: the rows' ``{_file: [str], _row_index, _added_version: int64 arrays}``
+    (spec/python.md §3.7), pickled with the message, each batch given its slice."""
 
-    __slots__ = ("lengths", "tensors", "slot", "ragged", "nested", "items")
+    __slots__ = ("lengths", "tensors", "slot", "ragged", "nested", "items", "provenance")
 
-    def __init__(self, lengths, tensors=None, slot=None, ragged=(), nested=(), items=None):
+    def __init__(self, lengths, tensors=None, slot=None, ragged=(), nested=(), items=None, provenance=None):
         self.lengths = lengths
         self.tensors = tensors
         self.slot = slot
         self.ragged = ragged  # ragged columns: values + "<c>.offsets" of all the rows
         self.nested = nested  # of those, the ones handed out as nested tensors
         self.items = items  # finished batches: one layout per batch (pack())
+        self.provenance = provenance
 
     def pin_memory(self, pin=None):
         """This message with its tensors copied into pinned memory (``pin``: the copy; default
         ``Tensor.pin_memory``). Only a message that carries its tensors (not a pooled slot)."""
         pin = pin or (lambda t: t.pin_memory())
         return Handoff(self.lengths, tensors={c: pin(t) for c, t in self.tensors.items()}, ragged=self.ragged,
-                       nested=self.nested, items=self.items)
+                       nested=self.nested, items=self.items, provenance=self.provenance)
 
     def batches(self, blocks=None, release=None):
         """The batches as ``{column: tensor}`` views of the message's block (no copy). A pooled
@@ -218,6 +239,7 @@ class Handoff:
         offset_names = {offsets_name(c) for c in self.ragged}
         fixed = [c for c in tensors if c not in self.ragged and c not in offset_names]
         offsets = {c: tensors[offsets_name(c)] for c in self.ragged}
+        provenance = self.provenance
         first = 0
         for n in self.lengths:
             batch = {c: tensors[c][first: first + n] for c in fixed}
@@ -229,6 +251,8 @@ class Handoff:
                     batch[c] = torch.nested.nested_tensor_from_jagged(values, o)
                 else:
                     batch[c], batch[offsets_name(c)] = values, o
+            if provenance is not None:
+                batch.update(sliced(provenance, first, n))
             yield batch
             first += n
 
@@ -240,7 +264,9 @@ def _items(base, items):
     for layout in items:
         batch = {}
         for name, parts in layout:
-            if len(parts) == 2:
+            if isinstance(parts, Listed):
+                batch[name] = parts.values
+            elif len(parts) == 2:
                 batch[name] = torch.nested.nested_tensor_from_jagged(view(*parts[0]), view(*parts[1]))
             else:
                 batch[name] = view(*parts[0])

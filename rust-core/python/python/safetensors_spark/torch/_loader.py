@@ -19,6 +19,7 @@ from ._torch_datasets import SafetensorsDataset, SafetensorsIterableDataset
 from ._torch_mixture import SafetensorsMixture
 from ._device import Delivery, resolve_device
 from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_messages, messages
+from ._provenance import Provenance
 from ._reader import BatchReader
 from ._stats import LoaderStats, timed, worker_counters
 
@@ -59,6 +60,13 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         size, num_batches, (k, flags) = self.batch_size, len(self), self._handoff
 
         finish = ds.finish
+        # SafetensorsDataset(provenance=True): each batch's rows' provenance (spec/python.md §3.7)
+        prov = Provenance(ds.dataset) if ds.provenance else None
+
+        def read(shards, rows, shared):
+            out = reader.batch(shards, rows, shared=shared)
+            return prov.batch(out, shards, rows) if prov is not None else out
+
         # the store reads ahead in this worker's order (spec/python.md §2.1)
         ds.dataset.prefetch(index_groups(ds._locate_many, self.indices, size, worker, workers,
                                          max(k, 1) if info is not None else 1), ds.columns)
@@ -70,16 +78,16 @@ class _SampledBatches(torch.utils.data.IterableDataset):
         if info is not None and k >= 1:
             if finish.in_worker:
                 def batches_of(j0, j1):
-                    return [finish(reader.batch(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
+                    return [finish(read(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
 
                 yield from item_messages(batches_of, num_batches, worker, workers, k, flags)
                 return
             nested = tuple(c for c, f in finish.forms.items() if f == "nested")
-            yield from messages(reader, rows_of, num_batches, worker, workers, k, flags, nested)
+            yield from messages(reader, rows_of, num_batches, worker, workers, k, flags, nested, provenance=prov)
             return
         for j in range(worker, num_batches, workers):
             shards, rows, _ = rows_of(j, j + 1)
-            yield finish(reader.batch(shards, rows, shared=False if finish.in_worker else None))
+            yield finish(read(shards, rows, shared=False if finish.in_worker else None))
 
 
 class _CountingLoader(torch.utils.data.DataLoader):

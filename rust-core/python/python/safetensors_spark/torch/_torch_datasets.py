@@ -30,6 +30,7 @@ from ._follow import generate as follow_generate
 from ._follow import position as follow_position
 from ._forms import Finish, resolve_forms
 from ._handoff import block_messages, item_messages, messages
+from ._provenance import Provenance, check_flag, check_names, refuse_pack
 from ._reader import BatchReader, to_torch
 from ._stats import timed
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state, worker_state
@@ -60,10 +61,9 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
-        if not isinstance(provenance, bool):
-            raise ValueError(f"provenance must be True or False, got {provenance!r}")
         # each sample also gives _file, _row_index, _added_version (spec/python.md §2)
-        self.provenance = provenance
+        self.provenance = check_flag(provenance)
+        self._provenance: Provenance | None = None  # made on first use, in the process that reads
         self.columns = self.dataset._check_columns(columns)
         # the form of ragged columns and the transform of loader()'s batches (spec/python.md §3.2)
         self.finish = Finish(resolve_forms(self.dataset, self.columns, ragged), pad_value, transform)
@@ -109,11 +109,9 @@ class SafetensorsDataset(torch.utils.data.Dataset):
         version that added the shard (-1 when the manifest does not record it: a batch of
         samples collates into tensors, which hold no None)."""
         if self.provenance:
-            shard = self.dataset.shards[shard_index]
-            sample["_file"] = shard.name
-            sample["_row_index"] = torch.tensor(row, dtype=torch.int64)
-            v = shard.added_version
-            sample["_added_version"] = torch.tensor(-1 if v is None else v, dtype=torch.int64)
+            if self._provenance is None:
+                self._provenance = Provenance(self.dataset)
+            return self._provenance.single(sample, shard_index, row)
         return sample
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
@@ -168,7 +166,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     cut to whole rounds of ``world_size × batch_size``. See spec/python.md §3.
 
     ``follow`` (True or a :class:`Follow`): after the epoch, the rows of newer versions as they
-    are committed (spec/python.md §3.6)."""
+    are committed (spec/python.md §3.6).
+
+    ``provenance=True``: every batch also gives where its samples are stored — ``_file`` (a list
+    of shard names), ``_row_index`` and ``_added_version`` (int64 tensors, -1 when not recorded);
+    single samples a str and 0-d tensors — for ``delete_rows`` (spec/python.md §3.7)."""
 
     _follow: Follow | None = None  # (a mixture does not follow)
     _resume_segment = 0
@@ -181,7 +183,11 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                  filter: Filter | None = None, shuffle_block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  cache_shards: int = 8, version: int | None = None, timestamp: datetime.datetime | str | None = None,
-                 follow: Follow | bool | None = None) -> None:
+                 follow: Follow | bool | None = None, provenance: bool = False) -> None:
+        # each sample's _file, _row_index, _added_version travel with its batch (spec/python.md §3.7)
+        self.provenance = check_flag(provenance)
+        if provenance and pack is not None:
+            refuse_pack("SafetensorsIterableDataset")
         self.dataset = path if isinstance(path, Dataset) else Dataset(
             path, storage_options=storage_options, cache_dir=cache_dir, version=version,
             timestamp=timestamp)
@@ -204,6 +210,8 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
                 raise ValueError("pack: packed blocks have no ragged form; leave ragged out")
             columns = [pack.column]
         self.columns = ds._check_columns(columns)
+        if provenance:
+            check_names(self.columns, f"dataset {ds.path} has column(s)")
         self.pack = pack
         # the filter evaluated once over its column: the epoch's order is over the kept samples
         # (spec/python.md §3.4); packed, the stream is made of the kept documents only (§3.3)
@@ -325,7 +333,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         # (an empty version has no columns: a segment then reads all of its own)
         return {"columns": self.columns or None, "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
                 "rank": self.rank, "world_size": self.world_size, "drop_last": self.drop_last,
-                "cache_shards": self.cache_shards, **self._user_args}
+                "cache_shards": self.cache_shards, "provenance": self.provenance, **self._user_args}
 
     def _units(self):
         """The positions of an epoch: samples (those a filter keeps), or blocks when packing."""
@@ -544,6 +552,12 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         reader = BatchReader(self.dataset, self.columns, self.cache_shards)
         total = self._units()
         finish = self.finish
+        # the rows' provenance, from the (shards, rows) each batch is read with (None: off, no cost)
+        prov = Provenance(self.dataset) if self.provenance else None
+
+        def read(shards, rows, shared):
+            out = reader.batch(shards, rows, shared=shared)
+            return prov.batch(out, shards, rows) if prov is not None else out
         k, release_flags = self._handoff
         in_worker = torch.utils.data.get_worker_info() is not None
         # the store reads ahead in this worker's order (spec/python.md §2.1)
@@ -564,24 +578,26 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
             # yields them in the same order as batch by batch; _loader._count splits them again
             if finish.in_worker:  # padding or a transform: finished here, then packed in one block
                 def batches_of(j0, j1):
-                    return [finish(reader.batch(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
+                    return [finish(read(*rows_of(j, j + 1)[:2], shared=False)) for j in range(j0, j1)]
 
                 yield from item_messages(batches_of, plan.num_batches, worker, workers, k, release_flags,
                                          first, pool)
                 return
             nested = tuple(c for c, f in finish.forms.items() if f == "nested")
             yield from messages(reader, rows_of, plan.num_batches, worker, workers, k, release_flags, nested,
-                                first, pool)
+                                first, pool, prov)
             return
         for j in range(first + skip * workers, plan.num_batches, workers):
             shards, rows, _ = rows_of(j, j + 1)
             if self.batch_size is None:
                 out = reader.single(shards[0], rows[0])
+                if prov is not None:
+                    out = prov.single(out, shards[0], rows[0])
                 out = finish.transform(out) if finish.transform is not None else out
             else:
                 # a batch the worker pads or transforms is read into private memory: what it
                 # sends is the finished batch
-                out = finish(reader.batch(shards, rows, shared=False if finish.in_worker else None))
+                out = finish(read(shards, rows, shared=False if finish.in_worker else None))
             if progress is not None:
                 progress["consumed"] += 1
             yield out

@@ -27,6 +27,7 @@ from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder
 from ._torch_datasets import STATE_VERSION, SafetensorsIterableDataset
 from ._handoff import item_messages
+from ._provenance import NAMES, SOURCE, Provenance, check_flag, check_names, refuse_pack
 from ._stateful import LiveEpoch, from_loader_state, load_worker_state
 from ._reader import BatchReader, to_torch
 from ._stats import timed
@@ -177,6 +178,8 @@ class SafetensorsMixture(SafetensorsIterableDataset):
     (its kept documents, its order) and the mixture's positions are blocks, mixed by weight.
 
     ``source_column``: a name under which every batch carries each sample's source index (int64).
+    ``provenance=True``: every batch also gives ``_source`` (the source index, int64; its path is
+    ``source_paths[i]``), ``_file``, ``_row_index`` and ``_added_version`` (spec/python.md §3.7).
     Ranks, workers, ``drop_last``, ``loader()`` and resume (``state_dict`` / ``load_state_dict``)
     work as for :class:`SafetensorsIterableDataset`; ``source_counts`` are the samples each source
     gives the epoch (all ranks), ``state_dict()["consumed_per_source"]`` those consumed so far."""
@@ -186,7 +189,10 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                  num_samples: int | None = None, shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, shuffle_block_size: int | None = None,
                  source_column: str | None = None, transform: Callable[[dict[str, Any]], Any] | None = None,
-                 cache_shards: int = 8, pack: Packing | None = None) -> None:
+                 cache_shards: int = 8, pack: Packing | None = None, provenance: bool = False) -> None:
+        self.provenance = check_flag(provenance)
+        if provenance and pack is not None:
+            refuse_pack("SafetensorsMixture")
         if isinstance(sources, (str, bytes, Source, Dataset)) or not hasattr(sources, "__len__") or not sources:
             raise ValueError(f"mixture: sources must be a non-empty list of paths, Datasets or Sources, "
                              f"got {sources!r}")
@@ -210,6 +216,9 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         if source_column is not None and (not isinstance(source_column, str) or source_column in self.columns):
             raise ValueError(f"mixture: source_column must be a name that is not a column {self.columns}, "
                              f"got {source_column!r}")
+        if provenance:
+            check_names(self.columns + ([source_column] if source_column is not None else []),
+                        "the mixture's columns (or source_column) have", (SOURCE,))
         lengths = [o.length for o in self.sources]
         if mode == "exhaust":
             if weights is not None or num_samples is not None:
@@ -261,6 +270,11 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         return self.counts.tolist()
 
     @property
+    def source_paths(self) -> list[str]:
+        """The sources' dataset paths, by source index (provenance's ``_source``)."""
+        return [o.dataset.path for o in self.sources]
+
+    @property
     def _sample_bytes(self):
         """Bytes of one sample of a batch (loader()'s message size)."""
         o = self.sources[0]
@@ -269,7 +283,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                 (8 if self.source_column is not None else 0)
         total = sum(int(np.prod(o.signature(c)[1], dtype=np.int64)) * o.dataset._dtypes[o.mapping[c]].itemsize
                     for c in self.columns)
-        return total + (8 if self.source_column is not None else 0)
+        return total + (8 if self.source_column is not None else 0) + (8 * 3 if self.provenance else 0)
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -343,6 +357,8 @@ class SafetensorsMixture(SafetensorsIterableDataset):
         mix, epoch, total = self._mixture(), self._epoch, self.num_samples
         readers = [BatchReader(o.dataset, list(dict.fromkeys(o.mapping.values())), self.cache_shards)
                    for o in self.sources] if self.pack is None else None
+        # each source's shard names and versions (spec/python.md §3.7; None: off, no cost)
+        provs = [Provenance(o.dataset) for o in self.sources] if self.provenance else None
         orders = {}  # (source, pass) -> its order (a few live at a time)
 
         def order_of(i, rnd):
@@ -393,6 +409,7 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             pos = np.arange(first, first + n, dtype=np.int64) % total
             labels, draws = mix.labels[pos], mix.draws[pos]
             out = {}
+            prov = ([""] * n, np.empty(n, np.int64), np.empty(n, np.int64)) if provs is not None else None
             for i in np.unique(labels).tolist():
                 src = self.sources[i]
                 at = np.flatnonzero(labels == i)
@@ -402,6 +419,11 @@ class SafetensorsMixture(SafetensorsIterableDataset):
                     m = rnd == r
                     shards[m], rows[m] = order_of(i, r).locate(q[m])
                 part = readers[i].batch(shards, rows, shared=False)
+                if prov is not None:  # the rows just read, at their positions in the batch
+                    got = provs[i].arrays(shards, rows)
+                    for a, f in zip(at.tolist(), got["_file"]):
+                        prov[0][a] = f
+                    prov[1][at], prov[2][at] = got["_row_index"], got["_added_version"]
                 idx = torch.from_numpy(at)
                 for c, sc in src.mapping.items():
                     t = part[sc]
@@ -411,6 +433,9 @@ class SafetensorsMixture(SafetensorsIterableDataset):
             out = {c: out[c] for c in self.columns}
             if self.source_column is not None:
                 out[self.source_column] = torch.from_numpy(labels.astype(np.int64))
+            if prov is not None:
+                out[SOURCE] = torch.from_numpy(labels.astype(np.int64))
+                out.update(zip(NAMES, (prov[0], torch.from_numpy(prov[1]), torch.from_numpy(prov[2]))))
             if self.batch_size is None:
                 out = {c: t[0] for c, t in out.items()}
             return self.transform(out) if self.transform is not None else out
