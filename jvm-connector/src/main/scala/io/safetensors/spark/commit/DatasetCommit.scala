@@ -267,7 +267,7 @@ private[spark] object DatasetCommit {
   /** `manifest_version` of a manifest's text; 0 when it has none (or is not JSON: its parse
    *  fails later, with the reason, where it is used). */
   def versionOf(text: String): Long =
-    try mapper.readTree(text).path("manifest_version").asLong(0L)
+    try Json.topLevelLong(text, "manifest_version").getOrElse(0L)
     catch { case _: Exception => 0L }
 
   def writeSynced(f: File, bytes: Array[Byte]): Unit = {

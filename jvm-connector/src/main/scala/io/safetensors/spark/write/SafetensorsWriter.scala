@@ -115,8 +115,8 @@ private[spark] object SafetensorsWriter {
       val names = target.fs.listStatus(dir).filter(_.isFile).map(_.getPath.getName).toSet
       // (an index of the earlier one-part-per-version layout counts too)
       names.exists(n => DatasetCommit.parseIndexPartName(n).isDefined) ||
-        base.exists(m => mapper.readTree(m).path("shards").elements().asScala
-          .exists(s => names(NativeReader.indexPartName(s.get("shard_path").asText()))))
+        base.exists(m => Json.topLevelArrayStrings(m, "shards", "shard_path")
+          .exists(s => names(NativeReader.indexPartName(s))))
     }
     if (base.isEmpty || ConnectorOptions.get(parameters, "generate_index").isDefined || !hasParts) parameters
     else parameters + ("generate_index" -> "true")
@@ -396,7 +396,7 @@ private[spark] object SafetensorsWriter {
     private def resolveKeysAcrossDataset(staged: Staged, base: Option[(Long, String)]): ArrayNode = {
       val replacements = mapper.createArrayNode()
       val unchecked = base.toSeq.flatMap { case (_, text) =>
-        mapper.readTree(text).path("shards").elements().asScala.map(_.get("shard_path").asText())
+        Json.topLevelArrayStrings(text, "shards", "shard_path")
       }.filterNot(keysClean)
       if (unchecked.nonEmpty && staged.parts.nonEmpty) {
         val runs = unchecked.map(f => (f, parts.existingPart(f), true, 0L, 0L)) ++
@@ -482,8 +482,7 @@ private[spark] object SafetensorsWriter {
         // uploads of attempts that did not commit (a task that failed after its upload)
         ObjectStoreCommit.removeUnlisted(fs, dest, writeId, mine.listed, null)
       }
-      val nowListed = mapper.readTree(next.get("manifest").asText()).path("shards").elements().asScala
-        .map(_.get("shard_path").asText()).toSeq
+      val nowListed = Json.topLevelArrayStrings(next.get("manifest").asText(), "shards", "shard_path")
       if (generateIndex) {
         // earlier shards without a part (an append that creates the first index) get one; parts
         // of the earlier one-part-per-version layout go
