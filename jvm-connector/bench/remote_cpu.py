@@ -9,7 +9,8 @@ with the test helper (tests/python/package/handmade.py), uploads it to the Go S3
 `get_loop` (8 threads, boto3, each shard GET whole once), and one shuffled epoch of
 `open_dataset(url, client=…)` + `SafetensorsIterableDataset(batch_size=256, shuffle=True)` +
 `loader(num_workers=2)` with the default options, for `native` and `fsspec`. Reports wall s,
-MB/s (shard bytes ÷ wall), CPU s (the process and its workers: user + system) and MB per CPU-s.
+MB/s (shard bytes ÷ wall), CPU s (the process and its workers: user + system), MB per CPU-s and
+fetched_x (the bytes the epoch fetched ÷ the shards' bytes).
 """
 import argparse
 import json
@@ -52,12 +53,15 @@ def measure(mode, endpoint, names, nbytes, local):
         ds = open_dataset(local) if mode == "local" else \
             open_dataset("s3://data/ds", storage_options=opts(endpoint), client=mode)
         rows = 0
-        for b in loader(SafetensorsIterableDataset(ds, batch_size=256, shuffle=True, seed=0), num_workers=2):
+        it = loader(SafetensorsIterableDataset(ds, batch_size=256, shuffle=True, seed=0), num_workers=2)
+        for b in it:
             rows += len(b["y"])
         assert rows == ds.total_samples
     wall, used = time.perf_counter() - t0, cpu() - c0
+    # the bytes the epoch fetched (manifest, headers and the workers' ranges) ÷ the shards' bytes
+    fetched = it.stats()["bytes_fetched"] / nbytes if mode in ("native", "fsspec") else 1.0
     return {"mode": mode, "wall_s": wall, "mb_per_s": nbytes / wall / 1e6, "cpu_s": used,
-            "mb_per_cpu_s": nbytes / used / 1e6}
+            "mb_per_cpu_s": nbytes / used / 1e6, "fetched_x": fetched}
 
 
 def main():

@@ -116,6 +116,60 @@ def test_range_buffers_are_reused_only_when_nothing_holds_them(s3_server, small)
     assert bytes(f) == raw[len(raw) - tail:] and got == len(raw)
 
 
+def test_an_epoch_reusing_range_buffers_never_changes_a_held_batch(s3_server, tmp_path, monkeypatch):
+    """Shards whose column spans take the client's pooled range buffers (>= 1 MiB; written to
+    each fresh one with streaming stores after one madvise, spec/performance.md §13.7): the
+    epoch hands buffers out again while every batch taken so far is still held (seen: one
+    `bytearray` returned for two ranges), and at the end every held batch still equals the
+    local read — in this process and in two DataLoader workers, shuffled or not."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from safetensors_spark.torch import loader
+
+    local = str(tmp_path / "d")
+    rows, width = 300, 1024  # x: 1.2 MB a shard, random F32 (a stale byte shows)
+    handmade.write_batch_dataset(local, [rows] * 16, batch_size=rows)
+    m = handmade.read_manifest(local)
+    for k, sh in enumerate(m["shards"]):
+        p = os.path.join(local, sh["shard_path"])
+        x = np.random.default_rng(k).random((rows, width), dtype=np.float32)
+        save_file({"x": x, "y": np.arange(k * rows, (k + 1) * rows, dtype=np.int64)}, p,
+                  metadata={"safetensors_spark.layout": "batch", "safetensors_spark.samples": str(rows),
+                            "safetensors_spark.padded_samples": "0"})
+        sh["bytes"] = os.path.getsize(p)
+    m["schema"]["x"]["shape"] = [rows, width]
+    m["total_bytes"] = sum(sh["bytes"] for sh in m["shards"])
+    handmade.write_manifest(local, m)
+    url, _ = s3_server.upload_dataset(local, "pool")
+
+    handed = []  # ids of the pooled-size ranges the client returned (no reference kept)
+    read_range = NativeStore.read_range
+
+    def spy(self, name, start, end):
+        data = read_range(self, name, start, end)
+        if end - start >= 1 << 20:
+            handed.append(id(data))
+        return data
+
+    monkeypatch.setattr(NativeStore, "read_range", spy)
+    for shuffle in (True, False):
+        def epoch(path, workers):
+            it = SafetensorsIterableDataset(path, batch_size=64, shuffle=shuffle, seed=3, shuffle_block_size=rows)
+            return list(loader(it, num_workers=workers) if workers else it)
+
+        want = epoch(local, 0)
+        for workers in (0, 2):
+            handed.clear()
+            held = epoch(open_dataset(url, storage_options=s3_server.storage_options(), client="native",
+                                      prefetch=2), workers)
+            if workers == 0:
+                assert len(handed) == 16 and len(set(handed)) < len(handed), "no buffer was reused"
+            assert len(held) == len(want)
+            for got, exp in zip(held, want):
+                assert torch.equal(got["y"], exp["y"]) and torch.equal(got["x"], exp["x"]), (shuffle, workers)
+
+
 @pytest.mark.parametrize("client", ["native", "fsspec"])
 def test_batches_gathered_from_the_read_ahead_are_the_users_own(s3_server, small, client):
     """A batch reader gathers from read-only views of the read-ahead's buffers (no copy of its
