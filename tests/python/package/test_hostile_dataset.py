@@ -199,6 +199,12 @@ def test_vacuum_keeps_what_a_retained_older_version_lists_and_that_version_reads
     # item 11: an object-store URL is "local paths only", not "not a dataset"
     (lambda p: safetensors_spark.vacuum("s3://bucket/ds"), "vacuum: s3://bucket/ds: local paths only"),
     (lambda p: safetensors_spark.compact("s3://bucket/ds"), "compact: s3://bucket/ds: local paths only"),
+    (lambda p: safetensors_spark.delete_keys("s3://bucket/ds", ["a"]),
+     "delete_keys: s3://bucket/ds: local paths only; for a dataset on an object store or HDFS use "
+     "safetensors_spark.spark.delete_keys(spark, path, keys)"),
+    (lambda p: safetensors_spark.delete_rows("s3://bucket/ds", [("s", 0)]),
+     "delete_rows: s3://bucket/ds: local paths only; for a dataset on an object store or HDFS use "
+     "safetensors_spark.spark.delete(spark, path, \"_file = '…' AND _row_index = …\")"),
 ])
 def test_maintenance_arguments_that_are_not_what_they_must_be_are_refused_naming_them(tmp_path, call, named):
     """Items 4 and 9: ``dry_run=1`` is never a real compaction, a negative or textual count never

@@ -72,14 +72,15 @@ def _whole(command: str, name: str, value: Any) -> int | None:
     return value
 
 
-def _local(command: str, path: str | os.PathLike[str]) -> str:
-    """The local path of ``path``; a URL (``s3://…``) is refused naming the Spark entry point."""
+def _local(command: str, path: str | os.PathLike[str], spark_call: str | None = None) -> str:
+    """The local path of ``path``; a URL (``s3://…``) is refused naming the Spark entry point
+    (``spark_call``, default ``safetensors_spark.spark.<command>(spark, path)``)."""
     import os
 
     p = os.fspath(path)
     if isinstance(p, str) and "://" in p and not p.startswith("file://"):
         raise ValueError(f"{command}: {p}: local paths only; for a dataset on an object store or HDFS "
-                         f"use safetensors_spark.spark.{command}(spark, path)")
+                         f"use {spark_call or f'safetensors_spark.spark.{command}(spark, path)'}")
     return p[len("file://"):] if isinstance(p, str) and p.startswith("file://") else p
 
 
@@ -155,7 +156,7 @@ def delete_keys(path: str | os.PathLike[str], keys: Iterable[str], dry_run: bool
 
     from . import _native
 
-    path = _local("delete_keys", path)
+    path = _local("delete_keys", path, "safetensors_spark.spark.delete_keys(spark, path, keys)")
     if isinstance(keys, (str, bytes)):
         raise ValueError("delete_keys: keys must be an iterable of strings, not one string")
     key_list = list(keys)
@@ -182,7 +183,8 @@ def delete_rows(path: str | os.PathLike[str], rows: Iterable[tuple[str, int]], d
 
     from . import _native
 
-    path = _local("delete_rows", path)
+    path = _local("delete_rows", path, "safetensors_spark.spark.delete(spark, path, \"_file = '…' AND "
+                                       "_row_index = …\")")
     by_shard: dict[str, list[int]] = {}
     for item in rows:
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
