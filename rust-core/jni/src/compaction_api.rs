@@ -160,12 +160,64 @@ struct DeleteRequest {
     /// read).
     #[serde(default)]
     all: bool,
+    /// KV layout: the keys to delete (then `delete`, `keep` and `all` are not given).
+    keys: Option<Vec<String>>,
+    /// With `keys`: the headers of the candidate shards (those that may hold a key, found by the
+    /// caller through the tensor index or a scan), as stored, with the file's length; no other
+    /// listed shard is examined (`delete::plan_delete_keys_in`).
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, ShardHeaderText>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShardHeaderText {
+    header: String,
+    length: u64,
+}
+
+/// The KV half of `planDelete`: `keys` from the candidate shards `headers`.
+fn plan_delete_keys_json(
+    m: &safetensors_spark_dataset::Manifest,
+    keys: Vec<String>,
+    headers: std::collections::BTreeMap<String, ShardHeaderText>,
+    write_id: &str,
+) -> Result<String, JniError> {
+    if keys.is_empty() {
+        return Err(JniError::invalid_argument(
+            "delete: the list of keys is empty; give at least one key",
+        ));
+    }
+    let mut parsed = std::collections::BTreeMap::new();
+    for (shard, h) in headers {
+        check_shard_path(&shard)?;
+        let header = safetensors_spark_format::header::parse_header(h.header.as_bytes(), h.length)
+            .map_err(|e| JniError::invalid_argument(format!("delete: shard {shard}: {e}")))?;
+        parsed.insert(shard, header);
+    }
+    let keys: std::collections::BTreeSet<String> = keys.into_iter().collect();
+    let plan = safetensors_spark_dataset::delete::plan_delete_keys_in(m, &parsed, &keys, write_id)
+        .map_err(|e| JniError::invalid_argument(e.to_string()))?;
+    to_json(&plan)
 }
 
 /// `planDelete`: the plan of a delete (spec/dataset.md §5.11) on the latest manifest `latest`.
 pub fn plan_delete_json(latest: &str, request_json: &str) -> Result<String, JniError> {
     let r: DeleteRequest = parse_json(request_json, "delete request")?;
     let m = manifest(latest, "the dataset's current manifest")?;
+    if let Some(keys) = r.keys {
+        if r.all || !r.delete.is_empty() || !r.keep.is_empty() {
+            return Err(JniError::invalid_argument(
+                "delete: a request gives keys (KV layout) or rows (delete, keep, all), not both",
+            ));
+        }
+        return plan_delete_keys_json(&m, keys, r.headers, &r.write_id);
+    }
+    if !r.headers.is_empty() {
+        return Err(JniError::invalid_argument(
+            "delete: headers are given with keys only",
+        ));
+    }
     let mut rows: std::collections::BTreeMap<String, std::collections::BTreeSet<u64>> = r
         .delete
         .into_iter()
@@ -208,6 +260,33 @@ pub fn plan_delete_json(latest: &str, request_json: &str) -> Result<String, JniE
     let plan = safetensors_spark_dataset::delete::plan_delete_rows(&m, &rows, &r.write_id)
         .map_err(|e| JniError::invalid_argument(e.to_string()))?;
     to_json(&plan)
+}
+
+/// `deleteKeyTensors`: the tensor names (JSON array) of `keys_json` (a JSON array of keys) in
+/// the KV dataset whose latest manifest is `latest` (`delete::kv_tensor_names`).
+pub fn delete_key_tensors_json(latest: &str, keys_json: &str) -> Result<String, JniError> {
+    let keys: Vec<String> = parse_json(keys_json, "keys")?;
+    let m = manifest(latest, "the dataset's current manifest")?;
+    let keys: std::collections::BTreeSet<String> = keys.into_iter().collect();
+    let names = safetensors_spark_dataset::delete::kv_tensor_names(&m, &keys)
+        .map_err(|e| JniError::invalid_argument(e.to_string()))?;
+    to_json(&names)
+}
+
+/// `static native String deleteKeyTensors(String latestManifestJson, String keysJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_deleteKeyTensors<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    latest: JString<'local>,
+    keys: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let latest = arg(env, &latest, "latestManifestJson")?;
+        let keys = arg(env, &keys, "keysJson")?;
+        let json = delete_key_tensors_json(&latest, &keys)?;
+        new_string(env, &json)
+    })
 }
 
 /// `static native String planDelete(String latestManifestJson, String requestJson)`
