@@ -47,17 +47,7 @@ class DeleteSuite extends SparkSuiteBase {
   private def shardNames(path: String): Set[String] =
     manifest(path).get("shards").elements().asScala.map(_.get("shard_path").asText()).toSet
 
-  /** Files under `dir` holding `needle`. */
-  private def filesContaining(dir: File, needle: Array[Byte]): Seq[String] =
-    Files.walk(dir.toPath).iterator().asScala.filter(Files.isRegularFile(_)).filter { p =>
-      Files.readAllBytes(p).containsSlice(needle)
-    }.map(_.toString).toSeq
-
-  private def xBytes(id: Long): Array[Byte] = {
-    val b = java.nio.ByteBuffer.allocate(8).order(java.nio.ByteOrder.LITTLE_ENDIAN)
-    b.putFloat(id + 0.25f).putFloat(-id.toFloat)
-    b.array()
-  }
+  import DeleteSuite.{filesContaining, xBytes}
 
   test("provenance columns: _file, _row_index and _added_version of every row") {
     val path = freshPath()
@@ -268,5 +258,20 @@ class DeleteSuite extends SparkSuiteBase {
     val e2 = intercept[Exception](spark.sql(s"UPDATE safetensors.`$path` SET id = 1 WHERE id = 2"))
     assert(messages(e2).contains("UPDATE") || messages(e2).contains("not supported"), messages(e2))
     assert(ids(path) == Seq(0L, 1L, 2L, 3L))
+  }
+}
+
+private[write] object DeleteSuite {
+  /** Files under `dir` holding `needle`. */
+  def filesContaining(dir: File, needle: Array[Byte]): Seq[String] =
+    Files.walk(dir.toPath).iterator().asScala.filter(Files.isRegularFile(_)).filter { p =>
+      Files.readAllBytes(p).containsSlice(needle)
+    }.map(_.toString).toSeq
+
+  /** The bytes of the F32 values [id + 0.25, -id] (a row's `x`), little-endian. */
+  def xBytes(id: Long): Array[Byte] = {
+    val b = java.nio.ByteBuffer.allocate(8).order(java.nio.ByteOrder.LITTLE_ENDIAN)
+    b.putFloat(id + 0.25f).putFloat(-id.toFloat)
+    b.array()
   }
 }

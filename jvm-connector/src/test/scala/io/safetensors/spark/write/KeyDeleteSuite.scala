@@ -1,7 +1,6 @@
 package io.safetensors.spark.write
 
 import java.io.File
-import java.nio.file.Files
 
 import scala.jdk.CollectionConverters._
 
@@ -45,16 +44,7 @@ class KeyDeleteSuite extends SparkSuiteBase {
     spark.read.format("safetensors").load(path).select("key", "data").collect()
       .map(r => r.getString(0) -> r.getAs[Array[Byte]](1).toSeq).toMap
 
-  private def filesContaining(dir: File, needle: Array[Byte]): Seq[String] =
-    Files.walk(dir.toPath).iterator().asScala.filter(Files.isRegularFile(_)).filter { p =>
-      Files.readAllBytes(p).containsSlice(needle)
-    }.map(_.toString).toSeq
-
-  private def xBytes(id: Int): Array[Byte] = {
-    val b = java.nio.ByteBuffer.allocate(8).order(java.nio.ByteOrder.LITTLE_ENDIAN)
-    b.putFloat(id + 0.25f).putFloat(-id.toFloat)
-    b.array()
-  }
+  import DeleteSuite.{filesContaining, xBytes}
 
   /** The tensor keys of the index parts of the shards the manifest lists. */
   private def indexKeys(path: String): Seq[String] = {
