@@ -386,3 +386,108 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_compaction
         new_string(env, &json)
     })
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const SHARD: &str = "part-00000-0000-da00469b-a55f-4073-aab9-ebe00a87c0f3.safetensors";
+
+    fn kv_manifest() -> String {
+        json!({
+            "format_version": "1.0", "safetensors_version": "1.0", "total_samples": 2,
+            "total_bytes": 1000,
+            "shards": [{"shard_path": SHARD, "samples_count": 2, "bytes": 1000, "partition": 0,
+                        "padded_samples": 0, "num_tensors": 4, "added_version": 1}],
+            "schema": {"x": {"dtype": "F32", "shape": [3]}, "y": {"dtype": "I32", "shape": []}},
+            "format": "safetensors-spark-dataset", "created_by": "test", "manifest_version": 1,
+            "layout": "kv",
+            "batch_size": null, "tail_strategy": null, "kv_separator": "__",
+            "padded_samples": 0, "dropped_samples": 0
+        })
+        .to_string()
+    }
+
+    /// A header of `keys` (each with x: F32 [3] and y: I32 []) and the file length it implies.
+    fn header(keys: &[&str]) -> (String, u64) {
+        let mut h = serde_json::Map::new();
+        let mut at = 0u64;
+        for k in keys {
+            h.insert(
+                format!("{k}__x"),
+                json!({"dtype": "F32", "shape": [3], "data_offsets": [at, at + 12]}),
+            );
+            h.insert(
+                format!("{k}__y"),
+                json!({"dtype": "I32", "shape": [], "data_offsets": [at + 12, at + 16]}),
+            );
+            at += 16;
+        }
+        let text = serde_json::Value::Object(h).to_string();
+        let len = 8 + text.len() as u64 + at;
+        (text, len)
+    }
+
+    fn request(keys: &[&str], headers: &[(&str, (String, u64))], extra: &str) -> String {
+        let hs: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(n, (t, l))| (n.to_string(), json!({"header": t, "length": l})))
+            .collect();
+        let mut r = json!({"write_id": "00000000-0000-0000-0000-000000000001", "keys": keys, "headers": hs});
+        if !extra.is_empty() {
+            r[extra] = json!(true);
+        }
+        r.to_string()
+    }
+
+    #[test]
+    fn delete_by_keys_plans_from_the_candidate_headers_and_refuses_bad_requests() {
+        let m = kv_manifest();
+        let names: Vec<String> =
+            serde_json::from_str(&delete_key_tensors_json(&m, r#"["b","a"]"#).unwrap()).unwrap();
+        assert_eq!(names, ["a__x", "a__y", "b__x", "b__y"]);
+        let e = delete_key_tensors_json(&m, "[]").unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+
+        let plan: serde_json::Value = serde_json::from_str(
+            &plan_delete_json(
+                &m,
+                &request(&["a", "zz"], &[(SHARD, header(&["a", "b"]))], ""),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(plan["replaced"], json!([SHARD]));
+        assert_eq!(plan["rows_removed"], json!(1));
+        assert_eq!(plan["deleted_keys"], json!(["a"]));
+        assert_eq!(plan["outputs"].as_array().unwrap().len(), 1);
+        // no candidate: nothing to do
+        let plan: serde_json::Value =
+            serde_json::from_str(&plan_delete_json(&m, &request(&["a"], &[], "")).unwrap())
+                .unwrap();
+        assert_eq!(plan["replaced"], json!([]));
+
+        let refused = |req: String, want: &str| {
+            let e = plan_delete_json(&m, &req).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refused(request(&[], &[], ""), "empty");
+        refused(request(&["a"], &[], "all"), "not both");
+        refused(
+            request(
+                &["a"],
+                &[("part-00009-0000-x.safetensors", header(&["a"]))],
+                "",
+            ),
+            "not listed",
+        );
+        let (text, len) = header(&["a"]);
+        refused(request(&["a"], &[(SHARD, (text, len + 1))], ""), SHARD);
+        refused(
+            json!({"write_id": "w", "all": true, "headers": {SHARD: {"header": "{}", "length": 8}}})
+                .to_string(),
+            "with keys only",
+        );
+    }
+}
