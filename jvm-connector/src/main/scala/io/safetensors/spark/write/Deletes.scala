@@ -101,7 +101,9 @@ object Deletes {
     val given = new Path(path)
     val fs = given.getFileSystem(conf)
     val root = fs.makeQualified(given)
-    if (!fs.getFileStatus(root).isDirectory) return None
+    // a glob or a file is no partitioned root (the read of the rows handles them)
+    if (path.exists(c => "*?[{".contains(c)) ||
+      !scala.util.Try(fs.getFileStatus(root).isDirectory).getOrElse(false)) return None
     HivePartitions.discover(fs, root).flatMap { dirs =>
       val inferTypes =
         spark.conf.get("spark.sql.sources.partitionColumnTypeInference.enabled", "true").toBoolean

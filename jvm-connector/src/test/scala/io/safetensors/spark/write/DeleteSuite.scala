@@ -231,6 +231,11 @@ class DeleteSuite extends SparkSuiteBase {
     assert(SafetensorsDataset.delete(spark, root, "split IN ('b', 'c')").collect().map(_.getLong(1)).sum == 4)
     assert(spark.read.format("safetensors").load(root).select("id").collect().map(_.getLong(0)).sorted.toSeq ==
       Seq(0L, 1L, 2L, 3L))
+    // a glob is no partitioned root: its rows are read
+    assert(SafetensorsDataset.delete(spark, s"$root/split=a/p=*", "id = 0").collect().map(_.getLong(1)).toSeq ==
+      Seq(1L))
+    assert(spark.read.format("safetensors").load(root).select("id").collect().map(_.getLong(0)).sorted.toSeq ==
+      Seq(1L, 2L, 3L))
   }
 
   test("forced races: an append during a delete is kept, a delete of the same shard fails it") {
