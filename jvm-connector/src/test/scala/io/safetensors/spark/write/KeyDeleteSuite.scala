@@ -1,6 +1,7 @@
 package io.safetensors.spark.write
 
 import java.io.File
+import java.nio.file.Files
 
 import scala.jdk.CollectionConverters._
 
@@ -89,6 +90,24 @@ class KeyDeleteSuite extends SparkSuiteBase {
     val v = m.get("manifest_version").asLong()
     assert(SafetensorsDataset.deleteKeys(spark, path, java.util.List.of("nope")).collect().isEmpty)
     assert(manifest(path).get("manifest_version").asLong() == v + 1, "only the vacuum's version")
+  }
+
+  test("deleteKeys through the index opens only the shard holding the key") {
+    val path = freshPath()
+    write(kv(0 until 12, parts = 3), path, "errorifexists", Map("generate_index" -> "true"))
+    val holder = new File(new java.net.URI(spark.read.format("safetensors").load(path).where("key = 'k7__x'")
+      .select("file").head().getString(0))).getName
+    // every other shard garbled (same size): a delete that opened one (header scan, rewrite) would fail
+    val others = shardNames(path).filterNot(_ == holder)
+    assert(others.size == 2)
+    others.foreach { s =>
+      val f = new File(path, s)
+      Files.write(f.toPath, Array.fill(f.length().toInt)(0x7f.toByte))
+    }
+    val out = SafetensorsDataset.deleteKeys(spark, path, Seq("k7")).collect()
+    assert(out.map(r => (r.getLong(1), r.getLong(2))).toSeq == Seq((1L, 1L)), out.toSeq)
+    val listed = shardNames(path)
+    assert(!listed.contains(holder) && others.forall(listed.contains) && listed.size == 3, listed)
   }
 
   test("deleteKeys without an index, on a partitioned root, and a shard left without keys is dropped") {
