@@ -9,8 +9,8 @@ import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.files.{DatasetFiles, HivePartitions, ShardHeaders}
 import io.safetensors.spark.jni.{NativeCompaction, NativeLib}
 import org.apache.hadoop.fs.Path
-import org.apache.spark.sql.{DataFrame, Encoders, Row, SparkSession}
-import org.apache.spark.sql.functions.{broadcast, col}
+import org.apache.spark.sql.{DataFrame, Row, SparkSession}
+import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.safetensors.SparkInternals
 
 /**
@@ -21,9 +21,10 @@ import org.apache.spark.sql.safetensors.SparkInternals
  *  - with a tensor index, a per-tensor read of the version with the pushed filter `key IN
  *    (<key><sep><column>, …)`: the driver reads the index parts' footers and matching row groups,
  *    tasks go to the shards with matching rows only;
- *  - without one, the same read joined with the names (nothing is pushed): every task reads its
- *    shards' headers, the driver none.
- * Then the candidates' headers are read (in tasks) and the plan rewrites those holding a key;
+ *  - without one, a job whose tasks read the listed shards' headers and keep those naming a
+ *    tensor of the keys (the driver reads none; a per-tensor read would plan from every header
+ *    on the driver).
+ * The candidates' headers (read in tasks) go to the plan, which rewrites those holding a key;
  * the rewrite and commit are the compaction's ([[Compaction.runPlan]], index parts included).
  */
 object KeyDeletes {
@@ -66,14 +67,14 @@ object KeyDeletes {
       (d, version, text, names)
     }
     val rows = bases.flatMap { case (d, version, text, names) =>
-      val candidates = candidateShards(spark, fs, d, version, text, names)
+      val candidates = candidateShards(spark, fs, d, version, text, names, conf)
       if (candidates.isEmpty) None
       else {
         val request = mapper.createObjectNode()
         val ks = request.putArray("keys")
         distinct.foreach(ks.add)
         val hs = request.putObject("headers")
-        headers(spark, d, candidates, conf).foreach { case (name, (header, length)) =>
+        candidates.foreach { case (name, (header, length)) =>
           hs.putObject(name).put("header", header).put("length", length)
         }
         Some(Deletes.run(spark, d, request, commitMessage, Some(text)))
@@ -82,29 +83,40 @@ object KeyDeletes {
     spark.createDataFrame(rows.asJava, Deletes.ResultSchema)
   }
 
-  /** The names of the shards of version `version` of `dir` that hold a tensor of `names`. */
+  /** The shards of version `version` of `dir` that hold a tensor of `names`, with their headers
+   *  (as stored, and the file's length). */
   private def candidateShards(spark: SparkSession, fs: org.apache.hadoop.fs.FileSystem, dir: Path,
-      version: Long, text: String, names: Seq[String]): Seq[String] = {
-    if (mapper.readTree(text).get("shards").size() == 0) return Seq.empty
-    val df = spark.read.format("safetensors").option("layout", "tensor")
-      .option("versionAsOf", version.toString).load(dir.toString).select("file", "key")
-    val matched =
-      if (Compaction.hasIndex(fs, dir, text)) df.where(col("key").isin(names: _*))
-      else df.join(broadcast(spark.createDataset(names)(Encoders.STRING).toDF("key")), "key")
-    matched.select("file").distinct().collect().map(r => new Path(r.getString(0)).getName).toSeq.distinct.sorted
+      version: Long, text: String, names: Seq[String],
+      conf: org.apache.hadoop.conf.Configuration): Seq[(String, (String, Long))] = {
+    val listed = mapper.readTree(text).get("shards").elements().asScala.map(_.get("shard_path").asText()).toSeq
+    if (listed.isEmpty) Seq.empty
+    else if (Compaction.hasIndex(fs, dir, text)) {
+      // the index answers on the driver (footers, matching row groups); tasks only for the
+      // shards with matching rows; then those shards' headers
+      val found = spark.read.format("safetensors").option("layout", "tensor")
+        .option("versionAsOf", version.toString).load(dir.toString).select("file", "key")
+        .where(col("key").isin(names: _*)).select("file").distinct().collect()
+        .map(r => new Path(r.getString(0)).getName).toSeq.distinct.sorted
+      headers(spark, dir, found, conf, None)
+    } else headers(spark, dir, listed, conf, Some(names.toSet))
   }
 
-  /** The headers (as stored, with the file's length) of `shards` of `dir`, read in tasks. */
+  /** The headers (as stored, with the file's length) of `shards` of `dir`, read in tasks; with
+   *  `wanted`, only those of shards holding a tensor of that name (the driver reads none). */
   private def headers(spark: SparkSession, dir: Path, shards: Seq[String],
-      conf: org.apache.hadoop.conf.Configuration): Seq[(String, (String, Long))] = {
+      conf: org.apache.hadoop.conf.Configuration, wanted: Option[Set[String]]): Seq[(String, (String, Long))] = {
+    if (shards.isEmpty) return Seq.empty
     val sconf = new SerializableConf(conf)
     val d = dir.toString
     val slices = math.max(1, math.min(shards.size, spark.sparkContext.defaultParallelism))
-    spark.sparkContext.parallelize(shards, slices).map { name =>
+    spark.sparkContext.parallelize(shards, slices).flatMap { name =>
       NativeLib.ensureLoaded()
       val p = new Path(new Path(d), name)
-      name -> ShardHeaders.raw(p.getFileSystem(sconf.value), p)
-    }.collect().toSeq
+      val (text, length) = ShardHeaders.raw(p.getFileSystem(sconf.value), p)
+      // a header is a JSON object of tensor names (and __metadata__); the plan validates it
+      val holds = wanted.forall(w => Json.mapper.readTree(text).fieldNames().asScala.exists(w.contains))
+      if (holds) Some(name -> (text, length)) else None
+    }.collect().toSeq.sortBy(_._1)
   }
 
   def deleteKeys(spark: SparkSession, path: String, keys: java.util.List[String],
