@@ -1220,6 +1220,62 @@ def test_delete_on_s3_rewrites_only_the_matching_shard_and_leaves_none_of_its_by
     assert holders() == []
 
 
+def test_kv_delete_keys_on_s3_rebuilds_the_index_and_leaves_none_of_the_tensors_bytes(spark, s3, bucket):
+    """spec/dataset.md §5.11 on s3a://: PySpark delete_keys finds the shards holding the keys
+    through the tensor index (and, without one, by a scan of the headers in tasks), rewrites them
+    through S3A and commits with the conditional PUT; the index parts of the listed shards hold
+    the keys left; with retention 0 and a vacuum no object holds a deleted tensor's bytes; the
+    `safetensors` package and our Python reader see the keys left."""
+    from safetensors_spark import open_dataset
+    from safetensors_spark.spark import delete_keys, vacuum
+
+    url = f"s3a://{bucket}/kvdel"
+    kv_frame(spark, 12).write.format("safetensors").option("name_col", "name") \
+        .option("generate_index", "true").option("retention", "0").save(url)
+    m0 = manifest(s3, bucket, "kvdel")
+    gone = {f"k{i:04d}" for i in (3, 7)}
+    needles = [np.array([float(i)] * 3, np.float32).tobytes() for i in (3, 7)]
+
+    def holders():
+        return [k for k in keys(s3, bucket, "kvdel/") for n in needles if n in get(s3, bucket, k)]
+
+    assert holders()
+    before = {}
+    for t in shard_tensors(s3, bucket, "kvdel").values():
+        before.update(t)
+    [r] = delete_keys(spark, url, sorted(gone) + ["nope"], commit_message="forget").collect()
+    assert r.rows_removed == 2 and r.version == m0["manifest_version"] + 1
+    m = manifest(s3, bucket, "kvdel")
+    assert m["operation"] == "delete" and m["commit_message"] == "forget" and m["total_samples"] == 10
+    left = sorted(f"k{i:04d}__emb" for i in range(12) if f"k{i:04d}" not in gone)
+    got = {}
+    for t in shard_tensors(s3, bucket, "kvdel").values():
+        got.update(t)
+    assert sorted(got) == left and all(got[k].tobytes() == before[k].tobytes() for k in left)
+    # the index parts of the listed shards hold exactly the keys left
+    import pyarrow.parquet as pq
+    import io
+    index_keys = []
+    for s in m["shards"]:
+        part = get(s3, bucket, f"kvdel/_tensor_index.parquet/{s['shard_path'][: -len('.safetensors')]}.parquet")
+        index_keys += pq.read_table(io.BytesIO(part)).column("tensor_key").to_pylist()
+    assert sorted(index_keys) == left
+    hit = spark.read.format("safetensors").load(url).filter(F.col("key").isin("k0003__emb", "k0004__emb"))
+    assert [x["key"] for x in hit.select("key").collect()] == ["k0004__emb"]
+    vacuum(spark, url, retention="0").collect()
+    assert holders() == []
+    kv = open_dataset(f"s3://{bucket}/kvdel", storage_options=s3.storage_options())
+    assert sorted(kv.keys()) == sorted(k[: -len("__emb")] for k in left)
+    assert kv.get("k0004")["emb"].tolist() == [4.0] * 3
+    # without an index: the headers are scanned in tasks
+    plain = f"s3a://{bucket}/kvdel2"
+    kv_frame(spark, 6).write.format("safetensors").option("name_col", "name").save(plain)
+    [r] = delete_keys(spark, plain, ["k0001"]).collect()
+    assert r.rows_removed == 1
+    assert sorted(x["key"] for x in spark.read.format("safetensors").load(plain).select("key").collect()) == \
+        [f"k{i:04d}__emb" for i in (0, 2, 3, 4, 5)]
+
+
 def test_a_python_follower_reads_new_versions_from_s3(spark, s3, bucket):
     """spec/python.md §3.6 on S3: a following dataset opened on version 1 lists `_manifest_log/`
     and reads the new entries and shards through the remote store (native client), picks up the

@@ -73,6 +73,33 @@ def test_pyspark_delete_by_condition_and_its_errors(spark, tmp_path):
     assert spark_ids(spark, path) == [0, 2, 3, 4, 6, 7]
 
 
+def test_pyspark_delete_keys_and_its_errors(spark, tmp_path):
+    path = str(tmp_path / "kv")
+    df = spark.createDataFrame([Row(name=f"k{i}", x=[float(i) + 0.125, 1.0]) for i in range(6)]).repartition(2)
+    df.write.format("safetensors").option("name_col", "name").option("generate_index", "true").save(path)
+    [r] = sspark.delete_keys(spark, path, ("k1", "k4"), commit_message="drop two").collect()
+    assert (r.rows_removed, r.version) == (2, 2)
+    assert sorted(open_dataset(path).keys()) == ["k0", "k2", "k3", "k5"]
+    assert safetensors_spark.history(path)[-1]["commit_message"] == "drop two"
+    for bad, what in (([], "empty"), ("k0", "list of key strings"), (["k0", 7], "key 1 is 7"),
+                      (None, "list of key strings")):
+        try:
+            sspark.delete_keys(spark, path, bad)
+        except ValueError as e:
+            assert what in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"keys {bad!r} were accepted")
+    batch = str(tmp_path / "batch")
+    write(spark, batch, range(4))
+    try:
+        sspark.delete_keys(spark, batch, ["k0"])
+    except Exception as e:  # py4j's error carries the JVM's message
+        assert "batch layout" in str(e), str(e)
+    else:
+        raise AssertionError("a batch dataset was accepted")
+    assert sorted(open_dataset(path).keys()) == ["k0", "k2", "k3", "k5"]
+
+
 CLUSTER_SCRIPT = r"""
 import sys
 from pyspark.sql import SparkSession

@@ -1,5 +1,8 @@
 """Smoke run of one connector jar on one Spark line: write (batch and KV mode) and read back.
 
+Also a DELETE of whole partitions: SQL on 4.x, SafetensorsDataset.delete on 3.5 (where SQL DELETE
+cannot reach this source; the smoke checks it fails and changes nothing).
+
 Usage: python smoke.py JAR SPARK_LINE WORK_DIR    (e.g. `smoke.py …/safetensors-spark-0.1.0.jar 4.2 /tmp/x`)
 
 The session has the connector's extensions class: the writes run through its save(path) plan
@@ -145,6 +148,40 @@ def kv_mode(spark, df, out):
     return len(files)
 
 
+def partition_delete(spark, df, out, line):
+    """A DELETE whose condition names the partition column only (spec/dataset.md §5.11) empties the
+    matching partition directories from their manifests, reading no shard. Spark 4.x: SQL
+    ``DELETE FROM safetensors.`path` `` (the table's SupportsDelete). Spark 3.5 cannot run SQL
+    DELETE on this source (no SQL on files there, and its session catalog resolves a `USING
+    safetensors` table through the V1 path, which refuses a DataSource V2 source): the SQL fails
+    and changes nothing, and ``SafetensorsDataset.delete`` does the same delete."""
+    df.select("id", "x", "y").withColumn("split", (df.id % 2).cast("string")).write.format("safetensors") \
+        .option("batch_size", 4).partitionBy("split").save(str(out))
+    # the shards of split=1 garbled (same size): a DELETE that read them would fail
+    for f in (out / "split=1").glob("*.safetensors"):
+        f.write_bytes(b"\x7f" * f.stat().st_size)
+    statement = f"DELETE FROM safetensors.`{out}` WHERE split = '1'"
+    if line.startswith("3."):
+        try:
+            spark.sql(statement)
+        except Exception as e:  # noqa: BLE001 - any refusal; what matters is that nothing changed
+            check("UNSUPPORTED_DATASOURCE_FOR_DIRECT_QUERY" in str(e), f"3.5 SQL DELETE: {str(e)[:300]}")
+        else:
+            fail("SQL DELETE on Spark 3.5 ran; spec/dataset.md §5.11 says it cannot")
+        before = json.loads((out / "split=1" / "dataset_manifest.json").read_text())
+        check(before.get("operation") != "delete", "3.5: the refused SQL DELETE changed split=1")
+        spark._jvm.io.safetensors.spark.SafetensorsDataset.delete(
+            spark._jsparkSession, str(out), "split = '1'").collect()
+    else:
+        spark.sql(statement)
+    manifest = json.loads((out / "split=1" / "dataset_manifest.json").read_text())
+    check(manifest.get("operation") == "delete" and manifest["shards"] == [],
+          f"partition DELETE: split=1's manifest {manifest.get('operation')}, {len(manifest['shards'])} shards")
+    got = sorted(r.id for r in spark.read.format("safetensors").load(str(out)).collect())
+    want = [i for i, _, _, _ in expected_rows() if i % 2 == 0]
+    check(got == want, f"partition DELETE: ids {got}, want {want}")
+
+
 def main():
     jar, line, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     check(Path(jar).is_file(), f"no jar at {jar}")
@@ -179,12 +216,13 @@ def main():
         n_kv = kv_mode(spark, df, work / "kv")
         n_stream = read_stream(spark, work / "batch", work / "stream", work / "stream-ck")
         ragged_read(spark, work / "ragged")
+        partition_delete(spark, df, work / "partitioned", line)
         # the extensions class's functions
         (v,) = spark.sql("SELECT st_to_array(arr_to_st(array(array(1.5f, -2.0f), array(0.25f, 8.0f)), 'BF16')) AS v").first()
         check(v == [[1.5, -2.0], [0.25, 8.0]], f"arr_to_st/st_to_array: {v}")
         print(f"spark-lines smoke: Spark {version}, jar {Path(jar).name}: "
               f"batch write+read ({n_batch} shards), KV write+read ({n_kv} shards), readStream "
-              f"({n_stream} micro-batches) and a ragged read OK")
+              f"({n_stream} micro-batches), a ragged read and a partition DELETE OK")
     finally:
         spark.stop()
 

@@ -180,21 +180,85 @@ pub fn plan_delete_keys(
     keys: &BTreeSet<String>,
     write_id: &str,
 ) -> Result<CompactionPlan, DatasetError> {
-    let mut plan = empty_plan(base, write_id)?;
-    let x = ext_of(base)?;
-    if x.mode != DatasetMode::Kv {
+    check_kv(base)?;
+    if let Some(s) = base
+        .shards
+        .iter()
+        .find(|s| !headers.contains_key(&s.shard_path))
+    {
+        return Err(err(format!(
+            "no header was read for shard {}",
+            s.shard_path
+        )));
+    }
+    plan_delete_keys_in(base, headers, keys, write_id)
+}
+
+fn check_kv(base: &Manifest) -> Result<(), DatasetError> {
+    if ext_of(base)?.mode != DatasetMode::Kv {
         return Err(err(
             "this dataset is in batch layout: its rows have no keys; delete rows by a predicate \
-             (Spark DELETE) or by shard and row index (delete_rows)",
+             (Spark DELETE, SafetensorsDataset.delete) or by shard and row index (delete_rows)",
         ));
+    }
+    Ok(())
+}
+
+/// The tensor names `keys` have in the KV dataset `base` (`<key><kv_separator><column>` for
+/// every column of its schema), sorted: what a caller looks up (the tensor index, a per-tensor
+/// read's `key` column) to find the candidate shards of [`plan_delete_keys_in`]. Errors: a batch
+/// dataset, a manifest of another tool, an empty `keys`.
+pub fn kv_tensor_names(
+    base: &Manifest,
+    keys: &BTreeSet<String>,
+) -> Result<Vec<String>, DatasetError> {
+    check_kv(base)?;
+    if keys.is_empty() {
+        return Err(err("the list of keys is empty; give at least one key"));
+    }
+    let sep = ext_of(base)?.kv_separator.clone().unwrap_or_default();
+    let mut names = Vec::with_capacity(keys.len() * base.schema.0.len());
+    for k in keys {
+        for (c, _) in &base.schema.0 {
+            names.push(format!("{k}{sep}{c}"));
+        }
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// [`plan_delete_keys`] given the headers of the **candidate** shards only: the caller found,
+/// by other means (the tensor index, or a scan of the headers elsewhere), the listed shards that
+/// may hold a key of `keys`, and promises that no other listed shard holds one; only the shards
+/// in `headers` are examined and rewritten (the Spark connector, which must not read every
+/// header on the driver). A header of a shard `base` does not list is an error (a concurrent
+/// commit removed it: plan again on the newer version).
+pub fn plan_delete_keys_in(
+    base: &Manifest,
+    headers: &BTreeMap<String, Header>,
+    keys: &BTreeSet<String>,
+    write_id: &str,
+) -> Result<CompactionPlan, DatasetError> {
+    let mut plan = empty_plan(base, write_id)?;
+    check_kv(base)?;
+    let x = ext_of(base)?;
+    if let Some(name) = headers
+        .keys()
+        .find(|n| !base.shards.iter().any(|s| &&s.shard_path == n))
+    {
+        return Err(err(format!(
+            "shard {name} is not listed by version {} of the dataset",
+            x.manifest_version
+        )));
     }
     let sep = x.kv_separator.clone().unwrap_or_default();
     let columns = kv_columns(base);
     let mut deleted: BTreeSet<String> = BTreeSet::new();
     for s in &base.shards {
-        let h = headers
-            .get(&s.shard_path)
-            .ok_or_else(|| err(format!("no header was read for shard {}", s.shard_path)))?;
+        let Some(h) = headers.get(&s.shard_path) else {
+            continue;
+        };
         let split = split_kv_header(h, &columns, &sep)
             .map_err(|m| err(format!("shard {}: {m}", s.shard_path)))?;
         let mut here: BTreeSet<&str> = BTreeSet::new();

@@ -160,12 +160,64 @@ struct DeleteRequest {
     /// read).
     #[serde(default)]
     all: bool,
+    /// KV layout: the keys to delete (then `delete`, `keep` and `all` are not given).
+    keys: Option<Vec<String>>,
+    /// With `keys`: the headers of the candidate shards (those that may hold a key, found by the
+    /// caller through the tensor index or a scan), as stored, with the file's length; no other
+    /// listed shard is examined (`delete::plan_delete_keys_in`).
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, ShardHeaderText>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShardHeaderText {
+    header: String,
+    length: u64,
+}
+
+/// The KV half of `planDelete`: `keys` from the candidate shards `headers`.
+fn plan_delete_keys_json(
+    m: &safetensors_spark_dataset::Manifest,
+    keys: Vec<String>,
+    headers: std::collections::BTreeMap<String, ShardHeaderText>,
+    write_id: &str,
+) -> Result<String, JniError> {
+    if keys.is_empty() {
+        return Err(JniError::invalid_argument(
+            "delete: the list of keys is empty; give at least one key",
+        ));
+    }
+    let mut parsed = std::collections::BTreeMap::new();
+    for (shard, h) in headers {
+        check_shard_path(&shard)?;
+        let header = safetensors_spark_format::header::parse_header(h.header.as_bytes(), h.length)
+            .map_err(|e| JniError::invalid_argument(format!("delete: shard {shard}: {e}")))?;
+        parsed.insert(shard, header);
+    }
+    let keys: std::collections::BTreeSet<String> = keys.into_iter().collect();
+    let plan = safetensors_spark_dataset::delete::plan_delete_keys_in(m, &parsed, &keys, write_id)
+        .map_err(|e| JniError::invalid_argument(e.to_string()))?;
+    to_json(&plan)
 }
 
 /// `planDelete`: the plan of a delete (spec/dataset.md §5.11) on the latest manifest `latest`.
 pub fn plan_delete_json(latest: &str, request_json: &str) -> Result<String, JniError> {
     let r: DeleteRequest = parse_json(request_json, "delete request")?;
     let m = manifest(latest, "the dataset's current manifest")?;
+    if let Some(keys) = r.keys {
+        if r.all || !r.delete.is_empty() || !r.keep.is_empty() {
+            return Err(JniError::invalid_argument(
+                "delete: a request gives keys (KV layout) or rows (delete, keep, all), not both",
+            ));
+        }
+        return plan_delete_keys_json(&m, keys, r.headers, &r.write_id);
+    }
+    if !r.headers.is_empty() {
+        return Err(JniError::invalid_argument(
+            "delete: headers are given with keys only",
+        ));
+    }
     let mut rows: std::collections::BTreeMap<String, std::collections::BTreeSet<u64>> = r
         .delete
         .into_iter()
@@ -208,6 +260,33 @@ pub fn plan_delete_json(latest: &str, request_json: &str) -> Result<String, JniE
     let plan = safetensors_spark_dataset::delete::plan_delete_rows(&m, &rows, &r.write_id)
         .map_err(|e| JniError::invalid_argument(e.to_string()))?;
     to_json(&plan)
+}
+
+/// `deleteKeyTensors`: the tensor names (JSON array) of `keys_json` (a JSON array of keys) in
+/// the KV dataset whose latest manifest is `latest` (`delete::kv_tensor_names`).
+pub fn delete_key_tensors_json(latest: &str, keys_json: &str) -> Result<String, JniError> {
+    let keys: Vec<String> = parse_json(keys_json, "keys")?;
+    let m = manifest(latest, "the dataset's current manifest")?;
+    let keys: std::collections::BTreeSet<String> = keys.into_iter().collect();
+    let names = safetensors_spark_dataset::delete::kv_tensor_names(&m, &keys)
+        .map_err(|e| JniError::invalid_argument(e.to_string()))?;
+    to_json(&names)
+}
+
+/// `static native String deleteKeyTensors(String latestManifestJson, String keysJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_deleteKeyTensors<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    latest: JString<'local>,
+    keys: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let latest = arg(env, &latest, "latestManifestJson")?;
+        let keys = arg(env, &keys, "keysJson")?;
+        let json = delete_key_tensors_json(&latest, &keys)?;
+        new_string(env, &json)
+    })
 }
 
 /// `static native String planDelete(String latestManifestJson, String requestJson)`
@@ -306,4 +385,109 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_compaction
         let json = compaction_tasks_json(&base, &plan)?;
         new_string(env, &json)
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const SHARD: &str = "part-00000-0000-da00469b-a55f-4073-aab9-ebe00a87c0f3.safetensors";
+
+    fn kv_manifest() -> String {
+        json!({
+            "format_version": "1.0", "safetensors_version": "1.0", "total_samples": 2,
+            "total_bytes": 1000,
+            "shards": [{"shard_path": SHARD, "samples_count": 2, "bytes": 1000, "partition": 0,
+                        "padded_samples": 0, "num_tensors": 4, "added_version": 1}],
+            "schema": {"x": {"dtype": "F32", "shape": [3]}, "y": {"dtype": "I32", "shape": []}},
+            "format": "safetensors-spark-dataset", "created_by": "test", "manifest_version": 1,
+            "layout": "kv",
+            "batch_size": null, "tail_strategy": null, "kv_separator": "__",
+            "padded_samples": 0, "dropped_samples": 0
+        })
+        .to_string()
+    }
+
+    /// A header of `keys` (each with x: F32 [3] and y: I32 []) and the file length it implies.
+    fn header(keys: &[&str]) -> (String, u64) {
+        let mut h = serde_json::Map::new();
+        let mut at = 0u64;
+        for k in keys {
+            h.insert(
+                format!("{k}__x"),
+                json!({"dtype": "F32", "shape": [3], "data_offsets": [at, at + 12]}),
+            );
+            h.insert(
+                format!("{k}__y"),
+                json!({"dtype": "I32", "shape": [], "data_offsets": [at + 12, at + 16]}),
+            );
+            at += 16;
+        }
+        let text = serde_json::Value::Object(h).to_string();
+        let len = 8 + text.len() as u64 + at;
+        (text, len)
+    }
+
+    fn request(keys: &[&str], headers: &[(&str, (String, u64))], extra: &str) -> String {
+        let hs: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(n, (t, l))| (n.to_string(), json!({"header": t, "length": l})))
+            .collect();
+        let mut r = json!({"write_id": "00000000-0000-0000-0000-000000000001", "keys": keys, "headers": hs});
+        if !extra.is_empty() {
+            r[extra] = json!(true);
+        }
+        r.to_string()
+    }
+
+    #[test]
+    fn delete_by_keys_plans_from_the_candidate_headers_and_refuses_bad_requests() {
+        let m = kv_manifest();
+        let names: Vec<String> =
+            serde_json::from_str(&delete_key_tensors_json(&m, r#"["b","a"]"#).unwrap()).unwrap();
+        assert_eq!(names, ["a__x", "a__y", "b__x", "b__y"]);
+        let e = delete_key_tensors_json(&m, "[]").unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+
+        let plan: serde_json::Value = serde_json::from_str(
+            &plan_delete_json(
+                &m,
+                &request(&["a", "zz"], &[(SHARD, header(&["a", "b"]))], ""),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(plan["replaced"], json!([SHARD]));
+        assert_eq!(plan["rows_removed"], json!(1));
+        assert_eq!(plan["deleted_keys"], json!(["a"]));
+        assert_eq!(plan["outputs"].as_array().unwrap().len(), 1);
+        // no candidate: nothing to do
+        let plan: serde_json::Value =
+            serde_json::from_str(&plan_delete_json(&m, &request(&["a"], &[], "")).unwrap())
+                .unwrap();
+        assert_eq!(plan["replaced"], json!([]));
+
+        let refused = |req: String, want: &str| {
+            let e = plan_delete_json(&m, &req).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refused(request(&[], &[], ""), "empty");
+        refused(request(&["a"], &[], "all"), "not both");
+        refused(
+            request(
+                &["a"],
+                &[("part-00009-0000-x.safetensors", header(&["a"]))],
+                "",
+            ),
+            "not listed",
+        );
+        let (text, len) = header(&["a"]);
+        refused(request(&["a"], &[(SHARD, (text, len + 1))], ""), SHARD);
+        refused(
+            json!({"write_id": "w", "all": true, "headers": {SHARD: {"header": "{}", "length": 8}}})
+                .to_string(),
+            "with keys only",
+        );
+    }
 }

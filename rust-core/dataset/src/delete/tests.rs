@@ -215,6 +215,64 @@ fn kv_delete_rewrites_only_the_shards_holding_the_keys() {
 }
 
 #[test]
+fn kv_delete_given_candidate_headers_only_examines_those_and_refuses_unlisted_ones() {
+    let (e0, b0, _) = kv_shard(0, &[1, 2, 3]);
+    let (e1, b1, _) = kv_shard(1, &[4, 5]);
+    let m = manifest_of(
+        ext(DatasetMode::Kv, None, None),
+        kv_schema(),
+        vec![e0.clone(), e1.clone()],
+    );
+    let parse = |b: &[u8]| safetensors_spark_format::header::parse_file_bytes(b).unwrap();
+    let only_e1: BTreeMap<String, Header> = [(e1.shard_path.clone(), parse(&b1))].into();
+    let keys: BTreeSet<String> = ["key2", "key5"].iter().map(|s| s.to_string()).collect();
+    let id = crate::compaction::tests::uuid_of(92);
+    // the whole-dataset rule wants every header
+    let e = plan_delete_keys(&m, &only_e1, &keys, &id)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no header was read") && e.contains(&e0.shard_path),
+        "{e}"
+    );
+    // the candidate rule trusts the caller: key2 (in e0, not given) stays
+    let plan = plan_delete_keys_in(&m, &only_e1, &keys, &id).unwrap();
+    assert_eq!(plan.replaced, vec![e1.shard_path.clone()]);
+    assert_eq!(plan.deleted_keys, vec!["key5".to_string()]);
+    assert_eq!(plan.rows_removed, 1);
+    assert_eq!(plan.rows, 1);
+    // no candidates: nothing to do
+    let plan = plan_delete_keys_in(&m, &BTreeMap::new(), &keys, &id).unwrap();
+    assert!(plan.replaced.is_empty() && plan.outputs.is_empty());
+    // a header of a shard the version does not list (a concurrent commit removed it)
+    let (e9, b9, _) = kv_shard(9, &[7]);
+    let stray: BTreeMap<String, Header> = [(e9.shard_path.clone(), parse(&b9))].into();
+    let e = plan_delete_keys_in(&m, &stray, &keys, &id)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&e9.shard_path) && e.contains("not listed"),
+        "{e}"
+    );
+    // a batch dataset is refused whatever the headers
+    let (bm, _, _) = pad_dataset();
+    let e = plan_delete_keys_in(&bm, &BTreeMap::new(), &keys, &id)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("batch layout"), "{e}");
+    drop(b0);
+    // the names to look up: every column of every key
+    let names = kv_tensor_names(&m, &keys).unwrap();
+    assert_eq!(names, ["key2__emb", "key2__id", "key5__emb", "key5__id"]);
+    let e = kv_tensor_names(&m, &BTreeSet::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("empty"), "{e}");
+    let e = kv_tensor_names(&bm, &keys).unwrap_err().to_string();
+    assert!(e.contains("batch layout"), "{e}");
+}
+
+#[test]
 fn bad_deletes_are_refused_naming_what_is_wrong() {
     let (m, _, _) = pad_dataset();
     let names: Vec<String> = m.shards.iter().map(|s| s.shard_path.clone()).collect();

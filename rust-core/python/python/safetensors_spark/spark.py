@@ -198,6 +198,37 @@ def delete(spark: SparkSession, path: str | os.PathLike[str], condition: str,
     return DataFrame(jdf, spark)
 
 
+def delete_keys(spark: SparkSession, path: str | os.PathLike[str], keys: list[str] | tuple[str, ...],
+                commit_message: str | None = None) -> DataFrame:
+    """Deletes ``keys`` from the KV dataset at ``path`` (any path Spark reads: local, HDFS, ``s3a://``;
+    a dataset or a ``partitionBy`` root): copy-on-write, the shards holding a key are rewritten
+    without its tensors, one ``delete`` version per dataset directory changed, the tensor index
+    kept right (spec/dataset.md §5.11); keys the dataset does not hold are ignored. The connector's
+    ``SafetensorsDataset.deleteKeys``. Returns one row per directory holding a key (``version``,
+    ``rows_removed``, ``shards_replaced``, ``shards_written``), as :func:`delete`. Classic sessions;
+    for a local path without a session use :func:`safetensors_spark.delete_keys`."""
+    if _session_is_connect(spark):
+        raise SafetensorsSparkError("delete_keys(spark, path, keys) needs a classic SparkSession; with Spark "
+                                    "Connect use safetensors_spark.delete_keys(path, keys) on a local path")
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+        raise ValueError(f"delete_keys: keys={keys!r}: expected a list of key strings")
+    if not keys:
+        raise ValueError("delete_keys: the list of keys is empty; give at least one key")
+    for i, k in enumerate(keys):
+        if not isinstance(k, str):
+            raise ValueError(f"delete_keys: key {i} is {k!r} ({type(k).__name__}); keys are strings")
+    if commit_message is not None and not isinstance(commit_message, str):
+        raise ValueError(f"delete_keys: commit_message={commit_message!r}: expected a string or None")
+    from pyspark.sql import DataFrame
+    jvm: Any = spark._jvm
+    jkeys = jvm.java.util.ArrayList()
+    for k in keys:
+        jkeys.add(k)
+    jdf = jvm.io.safetensors.spark.SafetensorsDataset.deleteKeys(spark._jsparkSession, str(path), jkeys,
+                                                                 commit_message)
+    return DataFrame(jdf, spark)
+
+
 def vacuum(spark: SparkSession, path: str | os.PathLike[str], retention: str | None = None, dry_run: bool = False,
            allow_shorter_retention: bool = False) -> DataFrame:
     """Vacuums the dataset at ``path`` through the session's file systems (local, HDFS,

@@ -97,6 +97,15 @@ object Compaction {
    * With the dataset's retention 0 the replaced shards and their index parts are deleted after
    * the commit. Returns the version committed.
    */
+  /** Whether the dataset at `dest` has an index: a part of any shard `baseText` lists is in
+   *  `_tensor_index.parquet/` (one listing, not a request per shard). */
+  private[spark] def hasIndex(fs: FileSystem, dest: Path, baseText: String): Boolean = {
+    val parts: Set[String] = try fs.listStatus(new Path(dest, DatasetFiles.IndexDir)).map(_.getPath.getName).toSet
+      catch { case _: java.io.FileNotFoundException => Set.empty }
+    parts.nonEmpty && Json.mapper.readTree(baseText).get("shards").elements().asScala.exists(s =>
+      parts.contains(NativeReader.indexPartName(s.get("shard_path").asText())))
+  }
+
   private[spark] def runPlan(spark: SparkSession, fs: FileSystem, dest: Path,
       conf: org.apache.hadoop.conf.Configuration, commits: DatasetCommit, baseText: String,
       planJson: String, commitMessage: Option[String], hook: Option[() => Unit]): Long = {
@@ -105,12 +114,7 @@ object Compaction {
     val outputs = plan.get("outputs").size()
     val what = Option(plan.get("operation")).map(_.asText()).getOrElse("compaction")
     val indexDir = new Path(dest, DatasetFiles.IndexDir)
-    // the dataset has an index when a part of any of its shards is there: one listing, not a
-    // request per shard
-    val parts: Set[String] = try fs.listStatus(indexDir).map(_.getPath.getName).toSet
-      catch { case _: java.io.FileNotFoundException => Set.empty }
-    val indexed = parts.nonEmpty && mapper.readTree(baseText).get("shards").elements().asScala.exists(s =>
-      parts.contains(NativeReader.indexPartName(s.get("shard_path").asText())))
+    val indexed = hasIndex(fs, dest, baseText)
     val sconf = new SerializableConf(conf)
     val destString = dest.toString
     // each task gets its output's slice of the base and the plan (parsed once here): a task's

@@ -70,6 +70,28 @@ object SafetensorsDataset {
   def delete(spark: SparkSession, path: String, condition: String, commitMessage: String): DataFrame =
     io.safetensors.spark.write.Deletes.delete(spark, path, condition, Option(commitMessage))
 
+  /**
+   * Deletes `keys` from the KV dataset at `path` (a dataset or a `partitionBy` root, on any file
+   * system Spark reads: local, HDFS, `s3a://`), copy-on-write (spec/dataset.md §5.11): the shards
+   * holding a key are rewritten without its tensors (one `delete` version per dataset directory
+   * changed, the tensor index kept right); keys the dataset does not hold are ignored. The shards
+   * holding the keys are found through the tensor index when there is one, else by a scan of the
+   * headers in tasks (the driver reads no header but those of the shards it rewrites). One result
+   * row per directory holding a key, as [[delete]]'s. A batch dataset is refused (use [[delete]]).
+   */
+  def deleteKeys(spark: SparkSession, path: String, keys: Seq[String]): DataFrame =
+    io.safetensors.spark.write.KeyDeletes.deleteKeys(spark, path, keys, None)
+
+  def deleteKeys(spark: SparkSession, path: String, keys: Seq[String], commitMessage: String): DataFrame =
+    io.safetensors.spark.write.KeyDeletes.deleteKeys(spark, path, keys, Option(commitMessage))
+
+  def deleteKeys(spark: SparkSession, path: String, keys: java.util.List[String]): DataFrame =
+    io.safetensors.spark.write.KeyDeletes.deleteKeys(spark, path, keys, null)
+
+  def deleteKeys(spark: SparkSession, path: String, keys: java.util.List[String],
+      commitMessage: String): DataFrame =
+    io.safetensors.spark.write.KeyDeletes.deleteKeys(spark, path, keys, commitMessage)
+
   private def toRow(r: JsonNode): Row = {
     def str(k: String): String = if (r.path(k).isTextual) r.get(k).asText() else null
     def long(k: String): Long = r.path(k).asLong()

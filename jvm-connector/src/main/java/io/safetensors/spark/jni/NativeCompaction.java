@@ -40,6 +40,14 @@ public final class NativeCompaction {
    *  a compaction plan with {@code "operation": "delete"} (run with {@link #compactShard} and
    *  committed with {@link #compactionManifest} like a compaction's). {@code requestJson}:
    *  {"write_id": uuid, "delete": {shard: [row, ...]}, "keep": {shard: [[start, end], ...]}}:
-   *  rows to delete, or (a copy-on-write DELETE) the runs of rows to keep of each shard read. */
+   *  rows to delete, or (a copy-on-write DELETE) the runs of rows to keep of each shard read;
+   *  or {"all": true}: every row; or (KV layout) {"keys": [key, ...], "headers": {shard:
+   *  {"header": text as stored, "length": file bytes}}}: the keys to delete from the candidate
+   *  shards given (those that may hold one; no other listed shard is examined). */
   public static native String planDelete(String latestManifestJson, String requestJson);
+
+  /** Driver: the tensor names (JSON array) of the keys {@code keysJson} (JSON array) in the KV
+   *  dataset whose latest manifest is given: what a delete by keys looks up to find its
+   *  candidate shards. Throws for a batch dataset or an empty list. */
+  public static native String deleteKeyTensors(String latestManifestJson, String keysJson);
 }

@@ -9,7 +9,7 @@ import scala.jdk.CollectionConverters._
 
 import io.safetensors.spark.Compaction
 import io.safetensors.spark.commit.DatasetCommit
-import io.safetensors.spark.files.DatasetFiles
+import io.safetensors.spark.files.{DatasetFiles, HivePartitions}
 import io.safetensors.spark.jni.{NativeCompaction, NativeLib}
 import io.safetensors.spark.read.{PartitionedSource, ReadPredicate, SafetensorsInputPartition, SafetensorsScan,
   TableSource}
@@ -25,7 +25,7 @@ import org.apache.spark.sql.connector.write.{BatchWrite, DataWriter, DataWriterF
   WriteBuilder, WriterCommitMessage}
 import org.apache.spark.sql.safetensors.{SparkInternals, SparkLine}
 import org.apache.spark.sql.sources.Filter
-import org.apache.spark.sql.types.{LongType, StructField, StructType}
+import org.apache.spark.sql.types.{LongType, StringType, StructField, StructType}
 import org.apache.spark.sql.util.CaseInsensitiveStringMap
 
 /**
@@ -64,8 +64,15 @@ object Deletes {
     val provenance = try df.select("_file", "_row_index") catch {
       case e: org.apache.spark.sql.AnalysisException =>
         throw new IllegalArgumentException(s"safetensors: delete: $path is not read per sample (a " +
-          "batch-mode dataset); a KV dataset's keys are deleted with safetensors_spark.delete_keys or " +
-          "`safetensors-spark delete --keys`", e)
+          "batch-mode dataset); a KV dataset's keys are deleted with SafetensorsDataset.deleteKeys " +
+          "(PySpark: safetensors_spark.spark.delete_keys)", e)
+    }
+    // a condition over the partition columns alone: whole directories, no row read
+    val whole = wholePartitionsWhere(spark, path, condition)
+    if (whole.isDefined) {
+      val results = whole.get.map(d => run(spark, d, mapper.createObjectNode().put("all", true), commitMessage))
+        .filter(_.getLong(1) > 0)
+      return spark.createDataFrame(results.asJava, ResultSchema)
     }
     val matched = df.where(condition).select(provenance.columns.map(df.col): _*).collect()
     val rows = mutable.Map[String, mutable.ArrayBuffer[Long]]()
@@ -82,6 +89,44 @@ object Deletes {
     spark.createDataFrame(results.asJava, ResultSchema)
   }
 
+  /**
+   * The partition directories of the partitioned root `path` for whose values `condition` is
+   * true, when it names partition columns only (and is deterministic): evaluated by Spark over one
+   * row per directory (its values as the read types them, NULL for a null value), so a row of a
+   * directory matches exactly when the directory's row does, SQL's NULL rules included. None when
+   * `path` is no partitioned root or the condition needs a row's columns.
+   */
+  private def wholePartitionsWhere(spark: SparkSession, path: String, condition: String): Option[Seq[Path]] = {
+    val conf = SparkInternals.hadoopConf(spark, Map.empty[String, String])
+    val given = new Path(path)
+    val fs = given.getFileSystem(conf)
+    val root = fs.makeQualified(given)
+    // a glob or a file is no partitioned root (the read of the rows handles them)
+    if (path.exists(c => "*?[{".contains(c)) ||
+      !scala.util.Try(fs.getFileStatus(root).isDirectory).getOrElse(false)) return None
+    HivePartitions.discover(fs, root).flatMap { dirs =>
+      val inferTypes =
+        spark.conf.get("spark.sql.sources.partitionColumnTypeInference.enabled", "true").toBoolean
+      val schema = HivePartitions.schema(dirs, inferTypes)
+      val dirColumn = "__safetensors_partition_dir"
+      val rows = dirs.map { d =>
+        Row.fromSeq(HivePartitions.row(d, schema).toSeq(schema).map {
+          case u: org.apache.spark.unsafe.types.UTF8String => u.toString
+          case other => other
+        } :+ d.path.toString)
+      }
+      val parts = spark.createDataFrame(rows.asJava, schema.add(dirColumn, StringType, nullable = false))
+      val selected = try Some(parts.where(condition)) catch {
+        case _: org.apache.spark.sql.AnalysisException => None // a column that is no partition column
+      }
+      selected.filter { f =>
+        SparkInternals.logicalPlan(f).collectFirst {
+          case n if n.expressions.exists(e => !e.deterministic) => n
+        }.isEmpty
+      }.map(_.select(dirColumn).collect().map(r => new Path(r.getString(0))).toSeq.sortBy(_.toString))
+    }
+  }
+
   def delete(spark: SparkSession, path: String, condition: String, commitMessage: String): DataFrame =
     delete(spark, path, condition, Option(commitMessage))
 
@@ -94,13 +139,14 @@ object Deletes {
 
   /** Plans (JNI `planDelete`) and runs a delete on the dataset at `dir`; one result row. */
   private[spark] def run(spark: SparkSession, dir: Path,
-      request: com.fasterxml.jackson.databind.node.ObjectNode, commitMessage: Option[String]): Row = {
+      request: com.fasterxml.jackson.databind.node.ObjectNode, commitMessage: Option[String],
+      base: Option[String] = None): Row = {
     val conf = SparkInternals.hadoopConf(spark, Map.empty[String, String])
     val fs = dir.getFileSystem(conf)
     val dest = fs.makeQualified(dir)
     val commits = new DatasetCommit(fs, dest, conf, DatasetFiles.localFile(fs, dest))
-    val (_, baseText) = commits.latest().getOrElse(throw new IllegalArgumentException(
-      s"safetensors: delete: $dest has no ${DatasetFiles.ManifestName}: not a dataset"))
+    // the version the request was made on (deleteKeys found its candidates there), else the latest
+    val baseText = base.getOrElse(latest(commits, dest)._2)
     DatasetFiles.ownDir(fs, dest, DatasetFiles.IndexDir)
     request.put("write_id", UUID.randomUUID().toString)
     val planJson = NativeCompaction.planDelete(baseText, mapper.writeValueAsString(request))
@@ -112,6 +158,11 @@ object Deletes {
         commitMessage, Option(beforeCommit)))
     Row(version, plan.get("rows_removed").asLong(), replaced, plan.get("outputs").size().toLong)
   }
+
+  /** The latest version of the dataset at `dest`; not a dataset: an error naming it. */
+  private[spark] def latest(commits: DatasetCommit, dest: Path): (Long, String) =
+    commits.latest().getOrElse(throw new IllegalArgumentException(
+      s"safetensors: delete: $dest has no ${DatasetFiles.ManifestName}: not a dataset"))
 
   /** The partition directories a DELETE condition (`filters`, all of it) empties whole, when the
    *  partition values alone decide it for every directory of a batch-layout partitioned root. */
@@ -145,8 +196,9 @@ object Deletes {
       if (src.description.layout != "sample") {
         throw new UnsupportedOperationException("safetensors: DELETE works on batch-mode datasets " +
           s"(read per sample); this table reads in the ${src.description.layout} layout. A KV " +
-          "dataset's keys are deleted with safetensors_spark.delete_keys or `safetensors-spark " +
-          "delete --keys`")
+          "dataset's keys are deleted with SafetensorsDataset.deleteKeys (PySpark: " +
+          "safetensors_spark.spark.delete_keys; any file system), safetensors_spark.delete_keys or " +
+          "`safetensors-spark delete --keys` (local paths)")
       }
       new DeleteOperation(src, tableSchema)
     }

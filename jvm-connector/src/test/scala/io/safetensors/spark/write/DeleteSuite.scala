@@ -47,17 +47,7 @@ class DeleteSuite extends SparkSuiteBase {
   private def shardNames(path: String): Set[String] =
     manifest(path).get("shards").elements().asScala.map(_.get("shard_path").asText()).toSet
 
-  /** Files under `dir` holding `needle`. */
-  private def filesContaining(dir: File, needle: Array[Byte]): Seq[String] =
-    Files.walk(dir.toPath).iterator().asScala.filter(Files.isRegularFile(_)).filter { p =>
-      Files.readAllBytes(p).containsSlice(needle)
-    }.map(_.toString).toSeq
-
-  private def xBytes(id: Long): Array[Byte] = {
-    val b = java.nio.ByteBuffer.allocate(8).order(java.nio.ByteOrder.LITTLE_ENDIAN)
-    b.putFloat(id + 0.25f).putFloat(-id.toFloat)
-    b.array()
-  }
+  import DeleteSuite.{filesContaining, xBytes}
 
   test("provenance columns: _file, _row_index and _added_version of every row") {
     val path = freshPath()
@@ -182,6 +172,72 @@ class DeleteSuite extends SparkSuiteBase {
       Seq(0L, 1L, 3L))
   }
 
+  /** `f`'s result, failing if it ran a Spark job: a sentinel job in another group marks the end
+   *  of its events (the listener bus delivers in order). */
+  private def withoutJobs[T](f: => T): T = {
+    val groups = new java.util.concurrent.ConcurrentLinkedQueue[String]()
+    val listener = new org.apache.spark.scheduler.SparkListener {
+      override def onJobStart(e: org.apache.spark.scheduler.SparkListenerJobStart): Unit =
+        groups.add(String.valueOf(Option(e.properties).map(_.getProperty("spark.jobGroup.id")).orNull))
+    }
+    val sc = spark.sparkContext
+    sc.addSparkListener(listener)
+    try {
+      sc.setJobGroup("under-test", "under test")
+      val r = try f finally sc.clearJobGroup()
+      sc.setJobGroup("sentinel", "sentinel")
+      try sc.parallelize(1 to 2, 1).count() finally sc.clearJobGroup()
+      val until = System.nanoTime() + 60L * 1000 * 1000 * 1000
+      while (!groups.contains("sentinel") && System.nanoTime() < until) Thread.sleep(20)
+      assert(groups.contains("sentinel"), "the sentinel job was not seen")
+      assert(!groups.contains("under-test"), s"jobs ran: ${groups.asScala.toSeq}")
+      r
+    } finally sc.removeSparkListener(listener)
+  }
+
+  test("SafetensorsDataset.delete with a condition over partition columns only reads no row; NULL as SQL") {
+    val root = freshPath()
+    rows(16).withColumn("split", org.apache.spark.sql.functions.expr("case when id < 4 then 'a' when id < 8 " +
+      "then 'b' when id < 12 then 'c' end")).withColumn("p", org.apache.spark.sql.functions.expr("id % 2"))
+      .write.format("safetensors").option("batch_size", "4").option("ragged", "tok")
+      .partitionBy("split", "p").save(root)
+    val nullDir = new File(root, "split=__HIVE_DEFAULT_PARTITION__")
+    assert(nullDir.isDirectory, new File(root).list().toSeq)
+    def dir(split: String, p: Int) = new File(new File(root, s"split=$split"), s"p=$p").getPath
+    // every shard but those of split=a garbled (same size): a delete that read them would fail
+    val garbled = for (sp <- Seq("b", "c", "__HIVE_DEFAULT_PARTITION__"); p <- Seq(0, 1); d = dir(sp, p);
+      s <- shardNames(d)) yield {
+      val f = new File(d, s)
+      java.nio.file.Files.write(f.toPath, Array.fill(f.length().toInt)(0x7f.toByte))
+      f
+    }
+    assert(garbled.nonEmpty)
+    val a0 = manifest(dir("a", 0)).get("manifest_version").asLong()
+    // NULL <> 'a' is not true: the null directory is kept, as a read's WHERE keeps its rows; and
+    // no Spark job runs (reading the rows' provenance would run one)
+    val out = withoutJobs(SafetensorsDataset.delete(spark, root, "split <> 'a' AND p = 1", "by partition").collect())
+    assert(out.map(_.getLong(1)).toSeq == Seq(2L, 2L), out.toSeq)
+    for (sp <- Seq("b", "c")) {
+      val m = manifest(dir(sp, 1))
+      assert(m.get("operation").asText() == "delete" && m.get("shards").size() == 0 &&
+        m.get("commit_message").asText() == "by partition", m)
+    }
+    assert(manifest(dir("__HIVE_DEFAULT_PARTITION__", 1)).get("operation").asText() != "delete")
+    assert(manifest(dir("a", 0)).get("manifest_version").asLong() == a0)
+    // IS NULL selects the null directories; a condition matching no directory commits nothing
+    val nulls = SafetensorsDataset.delete(spark, root, "split IS NULL").collect()
+    assert(nulls.map(_.getLong(1)).sum == 4, nulls.toSeq)
+    assert(SafetensorsDataset.delete(spark, root, "split = 'zz'").collect().isEmpty)
+    assert(SafetensorsDataset.delete(spark, root, "split IN ('b', 'c')").collect().map(_.getLong(1)).sum == 4)
+    assert(spark.read.format("safetensors").load(root).select("id").collect().map(_.getLong(0)).sorted.toSeq ==
+      Seq(0L, 1L, 2L, 3L))
+    // a glob is no partitioned root: its rows are read
+    assert(SafetensorsDataset.delete(spark, s"$root/split=a/p=*", "id = 0").collect().map(_.getLong(1)).toSeq ==
+      Seq(1L))
+    assert(spark.read.format("safetensors").load(root).select("id").collect().map(_.getLong(0)).sorted.toSeq ==
+      Seq(1L, 2L, 3L))
+  }
+
   test("forced races: an append during a delete is kept, a delete of the same shard fails it") {
     val path = freshPath()
     write(rows(8, parts = 1), path, "errorifexists")
@@ -207,5 +263,20 @@ class DeleteSuite extends SparkSuiteBase {
     val e2 = intercept[Exception](spark.sql(s"UPDATE safetensors.`$path` SET id = 1 WHERE id = 2"))
     assert(messages(e2).contains("UPDATE") || messages(e2).contains("not supported"), messages(e2))
     assert(ids(path) == Seq(0L, 1L, 2L, 3L))
+  }
+}
+
+private[write] object DeleteSuite {
+  /** Files under `dir` holding `needle`. */
+  def filesContaining(dir: File, needle: Array[Byte]): Seq[String] =
+    Files.walk(dir.toPath).iterator().asScala.filter(Files.isRegularFile(_)).filter { p =>
+      Files.readAllBytes(p).containsSlice(needle)
+    }.map(_.toString).toSeq
+
+  /** The bytes of the F32 values [id + 0.25, -id] (a row's `x`), little-endian. */
+  def xBytes(id: Long): Array[Byte] = {
+    val b = java.nio.ByteBuffer.allocate(8).order(java.nio.ByteOrder.LITTLE_ENDIAN)
+    b.putFloat(id + 0.25f).putFloat(-id.toFloat)
+    b.array()
   }
 }
