@@ -273,6 +273,38 @@ pub fn delete_key_tensors_json(latest: &str, keys_json: &str) -> Result<String, 
     to_json(&names)
 }
 
+/// `headerHoldsAny`: whether the shard header `header` (its JSON text, of a file of `length`
+/// bytes) names one of the tensors in `names_json` (a JSON array), by the format's header rule.
+/// A header that does not parse is kept (true): the delete's plan then refuses it, naming it.
+pub fn header_holds_any(header: &str, length: u64, names_json: &str) -> Result<bool, JniError> {
+    let names: std::collections::BTreeSet<String> = parse_json(names_json, "tensor names")?;
+    Ok(
+        match safetensors_spark_format::header::parse_header(header.as_bytes(), length) {
+            Ok(h) => h.tensors.iter().any(|t| names.contains(&t.name)),
+            Err(_) => true,
+        },
+    )
+}
+
+/// `static native boolean headerHoldsAny(String headerJson, long fileLength, String namesJson)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_headerHoldsAny<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    header: JString<'local>,
+    length: ::jni::sys::jlong,
+    names: JString<'local>,
+) -> ::jni::sys::jboolean {
+    guard(&mut env, |env| {
+        let header = arg(env, &header, "headerJson")?;
+        let names = arg(env, &names, "namesJson")?;
+        let length = u64::try_from(length).map_err(|_| {
+            JniError::invalid_argument(format!("fileLength {length}: must be >= 0"))
+        })?;
+        header_holds_any(&header, length, &names)
+    })
+}
+
 /// `static native String deleteKeyTensors(String latestManifestJson, String keysJson)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeCompaction_deleteKeyTensors<'local>(
@@ -439,6 +471,20 @@ mod tests {
             r[extra] = json!(true);
         }
         r.to_string()
+    }
+
+    #[test]
+    fn a_header_holds_a_key_by_its_tensor_names_not_its_metadata() {
+        let (text, len) = header(&["a", "b"]);
+        assert!(header_holds_any(&text, len, r#"["zz__x","b__y"]"#).unwrap());
+        assert!(!header_holds_any(&text, len, r#"["zz__x","a"]"#).unwrap());
+        // __metadata__ is no tensor name
+        let with_meta = text.replacen('{', r#"{"__metadata__":{"k":"v"},"#, 1);
+        let meta_len = len + (with_meta.len() - text.len()) as u64;
+        assert!(!header_holds_any(&with_meta, meta_len, r#"["__metadata__"]"#).unwrap());
+        // a header that does not parse is kept, for the plan to refuse by name
+        assert!(header_holds_any("{not json", 100, r#"["a__x"]"#).unwrap());
+        assert!(header_holds_any(&text, len, "[1]").is_err());
     }
 
     #[test]

@@ -50,4 +50,9 @@ public final class NativeCompaction {
    *  dataset whose latest manifest is given: what a delete by keys looks up to find its
    *  candidate shards. Throws for a batch dataset or an empty list. */
   public static native String deleteKeyTensors(String latestManifestJson, String keysJson);
+
+  /** Whether the shard header {@code headerJson} (of a file of {@code fileLength} bytes) names
+   *  one of the tensors in {@code namesJson} (a JSON array), by the format's header rule; a
+   *  header that does not parse is kept (true), for the delete's plan to refuse by name. */
+  public static native boolean headerHoldsAny(String headerJson, long fileLength, String namesJson);
 }

@@ -107,14 +107,15 @@ object KeyDeletes {
       conf: org.apache.hadoop.conf.Configuration, wanted: Option[Set[String]]): Seq[(String, (String, Long))] = {
     if (shards.isEmpty) return Seq.empty
     val sconf = new SerializableConf(conf)
+    val wantedJson = wanted.map(w => Json.mapper.writeValueAsString(w.toArray))
     val d = dir.toString
     val slices = math.max(1, math.min(shards.size, spark.sparkContext.defaultParallelism))
     spark.sparkContext.parallelize(shards, slices).flatMap { name =>
       NativeLib.ensureLoaded()
       val p = new Path(new Path(d), name)
       val (text, length) = ShardHeaders.raw(p.getFileSystem(sconf.value), p)
-      // a header is a JSON object of tensor names (and __metadata__); the plan validates it
-      val holds = wanted.forall(w => Json.mapper.readTree(text).fieldNames().asScala.exists(w.contains))
+      // which tensors a header names is the format's rule (Rust); the plan validates it again
+      val holds = wantedJson.forall(w => NativeCompaction.headerHoldsAny(text, length, w))
       if (holds) Some(name -> (text, length)) else None
     }.collect().toSeq.sortBy(_._1)
   }
