@@ -8,7 +8,9 @@ with the test helper (tests/python/package/handmade.py), uploads it to the Go S3
 (jvm-connector/bench/s3server, no delay, no shaping), then measures, each in a fresh process:
 `get_loop` (8 threads, boto3, each shard GET whole once), and one shuffled epoch of
 `open_dataset(url, client=…)` + `SafetensorsIterableDataset(batch_size=256, shuffle=True)` +
-`loader(num_workers=2)` with the default options, for `native` and `fsspec`. Reports wall s,
+`loader(num_workers=2)` with the default options, for `native` and `fsspec` (`--modes` also takes
+`native_unshared` / `fsspec_unshared`: `share_shards=False`, each worker fetching for itself, as
+before the spool, spec/python.md §2.1). Reports wall s,
 MB/s (shard bytes ÷ wall), CPU s (the process and its workers: user + system), MB per CPU-s and
 fetched_x (the bytes the epoch fetched ÷ the shards' bytes).
 """
@@ -50,16 +52,19 @@ def measure(mode, endpoint, names, nbytes, local):
             got = sum(pool.map(lambda n: len(s3.get_object(Bucket="data", Key=f"ds/{n}")["Body"].read()), names))
         assert got == nbytes
     else:
+        # <client>[_unshared]: loader(share_shards=False), each worker fetching for itself
+        client, _, variant = mode.partition("_")
         ds = open_dataset(local) if mode == "local" else \
-            open_dataset("s3://data/ds", storage_options=opts(endpoint), client=mode)
+            open_dataset("s3://data/ds", storage_options=opts(endpoint), client=client)
         rows = 0
-        it = loader(SafetensorsIterableDataset(ds, batch_size=256, shuffle=True, seed=0), num_workers=2)
+        it = loader(SafetensorsIterableDataset(ds, batch_size=256, shuffle=True, seed=0), num_workers=2,
+                    **({"share_shards": False} if variant == "unshared" else {}))
         for b in it:
             rows += len(b["y"])
         assert rows == ds.total_samples
     wall, used = time.perf_counter() - t0, cpu() - c0
     # the bytes the epoch fetched (manifest, headers and the workers' ranges) ÷ the shards' bytes
-    fetched = it.stats()["bytes_fetched"] / nbytes if mode in ("native", "fsspec") else 1.0
+    fetched = it.stats()["bytes_fetched"] / nbytes if mode not in ("get_loop", "local") else 1.0
     return {"mode": mode, "wall_s": wall, "mb_per_s": nbytes / wall / 1e6, "cpu_s": used,
             "mb_per_cpu_s": nbytes / used / 1e6, "fetched_x": fetched}
 
@@ -70,6 +75,8 @@ def main():
     ap.add_argument("--shards", type=int, default=12)
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--modes", default="get_loop,native,fsspec,local", help="comma-separated: get_loop, native, "
+                    "fsspec, local, native_unshared, fsspec_unshared")
     ap.add_argument("--measure", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
@@ -121,7 +128,7 @@ def main():
         del np
         out = []
         for _ in range(a.repeat):
-            for mode in ("get_loop", "native", "fsspec", "local"):
+            for mode in a.modes.split(","):
                 r = subprocess.run([sys.executable, __file__, "--server", a.server, "--measure", mode, "--local", local,
                                     "--endpoint", endpoint, "--names", ",".join(names), "--bytes", str(nbytes)],
                                    check=True, capture_output=True, text=True)

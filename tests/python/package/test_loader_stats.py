@@ -130,11 +130,18 @@ def test_remote_reads_bytes_gets_latency_and_node_cache_hits(s3_server, tmp_path
     opts = s3_server.storage_options()
     sample = 4 * 4 + 8
     # range reads in two workers: every sample's bytes, in GETs whose latency is timed
-    dl = loader(SafetensorsIterableDataset(open_dataset(url, storage_options=opts), batch_size=8), num_workers=2)
+    dl = loader(SafetensorsIterableDataset(open_dataset(url, storage_options=opts), batch_size=8), num_workers=2,
+                share_shards=False)
     _epoch(dl)
     s = dl.stats()
     assert s["bytes_fetched"] >= 120 * sample and s["requests"] >= 2 and s["get_latency_ms"] > 0
     assert s["cache_hits"] == s["cache_misses"] == 0
+    # the workers' spool (the default): each shard fetched whole once, by one of them
+    dl = loader(SafetensorsIterableDataset(open_dataset(url, storage_options=opts), batch_size=8), num_workers=2)
+    _epoch(dl)
+    s = dl.stats()
+    assert s["cache_misses"] == 3 and s["requests"] >= 3 and s["bytes_fetched"] >= sum(
+        os.path.getsize(os.path.join(local, n)) for n in os.listdir(local) if n.endswith(".safetensors"))
     # the node cache: the first epoch downloads each shard once, the second finds them all
     cache = str(tmp_path / "cache")
     cached = SafetensorsIterableDataset(open_dataset(url, storage_options=opts, cache_dir=cache), batch_size=8)

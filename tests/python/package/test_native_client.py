@@ -121,7 +121,8 @@ def test_an_epoch_reusing_range_buffers_never_changes_a_held_batch(s3_server, tm
     each fresh one with streaming stores after one madvise, spec/performance.md §13.7): the
     epoch hands buffers out again while every batch taken so far is still held (seen: one
     `bytearray` returned for two ranges), and at the end every held batch still equals the
-    local read — in this process and in two DataLoader workers, shuffled or not."""
+    local read — in this process and in two DataLoader workers (each fetching its
+    ranges, and sharing whole shards through the loader's spool), shuffled or not."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -154,15 +155,16 @@ def test_an_epoch_reusing_range_buffers_never_changes_a_held_batch(s3_server, tm
 
     monkeypatch.setattr(NativeStore, "read_range", spy)
     for shuffle in (True, False):
-        def epoch(path, workers):
+        def epoch(path, workers, share=None):
             it = SafetensorsIterableDataset(path, batch_size=64, shuffle=shuffle, seed=3, shuffle_block_size=rows)
-            return list(loader(it, num_workers=workers) if workers else it)
+            return list(loader(it, num_workers=workers, share_shards=share) if workers else it)
 
         want = epoch(local, 0)
-        for workers in (0, 2):
+        # workers fetching ranges each (share_shards=False), and sharing whole shards in a spool
+        for workers, share in ((0, None), (2, False), (2, None)):
             handed.clear()
             held = epoch(open_dataset(url, storage_options=s3_server.storage_options(), client="native",
-                                      prefetch=2), workers)
+                                      prefetch=2), workers, share)
             if workers == 0:
                 assert len(handed) == 16 and len(set(handed)) < len(handed), "no buffer was reused"
             assert len(held) == len(want)

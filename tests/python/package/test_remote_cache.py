@@ -319,21 +319,28 @@ def test_throttling_timeouts_and_resets_are_retried(remote, s3_server, tmp_path,
     assert sum(r["status"] == 503 for r in faults) == 2 and any(r.get("truncated") for r in faults)
 
 
-@pytest.mark.parametrize("cached", [False, True], ids=["ranges", "node-cache"])
-def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retries, cached):
+@pytest.mark.parametrize("mode", ["ranges", "node-cache", "spool"])
+def test_loader_workers_retry_faults(remote, s3_server, tmp_path, no_client_retries, mode):
     """loader(num_workers=2) (fork), with throttling and a reset on the workers' GETs: every
-    sample exactly once; the workers read ahead (ranges: one GET of both columns per shard)."""
+    sample exactly once; the workers read ahead (ranges: one GET of both columns per shard;
+    the node cache, or the loader's spool without one: whole shards)."""
+    cached = mode != "ranges"
     ds = open_dataset(remote["url"], storage_options=opts_for(s3_server, timeout=1),
-                      cache_dir=str(tmp_path / "c") if cached else None)
+                      cache_dir=str(tmp_path / "c") if mode == "node-cache" else None)
     pre = f"/{remote['bucket']}/ds/"
     mark = s3_server.mark()
     s3_server.fail_next("GET", 3, status=503, path=pre + "part-")
     s3_server.fail_next("GET", 1, path=pre + remote["names"][5], truncate=10)
     it = SafetensorsIterableDataset(ds, batch_size=4, shuffle=True, seed=2)
-    got = ids(loader(it, num_workers=2, multiprocessing_context=multiprocessing.get_context("fork")))
+    got = ids(loader(it, num_workers=2, multiprocessing_context=multiprocessing.get_context("fork"),
+                     share_shards=None if cached else False))
     assert sorted(got) == ALL
     reqs = since(s3_server, mark, remote)
     assert len([r for r in reqs if r.get("injected")]) == 4
+    if cached:  # whole shards, each fetched once (and again where the reset cut it)
+        whole = [r for r in reqs if "/part-" in r["path"] and r["method"] == "GET" and not r.get("injected")]
+        assert {r["response_length"] for r in whole} == set(remote["sizes"].values())
+        assert sorted(r["path"] for r in whole) == sorted(pre + n for n in remote["names"])
     if not cached:  # the read-ahead's span of x and y, never a column or a row alone
         # (shard GETs only: the server may log open's GET of the manifest after the mark)
         reqs = [r for r in reqs if "/part-" in r["path"]]

@@ -71,18 +71,22 @@ class _Flock:
 
 class NodeCache:
     """Whole shards of one remote dataset in ``cache_dir`` (its own sub-directory), bounded by
-    ``limit`` bytes over the whole ``cache_dir`` (``None``: unbounded)."""
+    ``limit`` bytes over the whole ``cache_dir`` (``None``: unbounded). ``durable=False``: a
+    copy is not ``fsync``ed before it is renamed in (a spool, removed with its process:
+    ``_spool.py``)."""
 
-    def __init__(self, cache_dir, digest, limit=None, refetches=2):
+    def __init__(self, cache_dir, digest, limit=None, refetches=2, durable=True):
         self.base = os.fspath(cache_dir)
         self.root = os.path.join(self.base, digest)
         self.limit = limit
         self.refetches = refetches
+        self.durable = durable
         self._needs_lock = threading.Lock()
         self._needs = {}  # pid-local: the shards this process reads next (its prefetch window)
 
     def __getstate__(self):
-        return {"base": self.base, "root": self.root, "limit": self.limit, "refetches": self.refetches}
+        return {"base": self.base, "root": self.root, "limit": self.limit, "refetches": self.refetches,
+                "durable": self.durable}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -174,10 +178,12 @@ class NodeCache:
                         fetched += download(tmp)
                         problem = self._check(tmp, size, crc32c)
                         if problem is None:
-                            with open(tmp, "rb+") as f:
-                                os.fsync(f.fileno())
+                            if self.durable:
+                                with open(tmp, "rb+") as f:
+                                    os.fsync(f.fileno())
                             os.replace(tmp, p)
-                            self._fsync_dir()
+                            if self.durable:
+                                self._fsync_dir()
                             self._event("F", name, size)
                             return p, fetched
                         problems.append(problem)

@@ -643,16 +643,17 @@ class CachedStore(LocalStore):
     """Whole shards of a remote dataset copied once into ``cache_dir``, then memory-mapped; the
     manifest and the index are still read from the remote store."""
 
-    def __init__(self, remote, cache_dir, cache_limit=None, refetches=2):
+    def __init__(self, remote, cache_dir, cache_limit=None, refetches=2, durable=True):
         from ._node_cache import NodeCache
 
         digest = hashlib.sha256(remote.cache_key.encode()).hexdigest()[:16]
         super().__init__(os.path.join(os.fspath(cache_dir), digest))
         self.remote = remote
-        self.node = NodeCache(cache_dir, digest, cache_limit, refetches)
+        self.node = NodeCache(cache_dir, digest, cache_limit, refetches, durable)
         self.prefetcher = None  # a _prefetch.Prefetcher of whole shards into the node cache
         self._pid = os.getpid()
         self.cache_hits = self.cache_misses = 0
+        self._wanted = {}  # name -> (size, crc32c) of its last fetch (a copy evicted before its map is fetched again)
 
     def __getstate__(self):
         return {"root": self.root, "remote": self.remote, "node": self.node}
@@ -664,9 +665,19 @@ class CachedStore(LocalStore):
         self.prefetcher = None
         self._pid = os.getpid()
         self.cache_hits = self.cache_misses = 0
+        self._wanted = {}
 
     def buffer(self, name):
-        m = super().buffer(name)
+        for attempt in range(3):
+            try:
+                m = super().buffer(name)
+                break
+            except FileNotFoundError:
+                # evicted by another process between its fetch and this map (a copy is only
+                # ever removed whole): fetched again, as its last fetch asked for it
+                if attempt == 2 or name not in self._wanted:
+                    raise
+                self.fetch_now(name, *self._wanted[name])
         # keep the maps of the last few shards only: a copy evicted from the cache frees its
         # disk once no process maps it (arrays still using a map keep it alive)
         keep = 2 + (self.prefetcher.depth if self.prefetcher is not None else 0)
@@ -718,6 +729,7 @@ class CachedStore(LocalStore):
         given) is in the node cache: waits for the prefetch of it when one is planned, else
         fetches it now (:meth:`NodeCache.get`)."""
         self._own_counts()
+        self._wanted[name] = (size, crc32c)
         if name in self._maps:
             if os.path.exists(super().url(name)):
                 self.cache_hits += 1

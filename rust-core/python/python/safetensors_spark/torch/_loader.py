@@ -22,6 +22,7 @@ from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_m
 from ._provenance import Provenance
 from ._reader import BatchReader
 from ._stats import LoaderStats, timed, worker_counters
+from .._spool import make_spool, spool_bound, why_not_spool
 
 
 class _SampledBatches(torch.utils.data.IterableDataset):
@@ -92,10 +93,11 @@ class _SampledBatches(torch.utils.data.IterableDataset):
 
 class _CountingLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset, handoff_batches, pin=False, device=None, stats_every=None, stats_callback=None,
-                 **kwargs):
+                 share_shards=None, **kwargs):
         # pinning and the device copy are this loader's (_device), not torch's pinning thread
         super().__init__(dataset, **kwargs)
         self.handoff_batches = handoff_batches
+        self.spool = _spool_for(self, dataset, share_shards, self.num_workers)
         self.pin, self.device = pin, device
         self.stats_every, self.stats_callback = stats_every, stats_callback
         self._stats = None  # the latest iterator's LoaderStats
@@ -162,11 +164,13 @@ class _CountingLoader(torch.utils.data.DataLoader):
         self._counters_base = self._counters.clone()
         ds._handoff = (self.handoff_batches, flags)
         ds._worker_counters = self._counters
+        ds._spool = self.spool
         try:
             iterator = super().__iter__()  # workers start here, with the pending resume state
         finally:
             ds._handoff = (0, None)  # only this loader's workers send messages in pooled blocks
             ds._worker_counters = None
+            ds._spool = None
         self._flags = flags
         return iterator
 
@@ -189,6 +193,34 @@ class _CountingLoader(torch.utils.data.DataLoader):
                              f"with any worker count and world size) or torchdata's StatefulDataLoader, whose "
                              f"samplers save their state (spec/python.md §5.1)")
         return self.dataset
+
+
+def _spool_for(owner, ds, share_shards, workers):
+    """The spool the loader's workers share remote shards through (spec/python.md §2.1), or
+    ``None``: ``share_shards`` None decides by :func:`why_not_spool`; True asks for one (a
+    ``ValueError`` says why there is none); False never."""
+    if share_shards is False:
+        return None
+    if share_shards is not None and share_shards is not True:
+        raise ValueError(f"loader(): share_shards must be None (decide), True or False, got {share_shards!r}")
+    if isinstance(ds, (SafetensorsMixture, _SampledBatches)):
+        if share_shards:
+            what = "a mixture's sources are read each through their own store" \
+                if isinstance(ds, SafetensorsMixture) else "a map-style dataset is read in its sampler's order"
+            raise ValueError(f"loader(share_shards=True): {what}; give open_dataset a cache_dir (the node cache) "
+                             f"to share its shards between workers")
+        return None
+    data = ds.dataset
+    why = why_not_spool(data, ds.columns, workers)
+    if why is None:
+        limit = spool_bound(data, workers)
+        spool = make_spool(owner, limit)
+        if spool is not None:
+            return spool
+        why = f"neither /dev/shm nor the temporary directory has {2 * limit} bytes free"
+    if share_shards:
+        raise ValueError(f"loader(share_shards=True): the workers of {data.path} cannot share its shards: {why}")
+    return None
 
 
 def _datasets_of(ds):
@@ -274,6 +306,12 @@ def loader(dataset: SafetensorsIterableDataset | SafetensorsDataset, *, handoff_
     batches. The shared-memory blocks are reused once every tensor of a message is gone.
     ``prefetch_factor`` then counts messages. A ``collate_fn`` runs once per message in the
     worker, so with one the loader sends one batch per message.
+
+    ``share_shards`` (default ``None``: where it fetches less): the workers of a remote
+    ``SafetensorsIterableDataset`` opened without ``cache_dir`` fetch each shard once, whole, into a
+    private bounded spool (``/dev/shm`` or the temporary directory) and map it from there, instead
+    of each fetching every shard its messages touch; ``False``: each worker fetches for itself;
+    ``True``: a ``ValueError`` where no spool can be made (spec/python.md §2.1).
 
     ``stats()`` says whether data is the bottleneck (batches/s, bytes/s, the time the loop waited
     for batches, the loader's CPU per batch in this process, the workers' busy share, host→device

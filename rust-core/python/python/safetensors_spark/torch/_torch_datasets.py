@@ -23,6 +23,7 @@ from .._dataset import Dataset, offsets_name
 from .._errors import StateError
 from .._filter import Filter, FilteredOrder, Selection
 from .._prefetch import batch_groups
+from .._spool import Spool
 from .._packing import Packing, PackedEpoch, document_lengths, stream_tokens
 from .._sampling import EpochOrder, RankPlan
 from ._follow import Follow, Segments, segment_dataset
@@ -262,6 +263,7 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
         # set by loader() while its workers start
         self._handoff = (0, None)  # (0: not a loader()'s worker: one batch per item, torch's handoff)
         self._worker_counters = None  # loader().stats(): the workers' shared counters (_stats.py)
+        self._spool: Spool | None = None  # loader(): the spool its workers share remote shards through
 
     @staticmethod
     def _resolve_rank(rank, world_size):
@@ -496,6 +498,9 @@ class SafetensorsIterableDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        spool = getattr(self, "_spool", None)  # (None in a dataset pickled before it existed)
+        if info is not None and spool is not None:
+            spool.attach(self.dataset)  # this worker's copy reads shards through the spool
         start, progress, skip = self._iterator_start(info)
         if self._follow is not None:
             segment = progress["segment"] if progress is not None else 0
