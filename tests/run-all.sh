@@ -10,6 +10,7 @@ cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked
 # the Python extension crate (not a default member: maturin builds it in setup-env.sh)
 cargo clippy --locked -p safetensors-spark-python --all-targets -- -D warnings
+cargo test --locked -q -p safetensors-spark-python  # its unit tests (copies into range buffers, downloads' writes)
 
 if [ -f jvm-connector/pom.xml ]; then
   echo "== JVM connector: build, jar, ScalaTest"
