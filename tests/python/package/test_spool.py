@@ -151,6 +151,13 @@ def test_where_sharing_fetches_more_or_cannot_be_there_is_no_spool_and_asking_sa
     assert loader(SafetensorsDataset(ds), batch_size=4, num_workers=2).spool is None
     with pytest.raises(ValueError, match="map-style.*cache_dir"):
         loader(SafetensorsDataset(ds), batch_size=4, num_workers=2, share_shards=True)
+    kv_local = str(tmp_path / "kv")
+    handmade.write_kv_dataset(kv_local, [["a", "b"], ["c"]])
+    kv_url, _ = s3_server.upload_dataset(kv_local, "spoolkv")
+    kv = SafetensorsIterableDataset(open_dataset(kv_url, storage_options=s3_server.storage_options()), batch_size=1)
+    assert loader(kv, num_workers=2).spool is None
+    with pytest.raises(ValueError, match="KV dataset's samples are read on demand"):
+        loader(kv, num_workers=2, share_shards=True)
     # no directory with room: none (asked for: a ValueError naming the bytes)
     assert make_spool(object(), 1 << 62, dirs=(str(tmp_path),)) is None
 

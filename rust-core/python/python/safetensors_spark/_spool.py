@@ -27,6 +27,9 @@ from ._node_cache import _alive
 from ._storage import CachedStore
 
 PREFIX = "safetensors-spark-spool-"
+#: A spool takes at most a quarter of its filesystem's free room (other ranks' spools, torch's
+#: shared memory and the batches' blocks live in /dev/shm too)
+ROOM = 4
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-")
 
 
@@ -97,7 +100,7 @@ def _offsets(column: str) -> str:
 
 def make_spool(owner: Any, limit: int, dirs: tuple[str, ...] | None = None) -> Spool | None:
     """A new spool directory for ``owner`` (removed with it, or at exit) in the first of ``dirs``
-    (default ``/dev/shm``, then the temporary directory) with twice ``limit`` free; ``None`` if
+    (default ``/dev/shm``, then the temporary directory) with ``ROOM × limit`` free; ``None`` if
     none has. Spools of dead processes found there are removed first."""
     for d in dirs if dirs is not None else ("/dev/shm", tempfile.gettempdir()):
         try:
@@ -105,7 +108,7 @@ def make_spool(owner: Any, limit: int, dirs: tuple[str, ...] | None = None) -> S
                 continue
             _remove_orphans(d)
             st = os.statvfs(d)
-            if st.f_bavail * st.f_frsize < 2 * limit:
+            if st.f_bavail * st.f_frsize < ROOM * limit:
                 continue
             path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=d)
         except OSError:

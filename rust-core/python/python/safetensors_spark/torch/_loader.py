@@ -22,7 +22,7 @@ from ._handoff import POOL_SLOTS, Handoff, Releases, batches_per_message, item_m
 from ._provenance import Provenance
 from ._reader import BatchReader
 from ._stats import LoaderStats, timed, worker_counters
-from .._spool import make_spool, spool_bound, why_not_spool
+from .._spool import ROOM, make_spool, spool_bound, why_not_spool
 
 
 class _SampledBatches(torch.utils.data.IterableDataset):
@@ -217,7 +217,7 @@ def _spool_for(owner, ds, share_shards, workers):
         spool = make_spool(owner, limit)
         if spool is not None:
             return spool
-        why = f"neither /dev/shm nor the temporary directory has {2 * limit} bytes free"
+        why = f"neither /dev/shm nor the temporary directory has {ROOM * limit} bytes free"
     if share_shards:
         raise ValueError(f"loader(share_shards=True): the workers of {data.path} cannot share its shards: {why}")
     return None
