@@ -5,6 +5,7 @@ on loopback (moto): the server's request log counts what was fetched."""
 import gc
 import multiprocessing
 import os
+import shutil
 import sys
 import threading
 
@@ -102,10 +103,11 @@ def test_the_spool_holds_at_most_its_bound_and_goes_with_the_loader(remote, s3_s
         stop.set()
         t.join()
     assert max(sizes.values()) * 2 <= peak[0] <= spool.limit, (peak[0], spool.limit)
-    assert os.path.isdir(spool.path)
-    del it
+    path = spool.path
+    assert os.path.isdir(path)
+    del it, spool
     gc.collect()
-    assert not os.path.exists(spool.path)
+    assert not os.path.exists(path)
 
 
 def test_a_copy_evicted_between_its_fetch_and_its_map_is_fetched_again(remote, s3_server, tmp_path, monkeypatch):
@@ -159,7 +161,7 @@ def test_where_sharing_fetches_more_or_cannot_be_there_is_no_spool_and_asking_sa
     with pytest.raises(ValueError, match="KV dataset's samples are read on demand"):
         loader(kv, num_workers=2, share_shards=True)
     # no directory with room: none (asked for: a ValueError naming the bytes)
-    assert make_spool(object(), 1 << 62, dirs=(str(tmp_path),)) is None
+    assert make_spool(1 << 62, dirs=(str(tmp_path),)) is None
 
 
 def test_a_dead_process_spool_is_removed_by_the_next_one(tmp_path):
@@ -170,10 +172,46 @@ def test_a_dead_process_spool_is_removed_by_the_next_one(tmp_path):
     (dead / "x").mkdir(parents=True)
     mine = tmp_path / f"{PREFIX}{os.getpid()}-def"
     mine.mkdir()
-    owner = type("Owner", (), {})()
-    spool = make_spool(owner, 1 << 20, dirs=(str(tmp_path),))
+    spool = make_spool(1 << 20, dirs=(str(tmp_path),))
     assert spool is not None and os.path.isdir(spool.path)
     assert not dead.exists() and mine.exists()
-    del owner
+    path = spool.path
+    del spool
     gc.collect()
-    assert not os.path.exists(spool.path)
+    assert not os.path.exists(path)
+
+
+def test_an_iterator_outliving_its_loader_keeps_the_spool_and_leaves_nothing(remote, s3_server):
+    """`it = iter(loader(...))` drops the loader at once: the spool lives while the iterator does
+    (it was removed under the running workers, which then made parts of it again and left them)."""
+    local, url, sizes = remote
+    ds = open_dataset(url, storage_options=s3_server.storage_options())
+    dl = loader(SafetensorsIterableDataset(ds, batch_size=4, shuffle=True, seed=3), num_workers=2,
+                handoff_batches=1, multiprocessing_context=multiprocessing.get_context("fork"))
+    path = dl.spool.path
+    it = iter(dl)
+    del dl
+    gc.collect()
+    assert os.path.isdir(path)
+    assert sorted(int(y) for b in it for y in b["y"]) == list(range(192))
+    del it
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_a_removed_spool_is_never_made_again(tmp_path):
+    """A worker still finishing after its spool was removed fails to write there instead of
+    leaving a directory behind; a node cache (cache_dir) is made on demand as before."""
+    from safetensors_spark._node_cache import NodeCache
+
+    base = tmp_path / "spool"
+    base.mkdir()
+    node = NodeCache(str(base), "d", spool=True)
+    shutil.rmtree(base)
+    with pytest.raises(FileNotFoundError):
+        node.get("s", 3, None, lambda tmp: open(tmp, "wb").write(b"abc"), "s3://b/s")
+    with pytest.raises(FileNotFoundError):
+        node.set_needs(["s"])
+    assert not base.exists()
+    cache = NodeCache(str(tmp_path / "cache"), "d")
+    assert cache.get("s", 3, None, lambda tmp: open(tmp, "wb").write(b"abc"), "s3://b/s")[1] == 3

@@ -71,27 +71,39 @@ class _Flock:
 
 class NodeCache:
     """Whole shards of one remote dataset in ``cache_dir`` (its own sub-directory), bounded by
-    ``limit`` bytes over the whole ``cache_dir`` (``None``: unbounded). ``durable=False``: a
-    copy is not ``fsync``ed before it is renamed in (a spool, removed with its process:
-    ``_spool.py``)."""
+    ``limit`` bytes over the whole ``cache_dir`` (``None``: unbounded). ``spool=True``: a
+    loader's private cache (``_spool.py``): a copy is not ``fsync``ed before it is renamed in,
+    and ``cache_dir`` is never made again once its owner removed it (a worker still finishing
+    then fails to write there instead of leaving a directory behind)."""
 
-    def __init__(self, cache_dir, digest, limit=None, refetches=2, durable=True):
+    def __init__(self, cache_dir, digest, limit=None, refetches=2, spool=False):
         self.base = os.fspath(cache_dir)
         self.root = os.path.join(self.base, digest)
         self.limit = limit
         self.refetches = refetches
-        self.durable = durable
+        self.spool = spool
         self._needs_lock = threading.Lock()
         self._needs = {}  # pid-local: the shards this process reads next (its prefetch window)
 
     def __getstate__(self):
         return {"base": self.base, "root": self.root, "limit": self.limit, "refetches": self.refetches,
-                "durable": self.durable}
+                "spool": self.spool}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._needs_lock = threading.Lock()
         self._needs = {}
+
+    def _make_dir(self, d):
+        """Makes ``d`` (under ``cache_dir``) if missing; a spool's ``cache_dir`` itself is never
+        made again (FileNotFoundError once its owner removed it)."""
+        if not self.spool:
+            os.makedirs(d, exist_ok=True)
+            return
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
 
     def path(self, name):
         return os.path.join(self.root, name)
@@ -120,7 +132,7 @@ class NodeCache:
                 return
             self._needs["names"] = names
             d = os.path.join(self.base, NEEDS_DIR)
-            os.makedirs(d, exist_ok=True)
+            self._make_dir(d)
             tmp = os.path.join(d, f".{pid}.{threading.get_ident()}.tmp")
             with open(tmp, "w") as f:
                 json.dump([os.path.join(os.path.basename(self.root), n) for n in names], f)
@@ -161,7 +173,7 @@ class NodeCache:
         p = self.path(name)
         if self.has(name, size):
             return p, 0
-        os.makedirs(self.root, exist_ok=True)
+        self._make_dir(self.root)
         with _Flock(p + ".lock"):
             if self.has(name, size):  # another process fetched it while this one waited
                 return p, 0
@@ -178,11 +190,11 @@ class NodeCache:
                         fetched += download(tmp)
                         problem = self._check(tmp, size, crc32c)
                         if problem is None:
-                            if self.durable:
+                            if not self.spool:
                                 with open(tmp, "rb+") as f:
                                     os.fsync(f.fileno())
                             os.replace(tmp, p)
-                            if self.durable:
+                            if not self.spool:
                                 self._fsync_dir()
                             self._event("F", name, size)
                             return p, fetched

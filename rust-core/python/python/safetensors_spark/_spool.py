@@ -7,8 +7,8 @@ dataset without ``cache_dir`` gives its workers a *spool*: a private, bounded no
 (:class:`~safetensors_spark._node_cache.NodeCache`, its locks and eviction) in a directory of its
 own, on ``/dev/shm`` when that has room, else in the temporary directory. The first worker to
 need a shard fetches it whole there; the others wait for that download and map the same copy. It
-is removed when the loader is, and a spool whose process died is removed by the next one made on
-that machine.
+is removed when the loader and its iterators are gone (workers never make it again), and a spool
+whose process died is removed by the next one made on that machine.
 
 The spool is used where it fetches less: the columns read are more than ``1/W`` of the shards'
 bytes (a few columns of wide shards are cheaper as ranges, fetched per worker).
@@ -45,7 +45,7 @@ class Spool:
         if isinstance(store, CachedStore) or store.is_local:
             return
         dataset._store = CachedStore(store, self.path, self.limit, refetches=min(store.retry.retries, 2),
-                                     durable=False)
+                                     spool=True)
 
 
 def spool_bound(dataset: Any, workers: int) -> int:
@@ -98,10 +98,12 @@ def _offsets(column: str) -> str:
     return ragged_offsets_name(column)
 
 
-def make_spool(owner: Any, limit: int, dirs: tuple[str, ...] | None = None) -> Spool | None:
-    """A new spool directory for ``owner`` (removed with it, or at exit) in the first of ``dirs``
-    (default ``/dev/shm``, then the temporary directory) with ``ROOM × limit`` free; ``None`` if
-    none has. Spools of dead processes found there are removed first."""
+def make_spool(limit: int, dirs: tuple[str, ...] | None = None) -> Spool | None:
+    """A new spool in the first of ``dirs`` (default ``/dev/shm``, then the temporary directory)
+    with ``ROOM × limit`` free; ``None`` if none has. Spools of dead processes found there are
+    removed first. Its directory is removed when the returned object is garbage-collected (the
+    loader and each of its iterators hold it: an iterator outliving its loader keeps it) or at
+    exit, by this process only."""
     for d in dirs if dirs is not None else ("/dev/shm", tempfile.gettempdir()):
         try:
             if not os.path.isdir(d) or not os.access(d, os.W_OK):
@@ -113,13 +115,14 @@ def make_spool(owner: Any, limit: int, dirs: tuple[str, ...] | None = None) -> S
             path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=d)
         except OSError:
             continue
-        weakref.finalize(owner, _remove, path, os.getpid())
-        return Spool(path, limit)
+        spool = Spool(path, limit)
+        weakref.finalize(spool, _remove, path, os.getpid())
+        return spool
     return None
 
 
 def _remove(path: str, pid: int) -> None:
-    if os.getpid() == pid:  # never from a forked worker's copy of the owner
+    if os.getpid() == pid:  # never from a forked worker's copy
         shutil.rmtree(path, ignore_errors=True)
 
 

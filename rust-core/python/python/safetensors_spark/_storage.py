@@ -643,13 +643,13 @@ class CachedStore(LocalStore):
     """Whole shards of a remote dataset copied once into ``cache_dir``, then memory-mapped; the
     manifest and the index are still read from the remote store."""
 
-    def __init__(self, remote, cache_dir, cache_limit=None, refetches=2, durable=True):
+    def __init__(self, remote, cache_dir, cache_limit=None, refetches=2, spool=False):
         from ._node_cache import NodeCache
 
         digest = hashlib.sha256(remote.cache_key.encode()).hexdigest()[:16]
         super().__init__(os.path.join(os.fspath(cache_dir), digest))
         self.remote = remote
-        self.node = NodeCache(cache_dir, digest, cache_limit, refetches, durable)
+        self.node = NodeCache(cache_dir, digest, cache_limit, refetches, spool)
         self.prefetcher = None  # a _prefetch.Prefetcher of whole shards into the node cache
         self._pid = os.getpid()
         self.cache_hits = self.cache_misses = 0

@@ -97,7 +97,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         # pinning and the device copy are this loader's (_device), not torch's pinning thread
         super().__init__(dataset, **kwargs)
         self.handoff_batches = handoff_batches
-        self.spool = _spool_for(self, dataset, share_shards, self.num_workers)
+        self.spool = _spool_for(dataset, share_shards, self.num_workers)
         self.pin, self.device = pin, device
         self.stats_every, self.stats_callback = stats_every, stats_callback
         self._stats = None  # the latest iterator's LoaderStats
@@ -117,7 +117,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         counters = self._counters if self.num_workers > 0 else None
         self._stats = LoaderStats(self.num_workers, counters, self._counters_base if counters is not None else None,
                                   _datasets_of(self.dataset), self.device, self.stats_every, self.stats_callback)
-        return _count(iterator, progress, self._stats, flags, delivery, counted)
+        return _count(iterator, progress, self._stats, flags, delivery, counted, self.spool)
 
     def __iter__(self):
         ds = self.dataset
@@ -195,7 +195,7 @@ class _CountingLoader(torch.utils.data.DataLoader):
         return self.dataset
 
 
-def _spool_for(owner, ds, share_shards, workers):
+def _spool_for(ds, share_shards, workers):
     """The spool the loader's workers share remote shards through (spec/python.md §2.1), or
     ``None``: ``share_shards`` None decides by :func:`why_not_spool`; True asks for one (a
     ``ValueError`` says why there is none); False never."""
@@ -214,7 +214,7 @@ def _spool_for(owner, ds, share_shards, workers):
     why = why_not_spool(data, ds.columns, workers)
     if why is None:
         limit = spool_bound(data, workers)
-        spool = make_spool(owner, limit)
+        spool = make_spool(limit)
         if spool is not None:
             return spool
         why = f"neither /dev/shm nor the temporary directory has {ROOM * limit} bytes free"
@@ -232,7 +232,8 @@ def _datasets_of(ds):
     return [ds.dataset]
 
 
-def _count(iterator, progress, stats, flags=None, delivery=None, counted=False):
+def _count(iterator, progress, stats, flags=None, delivery=None, counted=False, spool=None):
+    # spool: held while this iterator lives, so its workers' spool outlives a dropped loader
     blocks = {}  # (worker, slot) -> the pooled blocks of this iterator's workers, mapped once
     # pinned blocks go back to their workers only after the GPU copies queued from them (Releases)
     release = Releases(flags.numpy() if flags is not None else None,
