@@ -23,6 +23,7 @@ import tempfile
 import weakref
 from typing import Any
 
+from ._native import ragged_offsets_name
 from ._node_cache import _alive
 from ._storage import CachedStore
 
@@ -70,7 +71,7 @@ def why_not_spool(dataset: Any, columns: Any, workers: int) -> str | None:
     if read is None or whole is None:  # ragged columns: their share in the first shard's header
         first = dataset.shards[0]
         tensors = dataset._header(first)
-        wanted = set(columns) | {_offsets(c) for c in columns if c in dataset.ragged}
+        wanted = set(columns) | {ragged_offsets_name(c) for c in columns if c in dataset.ragged}
         read, whole = sum(t.end - t.start for n, t in tensors.items() if n in wanted), first.size
     if read * workers <= whole:
         return (f"the columns read ({', '.join(columns)}) are {read} of every {whole} bytes: "
@@ -90,12 +91,6 @@ def _sample_bytes(dataset: Any, columns: Any) -> int | None:
             n *= d
         total += n
     return total
-
-
-def _offsets(column: str) -> str:
-    from ._native import ragged_offsets_name
-
-    return ragged_offsets_name(column)
 
 
 def make_spool(limit: int, dirs: tuple[str, ...] | None = None) -> Spool | None:

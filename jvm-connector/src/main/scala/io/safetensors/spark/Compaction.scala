@@ -88,6 +88,15 @@ object Compaction {
     result(java.lang.Long.valueOf(version))
   }
 
+  /** Whether the dataset at `dest` has an index: a part of any shard `baseText` lists is in
+   *  `_tensor_index.parquet/` (one listing, not a request per shard). */
+  private[spark] def hasIndex(fs: FileSystem, dest: Path, baseText: String): Boolean = {
+    val parts: Set[String] = try fs.listStatus(new Path(dest, DatasetFiles.IndexDir)).map(_.getPath.getName).toSet
+      catch { case _: java.io.FileNotFoundException => Set.empty }
+    parts.nonEmpty && Json.topLevelArrayStrings(baseText, "shards", "shard_path").exists(s =>
+      parts.contains(NativeReader.indexPartName(s)))
+  }
+
   /**
    * Runs a rewrite plan (a compaction's, or a delete's: spec/dataset.md §5.11) of the dataset at
    * `dest` whose latest manifest was `baseText`: one task per new shard copies its inputs to
@@ -97,15 +106,6 @@ object Compaction {
    * With the dataset's retention 0 the replaced shards and their index parts are deleted after
    * the commit. Returns the version committed.
    */
-  /** Whether the dataset at `dest` has an index: a part of any shard `baseText` lists is in
-   *  `_tensor_index.parquet/` (one listing, not a request per shard). */
-  private[spark] def hasIndex(fs: FileSystem, dest: Path, baseText: String): Boolean = {
-    val parts: Set[String] = try fs.listStatus(new Path(dest, DatasetFiles.IndexDir)).map(_.getPath.getName).toSet
-      catch { case _: java.io.FileNotFoundException => Set.empty }
-    parts.nonEmpty && Json.mapper.readTree(baseText).get("shards").elements().asScala.exists(s =>
-      parts.contains(NativeReader.indexPartName(s.get("shard_path").asText())))
-  }
-
   private[spark] def runPlan(spark: SparkSession, fs: FileSystem, dest: Path,
       conf: org.apache.hadoop.conf.Configuration, commits: DatasetCommit, baseText: String,
       planJson: String, commitMessage: Option[String], hook: Option[() => Unit]): Long = {

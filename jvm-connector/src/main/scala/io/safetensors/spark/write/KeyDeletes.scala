@@ -88,7 +88,7 @@ object KeyDeletes {
   private def candidateShards(spark: SparkSession, fs: org.apache.hadoop.fs.FileSystem, dir: Path,
       version: Long, text: String, names: Seq[String],
       conf: org.apache.hadoop.conf.Configuration): Seq[(String, (String, Long))] = {
-    val listed = mapper.readTree(text).get("shards").elements().asScala.map(_.get("shard_path").asText()).toSeq
+    val listed = Json.topLevelArrayStrings(text, "shards", "shard_path")
     if (listed.isEmpty) Seq.empty
     else if (Compaction.hasIndex(fs, dir, text)) {
       // the index answers on the driver (footers, matching row groups); tasks only for the
