@@ -164,6 +164,18 @@ def test_where_sharing_fetches_more_or_cannot_be_there_is_no_spool_and_asking_sa
     assert make_spool(1 << 62, dirs=(str(tmp_path),)) is None
 
 
+def test_without_room_for_a_spool_there_is_none_and_asking_names_the_bytes(remote, s3_server, monkeypatch):
+    import safetensors_spark.torch._loader as loader_module
+
+    local, url, sizes = remote
+    monkeypatch.setattr(loader_module, "make_spool", lambda limit: None)  # no directory has room
+    whole = SafetensorsIterableDataset(open_dataset(url, storage_options=s3_server.storage_options()), batch_size=4)
+    assert loader(whole, num_workers=2).spool is None
+    bound = 2 * 5 * max(sizes.values())  # 2 workers × (prefetch 4 + 1) × the largest shard
+    with pytest.raises(ValueError, match=f"neither /dev/shm nor the temporary directory has {4 * bound} bytes free"):
+        loader(whole, num_workers=2, share_shards=True)
+
+
 def test_a_dead_process_spool_is_removed_by_the_next_one(tmp_path):
     p = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
     p.start()
