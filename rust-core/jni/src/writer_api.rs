@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use ::jni::objects::{JClass, JString};
+use ::jni::objects::{JClass, JObjectArray, JString};
 use ::jni::refs::Reference;
 use ::jni::sys::{jboolean, jint, jlong};
 use ::jni::{Env, EnvUnowned};
@@ -19,7 +19,7 @@ use super::{
 };
 use safetensors_spark_engine::write::{ShardReport, TaskReport, WriteMode, WritePlan};
 
-use safetensors_spark_dataset::log::{parse_log_file, LogFile};
+use safetensors_spark_dataset::log::{log_entry_text, parse_log_file, LogFile};
 use safetensors_spark_dataset::manifest::{
     next_manifest, next_stream_manifest, parse_manifest, stamp_commit, stream_batch_committed,
     superseded_shards, CommitInfo, ShardReplacement, StreamBatch,
@@ -58,20 +58,23 @@ fn new_string<'local>(env: &mut Env<'local>, s: &str) -> Result<JString<'local>,
 // ---- pure bodies (unit-tested without a JVM) -------------------------------------------------
 
 /// `planWrite`: options JSON is an object of string → string (Spark's parameters, `path`
-/// included). With the text of the dataset's latest manifest, the plan of an append on top of
-/// it: the settings it records fill the options left out, and it must fit (spec/dataset.md §5.2).
-pub fn plan_write_json(
+/// included). With the text of the dataset's latest manifest and the file it was read from
+/// (`dataset_manifest.json` or a `_manifest_log/` entry), the plan of an append on top of it: the
+/// settings it records fill the options left out, and it must fit (spec/dataset.md §5.2). The
+/// manifest is validated here as `checkManifest` does, a bad one an error naming that file, so
+/// an append parses it once for both (tens of MB at 100,000 shards).
+pub fn plan_write_on_json(
     schema_json: &str,
     options_json: &str,
     case_sensitive: bool,
-    existing_manifest_json: Option<&str>,
+    existing: Option<(&str, &str)>,
 ) -> Result<String, JniError> {
     let options: BTreeMap<String, String> = parse_json(options_json, "options")?;
-    let plan = match existing_manifest_json {
+    let plan = match existing {
         None => plan_write(schema_json, &options, case_sensitive)?,
-        Some(m) => {
+        Some((m, source)) => {
             let existing = parse_manifest(m).map_err(|e| {
-                JniError::from(e).context("append: the existing dataset_manifest.json is not valid")
+                JniError::from(e).context(format_args!("the dataset's current manifest {source}"))
             })?;
             plan_append(schema_json, &options, case_sensitive, &existing)?
         }
@@ -230,15 +233,14 @@ pub fn commit_job_json(plan_json: &str, reports_json: &str) -> Result<String, Jn
 }
 
 /// `nextManifest`: this write's manifest (from `commitJob`) on top of `base`, the directory's
-/// latest committed manifest (null: none). Returns `{"manifest": <pretty JSON text>,
-/// "version": n, "superseded": [shard names base lists and the result does not]}`.
+/// latest committed manifest (null: none): the [`CommitAnswer`] of the attempt.
 pub fn next_manifest_json(
     base_json: Option<&str>,
     write_manifest_json: &str,
     append: bool,
     replacements_json: Option<&str>,
     commit_info_json: Option<&str>,
-) -> Result<String, JniError> {
+) -> Result<CommitAnswer, JniError> {
     let replacements: Vec<ShardReplacement> = match replacements_json {
         Some(j) => parse_json(j, "shard replacements")?,
         None => Vec::new(),
@@ -253,19 +255,48 @@ pub fn next_manifest_json(
     commit_answer(base.as_ref(), &next)
 }
 
-/// What a commit attempt needs from `next` (built on `base`, stamped):
-/// `{"manifest", "version", "superseded", "retain"}`. `superseded`: the shards `base` lists and
-/// `next` does not. `retain`: by spec/dataset.md §5.8.1 they (and their index parts) stay until
-/// a vacuum and the writer prunes no log entry (retention not 0, `deletes_at_commit`); false:
-/// the writer deletes them and prunes old log entries itself.
-fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<String, JniError> {
+/// What a commit attempt needs from `next` (built on `base`, stamped), as three texts returned to
+/// the JVM apart (a `String[3]`), so that neither whole text passes through a JSON parser there:
+/// at 100,000 shards the manifest is 27 MB, and escaping it into an answer and parsing it back
+/// out cost a fifth of an append (spec/performance.md §14.1).
+#[derive(Debug, Default)]
+pub struct CommitAnswer {
+    /// `{"version", "superseded", "retain"}`. `superseded`: the shards `base` lists and `next`
+    /// does not. `retain`: by spec/dataset.md §5.8.1 they (and their index parts) stay until a
+    /// vacuum and the writer prunes no log entry (retention not 0, `deletes_at_commit`); false:
+    /// the writer deletes them and prunes old log entries itself.
+    pub answer: String,
+    /// `next` as `dataset_manifest.json` (and a checkpoint when one is due) hold it.
+    pub manifest: String,
+    /// The version's `_manifest_log/` entry: what it changes on `base` (spec/dataset.md §5.10),
+    /// from the manifests parsed here (the JVM no longer asks for it with both texts again).
+    pub entry: String,
+}
+
+fn commit_answer(base: Option<&Manifest>, next: &Manifest) -> Result<CommitAnswer, JniError> {
     let superseded: Vec<&str> = base.map(|b| superseded_shards(b, next)).unwrap_or_default();
-    to_json(&json!({
-        "manifest": next.to_json_pretty().map_err(failed)?,
-        "version": next.manifest_version(),
-        "superseded": superseded,
-        "retain": !deletes_at_commit(base, next),
-    }))
+    Ok(CommitAnswer {
+        answer: to_json(&json!({
+            "version": next.manifest_version(),
+            "superseded": superseded,
+            "retain": !deletes_at_commit(base, next),
+        }))?,
+        manifest: next.to_json_pretty().map_err(failed)?,
+        entry: log_entry_text(base, next)?,
+    })
+}
+
+/// A [`CommitAnswer`] as the `String[3]` `{answer, manifest, entry}` the JVM receives.
+fn commit_answer_array<'local>(
+    env: &mut Env<'local>,
+    a: &CommitAnswer,
+) -> Result<JObjectArray<'local, JString<'local>>, JniError> {
+    let array = JObjectArray::<JString>::new(env, 3, JString::null())?;
+    for (i, text) in [&a.answer, &a.manifest, &a.entry].into_iter().enumerate() {
+        let s = new_string(env, text)?;
+        array.set_element(env, i, &s)?;
+    }
+    Ok(array)
 }
 
 /// Records the commit's time and writer (`commitInfoJson`: a [`CommitInfo`]) in `next`.
@@ -310,7 +341,7 @@ pub fn next_stream_manifest_json(
     replacements_json: Option<&str>,
     batch: &StreamBatch,
     commit_info_json: Option<&str>,
-) -> Result<String, JniError> {
+) -> Result<CommitAnswer, JniError> {
     let replacements: Vec<ShardReplacement> = match replacements_json {
         Some(j) => parse_json(j, "shard replacements")?,
         None => Vec::new(),
@@ -501,7 +532,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_indexPartFromH
     })
 }
 
-/// `static native String planWrite(String sparkSchemaJson, String optionsJson, boolean caseSensitive, String existingManifestJsonOrNull)`
+/// `static native String planWrite(String sparkSchemaJson, String optionsJson, boolean caseSensitive, String existingManifestJsonOrNull, String existingSourceOrNull)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_planWrite<'local>(
     mut env: EnvUnowned<'local>,
@@ -510,12 +541,16 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_planWrite<'loc
     options: JString<'local>,
     case_sensitive: jboolean,
     existing_manifest: JString<'local>,
+    existing_source: JString<'local>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let schema = arg(env, &schema, "sparkSchemaJson")?;
         let options = arg(env, &options, "optionsJson")?;
         let existing = opt_arg(env, &existing_manifest)?;
-        let plan = plan_write_json(&schema, &options, case_sensitive, existing.as_deref())?;
+        let source = opt_arg(env, &existing_source)?;
+        let source = source.as_deref().unwrap_or(MANIFEST_FILE_NAME);
+        let existing = existing.as_deref().map(|m| (m, source));
+        let plan = plan_write_on_json(&schema, &options, case_sensitive, existing)?;
         new_string(env, &plan)
     })
 }
@@ -632,7 +667,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_writeOptionNam
     })
 }
 
-/// `static native String nextManifest(String baseManifestJson, String writeManifestJson, boolean append)`
+/// `static native String[] nextManifest(String baseManifestJsonOrNull, String writeManifestJson, boolean append, String replacementsJsonOrNull, String commitInfoJsonOrNull)`: `{answer, manifest, entry}` ([`CommitAnswer`])
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'local>(
     mut env: EnvUnowned<'local>,
@@ -642,20 +677,20 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextManifest<'
     append: jboolean,
     replacements: JString<'local>,
     commit_info: JString<'local>,
-) -> JString<'local> {
+) -> JObjectArray<'local, JString<'local>> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
         let replacements = opt_arg(env, &replacements)?;
         let commit_info = opt_arg(env, &commit_info)?;
-        let json = next_manifest_json(
+        let answer = next_manifest_json(
             base.as_deref(),
             &write_manifest,
             append,
             replacements.as_deref(),
             commit_info.as_deref(),
         )?;
-        new_string(env, &json)
+        commit_answer_array(env, &answer)
     })
 }
 
@@ -675,7 +710,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_streamBatchCom
     })
 }
 
-/// `static native String nextStreamManifest(String baseManifestJsonOrNull, String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId)`
+/// `static native String[] nextStreamManifest(String baseManifestJsonOrNull, String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId, String commitInfoJsonOrNull)`: as `nextManifest`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamManifest<'local>(
     mut env: EnvUnowned<'local>,
@@ -686,21 +721,21 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_nextStreamMani
     query_id: JString<'local>,
     batch_id: jlong,
     commit_info: JString<'local>,
-) -> JString<'local> {
+) -> JObjectArray<'local, JString<'local>> {
     guard(&mut env, |env| {
         let base = opt_arg(env, &base)?;
         let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
         let replacements = opt_arg(env, &replacements)?;
         let batch = stream_batch(arg(env, &query_id, "queryId")?, batch_id)?;
         let commit_info = opt_arg(env, &commit_info)?;
-        let json = next_stream_manifest_json(
+        let answer = next_stream_manifest_json(
             base.as_deref(),
             &write_manifest,
             replacements.as_deref(),
             &batch,
             commit_info.as_deref(),
         )?;
-        new_string(env, &json)
+        commit_answer_array(env, &answer)
     })
 }
 
@@ -734,6 +769,17 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeWriter_kvKeyColumn<'l
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `planWrite` with an existing manifest read from `dataset_manifest.json`.
+    fn plan_write_json(
+        schema_json: &str,
+        options_json: &str,
+        case_sensitive: bool,
+        existing: Option<&str>,
+    ) -> Result<String, JniError> {
+        let existing = existing.map(|m| (m, MANIFEST_FILE_NAME));
+        plan_write_on_json(schema_json, options_json, case_sensitive, existing)
+    }
     use serde_json::Value;
 
     const SCHEMA: &str = r#"{"type":"struct","fields":[{"name":"x","type":{"type":"array","elementType":"float","containsNull":true},"nullable":true,"metadata":{}}]}"#;
@@ -827,7 +873,10 @@ mod tests {
         };
         let answer = |base: Option<&str>, new: &str| {
             let out = next_manifest_json(base, new, false, None, None).unwrap_or_default();
-            serde_json::from_str::<Value>(&out).unwrap_or(Value::Null)
+            let mut v = serde_json::from_str::<Value>(&out.answer).unwrap_or(Value::Null);
+            v["manifest"] = Value::String(out.manifest);
+            v["entry"] = Value::String(out.entry);
+            v
         };
         let default = manifest_of(r#"{"batch_size":"2"}"#);
         let zero = manifest_of(r#"{"batch_size":"2","retention":"0"}"#);
@@ -850,6 +899,35 @@ mod tests {
     }
 
     #[test]
+    fn the_commit_answer_carries_the_entry_of_what_the_version_changes() {
+        let plan =
+            plan_write_json(SCHEMA, r#"{"batch_size":"2"}"#, false, None).unwrap_or_default();
+        let out = commit_job_json(&plan, "[]").unwrap_or_default();
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        let mine = v["manifest"].to_string();
+        let first = next_manifest_json(None, &mine, false, None, None).unwrap_or_default();
+        let second =
+            next_manifest_json(Some(&first.manifest), &mine, true, None, None).unwrap_or_default();
+        for (base, a) in [(None, &first), (Some(first.manifest.as_str()), &second)] {
+            // the entry is the one the log's rule makes of the two manifests, and the manifest
+            // text is the version's whole manifest, not escaped into the answer
+            let expected = crate::log_api::log_entry_json(base, &a.manifest).unwrap_or_default();
+            assert!(!a.entry.is_empty());
+            assert_eq!(a.entry, expected);
+            let m: Value = serde_json::from_str(&a.manifest).unwrap_or(Value::Null);
+            let e: Value = serde_json::from_str(&a.entry).unwrap_or(Value::Null);
+            assert_eq!(e["manifest_version"], m["manifest_version"]);
+            let answer: Value = serde_json::from_str(&a.answer).unwrap_or(Value::Null);
+            assert_eq!(answer["version"], m["manifest_version"]);
+            assert!(answer.get("manifest").is_none());
+        }
+        assert_eq!(
+            serde_json::from_str::<Value>(&second.entry).unwrap_or(Value::Null)["manifest_version"],
+            json!(2)
+        );
+    }
+
+    #[test]
     fn an_append_is_planned_on_top_of_the_manifest() {
         let plan =
             plan_write_json(SCHEMA, r#"{"batch_size":"3"}"#, false, None).unwrap_or_default();
@@ -867,7 +945,7 @@ mod tests {
         );
         let e = plan_write_json(SCHEMA, "{}", false, Some("{}"));
         assert!(
-            matches!(&e, Err(e) if e.to_string().contains("existing dataset_manifest.json is not valid")),
+            matches!(&e, Err(e) if e.to_string().contains("the dataset's current manifest dataset_manifest.json")),
             "{e:?}"
         );
     }

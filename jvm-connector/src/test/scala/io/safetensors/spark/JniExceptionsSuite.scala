@@ -27,7 +27,7 @@ class JniExceptionsSuite extends SparkSuiteBase {
     NativeLib.ensureLoaded()
     val schema = StructType(Seq(StructField("x", ArrayType(FloatType)))).json
     val e = intercept[IllegalArgumentException](
-      NativeWriter.planWrite(schema, """{"batch_size": "0"}""", false, null))
+      NativeWriter.planWrite(schema, """{"batch_size": "0"}""", false, null, null))
     assert(e.getClass == classOf[SafetensorsOptionsException], e)
     assert(e.getMessage.contains("batch_size"), e.getMessage)
   }

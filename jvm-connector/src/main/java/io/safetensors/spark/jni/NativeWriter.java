@@ -16,10 +16,12 @@ public final class NativeWriter {
   /**
    * Driver, plan time: the validated plan as JSON. Nothing on disk is touched. With the text of
    * the dataset's latest manifest (an append to an existing dataset; else null) the plan takes the
-   * settings the manifest records for the options left out and must fit the dataset.
+   * settings the manifest records for the options left out and must fit the dataset; that text
+   * is validated as {@link #checkManifest} does, the error naming {@code existingSourceOrNull}
+   * (the file it was read from; null: dataset_manifest.json).
    */
   public static native String planWrite(String sparkSchemaJson, String optionsJson,
-      boolean caseSensitive, String existingManifestJsonOrNull);
+      boolean caseSensitive, String existingManifestJsonOrNull, String existingSourceOrNull);
 
   /**
    * Driver: the writer's user option names (a JSON array, spelled as in spec/options.md); a
@@ -58,15 +60,17 @@ public final class NativeWriter {
   public static native void checkManifest(String manifestJson, String source);
 
   /** Driver, each commit attempt: this write's manifest (from commitJob) on top of the
-   *  directory's latest committed one (null: none), appended or replacing it. JSON
-   *  {"manifest": "<text to write>", "version": n, "superseded": ["shard names", ...], "retain":
-   *  bool} (retain: the dataset's retention is not 0, §5.8.1; not acted on yet).
+   *  directory's latest committed one (null: none), appended or replacing it. Three texts:
+   *  [0] JSON {"version": n, "superseded": ["shard names", ...], "retain": bool} (retain: the
+   *  dataset's retention is not 0, §5.8.1), [1] the version's whole manifest (what
+   *  dataset_manifest.json holds), [2] its {@code _manifest_log/} entry (what it changes, §5.10).
+   *  The two texts are never inside JSON: at 100,000 shards the manifest is 27 MB.
    *  {@code replacementsJsonOrNull}: [{"old": shard name, "new": manifest shard entry or null}]:
    *  shards of the base an append replaces (lastWin across writes).
    *  {@code commitInfoJsonOrNull}: {"committed_at_ms", "commit_message", "app_id"} recorded in
    *  the version (spec/dataset.md §5.8), taken just before each attempt.
    *  An append that no longer fits the dataset throws IllegalArgumentException. */
-  public static native String nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
+  public static native String[] nextManifest(String baseManifestJsonOrNull, String writeManifestJson,
       boolean append, String replacementsJsonOrNull, String commitInfoJsonOrNull);
 
   /** Vacuum (spec/dataset.md §5.8.1): the plan of what the JVM listed. {@code requestJson}:
@@ -91,7 +95,7 @@ public final class NativeWriter {
   /** Driver, streaming sink, each commit attempt: {@link #nextManifest} as an append that also
    *  records {@code batchId} as {@code queryId}'s last committed micro-batch, in the same manifest
    *  version. Throws SafetensorsException if the base already records that batch. */
-  public static native String nextStreamManifest(String baseManifestJsonOrNull,
+  public static native String[] nextStreamManifest(String baseManifestJsonOrNull,
       String writeManifestJson, String replacementsJsonOrNull, String queryId, long batchId,
       String commitInfoJsonOrNull);
 

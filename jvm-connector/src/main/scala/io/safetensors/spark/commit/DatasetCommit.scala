@@ -55,6 +55,14 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     }
   }
 
+  /** [[latest]] for a writer that read `known` (version, text) a moment ago: `known` itself,
+   *  without reading or scanning the manifest again, while the log has no entry after it (one
+   *  probe: entries are created in version order); else [[latest]]. */
+  def latestAfter(known: Option[(Long, String)]): Option[(Long, String)] = known match {
+    case Some((v, _)) if v > 0 && !hasEntry(v + 1) && hasEntry(v) => known
+    case _ => latest()
+  }
+
   /** The log's newest version, `known` being the version of `dataset_manifest.json`: two probes
    *  when that is the newest (its entry there, the next one not: entries are created in version
    *  order and pruned from the oldest), else the log is listed (spec/dataset.md §5.10). */
@@ -87,7 +95,13 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
    * behind, so read the latest again). A created version is never removed: other writers may
    * already have built on it.
    */
-  def tryCommit(version: Long, base: Option[(Long, String)], text: String, writeId: String): Boolean = {
+  def tryCommit(version: Long, base: Option[(Long, String)], text: String, writeId: String): Boolean =
+    tryCommit(version, base, text, NativeLog.logEntry(base.map(_._2).orNull, text), writeId)
+
+  /** [[tryCommit]] with the version's log entry made already (a writer's [[CommitAnswer]]: the
+   *  engine made it from the manifests it parsed for the next version). */
+  def tryCommit(version: Long, base: Option[(Long, String)], text: String, entry: String,
+      writeId: String): Boolean = {
     DatasetFiles.ownDir(fs, dest, LogDir) // a linked log is refused (§5.9), never written through
     val baseVersion = base.map(_._1).getOrElse(0L)
     // the base's own entry (small: what it changed); gone means pruned, so read the latest again
@@ -102,7 +116,6 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
         }
       }
     // the entry records what the version changes (spec/dataset.md §5.10), not the whole manifest
-    val entry = NativeLog.logEntry(base.map(_._2).orNull, text)
     val created = createLogFile(logName(version), entry, writeId)
     // the chores are best effort: the version is committed whatever they meet (a checkpoint not
     // written is written by a later commit; a reader then replays more entries). They list the
@@ -282,5 +295,27 @@ private[spark] object DatasetCommit {
   def syncDir(dir: File): Unit = {
     val ch = FileChannel.open(dir.toPath, READ)
     try ch.force(true) finally ch.close()
+  }
+}
+
+/**
+ * The engine's answer to a writer's commit attempt (`NativeWriter.nextManifest` /
+ * `nextStreamManifest`): the version it would create, its whole manifest and its log entry (kept
+ * as texts, never parsed here), the base's shards it no longer lists, and whether they are kept
+ * for older versions (`retain`: the retention is not 0, spec/dataset.md §5.8.1).
+ */
+private[spark] final case class CommitAnswer(version: Long, manifest: String, entry: String,
+    superseded: Seq[String], retain: Boolean)
+
+private[spark] object CommitAnswer {
+  /** From the engine's `String[3]`: {answer JSON, manifest, entry}. */
+  def apply(texts: Array[String]): CommitAnswer = {
+    require(texts != null && texts.length == 3, "safetensors: a commit answer is three texts")
+    val a = Json.mapper.readTree(texts(0))
+    val superseded = Seq.newBuilder[String]
+    a.get("superseded").elements().forEachRemaining(n => superseded += n.asText())
+    // an answer without the field keeps the files: a leftover is vacuumed, a deletion is final
+    CommitAnswer(a.get("version").asLong(), texts(1), texts(2), superseded.result(),
+      a.path("retain").asBoolean(true))
   }
 }

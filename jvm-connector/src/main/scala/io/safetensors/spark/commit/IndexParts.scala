@@ -119,21 +119,33 @@ private[spark] final class IndexParts(fs: FileSystem, dest: Path, planJson: Stri
   }
 
   /** After a commit with `generate_index`: every listed shard without a part gets one, from its
-   *  header (an append that creates the first index; old shards' parts are never rewritten). */
-  def completeIndex(listed: Seq[String]): Unit = listed.filterNot(f => fs.exists(partPath(f))).foreach { f =>
+   *  header (an append that creates the first index; old shards' parts are never rewritten).
+   *  The parts there are found by one listing of the index, not a probe a listed shard (100,000
+   *  probes an append at 100,000 shards). */
+  def completeIndex(listed: Seq[String]): Unit = {
+    val have: Set[String] =
+      if (!fs.exists(indexDir)) Set.empty
+      else fs.listStatus(indexDir).iterator.filter(_.isFile).map(_.getPath.getName).toSet
+    listed.filterNot(f => have(partName(f))).foreach(buildPart)
+  }
+
+  private def buildPart(f: String): Unit = {
     val built = existingPart(f)
     val target = partPath(f)
     fs.mkdirs(indexDir)
     if (objectStore) DatasetFiles.uploadLocal(fs, built, target) // one PUT: appears whole
     else {
-    val tmp = new Path(indexDir, s".${target.getName}.${java.util.UUID.randomUUID()}.tmp")
-    DatasetFiles.uploadLocal(fs, built, tmp)
-    if (!fs.rename(tmp, target)) {
-      fs.delete(tmp, false)
-      if (!fs.exists(target)) throw new IOException(s"safetensors: cannot place index part $target")
-    }
+      val tmp = new Path(indexDir, s".${target.getName}.${java.util.UUID.randomUUID()}.tmp")
+      DatasetFiles.uploadLocal(fs, built, tmp)
+      if (!fs.rename(tmp, target)) {
+        fs.delete(tmp, false)
+        if (!fs.exists(target)) throw new IOException(s"safetensors: cannot place index part $target")
+      }
     }
   }
+
+  /** Whether the dataset has an index directory (or a file in its place). */
+  def present: Boolean = fs.exists(indexDir)
 
   /** Deletes the parts of `shards` and parts of the earlier one-part-per-version layout (best
    *  effort), then the directory if it is empty. */

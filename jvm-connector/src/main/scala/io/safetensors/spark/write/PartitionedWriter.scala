@@ -65,7 +65,7 @@ private[spark] object PartitionedWriter {
     // append's, which takes each directory's settings, once the directories are known)
     NativeLib.ensureLoaded()
     def checkOptions(): Unit =
-      NativeWriter.planWrite(dataSchema.json, mapper.writeValueAsString(params.asJava), caseSensitive, null)
+      NativeWriter.planWrite(dataSchema.json, mapper.writeValueAsString(params.asJava), caseSensitive, null, null)
     if (mode != SaveMode.Append) checkOptions()
     val path = ConnectorOptions.path(params).getOrElse(
       throw new IllegalArgumentException("safetensors: exactly one output path is required (.save(path))"))

@@ -9,7 +9,7 @@ import scala.jdk.CollectionConverters._
 
 import com.fasterxml.jackson.databind.JsonNode
 import com.fasterxml.jackson.databind.node.{ArrayNode, ObjectNode}
-import io.safetensors.spark.commit.{DatasetCommit, IndexParts, ObjectStoreCommit}
+import io.safetensors.spark.commit.{CommitAnswer, DatasetCommit, IndexParts, ObjectStoreCommit}
 import io.safetensors.spark.files.DatasetFiles
 import io.safetensors.spark.internal.{ConnectorOptions, SerializableConf}
 import io.safetensors.spark.jni.{NativeLib, NativeNames, NativeReader, NativeWriter}
@@ -55,8 +55,9 @@ private[spark] object SafetensorsWriter {
     // an append plans on top of the dataset's latest manifest: its settings fill the options
     // left out, and the plan must fit it; any other write is planned from its options alone
     val base = if (mode == SaveMode.Append) appendBase(target) else None
-    val planJson = planWrite(sqlContext, keepIndex(target, parameters, base), data.schema, base)
-    start(target, mode, base, stream).foreach { s =>
+    val planJson = planWrite(sqlContext, keepIndex(target, parameters, base.map(_.text)),
+      data.schema, base)
+    start(target, mode, base.map(b => (b.version, b.text)), stream).foreach { s =>
       new DriverWrite(sqlContext, data, planJson, target, s, stream,
         ConnectorOptions.get(parameters, "commit_message")).run()
     }
@@ -78,14 +79,17 @@ private[spark] object SafetensorsWriter {
 
   /**
    * Step 2: the write plan (Rust; every option and column checked). An append to an existing
-   * dataset passes its latest manifest (`base`): the plan takes the dataset's settings for the
-   * options left out and is checked against the dataset (spec/dataset.md §5.2).
+   * dataset passes its latest manifest (`base`), validated there (a tampered one, e.g. a shard
+   * named ../x, fails the write here, naming the file it was read from): the plan takes the
+   * dataset's settings for the options left out and is checked against the dataset
+   * (spec/dataset.md §5.2).
    */
   private def planWrite(sqlContext: SQLContext, parameters: Map[String, String],
-      schema: StructType, base: Option[String]): String = {
+      schema: StructType, base: Option[Base]): String = {
     NativeLib.ensureLoaded()
     NativeWriter.planWrite(schema.json, mapper.writeValueAsString(parameters.asJava),
-      SparkInternals.caseSensitive(sqlContext), base.orNull)
+      SparkInternals.caseSensitive(sqlContext), base.map(_.text).orNull,
+      base.map(_.source.toString).orNull)
   }
 
   /**
@@ -97,7 +101,7 @@ private[spark] object SafetensorsWriter {
       schema: StructType): Unit = {
     val target = new Target(outputPath(parameters), SparkInternals.hadoopConf(sqlContext, parameters))
     val base = if (mode == SaveMode.Append) appendBase(target) else None
-    planWrite(sqlContext, keepIndex(target, parameters, base), schema, base)
+    planWrite(sqlContext, keepIndex(target, parameters, base.map(_.text)), schema, base)
   }
 
   /**
@@ -115,26 +119,31 @@ private[spark] object SafetensorsWriter {
       val names = target.fs.listStatus(dir).filter(_.isFile).map(_.getPath.getName).toSet
       // (an index of the earlier one-part-per-version layout counts too)
       names.exists(n => DatasetCommit.parseIndexPartName(n).isDefined) ||
-        base.exists(m => Json.topLevelArrayStrings(m, "shards", "shard_path")
-          .exists(s => names(NativeReader.indexPartName(s))))
+        base.exists(m => listedShards(m).exists(s => names(NativeReader.indexPartName(s))))
     }
     if (base.isEmpty || ConnectorOptions.get(parameters, "generate_index").isDefined || !hasParts) parameters
     else parameters + ("generate_index" -> "true")
   }
 
+  /** The shard names of a manifest not validated yet: none when it is not JSON (its plan fails
+   *  next, naming the file). */
+  private def listedShards(text: String): Seq[String] =
+    try Json.topLevelArrayStrings(text, "shards", "shard_path")
+    catch { case _: com.fasterxml.jackson.core.JsonProcessingException => Seq.empty }
+
+  /** The latest manifest of a dataset an append goes on top of: its version, its text and the
+   *  file that was read from (validated by the append's plan, [[planWrite]]). */
+  private final case class Base(version: Long, text: String, source: Path)
+
   /**
-   * The latest manifest an append goes on top of, when the path holds a dataset (validated: a
-   * tampered one, e.g. a shard named ../x, fails the write here). A directory with shards but no
-   * manifest is not a dataset of this connector: an append to it fails.
+   * The latest manifest an append goes on top of, when the path holds a dataset. A directory
+   * with shards but no manifest is not a dataset of this connector: an append to it fails.
    */
-  private def appendBase(target: Target): Option[String] = {
+  private def appendBase(target: Target): Option[Base] = {
     import target.{dest, fs}
     if (!fs.exists(dest)) return None
     target.commits.latestWithSource() match {
-      case Some((_, m, source)) =>
-        NativeLib.ensureLoaded()
-        NativeWriter.checkManifest(m, source.toString)
-        Some(m)
+      case Some((v, m, source)) => Some(Base(v, m, source))
       case None if DatasetFiles.listShards(fs, dest).nonEmpty =>
         throw new IllegalArgumentException(
           s"safetensors: cannot append to $dest: it holds ${DatasetFiles.Extension} files but no " +
@@ -156,16 +165,17 @@ private[spark] object SafetensorsWriter {
     val commits = new DatasetCommit(fs, dest, conf, localDest)
   }
 
-  /** What a write that goes ahead starts from. */
-  private final case class Start(createdRoot: Boolean, append: Boolean)
+  /** What a write that goes ahead starts from; `read`: the latest manifest (version, text) as
+   *  read before the job, which its first commit attempt builds on while no version came after. */
+  private final case class Start(createdRoot: Boolean, append: Boolean, read: Option[(Long, String)])
 
   /**
    * Step 3, the mode: None when nothing is to be written (`ignore` on an existing path, or a
    * micro-batch the manifest records already). The dataset's current manifest (if any) is
    * validated now, before anything on disk changes: a tampered one (e.g. a shard named ../x)
-   * fails the write here. An append's manifest (`base`) was read and validated before its plan.
+   * fails the write here. An append's manifest (`base`) was read before its plan, which validated it.
    */
-  private def start(target: Target, mode: SaveMode, base: Option[String],
+  private def start(target: Target, mode: SaveMode, base: Option[(Long, String)],
       stream: Option[StreamBatch]): Option[Start] = {
     import target.{dest, fs}
     val exists = fs.exists(dest)
@@ -175,19 +185,20 @@ private[spark] object SafetensorsWriter {
       case _ =>
     }
     val append = mode == SaveMode.Append
-    val current: Option[String] =
+    val current: Option[(Long, String)] =
       if (append) base
       else if (exists) {
         val latest = target.commits.latestWithSource()
         // named as the file it came from: a damaged log entry is not dataset_manifest.json's fault
         latest.foreach { case (_, text, source) => NativeWriter.checkManifest(text, source.toString) }
-        latest.map(_._2)
+        latest.map { case (v, text, _) => (v, text) }
       } else None
     // a replayed micro-batch (its query committed it already): no job, nothing changes
-    if (stream.exists(b => NativeWriter.streamBatchCommitted(current.orNull, b.queryId, b.batchId))) {
+    if (stream.exists(b => NativeWriter.streamBatchCommitted(current.map(_._2).orNull, b.queryId,
+        b.batchId))) {
       return None
     }
-    Some(Start(createdRoot = !exists, append))
+    Some(Start(createdRoot = !exists, append, current))
   }
 
   /**
@@ -358,7 +369,7 @@ private[spark] object SafetensorsWriter {
      * one when another writer committed first (spec/dataset.md §5.3). Its answer (version,
      * manifest, superseded), or None when the stream's batch turned out committed already.
      */
-    private def commitManifest(staged: Staged, mine: JobManifest): Option[JsonNode] = {
+    private def commitManifest(staged: Staged, mine: JobManifest): Option[CommitAnswer] = {
       var attempts = 0
       while (true) {
         if (attempts == DatasetCommit.MaxCommitAttempts) {
@@ -366,7 +377,9 @@ private[spark] object SafetensorsWriter {
             "each found a newer manifest version committed by another writer")
         }
         attempts += 1
-        val base = target.commits.latest()
+        // the first attempt builds on the manifest read before the job while no version came
+        // after it (one probe, not a second read and scan of a manifest of tens of MB)
+        val base = if (attempts == 1) target.commits.latestAfter(start.read) else target.commits.latest()
         // a previous attempt's rewrites were made against another base: start over
         rewritten.foreach { p => fs.delete(p, false); promoted -= p }
         rewritten = Seq.empty
@@ -379,9 +392,8 @@ private[spark] object SafetensorsWriter {
         val replacements =
           if (start.append && kv) resolveKeysAcrossDataset(staged, base) else mapper.createArrayNode()
         val next = nextManifest(base, mine, replacements)
-        Option(DatasetCommit.beforeCreate).foreach(_(next.get("version").asLong()))
-        committed = target.commits.tryCommit(next.get("version").asLong(), base,
-          next.get("manifest").asText(), writeId)
+        Option(DatasetCommit.beforeCreate).foreach(_(next.version))
+        committed = target.commits.tryCommit(next.version, base, next.manifest, next.entry, writeId)
         if (committed) return Some(next)
       }
       throw new IllegalStateException("unreachable")
@@ -438,9 +450,10 @@ private[spark] object SafetensorsWriter {
       }
     }
 
-    /** The next manifest (Rust) on top of `base`: version, manifest text, superseded shards. */
+    /** The next manifest (Rust) on top of `base`: version, manifest and entry texts, superseded
+     *  shards. */
     private def nextManifest(base: Option[(Long, String)], mine: JobManifest,
-        replacements: ArrayNode): JsonNode = {
+        replacements: ArrayNode): CommitAnswer = {
       val replacementsJson =
         if (replacements.isEmpty) null else mapper.writeValueAsString(replacements)
       // who and when (spec/dataset.md §5.8): the time is taken now, just before this attempt
@@ -449,7 +462,7 @@ private[spark] object SafetensorsWriter {
         .put("app_id", sqlContext.sparkContext.applicationId)
       commitMessage.foreach(m => info.put("commit_message", m))
       val infoJson = mapper.writeValueAsString(info)
-      mapper.readTree(stream match {
+      CommitAnswer(stream match {
         case Some(b) => NativeWriter.nextStreamManifest(base.map(_._2).orNull, mine.json,
           replacementsJson, b.queryId, b.batchId, infoJson)
         case None => NativeWriter.nextManifest(base.map(_._2).orNull, mine.json, start.append,
@@ -461,9 +474,9 @@ private[spark] object SafetensorsWriter {
      * After the commit: the version exists in the log; readers of dataset_manifest.json see it
      * once it is published (spec/dataset.md §5.3 step 4).
      */
-    private def publish(next: JsonNode): Unit = {
-      val version = next.get("version").asLong()
-      try target.commits.publish(version, next.get("manifest").asText(), writeId)
+    private def publish(next: CommitAnswer): Unit = {
+      val version = next.version
+      try target.commits.publish(version, next.manifest, writeId)
       catch {
         case e: Exception =>
           throw new IOException(s"safetensors: the write to $dest was committed as manifest " +
@@ -477,18 +490,19 @@ private[spark] object SafetensorsWriter {
 
     /** What the published version no longer needs: unlisted uploads, index parts a version
      *  without an index must not keep, and (by the commit answer) superseded shards. */
-    private def cleanUp(next: JsonNode, mine: JobManifest): Unit = {
+    private def cleanUp(next: CommitAnswer, mine: JobManifest): Unit = {
       if (target.objectStore) {
         // uploads of attempts that did not commit (a task that failed after its upload)
         ObjectStoreCommit.removeUnlisted(fs, dest, writeId, mine.listed, null)
       }
-      val nowListed = Json.topLevelArrayStrings(next.get("manifest").asText(), "shards", "shard_path")
+      // (scanned only when there are parts to keep or remove: tens of MB at 100,000 shards)
+      lazy val nowListed = Json.topLevelArrayStrings(next.manifest, "shards", "shard_path")
       if (generateIndex) {
         // earlier shards without a part (an append that creates the first index) get one; parts
         // of the earlier one-part-per-version layout go
         parts.completeIndex(nowListed)
         parts.remove(Seq.empty)
-      } else {
+      } else if (parts.present) {
         // no index: no listed shard keeps a part (a partial index is never published)
         parts.remove(nowListed)
       }
@@ -523,13 +537,12 @@ private[spark] object SafetensorsWriter {
    * more than [[DatasetCommit.KeptVersions]] versions behind are pruned (§5.3 step 5).
    */
   private[spark] def cleanUpSuperseded(fs: FileSystem, dest: Path, commits: DatasetCommit,
-      parts: IndexParts, next: JsonNode): Unit = {
-    // an answer without the field keeps the files: a leftover is vacuumed, a deletion is final
-    if (next.path("retain").asBoolean(true)) return
-    val superseded = next.get("superseded").elements().asScala.map(_.asText()).toSeq
+      parts: IndexParts, next: CommitAnswer): Unit = {
+    if (next.retain) return
+    val superseded = next.superseded
     parts.remove(superseded)
     superseded.foreach(f => quietly(null)(fs.delete(new Path(dest, f), false)))
-    commits.prune(next.get("version").asLong(), next.get("manifest").asText(),
+    commits.prune(next.version, next.manifest,
       s"prune-${java.util.UUID.randomUUID()}")
   }
 
