@@ -16,8 +16,9 @@ Parts (--parts, default all):
           version counts (a fresh Python process each)
   remote  the same on the shaped S3 server of remote.sh (25 ms per request, its tc shaping, in
           `unshare -n`): seconds and the server's request count
-  spark   Spark's plan (load + the scan's partitions), a count, a versionAsOf=1 read, a vacuum
-          and a compaction (on hard-link copies), each with the driver's heap
+  spark   Spark's plan (load + the scan's partitions), one-row appends (--spark-appends, the
+          median), a count, a versionAsOf=1 read, a vacuum and a compaction (on hard-link
+          copies), each with the driver's heap
   delta   Delta Lake (delta-spark from Maven Central): per-commit time and `_delta_log/` bytes for
           the same appends (one one-row file per commit, df.write.format("delta")), and its plan
           time and heap at the shard counts (tables made by CONVERT TO DELTA over hard links of
@@ -201,9 +202,7 @@ def part_commit(args, spark, template, results):
         log(f"  after 200 appends: log {p['log_bytes']} B, manifest {p['manifest_bytes']} B, "
             f"ratio {results['log_after_200_appends']['ratio']}")
     # real Spark appends on top of the two largest version counts (and the smallest, to compare)
-    from pyspark.sql import functions as F
-
-    df = spark.range(1, numPartitions=1).select(F.array(*[F.col("id").cast("float")] * 4).alias("x"))
+    df = one_row(spark)
     appends = {}
     for v in sorted({min(args.versions), *sorted(args.versions)[-2:]}):
         d = version_sets(args)[v]
@@ -343,6 +342,17 @@ def spark_measure(args, spark, heap, d, label, with_compaction):
         return df, df._jdf.queryExecution().toRdd().getNumPartitions()
 
     r["plan"] = heap.measure(plan)
+    # one-row appends on a copy (the commit's cost at this size: spec/performance.md §14.1)
+    a = copy_of(d, "append")
+    runs = [heap.measure(lambda: one_row(spark).write.format("safetensors")
+                         .option("batch_size", args.batch_size).mode("append").save(str(a)))
+            for _ in range(args.spark_appends)]
+    shutil.rmtree(a)
+    r["append"] = {"s": statistics.median(x["s"] for x in runs), "append_s": [x["s"] for x in runs],
+                   "old_peak_mib": max(x["old_peak_mib"] for x in runs)}
+    errors = [x["error"] for x in runs if "error" in x]
+    if errors:
+        r["append"]["error"] = errors[0]
     df = spark.read.format("safetensors").load(str(d))
     r["partitions"] = df._jdf.queryExecution().toRdd().getNumPartitions()
     r["count"] = heap.measure(lambda: df.count())
@@ -362,6 +372,13 @@ def spark_measure(args, spark, heap, d, label, with_compaction):
         r["compaction"] = {"skipped": f"more than --compact-max-shards={args.compact_max_shards} shards"}
     log(f"spark, {label}: " + ", ".join(f"{k} {x.get('s', x) if isinstance(x, dict) else x}" for k, x in r.items()))
     return r
+
+
+def one_row(spark):
+    """A one-row DataFrame of the synthetic datasets' column (a float[4] `x`)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(1, numPartitions=1).select(F.array(*[F.col("id").cast("float")] * 4).alias("x"))
 
 
 def part_spark(args, spark, shard_sets, results):
@@ -499,7 +516,8 @@ def table(results):
     s = results.get("spark")
     if s:
         lines += ["", f"Spark (driver -Xmx {s['driver_max_heap_mib']} MiB): seconds / old-gen peak MiB",
-                  f"{'dataset':>12} {'plan':>14} {'count':>14} {'versionAsOf':>14} {'vacuum':>14} {'compaction':>14}"]
+                  f"{'dataset':>12} {'plan':>14} {'append':>14} {'count':>14} {'versionAsOf':>14} "
+                  f"{'vacuum':>14} {'compaction':>14}"]
 
         def cell(x):
             if not isinstance(x, dict) or "s" not in x:
@@ -507,7 +525,8 @@ def table(results):
             return ("ERR " if "error" in x else "") + f"{x['s']:.2f}/{x['old_peak_mib']:.0f}"
         for kind in ("shards", "versions"):
             for n, r in s[kind].items():
-                lines.append(f"{str(n) + ' ' + kind[0]:>12} {cell(r['plan']):>14} {cell(r['count']):>14} "
+                lines.append(f"{str(n) + ' ' + kind[0]:>12} {cell(r['plan']):>14} "
+                             f"{cell(r.get('append')):>14} {cell(r['count']):>14} "
                              f"{cell(r['version_as_of_1']):>14} {cell(r['vacuum']):>14} {cell(r['compaction']):>14}")
     if d.get("plan"):
         lines += ["", "Delta plan at N files: seconds / old-gen peak MiB (ours: the 'shards' rows above)"]

@@ -121,6 +121,49 @@ pub fn shard_changes(before: &[ManifestShard], after: &[ManifestShard]) -> Chang
     }
 }
 
+/// The next version of an append of `new` (this write's manifest: its shards and columns) on top
+/// of the version whose head is `base`, a streaming micro-batch's when `batch` is given: the
+/// rules of [`crate::manifest::next_manifest`] / [`crate::manifest::next_stream_manifest`]
+/// (the write must fit the dataset; a batch the base records already is refused) applied without
+/// the base's shard list. Returns the version's own fields (its `shards` are the ones it adds,
+/// its totals the whole version's) and its changes, for [`entry_text`]: a cost that follows the
+/// write and the columns, never the shards the dataset holds. The version's whole manifest is the
+/// base's with the changes applied ([`crate::log::Replay`]), made after the commit. `None` for a
+/// write of no rows (no shard to add): the version's columns are then the base's by the rule of
+/// a whole manifest (a version without shards has none), so the caller commits on the whole base.
+pub fn next_append_on_head(
+    base: &Head,
+    new: &Manifest,
+    batch: Option<&crate::manifest::StreamBatch>,
+) -> Result<Option<(Manifest, Changes)>, DatasetError> {
+    if new.shards.is_empty() {
+        return Ok(None);
+    }
+    let fields = &base.manifest;
+    let mut next = match batch {
+        Some(b) => crate::manifest::next_stream_manifest(Some(fields), new, &[], b)?,
+        None => crate::manifest::next_manifest(Some(fields), new, true, &[])?,
+    };
+    // the base lists none of its shards here: what `next` lists is what the version adds
+    let changes = Changes {
+        add: std::mem::take(&mut next.shards),
+        remove: Vec::new(),
+    };
+    let moved = base.next_fields(&changes).ok_or_else(|| {
+        commit_err(format!(
+            "version {} does not follow from its base's totals",
+            next.manifest_version()
+        ))
+    })?;
+    next.total_samples = moved.total_samples;
+    next.total_bytes = moved.total_bytes;
+    if let (Some(x), Some(m)) = (&mut next.ext, &moved.ext) {
+        x.padded_samples = m.padded_samples;
+    }
+    next.shards = changes.add.clone();
+    Ok(Some((next, changes)))
+}
+
 /// The delta entry as written (the field order is the reader's, `log::DeltaEntry`).
 #[derive(Serialize)]
 struct Entry<'a> {

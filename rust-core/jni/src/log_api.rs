@@ -4,19 +4,22 @@
 
 use crate::versions_api::opt;
 use crate::{arg, guard, parse_json, to_json, JniError};
-use ::jni::objects::{JClass, JString};
+use ::jni::objects::{JClass, JObjectArray, JString};
 use ::jni::sys::{jboolean, jlong};
 use ::jni::EnvUnowned;
-use safetensors_spark_dataset::commit::{chores_need_listing, Head};
+use safetensors_spark_dataset::commit::{
+    chores_need_listing, entry_text, next_append_on_head, Head,
+};
 use safetensors_spark_dataset::log::follow::{
     manifest_listing, plan_follow_by_names, FollowPlan, OnChange,
 };
 use safetensors_spark_dataset::log::{
-    after_commit, log_entry_text, parse_log_file, plan_state_by_names, ListedFile, LogFile,
+    after_commit, log_entry_text, parse_log_file, plan_state_by_names, ListedFile, LogFile, Replay,
     StatePlan,
 };
-use safetensors_spark_dataset::manifest::ManifestShard;
+use safetensors_spark_dataset::manifest::{stream_batch_committed, ManifestShard, StreamBatch};
 use safetensors_spark_dataset::parse_manifest;
+use safetensors_spark_dataset::vacuum::deletes_at_commit;
 use std::collections::BTreeMap;
 
 fn manifest(text: &str, what: &str) -> Result<safetensors_spark_dataset::Manifest, JniError> {
@@ -30,6 +33,57 @@ pub fn log_entry_json(base: Option<&str>, next: &str) -> Result<String, JniError
         .transpose()?;
     let next = manifest(next, "the committed manifest")?;
     Ok(log_entry_text(base.as_ref(), &next)?)
+}
+
+/// `appendOnHead`: the next version of an append (a streaming micro-batch's when `batch`) of
+/// `write_manifest` on top of version `base_version`, whose own `_manifest_log/` entry is
+/// `base_entry` — what the commit's critical section needs, at the cost of the write and the
+/// columns, never of the shards the dataset holds ([`next_append_on_head`]). `None` when that
+/// entry gives no head (a delta that keeps its base's schema, written before entries always gave
+/// it), or a write of no rows: the caller commits on the whole base. Else `(answer, entry)`: `{"version", "superseded":
+/// [], "retain"}` and the entry to create, or `{"replay": true}` and no entry when the base
+/// records the batch already (the caller drops the replay's shards).
+pub fn append_on_head_json(
+    base_entry: &str,
+    base_version: u64,
+    write_manifest: &str,
+    batch: Option<&StreamBatch>,
+    commit_info: Option<&str>,
+) -> Result<Option<(String, String)>, JniError> {
+    let record = parse_log_file(LogFile::Entry(base_version), base_entry)?;
+    let Some(head) = Head::of_record(record) else {
+        return Ok(None);
+    };
+    if batch.is_some_and(|b| stream_batch_committed(Some(&head.manifest), b)) {
+        return Ok(Some((
+            to_json(&serde_json::json!({"replay": true}))?,
+            String::new(),
+        )));
+    }
+    let new = manifest(write_manifest, "this write's manifest")?;
+    let Some((mut next, changes)) = next_append_on_head(&head, &new, batch)? else {
+        return Ok(None);
+    };
+    crate::writer_api::stamp(&mut next, commit_info)?;
+    let entry = entry_text(Some(&head), &next, &changes)?;
+    let answer = to_json(&serde_json::json!({
+        "version": next.manifest_version(),
+        "superseded": [],
+        "retain": !deletes_at_commit(Some(&head.manifest), &next),
+    }))?;
+    Ok(Some((answer, entry)))
+}
+
+/// `applyEntry`: the whole manifest of `version`, committed with the entry `entry` on the
+/// version whose whole manifest is `base` (what `dataset_manifest.json` holds once it is
+/// published). Costs the dataset's shards: a writer calls it after its commit, outside the
+/// critical section. An entry that does not follow `base` is an error naming it.
+pub fn apply_entry_json(base: &str, version: u64, entry: &str) -> Result<String, JniError> {
+    let base = manifest(base, "the commit's base manifest")?;
+    let record = parse_log_file(LogFile::Entry(version), entry)?;
+    let mut replay = Replay::from_manifest(&base);
+    replay.apply(&record)?;
+    Ok(replay.manifest()?.to_json_pretty()?)
 }
 
 /// `choresNeedListing`: whether the committer of the version whose entry is `entry` lists the log
@@ -156,6 +210,63 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_logEntry<'local>(
     })
 }
 
+/// `static native String[] appendOnHead(String baseEntry, long baseVersion, String writeManifestJson, String queryIdOrNull, long batchId, String commitInfoJsonOrNull)`:
+/// `{answer, entry}`, or null when the base's entry gives no head ([`append_on_head_json`])
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_appendOnHead<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base_entry: JString<'local>,
+    base_version: jlong,
+    write_manifest: JString<'local>,
+    query_id: JString<'local>,
+    batch_id: jlong,
+    commit_info: JString<'local>,
+) -> JObjectArray<'local, JString<'local>> {
+    guard(&mut env, |env| {
+        let base_entry = arg(env, &base_entry, "baseEntry")?;
+        let write_manifest = arg(env, &write_manifest, "writeManifestJson")?;
+        let batch = match opt(env, &query_id)? {
+            Some(q) => Some(crate::writer_api::stream_batch(q, batch_id)?),
+            None => None,
+        };
+        let commit_info = opt(env, &commit_info)?;
+        let Some((answer, entry)) = append_on_head_json(
+            &base_entry,
+            version(base_version, "baseVersion")?,
+            &write_manifest,
+            batch.as_ref(),
+            commit_info.as_deref(),
+        )?
+        else {
+            return Ok(JObjectArray::default());
+        };
+        let array = JObjectArray::<JString>::new(env, 2, JString::null())?;
+        for (i, text) in [answer, entry].iter().enumerate() {
+            let s = env.new_string(text)?;
+            array.set_element(env, i, &s)?;
+        }
+        Ok(array)
+    })
+}
+
+/// `static native String applyEntry(String baseManifest, long version, String entry)`
+#[no_mangle]
+pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_applyEntry<'local>(
+    mut env: EnvUnowned<'local>,
+    _class: JClass<'local>,
+    base: JString<'local>,
+    v: jlong,
+    entry: JString<'local>,
+) -> JString<'local> {
+    guard(&mut env, |env| {
+        let base = arg(env, &base, "baseManifest")?;
+        let entry = arg(env, &entry, "entry")?;
+        let text = apply_entry_json(&base, version(v, "version")?, &entry)?;
+        Ok(env.new_string(text)?)
+    })
+}
+
 /// `static native boolean choresNeedListing(String entry, String baseEntryOrNull, boolean pruneEntries)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_choresNeedListing<'local>(
@@ -278,6 +389,68 @@ mod tests {
             s = list.join(",")
         ))
         .unwrap()
+    }
+
+    /// The head path of a commit (the base's entry, then the entry applied to the base after the
+    /// commit) gives the version the whole path gives: the same entry, the same manifest, the
+    /// same answer; a replayed micro-batch is answered as one.
+    #[test]
+    fn an_append_on_the_base_entry_is_the_append_on_the_whole_base() {
+        let base = manifest(6, 6);
+        let base_text = base.to_json_pretty().unwrap();
+        let base_entry = log_entry_text(Some(&manifest(5, 5)), &base).unwrap();
+        let mut write = manifest(8, 8);
+        write.shards = write.shards.split_off(6);
+        write.recompute_totals();
+        let write = serde_json::to_string(&write).unwrap();
+        let info = r#"{"committed_at_ms":1764000000000,"app_id":"local-1"}"#;
+        let whole =
+            crate::writer_api::next_manifest_json(Some(&base_text), &write, true, None, Some(info))
+                .unwrap();
+        let (answer, entry) = append_on_head_json(&base_entry, 6, &write, None, Some(info))
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry, whole.entry);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&answer).unwrap(),
+            serde_json::from_str::<serde_json::Value>(&whole.answer).unwrap()
+        );
+        assert_eq!(
+            apply_entry_json(&base_text, 7, &entry).unwrap(),
+            whole.manifest
+        );
+        // an entry that does not follow the base is refused, naming it
+        let e = apply_entry_json(&manifest(5, 5).to_json_pretty().unwrap(), 7, &entry);
+        assert!(format!("{:?}", e.unwrap_err()).contains("00000000000000000007"));
+        // a stream's batch: recorded in the entry; once recorded, a replay
+        let batch = StreamBatch {
+            query_id: "q".into(),
+            batch_id: 3,
+        };
+        let (_, entry) = append_on_head_json(&base_entry, 6, &write, Some(&batch), Some(info))
+            .unwrap()
+            .unwrap();
+        let seven = apply_entry_json(&base_text, 7, &entry).unwrap();
+        let seven_entry = log_entry_text(Some(&base), &manifest_of(&seven)).unwrap();
+        assert_eq!(seven_entry, entry);
+        let (answer, entry) = append_on_head_json(&seven_entry, 7, &write, Some(&batch), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer, r#"{"replay":true}"#);
+        assert!(entry.is_empty());
+        // a write of no rows is committed on the whole base
+        let mut empty = manifest(8, 8);
+        empty.shards.clear();
+        empty.recompute_totals();
+        empty.schema = Default::default();
+        let empty = serde_json::to_string(&empty).unwrap();
+        assert!(append_on_head_json(&base_entry, 6, &empty, None, None)
+            .unwrap()
+            .is_none());
+    }
+
+    fn manifest_of(text: &str) -> safetensors_spark_dataset::Manifest {
+        parse_manifest(text).unwrap()
     }
 
     #[test]

@@ -300,7 +300,7 @@ fn commit_answer_array<'local>(
 }
 
 /// Records the commit's time and writer (`commitInfoJson`: a [`CommitInfo`]) in `next`.
-fn stamp(
+pub(crate) fn stamp(
     next: &mut safetensors_spark_dataset::Manifest,
     commit_info_json: Option<&str>,
 ) -> Result<(), JniError> {
@@ -312,7 +312,7 @@ fn stamp(
 }
 
 /// A micro-batch of a streaming query from its JNI arguments (a negative id is refused).
-fn stream_batch(query_id: String, batch_id: jlong) -> Result<StreamBatch, JniError> {
+pub(crate) fn stream_batch(query_id: String, batch_id: jlong) -> Result<StreamBatch, JniError> {
     let batch_id = u64::try_from(batch_id).map_err(|_| {
         JniError::invalid_argument(format!(
             "streaming batch id must be ≥ 0, got {batch_id} (query {query_id})"

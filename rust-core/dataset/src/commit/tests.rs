@@ -273,3 +273,81 @@ fn an_entry_keeps_the_columns_in_their_written_order() {
     assert_eq!(r.manifest.schema, next.schema);
     assert_eq!(Head::of_record(r).unwrap().manifest.schema, next.schema);
 }
+
+/// An append (and a stream's micro-batch) made on the base's head alone is the append made on
+/// the whole base: the same entry, and the base with that entry applied is the same manifest —
+/// padded or dropped rows and stream records included. The append's rules hold without the
+/// shard list: a replayed batch and a write that does not fit are refused.
+#[test]
+fn an_append_on_the_head_is_the_append_on_the_whole_base() {
+    use crate::log::Replay;
+    use crate::manifest::{next_manifest, next_stream_manifest, StreamBatch, TailStrategy};
+    for tail in [TailStrategy::Pad, TailStrategy::Drop] {
+        // (padding, dropped rows) of the base and of the write
+        let of = |m: &mut Manifest, rows: u64| {
+            let x = m.ext.as_mut().unwrap();
+            x.tail_strategy = Some(tail);
+            if tail == TailStrategy::Drop {
+                x.dropped_samples = rows;
+            } else {
+                m.shards[0].padded_samples = Some(rows);
+                m.recompute_totals();
+            }
+        };
+        let mut base = manifest(5, &[1, 2, 3, 4, 5], 10);
+        of(&mut base, 3);
+        base.ext
+            .as_mut()
+            .unwrap()
+            .stream_commits
+            .insert("q".into(), 4);
+        let mut new = manifest(1, &[7, 8], 10);
+        of(&mut new, 1);
+        let mut four = manifest(4, &[1, 2, 4, 5], 10);
+        of(&mut four, 3);
+        let base_entry = crate::log::log_entry_text(Some(&four), &base).unwrap();
+        let from_entry = Head::of_record(parse_log_file(LogFile::Entry(5), &base_entry).unwrap());
+        let batch = |id| StreamBatch {
+            query_id: "q".into(),
+            batch_id: id,
+        };
+        // the head of the whole base, and the head read from the base's own delta entry
+        for head in [Head::of(&base), from_entry.unwrap()] {
+            for b in [None, Some(batch(5))] {
+                let whole = match &b {
+                    None => next_manifest(Some(&base), &new, true, &[]),
+                    Some(b) => next_stream_manifest(Some(&base), &new, &[], b),
+                }
+                .unwrap();
+                let (fields, changes) = next_append_on_head(&head, &new, b.as_ref())
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(fields.manifest_version(), 6);
+                let entry = entry_text(Some(&head), &fields, &changes).unwrap();
+                assert_eq!(
+                    entry,
+                    crate::log::log_entry_text(Some(&base), &whole).unwrap()
+                );
+                let mut replay = Replay::from_manifest(&base);
+                replay
+                    .apply(&parse_log_file(LogFile::Entry(6), &entry).unwrap())
+                    .unwrap();
+                assert_eq!(replay.manifest().unwrap(), whole);
+                let x = whole.ext.as_ref().unwrap();
+                assert_eq!(x.padded_samples + x.dropped_samples, 4);
+            }
+            let e = next_append_on_head(&head, &new, Some(&batch(4))).unwrap_err();
+            assert!(e.to_string().contains("already committed batch 4"), "{e}");
+            let mut other = new.clone();
+            other.ext.as_mut().unwrap().batch_size = Some(2);
+            let e = next_append_on_head(&head, &other, None).unwrap_err();
+            assert!(e.to_string().contains("batch_size=2"), "{e}");
+            // a write of no rows: the whole base decides (its columns stay the base's)
+            let mut empty = new.clone();
+            empty.shards.clear();
+            empty.recompute_totals();
+            empty.schema = Default::default();
+            assert!(next_append_on_head(&head, &empty, None).unwrap().is_none());
+        }
+    }
+}

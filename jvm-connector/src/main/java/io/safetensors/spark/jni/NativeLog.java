@@ -14,6 +14,23 @@ public final class NativeLog {
    *  {@code baseOrNull}: what the version adds and removes, and its own fields. */
   public static native String logEntry(String baseOrNull, String next);
 
+  /** A commit attempt of an append (a streaming micro-batch's when {@code queryIdOrNull} is
+   *  given, with {@code batchId}) of {@code writeManifestJson} (this write's manifest, from
+   *  commitJob) on version {@code baseVersion}, from that version's own log entry
+   *  {@code baseEntry} alone: two texts, {"version", "superseded": [], "retain"} and the entry to
+   *  create, or {"replay": true} and "" when the base records the batch already. Null when that
+   *  entry does not give the version's own fields (an older kind), or the write has no rows:
+   *  commit on the whole manifest
+   *  ({@link NativeWriter#nextManifest}). A write that does not fit the dataset throws as
+   *  nextManifest does; {@code commitInfoJsonOrNull} as there. */
+  public static native String[] appendOnHead(String baseEntry, long baseVersion,
+      String writeManifestJson, String queryIdOrNull, long batchId, String commitInfoJsonOrNull);
+
+  /** The whole manifest of {@code version}, committed with the entry {@code entry} on the
+   *  version whose whole manifest is {@code baseManifest}. An entry that does not follow it
+   *  throws SafetensorsDatasetException naming the entry. */
+  public static native String applyEntry(String baseManifest, long version, String entry);
+
   /** Whether the committer of the version whose log entry is {@code entry} lists the log for
    *  its chores ({@link #afterCommit}): only when they may have work (a checkpoint version, a
    *  first commit, a base not read from a delta entry, {@code pruneEntries}).

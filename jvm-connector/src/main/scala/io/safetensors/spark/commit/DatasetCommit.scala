@@ -55,6 +55,15 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
     }
   }
 
+  /** The log's newest version, probed from `known` (a version the caller read: two probes when
+   *  that is still the newest), else listed; None when the log has no entry. */
+  def newest(known: Option[Long]): Option[Long] = newestVersion(known)
+
+  /** The text of `version`'s own log entry; None when it is not there (pruned). */
+  def entryText(version: Long): Option[String] =
+    try Some(readText(fs, new Path(logDir, logName(version))))
+    catch { case _: java.io.FileNotFoundException => None }
+
   /** [[latest]] for a writer that read `known` (version, text) a moment ago: `known` itself,
    *  without reading or scanning the manifest again, while the log has no entry after it (one
    *  probe: entries are created in version order); else [[latest]]. */
@@ -96,14 +105,15 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
    * already have built on it.
    */
   def tryCommit(version: Long, base: Option[(Long, String)], text: String, writeId: String): Boolean =
-    tryCommit(version, base, text, NativeLog.logEntry(base.map(_._2).orNull, text), writeId)
+    tryCommit(version, base.map(_._1).getOrElse(0L), text,
+      NativeLog.logEntry(base.map(_._2).orNull, text), writeId)
 
-  /** [[tryCommit]] with the version's log entry made already (a writer's [[CommitAnswer]]: the
-   *  engine made it from the manifests it parsed for the next version). */
-  def tryCommit(version: Long, base: Option[(Long, String)], text: String, entry: String,
+  /** [[tryCommit]] with the version's log entry made already (a writer's [[CommitAnswer]]). The
+   *  version's whole manifest `text` is used only by the chores when a checkpoint is due (or the
+   *  log is listed for them): a commit on the base's head does not make it otherwise. */
+  def tryCommit(version: Long, baseVersion: Long, text: => String, entry: String,
       writeId: String): Boolean = {
     DatasetFiles.ownDir(fs, dest, LogDir) // a linked log is refused (§5.9), never written through
-    val baseVersion = base.map(_._1).getOrElse(0L)
     // the base's own entry (small: what it changed); gone means pruned, so read the latest again
     val baseEntry: Option[String] =
       if (baseVersion <= 0) None
@@ -300,22 +310,34 @@ private[spark] object DatasetCommit {
 
 /**
  * The engine's answer to a writer's commit attempt (`NativeWriter.nextManifest` /
- * `nextStreamManifest`): the version it would create, its whole manifest and its log entry (kept
- * as texts, never parsed here), the base's shards it no longer lists, and whether they are kept
- * for older versions (`retain`: the retention is not 0, spec/dataset.md §5.8.1).
+ * `nextStreamManifest`, or `NativeLog.appendOnHead`): the version it would create on
+ * `baseVersion`, its log entry (a text, never parsed here), the base's shards it no longer lists,
+ * whether they are kept for older versions (`retain`: the retention is not 0, spec/dataset.md
+ * §5.8.1), and its whole manifest, made on first use: a commit on the base's head makes it only
+ * after its version exists, to publish it.
  */
-private[spark] final case class CommitAnswer(version: Long, manifest: String, entry: String,
-    superseded: Seq[String], retain: Boolean)
+private[spark] final class CommitAnswer(val baseVersion: Long, val version: Long,
+    manifestText: () => String, val entry: String, val superseded: Seq[String],
+    val retain: Boolean) {
+  lazy val manifest: String = manifestText()
+}
 
 private[spark] object CommitAnswer {
   /** From the engine's `String[3]`: {answer JSON, manifest, entry}. */
-  def apply(texts: Array[String]): CommitAnswer = {
+  def apply(baseVersion: Long, texts: Array[String]): CommitAnswer = {
     require(texts != null && texts.length == 3, "safetensors: a commit answer is three texts")
-    val a = Json.mapper.readTree(texts(0))
+    val manifest = texts(1)
+    fromAnswer(Json.mapper.readTree(texts(0)), baseVersion, texts(2), () => manifest)
+  }
+
+  /** From the answer's JSON ({"version", "superseded", "retain"}), the entry and how to make the
+   *  manifest. */
+  def fromAnswer(a: com.fasterxml.jackson.databind.JsonNode, baseVersion: Long, entry: String,
+      manifest: () => String): CommitAnswer = {
     val superseded = Seq.newBuilder[String]
     a.get("superseded").elements().forEachRemaining(n => superseded += n.asText())
     // an answer without the field keeps the files: a leftover is vacuumed, a deletion is final
-    CommitAnswer(a.get("version").asLong(), texts(1), texts(2), superseded.result(),
+    new CommitAnswer(baseVersion, a.get("version").asLong(), manifest, entry, superseded.result(),
       a.path("retain").asBoolean(true))
   }
 }
