@@ -222,7 +222,7 @@ def role_epoch(args):
         args.path, ["safetensors_spark", "safetensors_spark.torch", "s3fs"])
     for m in mods:
         importlib.import_module(m)
-    t0 = time.perf_counter()
+    t0, t0_unix = time.perf_counter(), time.time()  # (the wall clock: against the server's log)
     dl, ds, open_s = make_loader(args)
     checksum = samples = batches = 0
     first_batch_s = None
@@ -235,7 +235,7 @@ def role_epoch(args):
             first_batch_s = time.perf_counter() - t0
     elapsed = time.perf_counter() - t0
     out = {"path": args.path, "epoch_s": elapsed, "open_s": open_s, "samples": samples, "batches": batches,
-           "first_batch_s": first_batch_s, "checksum": checksum % (1 << 64)}
+           "first_batch_s": first_batch_s, "checksum": checksum % (1 << 64), "t0_unix": t0_unix}
     if ds is not None and hasattr(ds, "cache_stats"):
         st = ds.cache_stats()
         out["cache_stats"] = {k: st[k] for k in ("fetches", "fetched_bytes", "refetches", "evictions", "evicted_bytes",

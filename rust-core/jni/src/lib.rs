@@ -25,7 +25,7 @@ use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ::jni::errors::{Error as JniCrateError, ErrorPolicy};
-use ::jni::objects::{JClass, JString};
+use ::jni::objects::{JClass, JObjectArray, JString};
 use ::jni::strings::JNIString;
 use ::jni::sys::{jint, jlong};
 use ::jni::{jni_str, Env, EnvUnowned};
@@ -118,6 +118,19 @@ where
 /// A data/format/IO error as a [`JniError::Failed`].
 pub(crate) fn failed(e: impl std::fmt::Display) -> JniError {
     JniError::failed(e.to_string())
+}
+
+/// A Java `String[]` of `texts` (several texts returned apart, none escaped into JSON).
+pub(crate) fn string_array<'local>(
+    env: &mut Env<'local>,
+    texts: &[&str],
+) -> Result<JObjectArray<'local, JString<'local>>, JniError> {
+    let array = JObjectArray::<JString>::new(env, texts.len(), JString::null())?;
+    for (i, text) in texts.iter().enumerate() {
+        let s = env.new_string(text)?;
+        array.set_element(env, i, &s)?;
+    }
+    Ok(array)
 }
 
 /// A required (non-null) Java string argument.

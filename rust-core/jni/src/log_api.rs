@@ -241,12 +241,7 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeLog_appendOnHead<'loc
         else {
             return Ok(JObjectArray::default());
         };
-        let array = JObjectArray::<JString>::new(env, 2, JString::null())?;
-        for (i, text) in [answer, entry].iter().enumerate() {
-            let s = env.new_string(text)?;
-            array.set_element(env, i, &s)?;
-        }
-        Ok(array)
+        crate::string_array(env, &[&answer, &entry])
     })
 }
 

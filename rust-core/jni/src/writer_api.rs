@@ -291,12 +291,7 @@ fn commit_answer_array<'local>(
     env: &mut Env<'local>,
     a: &CommitAnswer,
 ) -> Result<JObjectArray<'local, JString<'local>>, JniError> {
-    let array = JObjectArray::<JString>::new(env, 3, JString::null())?;
-    for (i, text) in [&a.answer, &a.manifest, &a.entry].into_iter().enumerate() {
-        let s = new_string(env, text)?;
-        array.set_element(env, i, &s)?;
-    }
-    Ok(array)
+    crate::string_array(env, &[&a.answer, &a.manifest, &a.entry])
 }
 
 /// Records the commit's time and writer (`commitInfoJson`: a [`CommitInfo`]) in `next`.

@@ -367,7 +367,8 @@ private[spark] object SafetensorsWriter {
     /**
      * The commit: the next manifest version on top of the latest one, retried on top of a newer
      * one when another writer committed first (spec/dataset.md §5.3). Its answer (version,
-     * manifest, superseded), or None when the stream's batch turned out committed already.
+     * entry, superseded, the manifest), or None when the stream's batch turned out committed
+     * already.
      */
     private def commitManifest(staged: Staged, mine: JobManifest): Option[CommitAnswer] = {
       var attempts = 0
@@ -431,8 +432,10 @@ private[spark] object SafetensorsWriter {
           stream.map(_.batchId).getOrElse(0L), commitInfoJson()))
       } yield {
         val a = mapper.readTree(texts(0))
+        val entry = texts(1)
         if (a.path("replay").asBoolean(false)) None
-        else Some(CommitAnswer.fromAnswer(a, v, texts(1), () => manifestAfter(v, a.get("version").asLong(), texts(1))))
+        else Some(CommitAnswer.fromAnswer(a, v, entry,
+          () => manifestAfter(v, a.get("version").asLong(), entry)))
       }
     }
 
