@@ -421,7 +421,12 @@ impl Client {
 
     /// The whole object `key` written into file `local` (created or truncated), streamed;
     /// returns the bytes written. One GET. A failure leaves the file to the caller to remove.
-    fn download(&self, py: Python<'_>, key: &str, local: &str) -> PyResult<u64> {
+    /// `writeback`: the kernel is asked to start writing each MiB to disk as it is written
+    /// (`sync_file_range`, not waiting), so the caller's `fsync` of a node-cache copy has little
+    /// left to flush: an `fsync` of a whole shard after the download held the fetch thread, and
+    /// with it the link, idle (performance.md §13.6).
+    #[pyo3(signature = (key, local, writeback = false))]
+    fn download(&self, py: Python<'_>, key: &str, local: &str, writeback: bool) -> PyResult<u64> {
         let path = self.path(key)?;
         let url = self.url(key);
         let store = self.store()?;
@@ -443,6 +448,9 @@ impl Client {
                 pending.push(chunk);
                 if pending_len >= 1 << 20 {
                     write_chunks(&mut file, &mut pending)?;
+                    if writeback {
+                        start_writeback(&file, n - pending_len as u64, pending_len as u64);
+                    }
                     pending_len = 0;
                 }
             }
@@ -503,6 +511,26 @@ impl Client {
 /// Registers the client class.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()
+}
+
+/// Asks the kernel to start writing `len` bytes of `file` from `offset` back to disk, without
+/// waiting (Linux `sync_file_range(SYNC_FILE_RANGE_WRITE)`). Best effort: a file system without
+/// it (or another OS) leaves the whole flush to the caller's `fsync`.
+fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: a plain syscall on an open descriptor this function borrows; no memory is
+        // passed.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
 }
 
 /// Writes `chunks` to `file` whole, in as few `writev` calls as the kernel allows (a short write

@@ -78,6 +78,30 @@ def test_native_store_reads_ranges_objects_listings_and_downloads(s3_server, sma
     assert (c["requests"], c["bytes_fetched"]) == (4, 100 + 64 + manifest + os.path.getsize(dest)), c
 
 
+def test_downloads_with_writeback_write_every_byte(s3_server, small, tmp_path):
+    """A node-cache download asks the kernel to write each MiB back as it comes
+    (``writeback=True``, spec/python.md §2.1): the copy is the object, byte for byte, across
+    several MiB-sized write batches and a last partial one, as without it; the node cache of a
+    native store asks for it, the spool does not."""
+    url, bucket, local, names = small
+    payload = os.urandom(3 * (1 << 20) + 12345)
+    s3_server.client().put_object(Bucket=bucket, Key="ds/big.bin", Body=payload)
+    store = open_store(url, s3_server.storage_options())
+    for writeback in (True, False):
+        dest = str(tmp_path / f"big-{writeback}")
+        assert store.download("big.bin", dest, writeback=writeback) == len(payload)
+        assert open(dest, "rb").read() == payload
+    asked = []
+    real = store.download
+    store.download = lambda name, local, writeback=False: asked.append(writeback) or real(name, local, writeback)
+    for spool in (False, True):
+        base = tmp_path / f"cache-{spool}"
+        base.mkdir()  # (a spool's directory is made by its owner, never by the cache)
+        cached = CachedStore(store, str(base), spool=spool)
+        cached.fetch_now(names[0], os.path.getsize(os.path.join(local, names[0])))
+    assert asked == [True, False]
+
+
 def test_range_buffers_are_reused_only_when_nothing_holds_them(s3_server, small):
     """The client's range buffers (spec/performance.md §13.7): a buffer is handed out again only
     once nothing holds it or a view of it — an array, a memoryview, a read-only slice — so no byte

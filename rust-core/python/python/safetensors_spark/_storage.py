@@ -390,9 +390,10 @@ class FsspecStore:
         except UnicodeDecodeError as e:
             raise OSError(f"{self.url(name)}: not UTF-8 ({e})") from None
 
-    def download(self, name, local):
+    def download(self, name, local, writeback=False):
         """The whole object into file ``local`` (retried; a failed attempt's file is removed);
-        returns the bytes written."""
+        returns the bytes written. ``writeback`` (the native client's: the disk writes start as
+        the bytes come) is ignored here."""
         url = self.url(name)
 
         def get():
@@ -562,13 +563,13 @@ class NativeStore(FsspecStore):
 
         return self.retry.call(get, url, "GET")
 
-    def download(self, name, local):
+    def download(self, name, local, writeback=False):
         url = self.url(name)
 
         def get():
             t0 = time.perf_counter()
             try:
-                n = self.fs.download(self.key(name), local)
+                n = self.fs.download(self.key(name), local, writeback)
             except BaseException:
                 if os.path.exists(local):
                     os.unlink(local)
@@ -742,7 +743,10 @@ class CachedStore(LocalStore):
 
     def fetch_now(self, name, size, crc32c=None):
         self._own_counts()
-        _, fetched = self.node.get(name, size, crc32c, lambda tmp: self.remote.download(name, tmp),
+        # a copy the node cache will fsync is written back to disk as it comes (not for the spool)
+        writeback = not self.node.spool
+        _, fetched = self.node.get(name, size, crc32c,
+                                   lambda tmp: self.remote.download(name, tmp, writeback=writeback),
                                    self.remote.url(name))
         if fetched:
             self.cache_misses += 1  # (+= from the read-ahead thread too: a lost count, never a wrong byte)
