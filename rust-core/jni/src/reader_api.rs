@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use ::jni::objects::{JByteArray, JClass, JLongArray, JString};
+use ::jni::objects::{JByteArray, JClass, JLongArray, JObjectArray, JString};
 use ::jni::sys::{jboolean, jint, jlong};
 use ::jni::{Env, EnvUnowned};
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
@@ -18,7 +18,7 @@ use super::{
     arg, failed, guard, handle_mut, into_handle, parse_json, take_handle, to_json, JniError,
 };
 use safetensors_spark_engine::read::scan::{
-    self, DescribeRequest, PartitionSpec, PlanRequest, Predicate, RowLayoutOption,
+    self, DescribeRequest, PartitionSpec, PlanRequest, Predicate, RowLayoutOption, ScanInput,
 };
 use safetensors_spark_engine::read::task::ReadTask;
 use safetensors_spark_format::header;
@@ -46,14 +46,54 @@ pub fn header_length(file: &str, prefix: &[u8], file_len: u64) -> Result<jlong, 
     Ok(n as jlong)
 }
 
-pub fn describe_json(request: &str) -> Result<String, JniError> {
-    let req: DescribeRequest = parse_json(request, "describe request")?;
+pub fn describe_json(request: &str, texts: Option<Vec<String>>) -> Result<String, JniError> {
+    let mut req: DescribeRequest = parse_json(request, "describe request")?;
+    with_manifest_texts(&mut req.input, texts)?;
     to_json(&scan::describe(&req)?)
 }
 
-pub fn plan_json(request: &str) -> Result<String, JniError> {
-    let req: PlanRequest = parse_json(request, "plan request")?;
+pub fn plan_json(request: &str, texts: Option<Vec<String>>) -> Result<String, JniError> {
+    let mut req: PlanRequest = parse_json(request, "plan request")?;
+    with_manifest_texts(&mut req.input, texts)?;
     to_json(&scan::plan(&req)?)
+}
+
+/// The manifests' texts passed beside the request (`manifestTexts`, one per `manifests` entry,
+/// in order), not escaped into its JSON: at 100,000 shards a manifest is 27 MB, and writing it
+/// into the request and parsing it back out was a large part of planning such a scan.
+fn with_manifest_texts(input: &mut ScanInput, texts: Option<Vec<String>>) -> Result<(), JniError> {
+    let Some(texts) = texts else {
+        return Ok(());
+    };
+    if texts.len() != input.manifests.len() {
+        return Err(JniError::invalid_argument(format!(
+            "manifestTexts has {} texts for {} manifests",
+            texts.len(),
+            input.manifests.len()
+        )));
+    }
+    for (m, text) in input.manifests.iter_mut().zip(texts) {
+        m.text = text;
+    }
+    Ok(())
+}
+
+/// A nullable `String[]` argument (no element may be null).
+fn texts_arg(
+    env: &mut Env<'_>,
+    array: &JObjectArray<'_, JString<'_>>,
+    what: &str,
+) -> Result<Option<Vec<String>>, JniError> {
+    if array.is_null() {
+        return Ok(None);
+    }
+    let n = array.len(env)?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let s: JString = array.get_element(env, i)?;
+        out.push(arg(env, &s, what)?);
+    }
+    Ok(Some(out))
 }
 
 /// `indexEntries`: the [`scan::IndexSummary`] JSON of a dataset directory's
@@ -220,30 +260,34 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_validatedHeade
     })
 }
 
-/// `static native String describe(String requestJson)`
+/// `static native String describe(String requestJson, String[] manifestTextsOrNull)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_describe<'local>(
     mut env: EnvUnowned<'local>,
     _class: JClass<'local>,
     request: JString<'local>,
+    texts: JObjectArray<'local, JString<'local>>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let request = arg(env, &request, "requestJson")?;
-        let answer = describe_json(&request)?;
+        let texts = texts_arg(env, &texts, "manifestTexts")?;
+        let answer = describe_json(&request, texts)?;
         Ok(env.new_string(answer)?)
     })
 }
 
-/// `static native String plan(String requestJson)`
+/// `static native String plan(String requestJson, String[] manifestTextsOrNull)`
 #[no_mangle]
 pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_plan<'local>(
     mut env: EnvUnowned<'local>,
     _class: JClass<'local>,
     request: JString<'local>,
+    texts: JObjectArray<'local, JString<'local>>,
 ) -> JString<'local> {
     guard(&mut env, |env| {
         let request = arg(env, &request, "requestJson")?;
-        let answer = plan_json(&request)?;
+        let texts = texts_arg(env, &texts, "manifestTexts")?;
+        let answer = plan_json(&request, texts)?;
         Ok(env.new_string(answer)?)
     })
 }
@@ -590,13 +634,37 @@ pub extern "system" fn Java_io_safetensors_spark_jni_NativeReader_layoutOptionNa
 mod tests {
     use super::*;
 
+    /// The manifests' texts beside the request fill its `manifests` in order; a count that does
+    /// not match is refused, naming both counts.
+    #[test]
+    fn manifest_texts_beside_the_request_fill_its_manifests() {
+        let parsed: Result<ScanInput, _> = serde_json::from_str(
+            r#"{"files": [], "manifests": [{"dir": "a"}, {"dir": "b", "text": "x"}]}"#,
+        );
+        assert!(parsed.is_ok(), "{parsed:?}");
+        let Ok(mut input) = parsed else { return };
+        let e = with_manifest_texts(&mut input, Some(vec!["1".into()]));
+        assert!(
+            matches!(&e, Err(JniError::InvalidArgument(m)) if m.contains("1 texts for 2 manifests")),
+            "{e:?}"
+        );
+        assert!(with_manifest_texts(&mut input, None).is_ok());
+        assert_eq!(input.manifests[1].text, "x");
+        assert!(with_manifest_texts(&mut input, Some(vec!["1".into(), "2".into()])).is_ok());
+        let texts: Vec<&str> = input.manifests.iter().map(|m| m.text.as_str()).collect();
+        assert_eq!(texts, ["1", "2"]);
+    }
+
     #[test]
     fn bad_requests_are_invalid_arguments() {
         assert!(matches!(
-            describe_json("{"),
+            describe_json("{", None),
             Err(JniError::InvalidArgument(_))
         ));
-        assert!(matches!(plan_json("[]"), Err(JniError::InvalidArgument(_))));
+        assert!(matches!(
+            plan_json("[]", None),
+            Err(JniError::InvalidArgument(_))
+        ));
         assert!(matches!(
             open_reader("{\"layout\":\"sample\"}"),
             Err(JniError::InvalidArgument(_))

@@ -86,7 +86,9 @@ pub struct FileInput {
 pub struct ManifestInput {
     /// The directory's URI, without trailing slash (files in it have URI `dir + "/" + name`).
     pub dir: String,
-    /// The manifest's text.
+    /// The manifest's text (the JVM passes it beside the request, in `manifestTexts`, never
+    /// escaped into it: tens of MB at 100,000 shards).
+    #[serde(default)]
     pub text: String,
     /// The directory also holds `_tensor_index.parquet` (seen while listing).
     #[serde(default)]

