@@ -19,8 +19,9 @@ import org.apache.hadoop.fs.{FileContext, FileSystem, LocalFileSystem, Options, 
  * versioned manifest `_manifest_log/<version, 20 digits>.json`, created only if that version does
  * not exist yet (hard link on a local file system, rename-without-overwrite elsewhere), so two
  * writers can never both commit the same version; `dataset_manifest.json` is then replaced by
- * the latest version's text. A writer whose version was taken re-reads the latest manifest and
- * tries again on top of it.
+ * the latest version's text. A writer whose version was taken reads the newest version again (a
+ * batch append its own log entry, the head; other writes its whole manifest) and tries again on
+ * top of it.
  *
  * Local destinations go through java.nio (no forked `chmod`, fsync of files and directories);
  * others through Hadoop's FileContext.
