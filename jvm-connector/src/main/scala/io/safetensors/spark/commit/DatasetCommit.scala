@@ -113,11 +113,13 @@ private[spark] final class DatasetCommit(fs: FileSystem, dest: Path, conf: Confi
    *  version's whole manifest `text` is used only by the chores when a checkpoint is due (or the
    *  log is listed for them): a commit on the base's head does not make it otherwise. */
   def tryCommit(version: Long, baseVersion: Long, text: => String, entry: String,
-      writeId: String): Boolean = {
+      writeId: String, baseEntryRead: Option[String] = None): Boolean = {
     DatasetFiles.ownDir(fs, dest, LogDir) // a linked log is refused (§5.9), never written through
     // the base's own entry (small: what it changed); gone means pruned, so read the latest again
+    // (a commit on the base's head read it already: not read twice)
     val baseEntry: Option[String] =
       if (baseVersion <= 0) None
+      else if (baseEntryRead.isDefined) baseEntryRead
       else {
         try Some(readText(fs, new Path(logDir, logName(baseVersion))))
         catch {
@@ -319,7 +321,7 @@ private[spark] object DatasetCommit {
  */
 private[spark] final class CommitAnswer(val baseVersion: Long, val version: Long,
     manifestText: () => String, val entry: String, val superseded: Seq[String],
-    val retain: Boolean) {
+    val retain: Boolean, val baseEntry: Option[String] = None) {
   lazy val manifest: String = manifestText()
 }
 
@@ -334,11 +336,11 @@ private[spark] object CommitAnswer {
   /** From the answer's JSON ({"version", "superseded", "retain"}), the entry and how to make the
    *  manifest. */
   def fromAnswer(a: com.fasterxml.jackson.databind.JsonNode, baseVersion: Long, entry: String,
-      manifest: () => String): CommitAnswer = {
+      manifest: () => String, baseEntry: Option[String] = None): CommitAnswer = {
     val superseded = Seq.newBuilder[String]
     a.get("superseded").elements().forEachRemaining(n => superseded += n.asText())
     // an answer without the field keeps the files: a leftover is vacuumed, a deletion is final
     new CommitAnswer(baseVersion, a.get("version").asLong(), manifest, entry, superseded.result(),
-      a.path("retain").asBoolean(true))
+      a.path("retain").asBoolean(true), baseEntry)
   }
 }

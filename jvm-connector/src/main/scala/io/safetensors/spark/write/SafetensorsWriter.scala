@@ -404,7 +404,7 @@ private[spark] object SafetensorsWriter {
         }
         Option(DatasetCommit.beforeCreate).foreach(_(next.version))
         committed = target.commits.tryCommit(next.version, next.baseVersion, next.manifest,
-          next.entry, writeId)
+          next.entry, writeId, next.baseEntry)
         if (committed) return Some(next)
         triedOn = Some(next.baseVersion)
       }
@@ -435,7 +435,7 @@ private[spark] object SafetensorsWriter {
         val entry = texts(1)
         if (a.path("replay").asBoolean(false)) None
         else Some(CommitAnswer.fromAnswer(a, v, entry,
-          () => manifestAfter(v, a.get("version").asLong(), entry)))
+          () => manifestAfter(v, a.get("version").asLong(), entry), Some(baseEntry)))
       }
     }
 
