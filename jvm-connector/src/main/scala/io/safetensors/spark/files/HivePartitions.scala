@@ -4,7 +4,7 @@ import java.nio.charset.StandardCharsets
 
 import scala.collection.mutable
 
-import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow
@@ -58,25 +58,26 @@ private[spark] object HivePartitions {
    */
   def discover(fs: FileSystem, root: Path): Option[Seq[Dir]] = {
     // a symbolic link is never a partition: it is not followed into another dataset (§5.9)
-    def visible(dir: Path): Seq[FileStatus] =
-      fs.listStatus(dir).toSeq.filterNot(s => DatasetFiles.isHidden(s.getPath.getName))
-        .filter(s => !s.isDirectory || DatasetFiles.isOwnSubdir(fs, s.getPath))
-    val top = visible(root)
+    def visible(dir: Path): Seq[DatasetFiles.Child] =
+      DatasetFiles.listChildren(fs, dir).filterNot(c => DatasetFiles.isHidden(c.name))
+        .filter(c => !c.isDirectory || DatasetFiles.isOwnSubdir(fs, c.path))
+    // a dataset is not a partitioned root: known before its (maybe 100,000) shards are listed
     if (fs.exists(new Path(root, DatasetFiles.ManifestName))) return None
-    if (!top.exists(s => s.isDirectory && parse(s.getPath.getName).isDefined)) return None
+    val top = visible(root)
+    if (!top.exists(c => c.isDirectory && parse(c.name).isDefined)) return None
     val leaves = mutable.ArrayBuffer[Dir]()
-    def walk(dir: Path, children: Seq[FileStatus],
+    def walk(dir: Path, children: Seq[DatasetFiles.Child],
         values: Seq[(String, Option[String])]): Unit = {
-      val parts = children.filter(s => s.isDirectory && parse(s.getPath.getName).isDefined)
+      val parts = children.filter(c => c.isDirectory && parse(c.name).isDefined)
       if (parts.isEmpty) { leaves += Dir(dir, values); return }
       children.filterNot(parts.contains).headOption.foreach { odd =>
         throw new IllegalArgumentException(
-          s"safetensors: ${odd.getPath} is beside the partition directories of $dir but is not " +
+          s"safetensors: ${odd.path} is beside the partition directories of $dir but is not " +
             "one (partition directories are named column=value; hidden names start with _ or .)")
       }
-      parts.sortBy(_.getPath.getName).foreach { p =>
-        val (column, value) = parse(p.getPath.getName).get
-        walk(p.getPath, visible(p.getPath), values :+ (column -> value))
+      parts.sortBy(_.name).foreach { p =>
+        val (column, value) = parse(p.name).get
+        walk(p.path, visible(p.path), values :+ (column -> value))
       }
     }
     walk(root, top, Seq.empty)

@@ -11,7 +11,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode
 import io.safetensors.spark.commit.DatasetCommit
 import io.safetensors.spark.jni.{NativeLib, NativeReader, NativeVersions}
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.hadoop.fs.{FileSystem, Path}
 import org.apache.spark.sql.sources.Filter
 import org.apache.spark.sql.types.{ArrayType, DataType, StructType}
 import io.safetensors.spark.files.{DatasetFiles, LogReads, ShardHeaders}
@@ -178,33 +178,34 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
    * always listed under the dataset's name.
    */
   private def list(): (Seq[ListedFile], Seq[(String, String)], Map[String, String]) = {
-    val found = mutable.LinkedHashMap[String, (ListedFile, String, Boolean)]()
+    // uri → (file, its path, in a dataset); real names are resolved only where two names of one
+    // file can meet (a file outside a dataset), not once per shard of a dataset
+    val found = mutable.LinkedHashMap[String, (ListedFile, FileSystem, Path, Boolean)]()
     val manifests = mutable.LinkedHashMap[String, String]()
     val indexes = mutable.LinkedHashMap[String, String]()
     val entered = mutable.Set[String]()
-    def addFile(fs: FileSystem, s: FileStatus, uri: String, inDataset: Boolean): Unit =
-      if (!found.contains(uri)) found(uri) = (ListedFile(uri, s.getLen), realName(fs, s.getPath), inDataset)
-    def walk(fs: FileSystem, dir: FileStatus): Unit = if (entered.add(realName(fs, dir.getPath))) {
-      val children = fs.listStatus(dir.getPath)
-      val manifest = children.find(c => c.isFile && c.getPath.getName == DatasetFiles.ManifestName)
+    def addFile(fs: FileSystem, path: Path, uri: String, length: Long, inDataset: Boolean): Unit =
+      if (!found.contains(uri)) found(uri) = (ListedFile(uri, length), fs, path, inDataset)
+    def walk(fs: FileSystem, dir: Path): Unit = if (entered.add(realName(fs, dir))) {
+      val children = DatasetFiles.listChildren(fs, dir)
+      val manifest = children.find(c => c.isFile && c.name == DatasetFiles.ManifestName)
       manifest.foreach { m =>
-        val key = dir.getPath.toString.stripSuffix("/")
+        val key = dir.toString.stripSuffix("/")
         val text = manifests.getOrElseUpdate(key,
-          if (timeTravel) versionText(fs, dir.getPath) else DatasetFiles.readText(fs, m.getPath))
+          if (timeTravel) versionText(fs, dir) else DatasetFiles.readText(fs, m.path))
         // the index directory: one part per shard (spec/dataset.md §6.1), read when asked
         // (a linked one is not used, spec/dataset.md §5.9: the shards' headers answer)
-        children.find(c => c.isDirectory && c.getPath.getName == DatasetFiles.IndexDir)
-          .filter(i => DatasetFiles.isOwnSubdir(fs, i.getPath)).foreach { i =>
-          indexes.getOrElseUpdate(key, i.getPath.toString)
+        children.find(c => c.isDirectory && c.name == DatasetFiles.IndexDir)
+          .filter(i => DatasetFiles.isOwnSubdir(fs, i.path)).foreach { i =>
+          indexes.getOrElseUpdate(key, i.uri)
         }
       }
-      // each child's URI made once (a sort by `getPath.toString` made it at every comparison:
-      // 3.4 million URI decodes, 40 % of planning a dataset of 100,000 shards)
-      children.filterNot(c => DatasetFiles.isHidden(c.getPath.getName))
-        .map(c => (c.getPath.toString, c)).sortBy(_._1).foreach { case (uri, c) =>
-          if (c.isDirectory) { if (options.recursive && manifest.isEmpty) walk(fs, c) }
-          else if (c.getPath.getName.endsWith(DatasetFiles.Extension)) addFile(fs, c, uri, manifest.nonEmpty)
-        }
+      // sorted by URI, made once per child (a sort by `getPath.toString` made it at every
+      // comparison: 3.4 million URI decodes, 40 % of planning a dataset of 100,000 shards)
+      children.filterNot(c => DatasetFiles.isHidden(c.name)).sortBy(_.uri).foreach { c =>
+        if (c.isDirectory) { if (options.recursive && manifest.isEmpty) walk(fs, c.path) }
+        else if (c.name.endsWith(DatasetFiles.Extension)) addFile(fs, c.path, c.uri, c.length, manifest.nonEmpty)
+      }
     }
     options.paths.foreach { raw =>
       val path = new Path(raw)
@@ -216,9 +217,9 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         throw new IllegalArgumentException(s"safetensors: path does not exist: $qualified")
       }
       matches.sortBy(_.getPath.toString).foreach { s =>
-        if (s.isDirectory) walk(fs, s)
+        if (s.isDirectory) walk(fs, s.getPath)
         else if (!isGlob || DatasetFiles.isShardName(s.getPath.getName)) {
-          addFile(fs, s, s.getPath.toString, inDataset = false)
+          addFile(fs, s.getPath, s.getPath.toString, s.getLen, inDataset = false)
         }
       }
     }
@@ -228,10 +229,14 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         options.paths.mkString(", "))
     }
     // one file, one name: a dataset's files keep theirs, others the first found
-    val taken = mutable.Set[String]() ++ found.values.collect { case (_, real, true) => real }
-    val kept = found.values.collect {
-      case (f, _, true) => f
-      case (f, real, false) if taken.add(real) => f
+    val kept = if (found.values.forall(_._4)) found.values.map(_._1) else {
+      val taken = mutable.Set[String]() ++ found.values.collect {
+        case (_, fs, path, true) => realName(fs, path)
+      }
+      found.values.collect {
+        case (f, _, _, true) => f
+        case (f, fs, path, false) if taken.add(realName(fs, path)) => f
+      }
     }
     (kept.toSeq.sortBy(_.uri), manifests.toSeq, indexes.toMap)
   }
@@ -424,8 +429,24 @@ private[spark] final class ReadSource(val options: ReadOptions, val conf: Config
         e.get("file").asText() -> e.get("reason").asText()).toSeq)
   }
 
+  /** The last plan made and its arguments: Spark asks a scan for its partitions more than once
+   *  (twice for one `load` + action; 0.6 s each at 100,000 shards), and a source's files and
+   *  headers do not change under it. One plan is kept, not one per query of a long-lived
+   *  DataFrame (a plan of 100,000 shards is 27 MB of specs). */
+  private var lastPlan: Option[(AnyRef, Seq[(String, Long)])] = None
+
   /** Partition specs (JSON each) and their data bytes. */
   def planSpecs(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
+      openCostBytes: Long, minPartitions: Int): Seq[(String, Long)] = synchronized {
+    val key = (required, predicates, maxPartitionBytes, openCostBytes, minPartitions)
+    lastPlan.collect { case (k, specs) if k == key => specs }.getOrElse {
+      val specs = makePlan(required, predicates, maxPartitionBytes, openCostBytes, minPartitions)
+      lastPlan = Some(key -> specs)
+      specs
+    }
+  }
+
+  private def makePlan(required: StructType, predicates: Seq[ReadPredicate], maxPartitionBytes: Long,
       openCostBytes: Long, minPartitions: Int): Seq[(String, Long)] = {
     val preds = mapper.createArrayNode()
     predicates.foreach { p =>

@@ -416,4 +416,41 @@ class SafetensorsReadSuite extends SparkSuiteBase {
     val e2 = intercept[Exception](spark.read.format("safetensors").schema(missing).load(path).collect())
     assert(messages(e2).contains("'nope'"), messages(e2))
   }
+
+  test("the local listing names and sizes every child as Hadoop's listing does, odd names and links included") {
+    val dir = new File(freshPath())
+    dir.mkdirs()
+    val names = Seq("x:y.safetensors", "s p.safetensors", "p%41.safetensors", "\u00e9.safetensors",
+      "q?.safetensors", "h#1.safetensors", "b\\c.safetensors", "_hidden", ".dot")
+    names.zipWithIndex.foreach { case (n, i) => Files.write(new File(dir, n).toPath, new Array[Byte](i)) }
+    new File(dir, "sub dir").mkdir()
+    Files.createSymbolicLink(new File(dir, "linked.safetensors").toPath, new File(dir, names(3)).toPath)
+    Files.createSymbolicLink(new File(dir, "dangling.safetensors").toPath, new File(dir, "gone").toPath)
+    Files.createSymbolicLink(new File(dir, "linked dir").toPath, new File(dir, "sub dir").toPath)
+    val root = new org.apache.hadoop.fs.Path(dir.getPath)
+    val fs = root.getFileSystem(spark.sessionState.newHadoopConf())
+    val mine = io.safetensors.spark.files.DatasetFiles.listChildren(fs, root)
+    assert(mine.size == names.size + 3, mine) // the dangling link is left out, as Hadoop does
+    val hadoop = fs.listStatus(root).map(s =>
+      (s.getPath.toString, s.isDirectory, if (s.isDirectory) 0L else s.getLen)).toSet
+    val ours = mine.map(c => (c.uri, c.isDirectory, c.length)).toSet
+    assert(ours == hadoop, s"ours ${ours -- hadoop}, Hadoop's ${hadoop -- ours}")
+    assert(mine.forall(c => c.path.toString == c.uri && c.path.getName == c.name))
+  }
+
+  test("a scan's partitions are planned once: Spark asks for them more than once") {
+    val path = freshPath()
+    batchFrame(40).write.format("safetensors").option("batch_size", "4").save(path)
+    val df = spark.read.format("safetensors").load(path)
+    assert(df.count() == 40)
+    val scan = df.queryExecution.executedPlan.collect { case s: BatchScanExec => s }.head
+    val first = scan.batch.planInputPartitions().map(_.asInstanceOf[SafetensorsInputPartition])
+    val again = scan.batch.planInputPartitions().map(_.asInstanceOf[SafetensorsInputPartition])
+    assert(first.nonEmpty && first.sameElements(again))
+    assert(first.zip(again).forall { case (a, b) => a.specJson eq b.specJson }, "planned again")
+    // another query of the same DataFrame (other columns) has a plan of its own
+    val ids = df.select("id").queryExecution.executedPlan.collect { case s: BatchScanExec => s }.head
+    val other = ids.batch.planInputPartitions().map(_.asInstanceOf[SafetensorsInputPartition])
+    assert(other.nonEmpty && !other.head.specJson.contains("\"x\""), other.head.specJson)
+  }
 }
