@@ -431,7 +431,8 @@ impl Client {
         let url = self.url(key);
         let store = self.store()?;
         let local = local.to_string();
-        self.block(py, async move {
+        let failed = format!("{url}: GET (whole object)");
+        let download = async move {
             let what = "GET (whole object)";
             let r = store.get(&path).await.map_err(|e| to_py(&url, what, e))?;
             let mut file = std::fs::File::create(&local)?;
@@ -456,6 +457,14 @@ impl Client {
             }
             write_chunks(&mut file, &mut pending)?;
             Ok(n)
+        };
+        // a task of the runtime, as a range read is: the body's chunks reach it without waking
+        // this thread per chunk (on the shaped link a chunk is a few KiB: the wake-ups were a
+        // quarter of a download's CPU, spec/performance.md §13.6)
+        self.block(py, async move {
+            tokio::spawn(download).await.map_err(|e| {
+                PyOSError::new_err(format!("{failed}: the request's task failed: {e}"))
+            })?
         })
     }
 
