@@ -7,7 +7,7 @@ import java.util.concurrent.atomic.AtomicLong
 
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.impl.FutureDataInputStreamBuilderImpl
-import org.apache.hadoop.fs.{DelegateToFileSystem, FSDataInputStream, FutureDataInputStreamBuilder, FSInputStream, FilterFileSystem, Path, RawLocalFileSystem}
+import org.apache.hadoop.fs.{DelegateToFileSystem, FileStatus, FSDataInputStream, FutureDataInputStreamBuilder, FSInputStream, FilterFileSystem, Path, RawLocalFileSystem}
 import org.apache.spark.TaskContext
 
 /**
@@ -40,6 +40,11 @@ class TestRemoteFileSystem extends FilterFileSystem(new TestRemoteFileSystem.Raw
     }
   }
 
+  override def getFileStatus(f: Path): FileStatus = {
+    TestRemoteFileSystem.statuses.add(f.toString)
+    super.getFileStatus(f)
+  }
+
   override def open(f: Path, bufferSize: Int): FSDataInputStream = {
     TestRemoteFileSystem.opens.add(
       (TaskContext.get() != null, getConf.get(TestRemoteFileSystem.MarkerKey)))
@@ -59,6 +64,9 @@ object TestRemoteFileSystem {
 
   /** Every `open`: (called in a Spark task, the opening configuration's [[MarkerKey]]). */
   val opens = new ConcurrentLinkedQueue[(Boolean, String)]()
+
+  /** The paths `getFileStatus` was asked about (a status request each on an object store). */
+  val statuses = new ConcurrentLinkedQueue[String]()
 
   /** The read policy (`fs.option.openfile.read.policy`) of every `openFile`; null when unset. */
   val readPolicies = new ConcurrentLinkedQueue[String]()

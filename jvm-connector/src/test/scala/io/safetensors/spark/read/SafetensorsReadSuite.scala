@@ -453,4 +453,22 @@ class SafetensorsReadSuite extends SparkSuiteBase {
     val other = ids.batch.planInputPartitions().map(_.asInstanceOf[SafetensorsInputPartition])
     assert(other.nonEmpty && !other.head.specJson.contains("\"x\""), other.head.specJson)
   }
+
+  test("a versionAsOf read takes the shards' sizes from the listing: no status request per shard, a missing one named") {
+    val path = freshPath()
+    (0 until 3).foreach { i =>
+      batchFrame(16).write.format("safetensors").option("batch_size", "4").mode("append").save(path)
+    }
+    TestRemoteFileSystem.statuses.clear()
+    val v2 = spark.read.format("safetensors").option("versionAsOf", "2").load(remote(path))
+    assert(v2.count() == 32)
+    val shardStatuses = TestRemoteFileSystem.statuses.asScala.filter(_.endsWith(".safetensors"))
+    assert(shardStatuses.isEmpty, s"${shardStatuses.size} status requests, e.g. ${shardStatuses.take(3)}")
+    // a shard of version 2 gone: the read fails naming it (the listing has no size for it)
+    val gone = shardFiles(path).map(_.getName).sorted.head
+    assert(new File(path, gone).delete())
+    val e = intercept[Exception](
+      spark.read.format("safetensors").option("versionAsOf", "2").load(remote(path)).count())
+    assert(messages(e).contains(gone) && messages(e).contains("version 2"), messages(e))
+  }
 }
