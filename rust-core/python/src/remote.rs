@@ -288,6 +288,26 @@ impl Client {
         let rt = runtime()?;
         py.detach(|| rt.block_on(fut))
     }
+
+    /// [`Self::block`] with `fut` run as a task of the runtime, next to its connection's task: a
+    /// response body's chunks go from one task to the other without waking the calling thread
+    /// per chunk (a third of the runtime's CPU went to those wake-ups, spec/performance.md
+    /// §13.6–13.7). `failed` names the request in the error of a task that panicked.
+    fn block_on_task<T>(
+        &self,
+        py: Python<'_>,
+        failed: &str,
+        fut: impl std::future::Future<Output = PyResult<T>> + Send + 'static,
+    ) -> PyResult<T>
+    where
+        T: Send + 'static,
+    {
+        self.block(py, async move {
+            tokio::spawn(fut).await.map_err(|e| {
+                PyOSError::new_err(format!("{failed}: the request's task failed: {e}"))
+            })?
+        })
+    }
 }
 
 #[pymethods]
@@ -393,14 +413,7 @@ impl Client {
             }
             Ok((size, at))
         };
-        // the request runs as a task of the runtime, next to its connection's task: the body's
-        // chunks go from one to the other without waking this thread per chunk (a third of the
-        // runtime's CPU went to those wake-ups; spec/performance.md §13.7)
-        let (size, got) = self.block(py, async move {
-            tokio::spawn(request).await.map_err(|e| {
-                PyOSError::new_err(format!("{failed}: the request's task failed: {e}"))
-            })?
-        })?;
+        let (size, got) = self.block_on_task(py, &failed, request)?;
         if got != len {
             out.resize(got)?; // an object shorter than the range: its bytes, and its size says so
         }
@@ -458,14 +471,8 @@ impl Client {
             write_chunks(&mut file, &mut pending)?;
             Ok(n)
         };
-        // a task of the runtime, as a range read is: the body's chunks reach it without waking
-        // this thread per chunk (on the shaped link a chunk is a few KiB: the wake-ups were a
-        // quarter of a download's CPU, spec/performance.md §13.6)
-        self.block(py, async move {
-            tokio::spawn(download).await.map_err(|e| {
-                PyOSError::new_err(format!("{failed}: the request's task failed: {e}"))
-            })?
-        })
+        // a task of the runtime, as a range read is (on the shaped link a chunk is a few KiB)
+        self.block_on_task(py, &failed, download)
     }
 
     /// The size of object `key` (one HEAD); `FileNotFoundError` when there is none.
