@@ -48,7 +48,7 @@ CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DE
 PATHS = {
     "ours": "open_dataset(s3://…, cache_dir) + SafetensorsIterableDataset(shuffle=True) + loader(num_workers=2)",
     "ours_cache25": "the same with cache_limit = 25 % of the dataset's shard bytes",
-    "ours_prefetch8": "the same as ours with prefetch=8 (the next shuffle block's shards too; informative, no target)",
+    "ours_prefetch8": "the same as ours with prefetch=8 (8 shards past the current shuffle block, not 4; informative, no target)",
     "streaming": "StreamingDataset(remote=s3://…, local=cache, shuffle=True) + DataLoader(num_workers=2)",
     "parquet": "pyarrow ParquetFile(s3fs) read_row_group, row groups permuted per epoch, rows permuted in each",
 }

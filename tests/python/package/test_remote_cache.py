@@ -160,6 +160,43 @@ def test_prefetch_fetches_the_next_shards_while_one_is_slow(remote, s3_server, t
                    if r["method"] == "GET" and r["path"].rsplit("/", 1)[-1] in remote["names"])
 
 
+def test_the_window_reaches_past_a_shuffle_block_that_fills_it():
+    """A shuffled epoch's groups each span a whole shuffle block (here 5 shards: more than
+    prefetch=4): the next block's first 4 shards are fetched while this block is read (the link
+    idled at every block's end when the current block counted against the 4), never a 5th; with a
+    byte budget the window stops at the first shard that does not fit."""
+    from safetensors_spark._prefetch import Prefetcher
+
+    def run(**kw):
+        fetched, lock = [], threading.Lock()
+
+        def fetch(s):
+            with lock:
+                fetched.append(s)
+            return s
+
+        groups = [[0, 1, 2, 3, 4]] * 3 + [[5, 6, 7, 8, 9]] * 3 + [[10, 11]]
+        p = Prefetcher(groups, fetch, 4, 2, **kw)
+
+        def settled(n):
+            deadline = time.monotonic() + 10
+            while len(fetched) < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.1)  # and nothing more comes
+            with lock:
+                return sorted(fetched)
+        return p, settled
+
+    p, settled = run()
+    assert settled(9) == list(range(9))  # block 0, then 4 of block 1
+    assert p.want(3) == 3 and p.want(5) == 5  # the reader enters block 1: 9, 10, 11 join
+    assert settled(12) == list(range(12))
+    p.close()
+    p, settled = run(size_of=lambda s: 10, byte_budget=70)
+    assert settled(7) == list(range(7))  # 7 shards of 10 bytes fit in 70
+    p.close()
+
+
 @pytest.mark.parametrize("cached", [False, True], ids=["ranges", "node-cache"])
 def test_missing_shards_fail_the_epoch_at_the_first_one_it_reads(remote, s3_server, tmp_path, cached):
     """The open reads the manifest only (tests/python/package/test_native_client.py counts it);

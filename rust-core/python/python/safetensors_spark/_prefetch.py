@@ -2,9 +2,10 @@
 
 The iterator hands :meth:`Dataset.prefetch` its *reads*: a lazy sequence of groups, one per
 batch (or per worker message) it will read, each the sorted shard indices that batch touches. A
-:class:`Prefetcher` keeps the shards of the next groups, up to ``depth`` distinct shards, fetched
-or in flight on ``max_in_flight`` threads of this process; the reader's first request of a shard
-of a later group moves the window on. A request for a shard the plan does not name (random access)
+:class:`Prefetcher` keeps the shards of the reader's current group and of the next groups, up to
+``depth`` distinct shards beyond the current group's (searched ``HORIZON`` groups ahead), fetched
+or in flight on ``max_in_flight`` threads of this process; the reader's first request of a shard of
+a later group moves the window on. A request for a shard the plan does not name (random access)
 is served directly. An error of a fetch is raised to the reader when it asks for that shard (never
 skipped); the fetch itself retries by the store's policy.
 """
@@ -105,25 +106,32 @@ class Prefetcher:
         return self._groups[j] if 0 <= j < len(self._groups) else None
 
     def _top_up(self):
-        """Makes the window the distinct shards of groups ``pos, pos+1, …`` up to ``depth`` (and
-        ``byte_budget``; the current group always), starts what is not fetched, drops the rest."""
-        window, seen, used = [], set(), 0
-        i = self._pos
-        while True:
+        """Makes the window the shards of the reader's current group (always, whatever their
+        number) and then those of the groups after it, in order, up to ``depth`` more shards (and
+        ``byte_budget`` in all); starts what is not fetched, drops the rest. A shuffled epoch's
+        group spans a whole shuffle block (4-5 shards by default): counting ``depth`` from the
+        current group's end is what lets the next block's shards download while this block is
+        read, rather than the link waiting for the reader to enter it."""
+        window = list(self._group(self._pos) or [])
+        seen = set(window)
+        used = sum(self._size_of(s) for s in window) if self._size_of else 0
+        ahead, i = 0, self._pos + 1
+        while ahead < self.depth and i < self._pos + self.HORIZON:
             g = self._group(i)
             if g is None:
                 break
-            new = [s for s in g if s not in seen]
-            size = sum(self._size_of(s) for s in new) if self._size_of else 0
-            if i > self._pos and (len(seen) + len(new) > self.depth
-                                  or (self._budget is not None and used + size > self._budget)):
-                break
-            window.extend(new)
-            seen.update(new)
-            used += size
+            for s in g:
+                if s in seen:
+                    continue
+                size = self._size_of(s) if self._size_of else 0
+                if ahead >= self.depth or (self._budget is not None and used + size > self._budget):
+                    ahead = self.depth  # the window ends at the first shard that does not fit
+                    break
+                window.append(s)
+                seen.add(s)
+                used += size
+                ahead += 1
             i += 1
-            if len(seen) >= self.depth and i > self._pos:
-                break
         # forget the groups behind the reader
         drop = self._pos - self._base
         if drop > 0:
