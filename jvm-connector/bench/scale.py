@@ -22,7 +22,11 @@ Parts (--parts, default all):
   delta   Delta Lake (delta-spark from Maven Central): per-commit time and `_delta_log/` bytes for
           the same appends (one one-row file per commit, df.write.format("delta")), and its plan
           time and heap at the shard counts (tables made by CONVERT TO DELTA over hard links of
-          one one-row Parquet file)
+          one one-row Parquet file). Its appends take 0.2-0.3 s each here: 10,000 of them take
+          about an hour, so --delta-resume continues the table a run left in --workdir (build
+          it in the background, `scale.py delta-role --delta-commits 9995 --shards '' --delta-resume`,
+          then time the last appends with `--parts delta --delta-commits 10000 --delta-resume
+          --shards '' --keep` on an idle machine)
 
 Driver heap (method): before each action System.gc() and every heap pool's peak is reset; after
 it, `old_peak_mib` = the old generation's peak (G1 puts objects that survive a young collection
@@ -398,6 +402,7 @@ def part_delta(args, results):
     cmd = [sys.executable, str(Path(__file__).resolve()), "delta-role", "--workdir", args.workdir,
            "--delta-commits", ",".join(map(str, args.delta_commits)), "--samples", str(args.samples),
            "--shards", ",".join(map(str, args.shards)), "--driver-memory", args.driver_memory]
+    cmd += ["--delta-resume"] if args.delta_resume else []
     run = subprocess.run(["nice", "-n", "5", *cmd], capture_output=True, text=True)
     sys.stderr.write(run.stderr[-6000:])
     lines = [ln for ln in run.stdout.strip().splitlines() if ln.startswith("{")]
@@ -419,10 +424,14 @@ def role_delta(args):
 
     out = {"package": DELTA_PACKAGE, "commits": [], "plan": {}}
     d = Path(args.workdir) / "delta-commits"
-    shutil.rmtree(d, ignore_errors=True)
+    if not args.delta_resume:
+        shutil.rmtree(d, ignore_errors=True)
     df = spark.range(1, numPartitions=1).select(F.array(*[F.col("id").cast("float")] * 4).alias("x"))
-    n, t_start = 0, time.perf_counter()
-    for point in sorted(args.delta_commits):
+    # --delta-resume continues the table a run left (commits are 0.2-0.5 s each here: 10,000 of
+    # them take an hour or more, so they are built in one run and timed at the end in another)
+    n = len(list((d / "_delta_log").glob("[0-9]" * 20 + ".json"))) if d.exists() else 0
+    out["resumed_at"], t_start = n, time.perf_counter()
+    for point in sorted(p for p in args.delta_commits if p > n):
         times = []
         while n < point:
             t0 = time.perf_counter()
@@ -438,7 +447,8 @@ def role_delta(args):
              "build_s": round(time.perf_counter() - t_start, 1)}
         out["commits"].append(p)
         log(f"delta: {p}")
-    shutil.rmtree(d)
+    if not args.delta_resume:
+        shutil.rmtree(d)
     print(json.dumps(out), flush=True)  # the commits' figures, should a plan below fail
     # plan at the shard counts: CONVERT TO DELTA over hard links of one one-row Parquet file
     heap = Heap(spark)
@@ -544,6 +554,8 @@ def main():
     ap.add_argument("--versions", type=ints, default=[100, 1000, 10000])
     ap.add_argument("--shards", type=ints, default=[1000, 10000, 100000])
     ap.add_argument("--delta-commits", type=ints, default=[100, 1000, 10000])
+    ap.add_argument("--delta-resume", action="store_true",
+                    help="continue the Delta table of appends left in --workdir (and keep it)")
     ap.add_argument("--samples", type=int, default=5, help="timed commits before each point")
     ap.add_argument("--spark-appends", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=4)

@@ -8,6 +8,10 @@
 #        [--versions 100,1000,10000] [--shards 1000,10000,100000] [--delta-commits 100,1000,10000]
 #        [--out F.json] [--label TEXT] [--workdir DIR] [--keep]      (scale.py --help: every option)
 #
+#   bash jvm-connector/bench/scale.sh plot --versions V.json --delta D.json... --shards S.json [--out F.svg]
+#        (the curves of performance.md §14 from earlier runs' JSON: scale_plot.py, matplotlib in its
+#        own venv)
+#
 # --quick (20/100 versions, 100/1,000 shards, 20/50 Delta commits) takes a few minutes. The full
 # run is long on 2 cores: run it with nice, never in CI. The remote part needs root (or the right
 # to make a network namespace), `tc` and Go (the S3 server of remote.sh); the delta part fetches
@@ -16,6 +20,12 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=/dev/null
 source "$HERE/prepare.sh"
+if [ "${1:-}" = plot ]; then
+  shift
+  make_loader_venvs plot
+  [ ! -e "$HERE/.venv/plot.unavailable" ] || exit 1
+  exec "$HERE/.venv/plot/bin/python" "$HERE/scale_plot.py" "$@"
+fi
 echo "== building the synthetic committer (rust-core/dataset/examples/log_scale.rs)" >&2
 (cd "$ROOT" && cargo build -q --release --locked -p safetensors-spark-dataset --no-default-features --example log_scale)
 case " $* " in
