@@ -51,7 +51,10 @@ def main():
     ours_log = {p["versions"]: p["log_bytes"] / 2**20 for p in v["commit"]}
     delta_append, delta_log = {}, {}
     for path in args.delta:
-        for p in load(path).get("delta", {}).get("commits", []):
+        d = load(path).get("delta", {})
+        # a table built over several runs (--delta-resume): the building run's last appends, warm
+        # as the single runs' points are (the timing run's are a fresh session's)
+        for p in [d["build_run"]["commits"][-1]] if "build_run" in d else d.get("commits", []):
             delta_append[p["commits"]] = p["append_s"]
             delta_log[p["commits"]] = p["log_bytes"] / 2**20
     ours_plan = {int(n): r["plan"]["s"] for n, r in s["spark"]["shards"].items()}
