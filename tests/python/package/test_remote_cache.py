@@ -163,11 +163,12 @@ def test_prefetch_fetches_the_next_shards_while_one_is_slow(remote, s3_server, t
 def test_the_window_reaches_past_a_shuffle_block_that_fills_it():
     """A shuffled epoch's groups each span a whole shuffle block (here 5 shards: more than
     prefetch=4): the next block's first 4 shards are fetched while this block is read (the link
-    idled at every block's end when the current block counted against the 4), never a 5th; with a
-    byte budget the window stops at the first shard that does not fit."""
+    idled at every block's end when the current block counted against the 4), never a 5th, however
+    many messages the block has; with a byte budget the window stops at the first shard that does
+    not fit."""
     from safetensors_spark._prefetch import Prefetcher
 
-    def run(**kw):
+    def run(block=3, **kw):
         fetched, lock = [], threading.Lock()
 
         def fetch(s):
@@ -175,7 +176,7 @@ def test_the_window_reaches_past_a_shuffle_block_that_fills_it():
                 fetched.append(s)
             return s
 
-        groups = [[0, 1, 2, 3, 4]] * 3 + [[5, 6, 7, 8, 9]] * 3 + [[10, 11]]
+        groups = [[0, 1, 2, 3, 4]] * block + [[5, 6, 7, 8, 9]] * block + [[10, 11]]
         p = Prefetcher(groups, fetch, 4, 2, **kw)
 
         def settled(n):
@@ -194,6 +195,13 @@ def test_the_window_reaches_past_a_shuffle_block_that_fills_it():
     p.close()
     p, settled = run(size_of=lambda s: 10, byte_budget=70)
     assert settled(7) == list(range(7))  # 7 shards of 10 bytes fit in 70
+    p.close()
+    # a block of small samples is thousands of messages long: its end is found however far
+    p, settled = run(block=3000)
+    assert settled(9) == list(range(9))
+    assert p.want(4) == 4 and p.want(0) == 0  # moving within the block keeps the window
+    assert p.want(6) == 6
+    assert settled(12) == list(range(12))
     p.close()
 
 

@@ -3,7 +3,8 @@
 The iterator hands :meth:`Dataset.prefetch` its *reads*: a lazy sequence of groups, one per
 batch (or per worker message) it will read, each the sorted shard indices that batch touches. A
 :class:`Prefetcher` keeps the shards of the reader's current group and of the next groups, up to
-``depth`` distinct shards beyond the current group's (searched ``HORIZON`` groups ahead), fetched
+``depth`` distinct shards beyond the current group's (searched from the first group that holds
+another shard, however far: a shuffle block can be thousands of messages long), fetched
 or in flight on ``max_in_flight`` threads of this process; the reader's first request of a shard of
 a later group moves the window on. A request for a shard the plan does not name (random access)
 is served directly. An error of a fetch is raised to the reader when it asks for that shard (never
@@ -52,7 +53,7 @@ class _Slot:
 class Prefetcher:
     """Fetches ``fetch(shard index)`` ahead of the reader, in the order of ``groups``."""
 
-    HORIZON = 256  # groups searched ahead for a requested shard
+    HORIZON = 256  # groups searched ahead for a requested shard, and past the current shards
 
     def __init__(self, groups, fetch, depth, max_in_flight, size_of=None, byte_budget=None, on_window=None):
         self.pid = os.getpid()
@@ -68,6 +69,7 @@ class Prefetcher:
         self._on_window = on_window
         self._slots = {}  # shard -> _Slot (fetched or in flight) of the window
         self._window = []
+        self._first_new_memo = None  # (the current group's shards, the first group past them)
         self._lock = threading.Lock()
         self._queue = queue.Queue()
         self._closed = False
@@ -115,8 +117,9 @@ class Prefetcher:
         window = list(self._group(self._pos) or [])
         seen = set(window)
         used = sum(self._size_of(s) for s in window) if self._size_of else 0
-        ahead, i = 0, self._pos + 1
-        while ahead < self.depth and i < self._pos + self.HORIZON:
+        ahead = 0
+        i = start = self._first_new(seen)
+        while i is not None and ahead < self.depth and i < start + self.HORIZON:
             g = self._group(i)
             if g is None:
                 break
@@ -149,21 +152,47 @@ class Prefetcher:
                 self._slots[s] = slot
                 self._queue.put((s, slot))
 
+    def _first_new(self, current):
+        """The first group after the reader's that holds a shard outside ``current`` (the current
+        group's shards), or None. A shuffled epoch's messages of one block touch the same few
+        shards, and a block of small samples is thousands of messages long: the answer is kept
+        while the current group's shards stay the same (the reader only moves forward), so a
+        block's groups are scanned once, not at every message."""
+        key = frozenset(current)
+        memo = self._first_new_memo
+        if memo is not None and memo[0] == key and (memo[1] is None or memo[1] > self._pos):
+            return memo[1]
+        i = self._pos + 1
+        while True:
+            g = self._group(i)
+            if g is None or any(s not in key for s in g):
+                break
+            i += 1
+        found = None if g is None else i
+        self._first_new_memo = (key, found)
+        return found
+
     def want(self, shard):
         """The fetched value of ``shard`` if the plan names it soon (waiting for it), else
         ``None`` (the caller reads it directly). Moves the window to the first group, from the
-        reader's current one, that holds ``shard``."""
+        reader's current one, that holds ``shard`` (the groups that hold only the current
+        group's shards are passed over: a block thousands of messages long does not hide the
+        next one from the search)."""
         with self._lock:
             if self._closed:
                 return None
             found = None
-            for i in range(self._pos, self._pos + self.HORIZON):
-                g = self._group(i)
-                if g is None:
-                    break
-                if shard in g:
-                    found = i
-                    break
+            current = self._group(self._pos)
+            if current is not None and shard in current:
+                found = self._pos
+            elif current is not None and (start := self._first_new(set(current))) is not None:
+                for i in range(start, start + self.HORIZON):
+                    g = self._group(i)
+                    if g is None:
+                        break
+                    if shard in g:
+                        found = i
+                        break
             if found is None:
                 return None
             if found != self._pos or shard not in self._slots:
