@@ -203,6 +203,17 @@ def test_the_window_reaches_past_a_shuffle_block_that_fills_it():
     assert p.want(6) == 6
     assert settled(12) == list(range(12))
     p.close()
+    # a run longer than the window looks (FAR groups): not materialised at the start, and the
+    # reader asking for the next shard finds it however far the run went
+    fetched = []
+    p = Prefetcher([[0]] * (3 * Prefetcher.FAR) + [[1]] * 2 + [[2]], fetched.append, 4, 1)
+    assert len(p._groups) <= Prefetcher.FAR + 1
+    p.want(1)
+    deadline = time.monotonic() + 10
+    while 2 not in fetched and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 2 in fetched  # the window moved on with the reader (it stayed on group 0 before)
+    p.close()
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["ranges", "node-cache"])

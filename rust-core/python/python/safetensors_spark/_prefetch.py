@@ -4,9 +4,9 @@ The iterator hands :meth:`Dataset.prefetch` its *reads*: a lazy sequence of grou
 batch (or per worker message) it will read, each the sorted shard indices that batch touches. A
 :class:`Prefetcher` keeps the shards of the reader's current group and of the next groups, up to
 ``depth`` distinct shards beyond the current group's (searched from the first group that holds
-another shard, however far: a shuffle block can be thousands of messages long), fetched
-or in flight on ``max_in_flight`` threads of this process; the reader's first request of a shard of
-a later group moves the window on. A request for a shard the plan does not name (random access)
+another shard: a shuffle block can be thousands of messages long), fetched or in flight on
+``max_in_flight`` threads of this process; the reader's first request of a shard of a later group
+moves the window on. A request for a shard the plan does not name (random access)
 is served directly. An error of a fetch is raised to the reader when it asks for that shard (never
 skipped); the fetch itself retries by the store's policy.
 """
@@ -54,6 +54,7 @@ class Prefetcher:
     """Fetches ``fetch(shard index)`` ahead of the reader, in the order of ``groups``."""
 
     HORIZON = 256  # groups searched ahead for a requested shard, and past the current shards
+    FAR = 4096  # groups looked at ahead of the reader for the first that holds another shard
 
     def __init__(self, groups, fetch, depth, max_in_flight, size_of=None, byte_budget=None, on_window=None):
         self.pid = os.getpid()
@@ -118,7 +119,7 @@ class Prefetcher:
         seen = set(window)
         used = sum(self._size_of(s) for s in window) if self._size_of else 0
         ahead = 0
-        i = start = self._first_new(seen)
+        i = start = self._first_new(seen, self.FAR)
         while i is not None and ahead < self.depth and i < start + self.HORIZON:
             g = self._group(i)
             if g is None:
@@ -152,25 +153,38 @@ class Prefetcher:
                 self._slots[s] = slot
                 self._queue.put((s, slot))
 
-    def _first_new(self, current):
+    def _first_new(self, current, far=None):
         """The first group after the reader's that holds a shard outside ``current`` (the current
-        group's shards), or None. A shuffled epoch's messages of one block touch the same few
-        shards, and a block of small samples is thousands of messages long: the answer is kept
-        while the current group's shards stay the same (the reader only moves forward), so a
-        block's groups are scanned once, not at every message."""
+        group's shards), or None (none within ``far`` groups of the reader, or none left). A
+        shuffled epoch's messages of one block touch the same few shards, and a block of small
+        samples is thousands of messages long: the scan is kept while the current group's shards
+        stay the same (the reader only moves forward) and goes on from where it stopped, so a
+        block's groups are looked at once, not at every message. The window looks ``FAR`` ahead
+        at most (a dataset of one or two shards is one block: its whole epoch is not
+        materialised at the first batch); a reader asking for another shard has left the
+        current shards' groups, so :meth:`want` looks as far as it takes."""
         key = frozenset(current)
         memo = self._first_new_memo
-        if memo is not None and memo[0] == key and (memo[1] is None or memo[1] > self._pos):
-            return memo[1]
         i = self._pos + 1
-        while True:
+        if memo is not None and memo[0] == key:
+            found, scanned = memo[1], memo[2]
+            if found is not None and found > self._pos:
+                return found
+            if found is None and scanned is None:
+                return None  # no other shard before the end of the plan
+            if found is None:
+                i = max(i, scanned)
+        while far is None or i < self._pos + far:
             g = self._group(i)
-            if g is None or any(s not in key for s in g):
-                break
+            if g is None:
+                self._first_new_memo = (key, None, None)
+                return None
+            if any(s not in key for s in g):
+                self._first_new_memo = (key, i, None)
+                return i
             i += 1
-        found = None if g is None else i
-        self._first_new_memo = (key, found)
-        return found
+        self._first_new_memo = (key, None, i)  # only the current shards up to i: go on from there
+        return None
 
     def want(self, shard):
         """The fetched value of ``shard`` if the plan names it soon (waiting for it), else
