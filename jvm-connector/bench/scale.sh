@@ -18,14 +18,19 @@
 # delta-spark from Maven Central through spark.jars.packages.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=/dev/null
-source "$HERE/prepare.sh"
 if [ "${1:-}" = plot ]; then
+  # the project's venv and the bench venv maker only: a plot needs no connector jar
   shift
+  # shellcheck source=/dev/null
+  source "$HERE/../../tests/setup-env.sh"
+  # shellcheck source=/dev/null
+  source "$HERE/loaders/venvs.sh"
   make_loader_venvs plot
   [ ! -e "$HERE/.venv/plot.unavailable" ] || exit 1
   exec "$HERE/.venv/plot/bin/python" "$HERE/scale_plot.py" "$@"
 fi
+# shellcheck source=/dev/null
+source "$HERE/prepare.sh"
 echo "== building the synthetic committer (rust-core/dataset/examples/log_scale.rs)" >&2
 (cd "$ROOT" && cargo build -q --release --locked -p safetensors-spark-dataset --no-default-features --example log_scale)
 case " $* " in

@@ -199,7 +199,7 @@ class Prefetcher:
             current = self._group(self._pos)
             if current is not None and shard in current:
                 found = self._pos
-            elif current is not None and (start := self._first_new(set(current))) is not None:
+            elif current is not None and (start := self._first_new(current)) is not None:
                 for i in range(start, start + self.HORIZON):
                     g = self._group(i)
                     if g is None:
